@@ -1,0 +1,471 @@
+"""Reproducible family layers: pack a cache tree into a tar.zst, unpack one safely.
+
+Packing walks each component root in sorted order, leaves out what the family
+excludes, and writes a POSIX tar with uid/gid 0, no user names and a fixed
+mtime (unless the family keeps mtimes), compressed with zstd. Packing the same
+tree twice gives the same bytes, so the registry stores identical content once.
+Each file is hashed while it is copied into the tar.
+
+Unpacking is the dangerous half. It fails closed: every member is checked
+before anything is written (no absolute paths, no ``..``, no devices, fifos or
+hard links, no setuid/setgid, no symlink leaving its root, nothing the manifest
+does not list), files are created with ``O_EXCL | O_NOFOLLOW`` under a staging
+root, symlinks are created last so no member can write through one, and the
+layer digest and every file digest are verified. Callers install from staging
+only after :func:`unpack_layer` returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, BinaryIO
+
+import zstandard
+
+from artifactd.errors import IntegrityError, UnsafeArtifactError
+from artifactd.families.base import Family, Located
+from artifactd.manifest import FileEntry, SkippedEntry
+
+#: mtime written for every member of families that do not keep mtimes.
+FIXED_MTIME = 0
+ZSTD_LEVEL = 6
+_CHUNK = 1 << 20
+
+
+class _HashingWriter:
+    """A write-only file object that hashes and counts what passes through."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self._sink = sink
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self._sink.write(data)
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+
+class _HashingReader:
+    """A read-only file object that hashes and counts what is read from it."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._source.read(n)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> None:
+        while self.read(_CHUNK):
+            pass
+
+
+@dataclass
+class PackedLayer:
+    """The result of packing one family."""
+
+    path: Path
+    digest: str
+    size: int
+    diff_id: str
+    files: list[FileEntry]
+    skipped: list[SkippedEntry] = field(default_factory=list)
+
+    @property
+    def unpacked_size(self) -> int:
+        """Sum of the sizes of the files in the layer."""
+        return sum(f.size for f in self.files)
+
+
+def _walk(root: Path) -> Iterator[tuple[PurePosixPath, os.stat_result]]:
+    """Yield (relative path, lstat) for everything under ``root``, sorted, dirs first."""
+    stack = [PurePosixPath()]
+    while stack:
+        rel = stack.pop()
+        try:
+            names = sorted(os.listdir(root / rel))
+        except OSError:
+            continue
+        subdirs = []
+        for name in names:
+            child = rel / name
+            try:
+                st = os.lstat(root / child)
+            except OSError:
+                continue  # vanished while we walked: a concurrent writer's temp file
+            yield child, st
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(child)
+        stack.extend(reversed(subdirs))
+
+
+def _norm_mode(st_mode: int) -> int:
+    return 0o755 if st_mode & 0o111 else 0o644
+
+
+def _link_inside(rel: PurePosixPath, target: str) -> bool:
+    """Whether a symlink at ``rel`` pointing to ``target`` stays inside its root."""
+    if not target or target.startswith("/"):
+        return False
+    depth = len(rel.parent.parts)
+    for part in PurePosixPath(target).parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part != ".":
+            depth += 1
+    return True
+
+
+def pack_family(family: Family, located: list[Located], out: Path) -> PackedLayer:
+    """Pack the located components of ``family`` into ``out`` (a .tar.zst file).
+
+    Members are named ``<component>/<relative path>``. Files the family marks as
+    path-bearing are stored with their root replaced by a placeholder.
+    """
+    files: list[FileEntry] = []
+    skipped: list[SkippedEntry] = []
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    with out.open("wb") as raw:
+        compressed = _HashingWriter(raw)
+        with cctx.stream_writer(compressed, closefd=False) as zw:  # type: ignore[arg-type]
+            plain = _HashingWriter(zw)
+            with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                for loc in sorted(located, key=lambda item: item.component.name):
+                    _pack_component(family, loc, tar, files, skipped)
+        diff_id = "sha256:" + plain.sha.hexdigest()
+    return PackedLayer(
+        path=out,
+        digest="sha256:" + compressed.sha.hexdigest(),
+        size=compressed.size,
+        diff_id=diff_id,
+        files=files,
+        skipped=skipped,
+    )
+
+
+def _tarinfo(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.mtime = mtime
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _pack_component(
+    family: Family,
+    loc: Located,
+    tar: tarfile.TarFile,
+    files: list[FileEntry],
+    skipped: list[SkippedEntry],
+) -> None:
+    comp = loc.component.name
+    root = loc.path
+    roots = tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
+    tar.addfile(_tarinfo(comp, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
+    pruned: list[PurePosixPath] = []
+    for rel, st in _walk(root):
+        if any(rel.is_relative_to(p) for p in pruned):
+            continue
+        is_dir = stat.S_ISDIR(st.st_mode)
+        name = f"{comp}/{rel.as_posix()}"
+        if family.excluded(comp, rel, is_dir):
+            if is_dir:
+                pruned.append(rel)
+            skipped.append(SkippedEntry(path=name, reason="excluded by family"))
+            continue
+        mtime = int(st.st_mtime) if family.keep_mtimes else FIXED_MTIME
+        if is_dir:
+            tar.addfile(_tarinfo(name, tarfile.DIRTYPE, 0o755, mtime))
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(root / rel)
+            if not _link_inside(rel, target):
+                skipped.append(SkippedEntry(path=name, reason=f"symlink leaves root: {target}"))
+                continue
+            info = _tarinfo(name, tarfile.SYMTYPE, 0o777, mtime)
+            info.linkname = target
+            tar.addfile(info)
+            files.append(
+                FileEntry(
+                    path=name,
+                    size=0,
+                    sha256=hashlib.sha256(b"").hexdigest(),
+                    mode=0o777,
+                    mtime=None,
+                    link=target,
+                )
+            )
+        elif stat.S_ISREG(st.st_mode):
+            _pack_file(
+                family=family,
+                comp=comp,
+                rel=rel,
+                path=root / rel,
+                st=st,
+                roots=roots,
+                mtime=mtime,
+                name=name,
+                tar=tar,
+                files=files,
+            )
+        else:
+            skipped.append(SkippedEntry(path=name, reason="not a regular file"))
+
+
+def _pack_file(
+    *,
+    family: Family,
+    comp: str,
+    rel: PurePosixPath,
+    path: Path,
+    st: os.stat_result,
+    roots: tuple[str, ...],
+    mtime: int,
+    name: str,
+    tar: tarfile.TarFile,
+    files: list[FileEntry],
+) -> None:
+    mode = _norm_mode(st.st_mode)
+    rewrite = family.path_bearing(comp, rel)
+    info = _tarinfo(name, tarfile.REGTYPE, mode, mtime)
+    if rewrite:
+        data = family.normalize(path.read_bytes(), roots)
+        info.size = len(data)
+        sha = hashlib.sha256(data).hexdigest()
+        tar.addfile(info, io.BytesIO(data))
+    else:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            info.size = size
+            reader = _HashingReader(f)
+            tar.addfile(info, reader)
+            if reader.size != size:
+                raise IntegrityError(f"{path} changed size while it was packed")
+            sha = reader.sha.hexdigest()
+    files.append(
+        FileEntry(
+            path=name,
+            size=info.size,
+            sha256=sha,
+            mode=mode,
+            mtime=mtime if family.keep_mtimes else None,
+            rewrite=rewrite,
+        )
+    )
+
+
+# --------------------------------------------------------------------------
+# Unpacking
+# --------------------------------------------------------------------------
+
+
+def check_member_name(name: str, components: frozenset[str]) -> PurePosixPath:
+    """Return the member's relative path, or raise :class:`UnsafeArtifactError`."""
+    if not name or "\x00" in name or "\\" in name:
+        raise UnsafeArtifactError(f"member name {name!r} is empty or has forbidden characters")
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        raise UnsafeArtifactError(f"member {name!r} has an absolute path")
+    if any(part in ("..", ".") for part in path.parts) or name.startswith("./"):
+        raise UnsafeArtifactError(f"member {name!r} has a '.' or '..' component")
+    if path.parts[0] not in components:
+        raise UnsafeArtifactError(f"member {name!r} is outside the layer's components")
+    return path
+
+
+def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePosixPath:
+    """Validate one tar member fully (name, type, mode, link target)."""
+    path = check_member_name(member.name.rstrip("/"), components)
+    if member.isdev() or member.isfifo():
+        raise UnsafeArtifactError(f"member {member.name!r} is a device or fifo")
+    if member.islnk():
+        raise UnsafeArtifactError(f"member {member.name!r} is a hard link")
+    if not (member.isreg() or member.isdir() or member.issym()):
+        raise UnsafeArtifactError(f"member {member.name!r} has unsupported type {member.type!r}")
+    if member.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX):
+        raise UnsafeArtifactError(f"member {member.name!r} has setuid/setgid/sticky bits")
+    if member.issym():
+        within = PurePosixPath(*path.parts[1:])
+        if len(path.parts) < 2 or not _link_inside(within, member.linkname):
+            raise UnsafeArtifactError(
+                f"symlink {member.name!r} -> {member.linkname!r} leaves its root"
+            )
+    return path
+
+
+@dataclass
+class UnpackResult:
+    """What :func:`unpack_layer` wrote under the staging root."""
+
+    files: int
+    bytes: int
+
+
+class _Extractor:
+    """Per-layer extraction state: what the manifest expects, what was written."""
+
+    def __init__(
+        self,
+        staging: Path,
+        entries: list[FileEntry],
+        relocate: Callable[[str, bytes], bytes] | None,
+        keep_mtimes: bool,
+    ) -> None:
+        self.staging = staging
+        self.expected = {e.path: e for e in entries}
+        self.seen: set[str] = set()
+        self.links: list[tuple[Path, str]] = []
+        self.total = 0
+        self.relocate = relocate
+        self.keep_mtimes = keep_mtimes
+
+    def member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: PurePosixPath) -> None:
+        if member.isdir():
+            _mkdirs(self.staging, rel)
+            return
+        name = rel.as_posix()
+        entry = self.expected.get(name)
+        if entry is None:
+            raise UnsafeArtifactError(f"member {name!r} is not in the manifest")
+        if name in self.seen:
+            raise UnsafeArtifactError(f"member {name!r} appears twice")
+        self.seen.add(name)
+        _mkdirs(self.staging, rel.parent)
+        dest = self.staging.joinpath(*rel.parts)
+        if member.issym():
+            if entry.link != member.linkname:
+                raise IntegrityError(f"symlink {name!r} differs from the manifest")
+            # Created after every file: no later member can write through a link.
+            self.links.append((dest, member.linkname))
+            return
+        src = tar.extractfile(member)
+        if src is None:  # pragma: no cover - a regular member always has a data stream
+            raise IntegrityError(f"member {name!r} has no data")
+        self.total += _write_member(
+            src,
+            dest=dest,
+            entry=entry,
+            member=member,
+            relocate=self.relocate,
+            keep_mtimes=self.keep_mtimes,
+        )
+
+    def finish(self, digest: str) -> UnpackResult:
+        missing = sorted(set(self.expected) - self.seen)
+        if missing:
+            raise IntegrityError(
+                f"layer {digest} lacks {len(missing)} listed file(s), e.g. {missing[0]}"
+            )
+        for dest, target in self.links:
+            os.symlink(target, dest)
+        return UnpackResult(files=len(self.seen), bytes=self.total)
+
+
+def unpack_layer(
+    blob: BinaryIO,
+    *,
+    digest: str,
+    size: int,
+    entries: list[FileEntry],
+    staging: Path,
+    components: frozenset[str],
+    relocate: Callable[[str, bytes], bytes] | None = None,
+    keep_mtimes: bool = False,
+) -> UnpackResult:
+    """Verify and extract one layer stream into ``staging``.
+
+    ``relocate(member_path, data)`` rewrites files the manifest marks with
+    ``rewrite``. Raises :class:`IntegrityError` (digest, size, file hash or
+    manifest mismatch) or :class:`UnsafeArtifactError`; on error the caller
+    discards ``staging``, which is the only place anything was written.
+    """
+    extractor = _Extractor(staging, entries, relocate, keep_mtimes)
+    compressed = _HashingReader(blob)
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        dctx = zstandard.ZstdDecompressor()
+        with dctx.stream_reader(compressed, closefd=False) as zr:  # type: ignore[arg-type]
+            with tarfile.open(fileobj=zr, mode="r|") as tar:
+                for member in tar:
+                    extractor.member(tar, member, check_member(member, components))
+            # tarfile stops at the end-of-archive marker; hash whatever follows too.
+            while zr.read(_CHUNK):
+                pass
+    except tarfile.TarError as exc:
+        raise IntegrityError(f"layer {digest} is not a valid tar stream: {exc}") from exc
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"layer {digest} is not valid zstd data: {exc}") from exc
+    compressed.drain()
+    if compressed.size != size:
+        raise IntegrityError(f"layer {digest}: expected {size} bytes, got {compressed.size}")
+    actual = "sha256:" + compressed.sha.hexdigest()
+    if actual != digest:
+        raise IntegrityError(f"layer digest mismatch: expected {digest}, got {actual}")
+    return extractor.finish(digest)
+
+
+def _mkdirs(staging: Path, rel: PurePosixPath) -> None:
+    """Create ``rel`` under staging, refusing to pass through anything but real dirs."""
+    current = staging
+    for part in rel.parts:
+        current = current / part
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                raise UnsafeArtifactError(f"{current} exists and is not a directory") from None
+
+
+def _write_member(
+    src: IO[bytes],
+    *,
+    dest: Path,
+    entry: FileEntry,
+    member: tarfile.TarInfo,
+    relocate: Callable[[str, bytes], bytes] | None,
+    keep_mtimes: bool,
+) -> int:
+    if member.size != entry.size:
+        raise IntegrityError(f"{entry.path}: size {member.size} differs from manifest {entry.size}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(dest, flags, entry.mode & 0o777)
+    sha = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out:
+        if entry.rewrite:
+            data = src.read()
+            sha.update(data)
+            if sha.hexdigest() != entry.sha256:
+                raise IntegrityError(f"{entry.path}: content does not match its sha256")
+            out.write(relocate(entry.path, data) if relocate else data)
+        else:
+            while chunk := src.read(_CHUNK):
+                sha.update(chunk)
+                out.write(chunk)
+            if sha.hexdigest() != entry.sha256:
+                raise IntegrityError(f"{entry.path}: content does not match its sha256")
+    if keep_mtimes and entry.mtime is not None:
+        os.utime(dest, (entry.mtime, entry.mtime))
+    return entry.size

@@ -1,0 +1,183 @@
+"""Publish and read artifacts over any :class:`~artifactd.stores.Store`.
+
+One artifact per fingerprint: an OCI image manifest with ``artifactType``
+:data:`~artifactd.oci.ARTIFACT_TYPE`, the :class:`ArtifactManifest` as config
+blob, and one tar.zst layer per family. It is tagged ``fp-<fingerprint hash>``.
+Each family layer is also published as a one-layer manifest tagged
+``<family>-<scope key>``, so a restore whose whole fingerprint differs (another
+model, another TP) still finds the families whose scope matches. Layers are
+shared by digest: the store keeps each one once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from artifactd.archive import PackedLayer
+from artifactd.errors import IntegrityError, NotFoundError
+from artifactd.hashing import canonical_json
+from artifactd.manifest import ArtifactManifest
+from artifactd.oci import (
+    ANN_FAMILY,
+    ANN_FILES,
+    ANN_FINGERPRINT,
+    ANN_KIND,
+    ANN_SCOPE_KEY,
+    ANN_TITLE,
+    ARTIFACT_TYPE,
+    CONFIG_MEDIA_TYPE,
+    LAYER_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    Descriptor,
+    ImageManifest,
+    family_tag,
+    full_tag,
+)
+from artifactd.stores import Store
+
+
+@dataclass
+class PublishResult:
+    """What :func:`publish` did."""
+
+    digest: str
+    tags: list[str]
+    family_digests: dict[str, str]
+    bytes_uploaded: int = 0
+    bytes_skipped: int = 0
+    blobs_uploaded: list[str] = field(default_factory=list)
+
+
+def _descriptor(data: bytes, media_type: str) -> Descriptor:
+    return Descriptor(
+        media_type=media_type, digest="sha256:" + hashlib.sha256(data).hexdigest(), size=len(data)
+    )
+
+
+def _put_small(store: Store, data: bytes, result: PublishResult, tmp_dir: Path) -> Descriptor:
+    desc = _descriptor(data, CONFIG_MEDIA_TYPE)
+    if store.has_blob(desc.digest):
+        result.bytes_skipped += desc.size
+        return desc
+    path = tmp_dir / desc.digest.replace(":", "-")
+    path.write_bytes(data)
+    result.bytes_uploaded += store.put_blob(path, desc.digest, desc.size)
+    result.blobs_uploaded.append(desc.digest)
+    return desc
+
+
+def build_image_manifest(config: Descriptor, art: ArtifactManifest) -> ImageManifest:
+    """Return the OCI image manifest for an artifact config and its layers."""
+    layers = [
+        Descriptor(
+            media_type=LAYER_MEDIA_TYPE,
+            digest=rec.digest,
+            size=rec.size,
+            annotations={
+                ANN_TITLE: f"{rec.family}.tar.zst",
+                ANN_FAMILY: rec.family,
+                ANN_SCOPE_KEY: rec.scope_key,
+                ANN_FILES: str(len(rec.files)),
+            },
+        )
+        for rec in art.layers
+    ]
+    return ImageManifest(
+        artifact_type=ARTIFACT_TYPE,
+        config=config,
+        layers=layers,
+        annotations={ANN_FINGERPRINT: art.fingerprint_hash, ANN_KIND: art.kind},
+    )
+
+
+def publish(
+    store: Store, art: ArtifactManifest, packed: dict[str, PackedLayer], tmp_dir: Path
+) -> PublishResult:
+    """Upload layers the store lacks, then the configs and manifests, then the tags.
+
+    Order matters: a tag only ever points at a manifest whose blobs are all present.
+    """
+    result = PublishResult(digest="", tags=[], family_digests={})
+    for rec in art.layers:
+        layer = packed[rec.family]
+        if store.has_blob(layer.digest):
+            result.bytes_skipped += layer.size
+            continue
+        result.bytes_uploaded += store.put_blob(layer.path, layer.digest, layer.size)
+        result.blobs_uploaded.append(layer.digest)
+
+    for rec in art.layers:
+        fam_art = art.for_family(rec.family)
+        cfg = _put_small(store, canonical_json(fam_art.model_dump(mode="json")), result, tmp_dir)
+        fam_manifest = build_image_manifest(cfg, fam_art)
+        tag = family_tag(rec.family, rec.scope_key)
+        result.family_digests[rec.family] = store.put_manifest(
+            fam_manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag]
+        )
+        result.tags.append(tag)
+
+    cfg = _put_small(store, canonical_json(art.model_dump(mode="json")), result, tmp_dir)
+    manifest = build_image_manifest(cfg, art)
+    tag = full_tag(art.fingerprint_hash)
+    result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag])
+    result.tags.insert(0, tag)
+    return result
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An artifact read from a store: its manifest, digest and config."""
+
+    digest: str
+    manifest: ImageManifest
+    config: ArtifactManifest
+
+
+def read_config(store: Store, manifest: ImageManifest, *, max_size: int = 64 << 20) -> bytes:
+    """Fetch and verify the config blob of a manifest."""
+    desc = manifest.config
+    if desc.size > max_size:
+        raise IntegrityError(f"config blob {desc.digest} is implausibly large ({desc.size} B)")
+    h = hashlib.sha256()
+    chunks = []
+    with store.open_blob(desc.digest, desc.size) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > desc.size:
+                raise IntegrityError(f"config blob {desc.digest} is longer than its descriptor")
+    data = b"".join(chunks)
+    if "sha256:" + h.hexdigest() != desc.digest or len(data) != desc.size:
+        raise IntegrityError(f"config blob {desc.digest} does not match its digest")
+    return data
+
+
+def read_artifact(store: Store, reference: str) -> Artifact | None:
+    """Read the artifact a tag or digest names; ``None`` when the store has no such reference.
+
+    Everything is verified against its digest, and the config must be consistent
+    with the manifest (same layers, same digests) or :class:`IntegrityError` is raised.
+    """
+    ref = store.get_manifest(reference)
+    if ref is None:
+        return None
+    manifest = ImageManifest.from_bytes(ref.data, source=f"{store.ref} {reference}")
+    if not manifest.is_artifactd:
+        raise NotFoundError(
+            f"{store.ref} {reference} is not an artifactd artifact "
+            f"(artifactType {manifest.artifact_type!r})"
+        )
+    config = ArtifactManifest.from_json(
+        read_config(store, manifest), source=f"config of {store.ref} {reference}"
+    )
+    by_digest = {layer.digest: layer for layer in manifest.layers}
+    for rec in config.layers:
+        desc = by_digest.get(rec.digest)
+        if desc is None or desc.size != rec.size:
+            raise IntegrityError(
+                f"{store.ref} {reference}: config lists layer {rec.digest} for {rec.family} "
+                "that the manifest does not carry"
+            )
+    return Artifact(digest=ref.digest, manifest=manifest, config=config)

@@ -1,0 +1,204 @@
+"""Build: run a warm-up matrix with fresh cache roots, then harvest what it compiled.
+
+Every family gets a fresh, empty root through the env vars the library reads
+(the same layout a restore produces: ``<roots>/triton``, ``<roots>/inductor``,
+``<roots>/tmp`` for Inductor's precompiled header), so the artifact holds what
+this matrix compiled and nothing a previous run left behind. Cells run one
+after another into the same roots; each is a subprocess whose stages are timed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from artifactd import __version__
+from artifactd.constants import CACHE_ENV_VARS, TMPDIR, TORCHINDUCTOR_CACHE_DIR, current_environ
+from artifactd.errors import BuildError
+from artifactd.events import EventSink, discard
+from artifactd.families import select_families
+from artifactd.fingerprint import probe
+from artifactd.harvest import HarvestResult, harvest
+from artifactd.manifest import Provenance
+from artifactd.matrix import Cell, Matrix, expand, load_matrix
+from artifactd.stores import Store
+
+#: Variables cleared before a cell runs, so no cache of the caller leaks in.
+_INHERITED_CACHE_VARS = (*CACHE_ENV_VARS, TORCHINDUCTOR_CACHE_DIR, "TRITON_HOME", "TEMP", "TMP")
+
+
+@dataclass
+class CellResult:
+    """One cell's run."""
+
+    id: str
+    argv: list[str]
+    seconds: float
+    returncode: int
+    report: dict[str, Any] | None
+    log: str
+
+
+@dataclass
+class BuildResult:
+    """A finished build: the cells and the harvest."""
+
+    matrix: str
+    cells: list[CellResult]
+    harvest: HarvestResult
+    roots: str
+    seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def cell_environ(
+    roots: Path, families: Sequence[str], extra: Mapping[str, str], base: Mapping[str, str]
+) -> dict[str, str]:
+    """Return the environment a cell runs with: fresh roots for every family."""
+    env = {k: v for k, v in base.items() if k not in _INHERITED_CACHE_VARS}
+    for fam in select_families(families):
+        env.update(fam.restore_env(roots))
+    env.update(extra)
+    Path(env.get(TMPDIR, roots / "tmp")).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for raw in reversed(text.strip().splitlines()):
+        line = raw.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log_dir: Path) -> CellResult:
+    """Run one cell as a subprocess; its output goes to a log file."""
+    log = log_dir / f"cell-{cell.id}.log"
+    start = time.monotonic()
+    try:
+        with log.open("w") as out:
+            proc = subprocess.run(
+                cell.argv,
+                env=dict(env),
+                stdout=subprocess.PIPE,
+                stderr=out,
+                timeout=timeout,
+                check=False,
+                text=True,
+            )
+            out.write(proc.stdout)
+    except FileNotFoundError as exc:
+        raise BuildError(f"cell {cell.id}: cannot run {cell.argv[0]!r}: {exc.strerror}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(
+            f"cell {cell.id} ran past its timeout of {timeout:.0f} s",
+            hint=f"see {log}; raise timeout_s in the matrix",
+        ) from exc
+    seconds = round(time.monotonic() - start, 3)
+    result = CellResult(
+        cell.id, cell.argv, seconds, proc.returncode, _last_json(proc.stdout), str(log)
+    )
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        raise BuildError(
+            f"cell {cell.id} exited with status {proc.returncode}: " + " | ".join(tail),
+            hint=f"full output in {log}",
+        )
+    return result
+
+
+def build(
+    matrix_path: Path,
+    store: Store,
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    roots: Path | None = None,
+    keep_roots: bool = False,
+    on_event: EventSink = discard,
+    environ: Mapping[str, str] | None = None,
+) -> BuildResult:
+    """Run every cell of the matrix, then harvest into ``store``."""
+    start = time.monotonic()
+    matrix: Matrix = load_matrix(matrix_path)
+    cells = expand(matrix, matrix_path)
+    owned = roots is None
+    if roots is None:
+        roots = Path(tempfile.mkdtemp(prefix=f"artifactd-build-{matrix.name}-"))
+    if roots.exists() and any(roots.iterdir()):
+        raise BuildError(
+            f"cache roots dir {roots} is not empty",
+            hint="a build needs fresh roots; pass an empty or new directory",
+        )
+    roots.mkdir(parents=True, exist_ok=True)
+    base = current_environ() if environ is None else environ
+    env = cell_environ(roots, matrix.families, matrix.env, base)
+    timings: dict[str, float] = {}
+    results: list[CellResult] = []
+    failed = True
+    try:
+        for cell in cells:
+            on_event({"stage": "warmup", "event": "start", "cell": cell.id})
+            res = run_cell(cell, env, matrix.timeout_s, roots)
+            timings[f"cell:{cell.id}"] = res.seconds
+            results.append(res)
+            on_event(
+                {
+                    "stage": "warmup",
+                    "event": "done",
+                    "cell": cell.id,
+                    "elapsed_ms": round(res.seconds * 1000, 1),
+                }
+            )
+        t0 = time.monotonic()
+        fingerprint = probe(
+            gpu_arch=gpu_arch or matrix.target.gpu_arch,
+            image_digest=image_digest or matrix.base_image,
+            workload=matrix.workload,
+            environ=env,
+        )
+        timings["probe"] = round(time.monotonic() - t0, 3)
+        provenance = Provenance(
+            builder=__version__,
+            source="build",
+            matrix=matrix.name,
+            base_image=matrix.base_image,
+            cells=[c.id for c in cells],
+            timings=timings,
+        )
+        harvested = harvest(
+            store, fingerprint, families=matrix.families or None, environ=env, provenance=provenance
+        )
+        timings["harvest"] = harvested.seconds
+        on_event(
+            {
+                "stage": "harvest",
+                "event": "done",
+                "digest": harvested.digest,
+                "elapsed_ms": round(harvested.seconds * 1000, 1),
+            }
+        )
+        failed = False
+    finally:
+        # A failed build keeps its roots: the cell logs there explain the failure.
+        if owned and not keep_roots and not failed:
+            shutil.rmtree(roots, ignore_errors=True)
+    return BuildResult(
+        matrix=matrix.name,
+        cells=results,
+        harvest=harvested,
+        roots=str(roots),
+        seconds=round(time.monotonic() - start, 3),
+        timings=timings,
+    )

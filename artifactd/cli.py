@@ -1,0 +1,761 @@
+"""The ``artifactd`` command line: parse, call one library function, render.
+
+No decisions live here. Every command has ``--json``; errors become one line
+on stderr (plus a hint) and a documented exit code:
+
+====  =====================================================
+code  meaning
+====  =====================================================
+0     success; also a restore miss without ``--require``
+1     unexpected artifactd error
+2     bad usage, bad matrix or fingerprint file
+3     store unreachable or unreadable
+4     artifact, tag or blob not found
+5     integrity: digest mismatch or hostile artifact
+6     restore miss with ``--require``
+7     a warm-up cell failed or there was nothing to harvest
+8     the local environment could not be probed
+====  =====================================================
+
+Set ``ARTIFACTD_TRACEBACK=1`` to see Python tracebacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from artifactd import __version__
+from artifactd import constants as C  # noqa: N812
+from artifactd.errors import ArtifactdError, CacheMissError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --------------------------------------------------------------------------
+# Rendering helpers
+# --------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr
+        }
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def emit_json(value: Any) -> None:
+    """Print one JSON document on stdout."""
+    click.echo(json.dumps(_jsonable(value), sort_keys=True))
+
+
+def human_bytes(n: float) -> str:
+    """Format a byte count for people."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    )
+
+
+def _event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
+    tty = sys.stderr.isatty()
+
+    def show(event: dict[str, Any]) -> None:
+        if as_json:
+            click.echo(json.dumps(event, sort_keys=True), err=True)
+        elif tty:
+            detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
+            click.echo(f"[{event.get('stage')}] {event.get('event')} {detail}", err=True)
+
+    return show
+
+
+# --------------------------------------------------------------------------
+# Shared options
+# --------------------------------------------------------------------------
+
+
+def json_option(f: F) -> F:
+    """Add ``--json``."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        envvar=C.ENV_JSON,
+        help="Print one JSON document instead of text.",
+    )(f)
+
+
+def store_option(f: F) -> F:
+    """Add ``--store``."""
+    return click.option(
+        "--store",
+        envvar=C.ENV_STORE,
+        default=C.DEFAULT_STORE,
+        show_default=True,
+        help="Store reference: oci:PATH (a local OCI image layout directory).",
+    )(f)
+
+
+def fingerprint_options(f: F) -> F:
+    """Add the options that shape the probed fingerprint."""
+    f = click.option(
+        "--gpu-arch",
+        envvar=C.ENV_GPU_ARCH,
+        metavar="ARCH",
+        help="Declared GPU target (sm_90a) for machines without that GPU.",
+    )(f)
+    f = click.option(
+        "--image-digest",
+        envvar=C.ENV_IMAGE_DIGEST,
+        metavar="DIGEST",
+        help="Digest of the runtime image the caches are for.",
+    )(f)
+    return click.option(
+        "--workload",
+        multiple=True,
+        metavar="KEY=VALUE",
+        envvar="ARTIFACTD_WORKLOAD",
+        help="Workload field (model, revision, dtype, tp...). Repeatable or comma-separated.",
+    )(f)
+
+
+def _probe(gpu_arch: str | None, image_digest: str | None, workload: Sequence[str]) -> Any:
+    from artifactd.fingerprint import parse_pairs, probe
+
+    return probe(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=parse_pairs(workload, what="--workload"),
+    )
+
+
+def _families(values: Sequence[str]) -> list[str] | None:
+    names = [n for v in values for n in v.split(",") if n.strip()]
+    return names or None
+
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="artifactd")
+def cli() -> None:
+    """Fingerprinted compile caches for LLM inference pods.
+
+    \b
+    Build once, restore everywhere:
+      artifactd build warmup_matrices/cpu-demo.yaml     # CI: warm up, harvest, push
+      artifactd restore --target /cache                 # init container: install warm caches
+      artifactd diff local oci:.artifactd/store:TAG     # operator: why did this pod recompile?
+
+    The default store is a local OCI layout directory (oci:.artifactd/store);
+    set ARTIFACTD_STORE or pass --store. Run `artifactd demo` for a timed round trip.
+    """
+
+
+@cli.command()
+@fingerprint_options
+@json_option
+@click.option("--hash", "hash_only", is_flag=True, help="Print only the fingerprint hash.")
+def fingerprint(
+    *,
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: tuple[str, ...],
+    as_json: bool,
+    hash_only: bool,
+) -> None:
+    """Print this environment's compatibility fingerprint.
+
+    Probes without importing torch: GPU and driver through NVML when present,
+    library versions and content hashes from package metadata, Python ABI,
+    platform, CPU ISA, compilers. Informational fields (hostname, time) are
+    shown but never hashed.
+    """
+    fp = _probe(gpu_arch, image_digest, workload)
+    if hash_only:
+        click.echo(fp.hash)
+    elif as_json:
+        emit_json({"hash": fp.hash, "fingerprint": fp.model_dump(mode="json")})
+    else:
+        click.echo(f"fingerprint {fp.hash}")
+        for key, value in fp.flatten().items():
+            click.echo(f"  {key:32} {value}")
+
+
+@cli.command()
+@store_option
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    metavar="NAME",
+    help="Only these families (repeatable or comma-separated). Default: all found.",
+)
+@fingerprint_options
+@json_option
+def harvest(
+    *,
+    store: str,
+    families: tuple[str, ...],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Pack the caches a warm-up already wrote and publish them to the store.
+
+    Caches are found where the libraries look: TRITON_CACHE_DIR,
+    TORCHINDUCTOR_CACHE_DIR (+ the precompiled header under TMPDIR),
+    ARTIFACTD_GENERIC_DIR, or their defaults. Run it right after your own
+    warm-up, with the same environment.
+    """
+    from artifactd.harvest import harvest as do_harvest
+    from artifactd.stores import open_store
+
+    fp = _probe(gpu_arch, image_digest, workload)
+    with open_store(store, create=True) as st:
+        result = do_harvest(st, fp, families=_families(families))
+    if as_json:
+        emit_json(result)
+        return
+    _render_harvest(result)
+
+
+def _render_harvest(result: Any) -> None:
+    rows = [("family", "files", "size", "layer", "skipped")]
+    for fam in result.families:
+        rows.append(
+            (
+                fam.family,
+                str(fam.files),
+                human_bytes(fam.bytes),
+                human_bytes(fam.layer_size),
+                str(fam.skipped),
+            )
+        )
+    click.echo(f"harvested into {result.store}")
+    click.echo(_table(rows))
+    if result.not_found:
+        click.echo(f"  not found: {', '.join(result.not_found)}")
+    click.echo(f"artifact {result.digest}")
+    click.echo(f"  tag fp-{result.fingerprint_hash}")
+    click.echo(
+        f"  uploaded {human_bytes(result.bytes_uploaded)}, "
+        f"already present {human_bytes(result.bytes_skipped)}, {result.seconds:.2f} s"
+    )
+
+
+@cli.command()
+@click.argument("matrix", type=click.Path(path_type=Path))
+@store_option
+@click.option(
+    "--gpu-arch",
+    envvar=C.ENV_GPU_ARCH,
+    metavar="ARCH",
+    help="Override the matrix's declared target (sm_90a).",
+)
+@click.option(
+    "--image-digest",
+    envvar=C.ENV_IMAGE_DIGEST,
+    metavar="DIGEST",
+    help="Override the matrix's base image digest.",
+)
+@click.option(
+    "--keep-roots",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Build into this (empty) directory and keep it, instead of a temp dir.",
+)
+@json_option
+def build(
+    *,
+    matrix: Path,
+    store: str,
+    gpu_arch: str | None,
+    image_digest: str | None,
+    keep_roots: Path | None,
+    as_json: bool,
+) -> None:
+    """Run a warm-up matrix with fresh cache roots, then harvest into the store."""
+    from artifactd.build import build as do_build
+    from artifactd.stores import open_store
+
+    with open_store(store, create=True) as st:
+        result = do_build(
+            matrix,
+            st,
+            gpu_arch=gpu_arch,
+            image_digest=image_digest,
+            roots=keep_roots,
+            keep_roots=keep_roots is not None,
+            on_event=_event_printer(as_json),
+        )
+    if as_json:
+        emit_json(result)
+        return
+    for cell in result.cells:
+        click.echo(f"cell {cell.id}: {cell.seconds:.1f} s")
+    _render_harvest(result.harvest)
+
+
+@cli.command()
+@store_option
+@click.option(
+    "--target",
+    envvar=C.ENV_TARGET,
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Cache volume to restore into; each family gets a subdirectory.",
+)
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    envvar=C.ENV_FAMILIES,
+    metavar="NAME",
+    help="Only these families. Default: all.",
+)
+@fingerprint_options
+@click.option(
+    "--env-file",
+    envvar=C.ENV_ENV_FILE,
+    type=click.Path(path_type=Path),
+    help="Where to write KEY=VALUE lines for the engine [TARGET/artifactd.env].",
+)
+@click.option(
+    "--consumer-user",
+    envvar=C.ENV_CONSUMER_USER,
+    metavar="USER",
+    help="User the engine runs as (names Inductor's header dir). Default: this user.",
+)
+@click.option(
+    "--require", is_flag=True, envvar=C.ENV_REQUIRE, help="Exit 6 on a miss instead of 0."
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    envvar=C.ENV_DRY_RUN,
+    help="Print the plan (per-family verdicts, bytes, dirs) and change nothing.",
+)
+@json_option
+def restore(
+    *,
+    store: str,
+    target: Path,
+    families: tuple[str, ...],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: tuple[str, ...],
+    env_file: Path | None,
+    consumer_user: str | None,
+    require: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Install the caches that match this machine into TARGET (the init container's job).
+
+    Looks up the artifact tagged with the local fingerprint; failing that, each
+    family's own scope tag (so a model or TP change still restores kernels).
+    Layers are verified and staged next to TARGET, then swapped in atomically.
+    A miss exits 0 (the engine compiles as before) unless --require.
+    """
+    from artifactd.restore import plan_restore
+    from artifactd.stores import open_store
+
+    fp = _probe(gpu_arch, image_digest, workload)
+    fams = _families(families)
+    try:
+        st = open_store(store)
+    except ArtifactdError as exc:
+        if isinstance(exc, UsageError):
+            raise
+        plan = plan_restore(
+            None,
+            fp,
+            target,
+            families=fams,
+            consumer_user=consumer_user,
+            env_file=env_file,
+            store_ref=store,
+            store_error=exc.message,
+        )
+        _finish_restore(plan, None, require=require, dry_run=dry_run, as_json=as_json)
+        return
+    with st:
+        plan = plan_restore(
+            st, fp, target, families=fams, consumer_user=consumer_user, env_file=env_file
+        )
+        _finish_restore(plan, st, require=require, dry_run=dry_run, as_json=as_json)
+
+
+def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json: bool) -> None:
+    from artifactd.restore import execute
+
+    result = None
+    if not dry_run and st is not None and plan.hits:
+        result = execute(plan, st, on_event=_event_printer(as_json))
+    if as_json:
+        doc: dict[str, Any] = {
+            "stage": "restore",
+            "cache_hit": bool(plan.hits),
+            "match": plan.match,
+            "dry_run": dry_run,
+            "noop": plan.noop,
+            "plan": _jsonable(plan),
+            "bytes_to_fetch": plan.bytes_to_fetch,
+        }
+        if result is not None:
+            doc.update(
+                restored=result.restored,
+                files=result.files,
+                bytes=result.bytes,
+                elapsed_ms=round(result.seconds * 1000, 1),
+            )
+        emit_json(doc)
+    else:
+        _render_plan(plan, result, dry_run)
+    if require and not plan.hits:
+        raise CacheMissError(
+            f"no artifact in {plan.store} matches this machine",
+            hint="see the per-family reasons above; `artifactd diff` explains field by field",
+        )
+
+
+def _render_plan(plan: Any, result: Any, dry_run: bool) -> None:
+    head = {"full": "full match", "partial": "partial match (by family scope)", "miss": "MISS"}
+    click.echo(
+        f"restore: {head[plan.match]} for fingerprint {plan.fingerprint_hash[:16]}... "
+        f"from {plan.store}"
+    )
+    if plan.error:
+        click.echo(f"  store: {plan.error}")
+    rows = [("family", "verdict", "via", "files", "size", "where / why")]
+    for f in plan.families:
+        if f.verdict == "hit" and f.layer is not None:
+            rows.append(
+                (
+                    f.family,
+                    "hit",
+                    f.source or "",
+                    str(len(f.layer.files)),
+                    human_bytes(f.layer.unpacked_size),
+                    ", ".join(f.dirs.values()),
+                )
+            )
+        else:
+            rows.append((f.family, "miss", "-", "-", "-", f.reason or ""))
+    click.echo(_table(rows))
+    for f in plan.families:
+        for d in f.deciding:
+            click.echo(f"    {f.family}: {d.path}: artifact={d.a!r} local={d.b!r}")
+    if plan.nearest is not None and plan.match != "full":
+        click.echo(
+            f"  nearest artifact: {plan.nearest.tag} "
+            f"({len(plan.nearest.differing)} field(s) differ)"
+        )
+    if dry_run:
+        click.echo(f"dry run: would fetch {human_bytes(plan.bytes_to_fetch)}; nothing written")
+    elif plan.noop:
+        click.echo(f"already restored (marker matches); nothing to do. env file: {plan.env_file}")
+    elif result is not None:
+        click.echo(
+            f"restored {len(result.restored)} families, {result.files} files, "
+            f"{human_bytes(result.bytes)} in {result.seconds:.2f} s"
+        )
+        click.echo(f"env file: {plan.env_file}  (load: set -a; . {plan.env_file}; set +a)")
+    elif not plan.hits:
+        click.echo("nothing restored: the engine will compile as before")
+
+
+def _load_side(spec: str, gpu_arch: str | None, workload: Sequence[str]) -> tuple[str, Any]:
+    """Turn a diff operand (local, a fingerprint file, an artifact ref) into a fingerprint."""
+    from artifactd.artifacts import read_artifact
+    from artifactd.fingerprint import Fingerprint
+    from artifactd.manifest import ArtifactManifest
+    from artifactd.stores import open_store, parse_artifact_ref
+
+    if spec == "local":
+        return "local", _probe(gpu_arch, None, workload)
+    path = Path(spec)
+    if path.is_file():
+        data = path.read_bytes()
+        doc = json.loads(data)
+        if isinstance(doc, dict) and "fingerprint" in doc and "layers" in doc:
+            return spec, ArtifactManifest.from_json(data, source=spec).fingerprint
+        if isinstance(doc, dict) and "fingerprint" in doc and "hash" in doc:
+            return spec, Fingerprint.model_validate(doc["fingerprint"])
+        return spec, Fingerprint.from_json(data, source=spec)
+    ref = parse_artifact_ref(spec)
+    if ref.reference is None:
+        raise UsageError(
+            f"cannot read {spec!r} as a fingerprint",
+            hint="use `local`, a JSON file from `artifactd fingerprint --json`, "
+            "or an artifact reference such as oci:DIR:TAG",
+        )
+    with open_store(ref.store) as st:
+        art = read_artifact(st, ref.reference)
+    if art is None:
+        raise UsageError(f"{spec}: no such artifact")
+    return spec, art.config.fingerprint
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+@click.option(
+    "--gpu-arch",
+    envvar=C.ENV_GPU_ARCH,
+    metavar="ARCH",
+    help="Declared GPU target for the `local` side.",
+)
+@click.option(
+    "--workload", multiple=True, metavar="KEY=VALUE", help="Workload fields for the `local` side."
+)
+@click.option("--family", "families", multiple=True, metavar="NAME")
+@json_option
+def diff(
+    *,
+    a: str,
+    b: str,
+    gpu_arch: str | None,
+    workload: tuple[str, ...],
+    families: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Explain why two fingerprints differ, and which cache families that invalidates.
+
+    A and B are each `local`, a fingerprint JSON file, an artifact config, or an
+    artifact reference (oci:DIR:TAG, oci:DIR@sha256:...). A cache built on A
+    is judged for use on B.
+    """
+    from artifactd.diff import diff as do_diff
+
+    name_a, fa = _load_side(a, gpu_arch, workload)
+    name_b, fb = _load_side(b, gpu_arch, workload)
+    result = do_diff(fa, fb, _families(families))
+    if as_json:
+        emit_json(
+            {
+                "a": name_a,
+                "b": name_b,
+                "identical": result.identical,
+                "a_hash": result.a_hash,
+                "b_hash": result.b_hash,
+                "fields": result.fields,
+                "informational": result.informational,
+                "families": result.families,
+            }
+        )
+        return
+    click.echo(f"A {name_a}: {result.a_hash[:16]}...")
+    click.echo(f"B {name_b}: {result.b_hash[:16]}...")
+    if result.identical:
+        click.echo("identical fingerprints: every family's cache is valid on B")
+    else:
+        rows = [("field", "A", "B")] + [(d.path, repr(d.a), repr(d.b)) for d in result.fields]
+        click.echo(f"{len(result.fields)} field(s) differ:")
+        click.echo(_table(rows))
+    rows = [("family", "verdict", "deciding fields")]
+    for v in result.families:
+        rows.append((v.family, v.verdict, ", ".join(d.path for d in v.deciding)))
+    click.echo("per family (a cache built on A, used on B):")
+    click.echo(_table(rows))
+
+
+@cli.command()
+@click.argument("ref")
+@click.option("--files", "show_files", is_flag=True, help="List every file.")
+@json_option
+def inspect(*, ref: str, show_files: bool, as_json: bool) -> None:
+    """Show what an artifact holds: fingerprint, families, files, provenance.
+
+    REF is oci:DIR:TAG or oci:DIR@sha256:DIGEST (see `artifactd ls`).
+    """
+    from artifactd.artifacts import read_artifact
+    from artifactd.stores import open_store, parse_artifact_ref
+
+    parsed = parse_artifact_ref(ref)
+    if parsed.reference is None:
+        raise UsageError(
+            f"{ref!r} names a store, not an artifact",
+            hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
+        )
+    with open_store(parsed.store) as st:
+        art = read_artifact(st, parsed.reference)
+    if art is None:
+        from artifactd.errors import NotFoundError
+
+        raise NotFoundError(f"{parsed.store} has no artifact {parsed.reference}")
+    if as_json:
+        emit_json(
+            {
+                "digest": art.digest,
+                "manifest": art.manifest.model_dump(by_alias=True, exclude_none=True, mode="json"),
+                "config": art.config,
+            }
+        )
+        return
+    cfg = art.config
+    click.echo(f"artifact {art.digest} ({cfg.kind})")
+    click.echo(f"  fingerprint {cfg.fingerprint_hash}")
+    click.echo(
+        f"  built by artifactd {cfg.provenance.builder} ({cfg.provenance.source}"
+        + (f", matrix {cfg.provenance.matrix}" if cfg.provenance.matrix else "")
+        + ")"
+    )
+    rows = [("family", "files", "size", "layer", "scope key")]
+    for rec in cfg.layers:
+        rows.append(
+            (
+                rec.family,
+                str(len(rec.files)),
+                human_bytes(rec.unpacked_size),
+                human_bytes(rec.size),
+                rec.scope_key[:16] + "...",
+            )
+        )
+    click.echo(_table(rows))
+    if show_files:
+        for rec in cfg.layers:
+            for f in rec.files:
+                click.echo(f"  {rec.family}: {f.path} {f.size} {f.sha256[:12]}")
+
+
+@cli.command(name="ls")
+@click.argument("store", required=False, default=None)
+@json_option
+def ls_cmd(*, store: str | None, as_json: bool) -> None:
+    """List the tags in a store (default: ARTIFACTD_STORE or oci:.artifactd/store)."""
+    from artifactd.stores import open_store
+
+    ref = store or os.environ.get(C.ENV_STORE, C.DEFAULT_STORE)
+    with open_store(ref) as st:
+        tags = st.list_tags()
+    if as_json:
+        emit_json({"store": ref, "tags": tags})
+        return
+    for tag in tags:
+        click.echo(tag)
+
+
+@cli.command()
+@store_option
+@click.option(
+    "--matrix",
+    type=click.Path(path_type=Path),
+    default=Path("warmup_matrices/cpu-demo.yaml"),
+    show_default=True,
+)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    default=Path(".artifactd/demo"),
+    show_default=True,
+    help="Where restored caches go.",
+)
+@json_option
+def demo(*, store: str, matrix: Path, workdir: Path, as_json: bool) -> None:
+    """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
+    from artifactd.demo import run_demo
+    from artifactd.stores import open_store
+
+    printer = _event_printer(as_json)
+    if not as_json:
+        click.echo(f"building {matrix} cold (fresh caches; about a minute on 2 cores)...", err=True)
+    with open_store(store, create=True) as st:
+        result = run_demo(matrix, st, workdir=workdir, on_event=printer, environ=os.environ)
+    if as_json:
+        emit_json(
+            {
+                "store": result.store,
+                "artifact": result.artifact,
+                "target": result.target,
+                "cold_seconds": result.cold_seconds,
+                "cold_compiled": result.cold_compiled,
+                "restore_seconds": result.restore_seconds,
+                "restored_seconds": result.restored_seconds,
+                "restored_compiled": result.restored_compiled,
+                "ratio": round(result.ratio, 3),
+            }
+        )
+        return
+    click.echo(f"artifact {result.artifact} in {result.store}")
+    click.echo(f"restored into {result.target}")
+    click.echo(
+        _table(
+            [
+                ("stage", "seconds", "compiled"),
+                (
+                    "cold warm-up (fresh caches)",
+                    f"{result.cold_seconds:.1f}",
+                    str(result.cold_compiled),
+                ),
+                ("artifactd restore (new process)", f"{result.restore_seconds:.2f}", "-"),
+                (
+                    "warm-up on restored caches",
+                    f"{result.restored_seconds:.1f}",
+                    str(result.restored_compiled),
+                ),
+            ]
+        )
+    )
+    saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
+    click.echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+
+
+# --------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI, mapping artifactd errors to one line and an exit code."""
+    try:
+        cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="artifactd",
+            standalone_mode=False,
+        )
+    except ArtifactdError as exc:
+        if os.environ.get(C.ENV_TRACEBACK):
+            raise
+        click.echo(f"artifactd: error: {exc.diagnostics()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    sys.exit(0)

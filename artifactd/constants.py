@@ -1,0 +1,46 @@
+"""Every environment variable artifactd reads, named in one place.
+
+Library code never calls ``os.environ`` directly for settings: it takes an
+``environ`` mapping (defaulting to :func:`current_environ`) so tests and
+"what-if" probes can pass their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+# --- artifactd's own settings (each CLI flag of the init-container commands
+# also takes one of these, so Kubernetes users configure through env) ---------
+ENV_STORE = "ARTIFACTD_STORE"
+ENV_TARGET = "ARTIFACTD_TARGET"
+ENV_ENV_FILE = "ARTIFACTD_ENV_FILE"
+ENV_REQUIRE = "ARTIFACTD_REQUIRE"
+ENV_DRY_RUN = "ARTIFACTD_DRY_RUN"
+ENV_JSON = "ARTIFACTD_JSON"
+ENV_FAMILIES = "ARTIFACTD_FAMILIES"
+ENV_GPU_ARCH = "ARTIFACTD_GPU_ARCH"
+ENV_IMAGE_DIGEST = "ARTIFACTD_IMAGE_DIGEST"
+ENV_CONSUMER_USER = "ARTIFACTD_CONSUMER_USER"
+ENV_TRACEBACK = "ARTIFACTD_TRACEBACK"
+ENV_GENERIC_DIR = "ARTIFACTD_GENERIC_DIR"
+
+#: Where the embedded default store lives, relative to the working directory.
+DEFAULT_STORE = "oci:.artifactd/store"
+
+# --- the libraries' own variables, read to find their caches ---------------
+TRITON_CACHE_DIR = "TRITON_CACHE_DIR"
+TRITON_HOME = "TRITON_HOME"
+TORCHINDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
+TMPDIR = "TMPDIR"
+HOME = "HOME"
+CUDA_HOME = "CUDA_HOME"
+
+# Variables that would make a probe read the wrong thing if inherited by a
+# warm-up cell; the runner clears them before setting fresh cache roots.
+CACHE_ENV_VARS = (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, ENV_GENERIC_DIR)
+
+
+def current_environ() -> Mapping[str, str]:
+    """Return the process environment (the one place that reads ``os.environ``)."""
+    return os.environ

@@ -1,0 +1,76 @@
+"""Explain why two fingerprints differ and which cache families that invalidates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from artifactd.families import Family, select_families
+from artifactd.fingerprint import Fingerprint, flatten
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    """One dotted field whose value differs between side A and side B."""
+
+    path: str
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class FamilyVerdict:
+    """Whether a cache built on side A would be valid on side B, and why not."""
+
+    family: str
+    verdict: Literal["hit", "miss"]
+    deciding: list[FieldDiff] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FingerprintDiff:
+    """Field-by-field comparison of two fingerprints."""
+
+    a_hash: str
+    b_hash: str
+    fields: list[FieldDiff]
+    informational: list[FieldDiff]
+    families: list[FamilyVerdict]
+
+    @property
+    def identical(self) -> bool:
+        """Whether the hashed parts are equal."""
+        return self.a_hash == self.b_hash
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[FieldDiff]:
+    return [
+        FieldDiff(path=k, a=a.get(k), b=b.get(k))
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
+def family_verdict(family: Family, a: Fingerprint, b: Fingerprint) -> FamilyVerdict:
+    """Compare the scope of one family on both sides."""
+    if a.scope_key(family.name, family.scope, family.scope_revision) == b.scope_key(
+        family.name, family.scope, family.scope_revision
+    ):
+        return FamilyVerdict(family.name, "hit")
+    deciding = _differences(a.select(family.scope), b.select(family.scope))
+    return FamilyVerdict(family.name, "miss", deciding)
+
+
+def diff(a: Fingerprint, b: Fingerprint, families: Sequence[str] | None = None) -> FingerprintDiff:
+    """Return every differing field and a per-family hit/miss verdict."""
+    return FingerprintDiff(
+        a_hash=a.hash,
+        b_hash=b.hash,
+        fields=_differences(a.flatten(), b.flatten()),
+        informational=_differences(
+            flatten(a.info.model_dump(mode="json"), "info."),
+            flatten(b.info.model_dump(mode="json"), "info."),
+        ),
+        families=[family_verdict(f, a, b) for f in select_families(families)],
+    )

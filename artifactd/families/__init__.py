@@ -1,0 +1,36 @@
+"""The cache families artifactd knows, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from artifactd.errors import UsageError
+from artifactd.families.base import Component, Family, Located
+from artifactd.families.generic import GenericFamily
+from artifactd.families.inductor import InductorFamily
+from artifactd.families.triton import TritonFamily
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (TritonFamily(), InductorFamily(), GenericFamily())
+}
+
+__all__ = ["FAMILIES", "Component", "Family", "Located", "get_family", "select_families"]
+
+
+def get_family(name: str) -> Family:
+    """Return the family called ``name`` or raise :class:`UsageError`."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown cache family {name!r}",
+            hint=f"known families: {', '.join(sorted(FAMILIES))}",
+        ) from None
+
+
+def select_families(names: Iterable[str] | None) -> list[Family]:
+    """Return the named families (all when ``names`` is empty or None), in a stable order."""
+    wanted = [n.strip() for n in (names or ()) if n.strip()]
+    if not wanted:
+        return [FAMILIES[n] for n in sorted(FAMILIES)]
+    return [get_family(n) for n in sorted(set(wanted))]

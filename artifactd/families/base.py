@@ -1,0 +1,164 @@
+"""What every cache family declares, and the shared machinery they use.
+
+A family is one library's compile cache. It names:
+
+* its **components**: the directories it owns, where to find each at harvest
+  time (the env var the library reads, or its default) and where to put it at
+  restore time (a subdirectory of the target, and the env var that points the
+  library there);
+* what to **exclude** (locks, temp dirs, interrupted writes);
+* its **scope**: the fingerprint dimensions its validity depends on;
+* which files carry **absolute paths** that must be rewritten when the cache
+  moves, and whether **mtimes** matter.
+
+Adding a family means writing one small module with a subclass of
+:class:`Family` and listing it in :mod:`artifactd.families`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import ClassVar
+
+from artifactd.constants import HOME, TMPDIR
+
+#: Stands for the component's root in stored path-bearing files.
+ROOT_PLACEHOLDER = "@ARTIFACTD_ROOT@"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One directory a family owns.
+
+    ``restore_subdir`` is relative to the restore target. ``env`` maps the
+    variables the consumer must see to a value template in which ``{dir}`` is
+    the restored directory and ``{target}`` the restore target.
+    """
+
+    name: str
+    restore_subdir: str
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Located:
+    """A component found on disk at harvest time."""
+
+    component: Component
+    path: Path
+
+
+class Family:
+    """Base class of a cache family; subclasses set the class attributes."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: Fingerprint dimensions (dotted paths) the cache's validity depends on.
+    scope: ClassVar[tuple[str, ...]]
+    #: Bump when the family's packing changes so old layers stop matching.
+    scope_revision: ClassVar[int] = 1
+    components: ClassVar[tuple[Component, ...]]
+    #: Keep file mtimes in the layer (ninja-driven caches need them).
+    keep_mtimes: ClassVar[bool] = False
+    #: Directory names skipped anywhere in the tree.
+    exclude_dirs: ClassVar[frozenset[str]] = frozenset({"locks", "lock"})
+    #: Name patterns skipped anywhere in the tree (files and dirs).
+    exclude_patterns: ClassVar[tuple[re.Pattern[str], ...]] = (
+        re.compile(r".*\.lock$"),
+        re.compile(r".*\.tmp$"),
+        re.compile(r"^tmp\.pid_\d+_.*"),
+    )
+
+    def locate(self, environ: Mapping[str, str]) -> list[Located]:
+        """Return the component directories that exist on this machine."""
+        raise NotImplementedError
+
+    def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
+        """Whether a path (relative to its component root) is left out of the layer."""
+        del component
+        name = rel.name
+        if is_dir and name in self.exclude_dirs:
+            return True
+        return any(p.match(name) for p in self.exclude_patterns)
+
+    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
+        """Whether this file holds absolute paths to its own root (rewritten on restore)."""
+        del component, rel
+        return False
+
+    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """Replace the harvest root in a path-bearing file with the placeholder."""
+        text = data.decode("utf-8")
+        for root in roots:
+            text = text.replace(root.rstrip("/") + "/", ROOT_PLACEHOLDER + "/")
+        return text.encode("utf-8")
+
+    def relocate(self, data: bytes, root: str) -> bytes:
+        """Replace the placeholder with the restored root."""
+        return data.decode("utf-8").replace(ROOT_PLACEHOLDER, root.rstrip("/")).encode("utf-8")
+
+    def restore_dirs(self, target: Path, *, user: str | None = None) -> dict[str, Path]:
+        """Return where each component is installed under ``target``."""
+        subs = {c.name: c.restore_subdir.format(user=sanitize_user(user)) for c in self.components}
+        return {name: target / sub for name, sub in subs.items()}
+
+    def restore_env(self, target: Path, *, user: str | None = None) -> dict[str, str]:
+        """Return the env vars that point the library at the restored directories."""
+        env: dict[str, str] = {}
+        dirs = self.restore_dirs(target, user=user)
+        for comp in self.components:
+            for key, template in comp.env.items():
+                env[key] = template.format(dir=dirs[comp.name], target=target)
+        return env
+
+
+def rewrite_group_json(data: bytes, old: tuple[str, ...], new: str) -> bytes:
+    """Rewrite the child paths of a Triton ``__grp__*.json`` file.
+
+    Triton stores ABSOLUTE paths there and silently recompiles when one does not
+    exist, so a cache restored to another root misses unless they are rewritten.
+    Paths under none of ``old`` are left alone (lint reports them).
+    """
+    doc = json.loads(data)
+    children = doc.get("child_paths")
+    if isinstance(children, dict):
+        for key, value in list(children.items()):
+            if not isinstance(value, str):
+                continue
+            for prefix in old:
+                p = prefix.rstrip("/") + "/"
+                if value.startswith(p):
+                    children[key] = new.rstrip("/") + "/" + value[len(p) :]
+                    break
+    return json.dumps(doc).encode("utf-8")
+
+
+def gettempdir(environ: Mapping[str, str]) -> Path:
+    """Return the temp dir a process with ``environ`` would use (as ``tempfile`` does)."""
+    for key in (TMPDIR, "TEMP", "TMP"):
+        value = environ.get(key)
+        if value:
+            return Path(value)
+    return Path("/tmp")  # noqa: S108 - this mirrors tempfile's own fallback
+
+
+def home(environ: Mapping[str, str]) -> Path:
+    """Return the home directory a process with ``environ`` would use."""
+    value = environ.get(HOME)
+    return Path(value) if value else Path.home()
+
+
+def sanitize_user(user: str | None) -> str:
+    """Return the user name as torch puts it into ``torchinductor_<user>``."""
+    if user is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", user)

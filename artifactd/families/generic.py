@@ -1,0 +1,31 @@
+"""Loose compiled binaries: a tree of ``.cubin``, ``.fatbin``, ``.ptx``, ``.so`` files.
+
+For kernels compiled outside a library cache (``nvcc -cubin`` in a warm-up,
+a project's own JIT). The tree comes from ``ARTIFACTD_GENERIC_DIR`` and is
+restored as-is; the consumer finds it through the same variable. Validity
+depends on the target architecture, the nvcc release and the platform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from artifactd.constants import ENV_GENERIC_DIR
+from artifactd.families.base import Component, Family, Located
+
+
+class GenericFamily(Family):
+    """A plain tree of compiled objects, restored byte for byte."""
+
+    name = "generic"
+    description = "loose .cubin/.so trees (ARTIFACTD_GENERIC_DIR)"
+    scope = ("gpu.arch", "cuda.nvcc", "platform.machine", "platform.glibc")
+    components = (Component("cache", "generic", {ENV_GENERIC_DIR: "{dir}"}),)
+
+    def locate(self, environ: Mapping[str, str]) -> list[Located]:
+        """Only an explicitly configured dir: there is no default for loose binaries."""
+        configured = environ.get(ENV_GENERIC_DIR)
+        if configured and Path(configured).is_dir():
+            return [Located(self.components[0], Path(configured))]
+        return []

@@ -1,0 +1,98 @@
+"""torch.compile / Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) and its PCH.
+
+Two components:
+
+* ``cache``: FX graphs, AOTAutograd entries, generated code and CPU kernel
+  ``.so`` files. It relocates freely (torch makes the dir absolute at run time),
+  except a ``triton/`` subdir, written when ``TRITON_CACHE_DIR`` is unset, whose
+  Triton group files hold absolute paths and are rewritten.
+* ``pch``: the ~150 MB precompiled C++ header Inductor's CPU path builds at
+  ``<tempdir>/torchinductor_<user>/precompiled_headers``, OUTSIDE the cache dir.
+  Without it a "warm" CPU start rebuilds it (9 s instead of 2 s here). It is
+  restored under ``<target>/tmp`` and the env file sets ``TMPDIR`` there.
+
+CPU kernel keys hold the compile command line: torch's install path (include
+flags), the host compiler, and ``-march=native`` (the CPU ISA), so those are in
+the scope. The GPU name and torch's CUDA version enter Inductor's system info.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from artifactd.constants import TMPDIR, TORCHINDUCTOR_CACHE_DIR
+from artifactd.families.base import (
+    ROOT_PLACEHOLDER,
+    Component,
+    Family,
+    Located,
+    gettempdir,
+    rewrite_group_json,
+    sanitize_user,
+)
+from artifactd.families.triton import is_group_file
+
+PCH_DIRNAME = "precompiled_headers"
+
+
+def default_dir(environ: Mapping[str, str], user: str | None = None) -> Path:
+    """Return torch's default cache dir: ``<tempdir>/torchinductor_<user>``."""
+    return gettempdir(environ) / f"torchinductor_{sanitize_user(user)}"
+
+
+class InductorFamily(Family):
+    """torch.compile graphs and kernels, plus the CPU precompiled header."""
+
+    name = "inductor"
+    description = "torch.compile / Inductor (TORCHINDUCTOR_CACHE_DIR + precompiled header)"
+    scope = (
+        "libraries.torch",
+        "libraries.triton",
+        "gpu.name",
+        "gpu.arch",
+        "cuda.torch_cuda",
+        "cpu",
+        "compilers.cc",
+        "paths.site_packages",
+        "python",
+        "platform",
+    )
+    components = (
+        Component("cache", "inductor", {TORCHINDUCTOR_CACHE_DIR: "{dir}"}),
+        Component(
+            "pch",
+            "tmp/torchinductor_{user}/" + PCH_DIRNAME,
+            {TMPDIR: "{target}/tmp"},
+        ),
+    )
+
+    def locate(self, environ: Mapping[str, str]) -> list[Located]:
+        """Find the cache dir (env var or default) and the PCH under the temp dir."""
+        found: list[Located] = []
+        configured = environ.get(TORCHINDUCTOR_CACHE_DIR)
+        cache = Path(configured) if configured else default_dir(environ)
+        if cache.is_dir():
+            found.append(Located(self.components[0], cache))
+        pch = default_dir(environ) / PCH_DIRNAME
+        if pch.is_dir():
+            found.append(Located(self.components[1], pch))
+        return found
+
+    def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
+        """Skip locks, and the PCH dir when it sits inside a default cache dir."""
+        if component == "cache" and is_dir and rel == PurePosixPath(PCH_DIRNAME):
+            return True
+        return super().excluded(component, rel, is_dir)
+
+    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
+        """Triton group files written under the Inductor dir carry absolute paths."""
+        return component == "cache" and is_group_file(rel)
+
+    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """Store Triton child paths relative to the placeholder root."""
+        return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
+
+    def relocate(self, data: bytes, root: str) -> bytes:
+        """Point Triton child paths at the restored root."""
+        return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)

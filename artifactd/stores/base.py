@@ -1,0 +1,70 @@
+"""The store interface: where artifacts live.
+
+A store is content-addressed blobs plus manifests reachable by tag. Three
+backends share this interface: a local OCI image layout directory (the
+embedded default), an OCI registry, and (later) the read-only tree baked into
+a derived image. Everything above this layer (push, resolve, restore) is
+written once against :class:`Store`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """A manifest fetched from a store, with the digest of its exact bytes."""
+
+    data: bytes
+    digest: str
+    media_type: str
+
+
+class Store(abc.ABC):
+    """Blobs by digest, manifests by tag or digest."""
+
+    #: The reference the user gave (``oci:DIR``, ``HOST/REPO``), for messages.
+    ref: str
+
+    @abc.abstractmethod
+    def has_blob(self, digest: str) -> bool:
+        """Whether the store holds the blob (cheap: no transfer)."""
+
+    @abc.abstractmethod
+    def put_blob(self, path: Path, digest: str, size: int) -> int:
+        """Store a blob from a local file; return the bytes transferred (0 if present)."""
+
+    @abc.abstractmethod
+    def open_blob(self, digest: str, size: int) -> AbstractContextManager[BinaryIO]:
+        """Open a blob for streaming reads. Callers verify digest and size while reading."""
+
+    @abc.abstractmethod
+    def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
+        """Store a manifest and point each tag at it; return its digest."""
+
+    @abc.abstractmethod
+    def get_manifest(self, reference: str) -> ManifestRef | None:
+        """Fetch a manifest by tag or digest; ``None`` when the store has no such reference."""
+
+    @abc.abstractmethod
+    def list_tags(self) -> list[str]:
+        """Return every tag (used for listing and explaining misses, never to resolve)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
+        """Release connections or locks."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def iter_tags(self, prefix: str) -> Iterator[str]:
+        """Yield tags starting with ``prefix``."""
+        return (t for t in self.list_tags() if t.startswith(prefix))

@@ -1,0 +1,215 @@
+"""A local OCI image layout directory: the embedded default store.
+
+``DIR/oci-layout``, ``DIR/index.json`` and ``DIR/blobs/sha256/<hex>``, as the
+OCI image-layout spec lays them out, so ``skopeo`` and ``oras`` read it
+(``skopeo inspect oci:DIR:TAG``). Tags are ``org.opencontainers.image.ref.name``
+annotations on the index's manifest descriptors.
+
+Blobs are written to a temp file in the same directory and renamed into place;
+``index.json`` is rewritten atomically under an exclusive ``flock`` so
+concurrent harvests into one directory never lose a tag.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from artifactd.errors import IntegrityError, NotFoundError, StoreError
+from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
+from artifactd.stores.base import ManifestRef, Store
+
+_LAYOUT = {"imageLayoutVersion": "1.0.0"}
+
+
+class LayoutStore(Store):
+    """A store backed by an OCI image layout directory."""
+
+    def __init__(self, root: Path, *, ref: str | None = None, create: bool = False) -> None:
+        self.root = root
+        self.ref = ref or f"oci:{root}"
+        if create:
+            self._init()
+        elif not (root / "oci-layout").is_file():
+            raise NotFoundError(
+                f"{self.ref} is not an OCI image layout (no oci-layout file)",
+                hint="build or harvest into it first, or check the path",
+            )
+
+    def _init(self) -> None:
+        try:
+            (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+            if not (self.root / "oci-layout").exists():
+                _atomic_write(self.root / "oci-layout", json.dumps(_LAYOUT).encode())
+            if not (self.root / "index.json").exists():
+                self._write_index(
+                    {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": []}
+                )
+        except OSError as exc:
+            raise StoreError(f"cannot create OCI layout at {self.root}: {exc}") from exc
+
+    # -- blobs -------------------------------------------------------------
+    def _blob_path(self, digest: str) -> Path:
+        return self.root / "blobs" / "sha256" / check_digest(digest).split(":", 1)[1]
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob file exists."""
+        return self._blob_path(digest).is_file()
+
+    def put_blob(self, path: Path, digest: str, size: int) -> int:
+        """Copy a local file in as a blob, verifying its digest; return bytes written."""
+        dest = self._blob_path(digest)
+        if dest.is_file() and dest.stat().st_size == size:
+            return 0
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+        try:
+            h = hashlib.sha256()
+            n = 0
+            with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    n += len(chunk)
+                    out.write(chunk)
+            if f"sha256:{h.hexdigest()}" != digest or n != size:
+                raise IntegrityError(f"{path} does not match {digest} ({size} bytes)")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return size
+
+    def put_blob_bytes(self, data: bytes) -> str:
+        """Store small in-memory content (configs, manifests); return its digest."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        dest = self._blob_path(digest)
+        if not dest.is_file():
+            _atomic_write(dest, data)
+        return digest
+
+    @contextmanager
+    def open_blob(self, digest: str, size: int) -> Iterator[BinaryIO]:
+        """Open the blob file for reading."""
+        try:
+            f = self._blob_path(digest).open("rb")
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.ref} has no blob {digest}") from None
+        with f:
+            yield f
+
+    # -- manifests ---------------------------------------------------------
+    def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
+        """Store the manifest blob, then point tags at it in index.json."""
+        for tag in tags:
+            check_tag(tag)
+        digest = self.put_blob_bytes(data)
+        with self._locked_index() as index:
+            manifests: list[dict[str, Any]] = index.setdefault("manifests", [])
+            wanted = set(tags)
+            kept = [
+                m for m in manifests if (m.get("annotations") or {}).get(ANN_REF_NAME) not in wanted
+            ]
+            for tag in sorted(tags):
+                kept.append(
+                    {
+                        "mediaType": media_type,
+                        "digest": digest,
+                        "size": len(data),
+                        "annotations": {ANN_REF_NAME: tag},
+                    }
+                )
+            if not tags and not any(m.get("digest") == digest for m in kept):
+                kept.append({"mediaType": media_type, "digest": digest, "size": len(data)})
+            index["manifests"] = kept
+        return digest
+
+    def get_manifest(self, reference: str) -> ManifestRef | None:
+        """Find a manifest by tag (index annotation) or by digest."""
+        if DIGEST_RE.match(reference):
+            path = self._blob_path(reference)
+            if not path.is_file():
+                return None
+            data = path.read_bytes()
+            media_type = json.loads(data).get("mediaType", "")
+            _verify(data, reference)
+            return ManifestRef(data=data, digest=reference, media_type=media_type)
+        for desc in self._read_index().get("manifests", []):
+            if (desc.get("annotations") or {}).get(ANN_REF_NAME) == reference:
+                digest = desc["digest"]
+                try:
+                    data = self._blob_path(digest).read_bytes()
+                except FileNotFoundError:
+                    raise IntegrityError(
+                        f"{self.ref}: tag {reference} points at missing blob {digest}"
+                    ) from None
+                _verify(data, digest)
+                return ManifestRef(data=data, digest=digest, media_type=desc.get("mediaType", ""))
+        return None
+
+    def list_tags(self) -> list[str]:
+        """Every ref.name annotation in index.json, sorted."""
+        return sorted(
+            tag
+            for desc in self._read_index().get("manifests", [])
+            if (tag := (desc.get("annotations") or {}).get(ANN_REF_NAME))
+        )
+
+    # -- index.json --------------------------------------------------------
+    def _read_index(self) -> dict[str, Any]:
+        try:
+            doc = json.loads((self.root / "index.json").read_bytes())
+        except FileNotFoundError:
+            return {"manifests": []}
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise StoreError(f"{self.root / 'index.json'} is not a JSON object")
+        return doc
+
+    def _write_index(self, index: dict[str, Any]) -> None:
+        _atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode())
+
+    @contextmanager
+    def _locked_index(self) -> Iterator[dict[str, Any]]:
+        with (self.root / ".index.lock").open("a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            index = self._read_index()
+            index.setdefault("schemaVersion", 2)
+            index.setdefault("mediaType", INDEX_MEDIA_TYPE)
+            yield index
+            self._write_index(index)
+
+    def gc(self) -> int:
+        """Not yet: unreferenced blobs are kept (prune is a later feature)."""
+        return 0
+
+
+def _verify(data: bytes, digest: str) -> None:
+    actual = "sha256:" + hashlib.sha256(data).hexdigest()
+    if actual != digest:
+        raise IntegrityError(f"manifest {digest} is corrupt (content hashes to {actual})")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_layout(root: Path) -> None:
+    """Delete a layout directory (tests and demo clean-up)."""
+    shutil.rmtree(root, ignore_errors=True)

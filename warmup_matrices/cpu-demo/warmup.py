@@ -1,0 +1,176 @@
+"""CPU demo warm-up: real compilers, no GPU.
+
+* torch.compile (Inductor CPU kernels) of a few small modules;
+* Triton AOT compilation of a few kernels to real sm_90a cubins (ptxas ships
+  in the triton wheel, so no GPU or driver is needed);
+* nvcc -cubin -arch=sm_90a of one CUDA kernel into ARTIFACTD_GENERIC_DIR
+  (keyed by source hash: a present cubin is a hit).
+
+Caches go wherever the libraries' env vars point (TORCHINDUCTOR_CACHE_DIR,
+TRITON_CACHE_DIR, TMPDIR for Inductor's precompiled header). The last line on
+stdout is one JSON object: per part, how many things were compiled and how
+many were cache hits, with seconds; the tests and the demo read it.
+
+Usage: python warmup.py [--parts inductor,triton,nvcc] [--arch 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_inductor() -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch._dynamo.utils import counters
+
+    class Block(torch.nn.Module):
+        def __init__(self, d: int = 64) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(d, 4 * d)
+            self.down = torch.nn.Linear(4 * d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(F.gelu(self.up(x)))
+
+    def norm_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.silu(F.layer_norm(x, (x.shape[-1],), w, b))
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        return torch.softmax(s, dim=-1) @ v
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 64)
+    q = torch.randn(2, 16, 32)
+    jobs = [
+        (torch.compile(Block().eval(), dynamic=False), (x,)),
+        (torch.compile(norm_act, dynamic=False), (x, torch.ones(64), torch.zeros(64))),
+        (torch.compile(attention, dynamic=False), (q, q, q)),
+    ]
+    with torch.no_grad():
+        for fn, args in jobs:
+            fn(*args)
+    c = counters["inductor"]
+    hits, misses = int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"])
+    return {"graphs": len(jobs), "compiled": misses, "hits": hits,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def run_triton(arch: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):  # noqa: N803
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+    @triton.jit
+    def softmax(out, inp, stride, n_cols, BLOCK: tl.constexpr):  # noqa: N803
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        m = cols < n_cols
+        v = tl.load(inp + row * stride + cols, mask=m, other=-float("inf"))
+        e = tl.exp(v - tl.max(v, axis=0))
+        tl.store(out + row * stride + cols, e / tl.sum(e, axis=0), mask=m)
+
+    @triton.jit
+    def matmul(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # noqa: N803
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K, BK):
+            ta = tl.load(a + rm[:, None] * K + (k + rk)[None, :])
+            tb = tl.load(b + (k + rk)[:, None] * N + rn[None, :])
+            acc += tl.dot(ta, tb)
+        tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.float16))
+
+    ptr32 = "*fp32"
+    kernels = [
+        (add, {"x": ptr32, "y": ptr32, "out": ptr32, "n": "i32", "BLOCK": "constexpr"},
+         {"BLOCK": 1024}, {}),
+        (softmax, {"out": ptr32, "inp": ptr32, "stride": "i32", "n_cols": "i32",
+                   "BLOCK": "constexpr"}, {"BLOCK": 1024}, {"num_warps": 8}),
+        (matmul, {"a": "*fp16", "b": "*fp16", "c": "*fp16", "M": "i32", "N": "i32", "K": "i32",
+                  "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"},
+         {"BM": 64, "BN": 64, "BK": 32}, {"num_warps": 4, "num_stages": 3}),
+    ]
+    seen: list[bool] = []
+
+    def listener(**kw: Any) -> None:
+        seen.append(bool(kw["cache_hit"]))
+
+    triton.knobs.compilation.listener = listener
+    target = GPUTarget("cuda", arch, 32)
+    cubins = 0
+    for fn, sig, consts, opts in kernels:
+        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                                  target=target, options=opts)
+        cubins += bool(compiled.asm.get("cubin"))
+    hits = sum(seen)
+    return {"kernels": len(kernels), "compiled": len(seen) - hits, "hits": hits,
+            "cubins": cubins, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def run_nvcc(arch: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    out_dir = os.environ.get("ARTIFACTD_GENERIC_DIR")
+    if not out_dir:
+        return {"skipped": "ARTIFACTD_GENERIC_DIR is not set"}
+    if shutil.which("nvcc") is None:
+        return {"skipped": "nvcc is not on PATH"}
+    src = HERE / "axpy.cu"
+    key = hashlib.sha256(src.read_bytes() + f"sm_{arch}a".encode()).hexdigest()[:16]
+    cubin = Path(out_dir) / f"axpy-{key}.sm_{arch}a.cubin"
+    if cubin.is_file():
+        return {"kernels": 1, "compiled": 0, "hits": 1, "seconds": round(time.perf_counter() - t0, 3)}
+    cubin.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cubin.with_suffix(".tmp")
+    subprocess.run(["nvcc", "-cubin", f"-arch=sm_{arch}a", "-o", str(tmp), str(src)], check=True)
+    tmp.replace(cubin)
+    return {"kernels": 1, "compiled": 1, "hits": 0, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="inductor,triton,nvcc")
+    parser.add_argument("--arch", type=int, default=90)
+    args = parser.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {}
+    for part in parts:
+        if part == "inductor":
+            report["inductor"] = run_inductor()
+        elif part == "triton":
+            report["triton"] = run_triton(args.arch)
+        elif part == "nvcc":
+            report["nvcc"] = run_nvcc(args.arch)
+        else:
+            sys.exit(f"unknown part {part!r}")
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    report["compiled"] = sum(int(v.get("compiled", 0)) for v in report.values()
+                             if isinstance(v, dict))
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
