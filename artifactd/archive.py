@@ -192,6 +192,19 @@ def _pack_component(
             continue
         is_dir = stat.S_ISDIR(st.st_mode)
         name = f"{comp}/{rel.as_posix()}"
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            # Not representable in a portable tar or in the JSON config: leave it out.
+            if is_dir:
+                pruned.append(rel)
+            skipped.append(
+                SkippedEntry(
+                    path=name.encode("utf-8", "replace").decode(),
+                    reason="file name is not valid UTF-8",
+                )
+            )
+            continue
         if family.excluded(comp, rel, is_dir):
             if is_dir:
                 pruned.append(rel)
@@ -380,7 +393,19 @@ class _Extractor:
                 f"layer {digest} lacks {len(missing)} listed file(s), e.g. {missing[0]}"
             )
         for dest, target in self.links:
-            os.symlink(target, dest)
+            try:
+                os.symlink(target, dest)
+            except OSError as exc:
+                raise UnsafeArtifactError(f"symlink {dest.name}: collides with a member") from exc
+        # The lexical check cannot see through links to links (cache/y -> ., then
+        # cache/b -> y/y/../..): resolve every link now that all exist. Nothing was
+        # written through any of them, so refusing here still loses nothing.
+        for dest, target in self.links:
+            component = self.staging / dest.relative_to(self.staging).parts[0]
+            root = os.path.realpath(component)
+            real = os.path.realpath(dest)
+            if real != root and not real.startswith(root + os.sep):
+                raise UnsafeArtifactError(f"symlink {dest.name} -> {target} resolves outside root")
         return UnpackResult(files=len(self.seen), bytes=self.total)
 
 
@@ -437,6 +462,8 @@ def _mkdirs(staging: Path, rel: PurePosixPath) -> None:
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(current).st_mode):
                 raise UnsafeArtifactError(f"{current} exists and is not a directory") from None
+        else:
+            os.chmod(current, 0o755)  # noqa: S103 - cache dirs are world-readable, not umask-bound
 
 
 def _write_member(
@@ -451,7 +478,11 @@ def _write_member(
     if member.size != entry.size:
         raise IntegrityError(f"{entry.path}: size {member.size} differs from manifest {entry.size}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(dest, flags, entry.mode & 0o777)
+    try:
+        fd = os.open(dest, flags, 0o600)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
+        raise UnsafeArtifactError(f"{entry.path}: collides with another member") from exc
+    os.fchmod(fd, entry.mode & 0o777)  # the manifest's mode, whatever the umask
     sha = hashlib.sha256()
     with os.fdopen(fd, "wb") as out:
         if entry.rewrite:

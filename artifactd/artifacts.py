@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from artifactd.archive import PackedLayer
 from artifactd.errors import IntegrityError, NotFoundError
 from artifactd.hashing import canonical_json
+from artifactd.imagemanifest import Descriptor, ImageManifest
 from artifactd.manifest import ArtifactManifest
 from artifactd.oci import (
     ANN_FAMILY,
@@ -30,12 +31,13 @@ from artifactd.oci import (
     CONFIG_MEDIA_TYPE,
     LAYER_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
-    Descriptor,
-    ImageManifest,
     family_tag,
     full_tag,
 )
 from artifactd.stores import Store
+
+if TYPE_CHECKING:
+    from artifactd.archive import PackedLayer
 
 
 @dataclass

@@ -34,7 +34,7 @@ import click
 
 from artifactd import __version__
 from artifactd import constants as C  # noqa: N812
-from artifactd.errors import ArtifactdError, CacheMissError, UsageError
+from artifactd.errors import ArtifactdError, CacheMissError, ConfigError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -200,15 +200,26 @@ def fingerprint(
     platform, CPU ISA, compilers. Informational fields (hostname, time) are
     shown but never hashed.
     """
-    fp = _probe(gpu_arch, image_digest, workload)
+    from artifactd.probing import flatten, hashed_view, parse_pairs, probe_raw, raw_hash
+
+    # Plain data, no model: the probe's document has the Fingerprint schema's exact
+    # shape (a test holds the two together), and printing it needs no validation.
+    raw = probe_raw(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=parse_pairs(workload, what="--workload"),
+    )
+    digest = raw_hash(raw)
     if hash_only:
-        click.echo(fp.hash)
+        click.echo(digest)
     elif as_json:
-        emit_json({"hash": fp.hash, "fingerprint": fp.model_dump(mode="json")})
+        emit_json({"hash": digest, "fingerprint": raw})
     else:
-        click.echo(f"fingerprint {fp.hash}")
-        for key, value in fp.flatten().items():
+        click.echo(f"fingerprint {digest}")
+        for key, value in flatten(hashed_view(raw)).items():
             click.echo(f"  {key:32} {value}")
+        for key, value in flatten(raw["info"], "info.").items():
+            click.echo(f"  {key:32} {value}  (not hashed)")
 
 
 @cli.command()
@@ -388,19 +399,28 @@ def restore(
     Layers are verified and staged next to TARGET, then swapped in atomically.
     A miss exits 0 (the engine compiles as before) unless --require.
     """
-    from artifactd.restore import plan_restore
+    from artifactd.probing import flatten, hashed_view, parse_pairs, probe_raw, raw_hash
+    from artifactd.restore import plan_restore, quick_noop
     from artifactd.stores import open_store
 
-    fp = _probe(gpu_arch, image_digest, workload)
+    # Probe into plain data first: a no-op restore (warm volume, marker matches)
+    # answers without building a single pydantic model.
+    raw = probe_raw(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=parse_pairs(workload, what="--workload"),
+    )
     fams = _families(families)
     try:
         st = open_store(store)
     except ArtifactdError as exc:
         if isinstance(exc, UsageError):
             raise
+        from artifactd.fingerprint import Fingerprint
+
         plan = plan_restore(
             None,
-            fp,
+            Fingerprint.model_validate(raw),
             target,
             families=fams,
             consumer_user=consumer_user,
@@ -411,10 +431,21 @@ def restore(
         _finish_restore(plan, None, require=require, dry_run=dry_run, as_json=as_json)
         return
     with st:
-        plan = plan_restore(
-            st, fp, target, families=fams, consumer_user=consumer_user, env_file=env_file
+        quick = quick_noop(
+            st, raw_hash(raw), flatten(hashed_view(raw)), target, families=fams, env_file=env_file
         )
-        _finish_restore(plan, st, require=require, dry_run=dry_run, as_json=as_json)
+        if quick is None:
+            from artifactd.fingerprint import Fingerprint
+
+            quick = plan_restore(
+                st,
+                Fingerprint.model_validate(raw),
+                target,
+                families=fams,
+                consumer_user=consumer_user,
+                env_file=env_file,
+            )
+        _finish_restore(quick, st, require=require, dry_run=dry_run, as_json=as_json)
 
 
 def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json: bool) -> None:
@@ -460,14 +491,14 @@ def _render_plan(plan: Any, result: Any, dry_run: bool) -> None:
         click.echo(f"  store: {plan.error}")
     rows = [("family", "verdict", "via", "files", "size", "where / why")]
     for f in plan.families:
-        if f.verdict == "hit" and f.layer is not None:
+        if f.verdict == "hit":
             rows.append(
                 (
                     f.family,
                     "hit",
                     f.source or "",
-                    str(len(f.layer.files)),
-                    human_bytes(f.layer.unpacked_size),
+                    str(f.files),
+                    human_bytes(f.unpacked),
                     ", ".join(f.dirs.values()),
                 )
             )
@@ -508,11 +539,17 @@ def _load_side(spec: str, gpu_arch: str | None, workload: Sequence[str]) -> tupl
     path = Path(spec)
     if path.is_file():
         data = path.read_bytes()
-        doc = json.loads(data)
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{spec} is not JSON: {exc}",
+                hint="save one with `artifactd fingerprint --json > FILE`",
+            ) from None
         if isinstance(doc, dict) and "fingerprint" in doc and "layers" in doc:
             return spec, ArtifactManifest.from_json(data, source=spec).fingerprint
         if isinstance(doc, dict) and "fingerprint" in doc and "hash" in doc:
-            return spec, Fingerprint.model_validate(doc["fingerprint"])
+            return spec, Fingerprint.from_json(json.dumps(doc["fingerprint"]), source=spec)
         return spec, Fingerprint.from_json(data, source=spec)
     ref = parse_artifact_ref(spec)
     if ref.reference is None:
@@ -730,6 +767,22 @@ def demo(*, store: str, matrix: Path, workdir: Path, as_json: bool) -> None:
     )
     saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
     click.echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+
+
+@cli.command()
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("registry-schema"),
+    show_default=True,
+    help="Directory to write the JSON Schemas into.",
+)
+def schema(*, out: Path) -> None:
+    """Write the JSON Schemas of artifactd's documents (artifact config, fingerprint...)."""
+    from artifactd.schema import write_schemas
+
+    for path in write_schemas(out):
+        click.echo(str(path))
 
 
 # --------------------------------------------------------------------------

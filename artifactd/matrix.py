@@ -25,14 +25,14 @@ from artifactd.families import select_families
 class Target(BaseModel):
     """The GPU the matrix builds for."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     gpu_arch: str | None = Field(None, description="Declared target, e.g. sm_90a.")
 
 
 class Matrix(BaseModel):
     """A warm-up matrix file (``warmup_matrices/*.yaml``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     description: str = ""
@@ -49,7 +49,7 @@ class Matrix(BaseModel):
 class Cell(BaseModel):
     """One expanded cell: its index, id, axis values and rendered argv."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     index: int
     id: str
     values: dict[str, Any]
@@ -84,7 +84,13 @@ def _slug(values: dict[str, Any]) -> str:
 
 def expand(matrix: Matrix, matrix_path: Path) -> list[Cell]:
     """Return every cell of the matrix, rendered, in a deterministic order."""
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)  # noqa: S701 - renders argv, not HTML
+    # Each {{ value }} is shell-quoted, so it stays one argument after shlex.split
+    # (a python or matrix path with a space in it must not become two).
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 - renders an argv, not HTML
+        finalize=lambda value: shlex.quote(str(value)),
+    )
     try:
         template = env.from_string(matrix.command)
     except jinja2.TemplateSyntaxError as exc:

@@ -1,4 +1,4 @@
-"""OCI media types, annotations, tags and the image-manifest model artifactd writes.
+"""OCI media types, annotations and the tag scheme (no pydantic: the no-op restore path imports it).
 
 The format is documented for other clients in ``registry-schema/FORMAT.md``.
 """
@@ -6,12 +6,8 @@ The format is documented for other clients in ``registry-schema/FORMAT.md``.
 from __future__ import annotations
 
 import re
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifactd.errors import IntegrityError, UsageError
-from artifactd.hashing import canonical_json
 
 ARTIFACT_TYPE = "application/vnd.artifactd.cache.v1"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -56,51 +52,3 @@ def check_tag(tag: str) -> str:
     if not TAG_RE.match(tag):
         raise UsageError(f"not a valid OCI tag: {tag!r}")
     return tag
-
-
-class _Model(BaseModel):
-    # Other tools may add fields we do not know: accept and ignore them when reading.
-    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-
-
-class Descriptor(_Model):
-    """An OCI content descriptor."""
-
-    media_type: str = Field(alias="mediaType")
-    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    size: int = Field(ge=0)
-    annotations: dict[str, str] | None = None
-    artifact_type: str | None = Field(None, alias="artifactType")
-
-
-class ImageManifest(_Model):
-    """An OCI image manifest (the subset artifactd reads and writes)."""
-
-    schema_version: Literal[2] = Field(2, alias="schemaVersion")
-    media_type: Literal["application/vnd.oci.image.manifest.v1+json"] = Field(
-        "application/vnd.oci.image.manifest.v1+json", alias="mediaType"
-    )
-    artifact_type: str | None = Field(None, alias="artifactType")
-    config: Descriptor
-    layers: list[Descriptor]
-    annotations: dict[str, str] | None = None
-
-    def to_bytes(self) -> bytes:
-        """Serialise canonically: the same manifest always has the same digest."""
-        return canonical_json(self.model_dump(by_alias=True, exclude_none=True, mode="json"))
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *, source: str = "manifest") -> ImageManifest:
-        """Parse a manifest, raising :class:`IntegrityError` when it is not one we can read."""
-        try:
-            return cls.model_validate_json(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise IntegrityError(
-                f"{source} is not an OCI image manifest: {first['loc']}: {first['msg']}"
-            ) from exc
-
-    @property
-    def is_artifactd(self) -> bool:
-        """Whether artifactd wrote this manifest."""
-        return self.artifact_type == ARTIFACT_TYPE

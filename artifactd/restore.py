@@ -18,8 +18,6 @@ whose marker already records the planned layers does nothing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import json
 import os
@@ -28,25 +26,24 @@ import shlex
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from artifactd.archive import unpack_layer
-from artifactd.artifacts import Artifact, read_artifact
-from artifactd.diff import FieldDiff, family_verdict
 from artifactd.errors import ArtifactdError, StoreError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.families import Family, get_family, select_families
-from artifactd.fingerprint import Fingerprint
-from artifactd.manifest import LayerRecord
 from artifactd.oci import FULL_TAG_PREFIX, family_tag, full_tag
+from artifactd.probing import scope_key
 from artifactd.stores import Store
+
+if TYPE_CHECKING:
+    # Only planning a miss or executing needs these; a no-op restore never imports them.
+    from artifactd.artifacts import Artifact
+    from artifactd.diff import FieldDiff
+    from artifactd.fingerprint import Fingerprint
+    from artifactd.manifest import LayerRecord
 
 STATE_DIR = ".artifactd"
 MARKER_NAME = "restored.json"
@@ -69,6 +66,14 @@ class FamilyPlan:
     dirs: dict[str, str] = field(default_factory=dict)
     reason: str | None = None
     deciding: list[FieldDiff] = field(default_factory=list)
+    tag: str | None = None
+    files: int = 0
+    unpacked: int = 0
+
+    def __post_init__(self) -> None:
+        if self.layer is not None:
+            self.files = len(self.layer.files)
+            self.unpacked = self.layer.unpacked_size
 
     @property
     def bytes(self) -> int:
@@ -123,28 +128,6 @@ class RestoreResult:
     noop: bool
 
 
-class FamilyMarker(BaseModel):
-    """Marker record of one installed family."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    artifact: str
-    layer: str
-    scope_key: str
-    dirs: dict[str, str]
-
-
-class RestoreMarker(BaseModel):
-    """``<target>/.artifactd/restored.json``: written last, after every rename."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    schema_version: Literal[1] = 1
-    fingerprint_hash: str
-    store: str
-    families: dict[str, FamilyMarker]
-    restored_at: float
-    env: dict[str, str]
-
-
 # --------------------------------------------------------------------------
 # Planning
 # --------------------------------------------------------------------------
@@ -174,6 +157,11 @@ def plan_restore(
     nearest: Nearest | None = None
     error = store_error
     if store is not None:
+        quick = quick_noop(
+            store, local.hash, local.flatten(), target, families=families, env_file=env_file
+        )
+        if quick is not None:
+            return quick
         try:
             plans, match = _resolve(store, local, selected, target, consumer_user)
             if match != "full":
@@ -196,7 +184,7 @@ def plan_restore(
     for fp in plans:
         if fp.verdict == "hit":
             env.update(get_family(fp.family).restore_env(target, user=consumer_user))
-    plan = RestorePlan(
+    return RestorePlan(
         store=ref,
         target=str(target),
         fingerprint_hash=local.hash,
@@ -207,8 +195,87 @@ def plan_restore(
         nearest=nearest,
         error=error,
     )
-    plan.noop = _marker_matches(plan)
-    return plan
+
+
+def quick_noop(
+    store: Store,
+    fingerprint_hash: str,
+    flat: dict[str, Any],
+    target: Path,
+    *,
+    families: Sequence[str] | None = None,
+    env_file: Path | None = None,
+) -> RestorePlan | None:
+    """Return a no-op plan when the marker shows this exact resolution is installed.
+
+    Takes the fingerprint as its hash and flattened fields (no model needed), and
+    costs a few tag lookups and no config parsing: the init container of a
+    restarted pod with a warm volume finishes in a fraction of a second.
+    """
+    target = target.absolute()
+    marker = _read_marker(target)
+    names = [f.name for f in select_families(families)]
+    env_path = env_file or target / ENV_FILE_NAME
+    if (
+        marker is None
+        or marker["fingerprint_hash"] != fingerprint_hash
+        or marker["store"] != store.ref
+        or marker["selected"] != names
+        or not env_path.is_file()
+        or any(
+            not Path(d).is_dir() for f in marker["families"].values() for d in f["dirs"].values()
+        )
+        or not _tags_unchanged(store, marker, fingerprint_hash, flat)
+    ):
+        return None
+    plans = [
+        FamilyPlan(
+            name,
+            "hit",
+            fm["source"],
+            fm["artifact"],
+            None,
+            dict(fm["dirs"]),
+            tag=fm["tag"],
+            files=fm["files"],
+            unpacked=fm["bytes"],
+        )
+        if (fm := marker["families"].get(name)) is not None
+        else FamilyPlan(name, "miss", reason="no matching artifact (unchanged since last restore)")
+        for name in names
+    ]
+    return RestorePlan(
+        store=store.ref,
+        target=str(target),
+        fingerprint_hash=fingerprint_hash,
+        match=marker["match"],
+        families=plans,
+        env=dict(marker["env"]),
+        env_file=str(env_path),
+        noop=True,
+    )
+
+
+def _tags_unchanged(
+    store: Store, marker: dict[str, Any], fingerprint_hash: str, flat: dict[str, Any]
+) -> bool:
+    """Whether resolving now would pick exactly the manifests the marker records."""
+    recorded = marker["families"].values()
+    full = store.get_manifest(full_tag(fingerprint_hash))
+    if marker["match"] == "full":
+        return full is not None and all(f["artifact"] == full.digest for f in recorded)
+    if full is not None:
+        return False  # a whole artifact appeared since: restore it
+    for fam in recorded:
+        ref = store.get_manifest(fam["tag"])
+        if ref is None or ref.digest != fam["artifact"]:
+            return False
+    for name in marker["missed"]:
+        fam_def = get_family(name)
+        key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
+        if store.get_manifest(family_tag(name, key)) is not None:
+            return False  # a family that missed last time has an artifact now
+    return True
 
 
 def _resolve(
@@ -218,6 +285,8 @@ def _resolve(
     target: Path,
     user: str | None,
 ) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"]]:
+    from artifactd.artifacts import read_artifact
+
     full = read_artifact(store, full_tag(local.hash))
     plans: list[FamilyPlan] = []
     if full is not None:
@@ -234,12 +303,17 @@ def _resolve(
                     )
                 )
             else:
-                plans.append(FamilyPlan(fam.name, "hit", "full", full.digest, rec, dirs))
+                plans.append(
+                    FamilyPlan(
+                        fam.name, "hit", "full", full.digest, rec, dirs, tag=full_tag(local.hash)
+                    )
+                )
         return plans, "full"
     for fam in selected:
         key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
         dirs = _family_dirs(fam, target, user)
-        art = read_artifact(store, family_tag(fam.name, key))
+        tag = family_tag(fam.name, key)
+        art = read_artifact(store, tag)
         rec = art.config.layer(fam.name) if art is not None else None
         if art is None or rec is None:
             plans.append(
@@ -251,13 +325,16 @@ def _resolve(
                 )
             )
         else:
-            plans.append(FamilyPlan(fam.name, "hit", "family", art.digest, rec, dirs))
+            plans.append(FamilyPlan(fam.name, "hit", "family", art.digest, rec, dirs, tag=tag))
     hit = any(p.verdict == "hit" for p in plans)
     return plans, "partial" if hit else "miss"
 
 
 def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
     """Read up to :data:`NEAREST_LIMIT` whole artifacts and pick the least different."""
+    from artifactd.artifacts import read_artifact
+    from artifactd.diff import FieldDiff
+
     best: tuple[int, Nearest] | None = None
     for tag in list(store.iter_tags(FULL_TAG_PREFIX))[:NEAREST_LIMIT]:
         try:
@@ -280,6 +357,9 @@ def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
 def _explain_misses(
     plans: list[FamilyPlan], local: Fingerprint, nearest: Nearest | None, store: Store
 ) -> None:
+    from artifactd.artifacts import read_artifact
+    from artifactd.diff import family_verdict
+
     if nearest is None:
         return
     art: Artifact | None = read_artifact(store, nearest.digest)
@@ -303,27 +383,29 @@ def _explain_misses(
 # --------------------------------------------------------------------------
 
 
-def _read_marker(target: Path) -> RestoreMarker | None:
-    path = target / STATE_DIR / MARKER_NAME
+_MARKER_KEYS = ("fingerprint_hash", "store", "match", "selected", "missed", "families", "env")
+_FAMILY_KEYS = ("artifact", "tag", "source", "dirs", "files", "bytes")
+
+
+def _read_marker(target: Path) -> dict[str, Any] | None:
+    """Read the marker as plain JSON; anything unexpected means "restore again"."""
     try:
-        return RestoreMarker.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):
+        doc = json.loads((target / STATE_DIR / MARKER_NAME).read_bytes())
+    except (OSError, ValueError):
         return None
-
-
-def _marker_matches(plan: RestorePlan) -> bool:
-    if not plan.hits:
-        return False
-    marker = _read_marker(Path(plan.target))
-    if marker is None:
-        return False
-    for fp in plan.hits:
-        rec = marker.families.get(fp.family)
-        if rec is None or fp.layer is None or rec.layer != fp.layer.digest:
-            return False
-        if any(not Path(d).is_dir() for d in rec.dirs.values()):
-            return False
-    return Path(plan.env_file).is_file()
+    ok = (
+        isinstance(doc, dict)
+        and doc.get("schema_version") == 1
+        and all(k in doc for k in _MARKER_KEYS)
+        and isinstance(doc["families"], dict)
+        and all(
+            isinstance(f, dict)
+            and all(k in f for k in _FAMILY_KEYS)
+            and isinstance(f["dirs"], dict)
+            for f in doc["families"].values()
+        )
+    )
+    return doc if ok else None
 
 
 _RENAME_EXCHANGE = 2
@@ -333,10 +415,13 @@ _AT_FDCWD = -100
 @functools.cache
 def _renameat2() -> Any:
     """Return libc's renameat2, or None where libc lacks it (old glibc, musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if not name:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # the libc this process already loaded
+    except OSError:
         return None
-    return getattr(ctypes.CDLL(name, use_errno=True), "renameat2", None)
+    return getattr(libc, "renameat2", None)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -356,7 +441,7 @@ def _install(staged: Path, dest: Path, trash: Path) -> None:
     if not dest.exists():
         os.rename(staged, dest)
         return
-    aside = trash / uuid.uuid4().hex
+    aside = trash / os.urandom(8).hex()
     trash.mkdir(parents=True, exist_ok=True)
     if _exchange(staged, dest):
         os.rename(staged, aside)  # ``staged`` now holds the old directory
@@ -410,7 +495,7 @@ def execute(
         return RestoreResult(plan, [], 0, 0, round(time.monotonic() - start, 3), noop=False)
     state = target / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
-    run_id = uuid.uuid4().hex[:12]
+    run_id = os.urandom(6).hex()
     staging = state / f"staging-{run_id}"
     trash = state / f"trash-{run_id}"
     try:
@@ -419,15 +504,24 @@ def execute(
             for comp in fp.layer.components if fp.layer else []:
                 _install(staging / fp.family / comp, Path(fp.dirs[comp]), trash)
             on_event({"stage": "install", "event": "done", "family": fp.family})
+        from artifactd.marker import FamilyMarker, RestoreMarker
+
         marker = RestoreMarker(
             fingerprint_hash=plan.fingerprint_hash,
             store=plan.store,
+            match="full" if plan.match == "full" else "partial",
+            selected=[f.family for f in plan.families],
+            missed=[f.family for f in plan.families if f.verdict == "miss"],
             families={
                 fp.family: FamilyMarker(
                     artifact=fp.artifact or "",
+                    tag=fp.tag or "",
+                    source=fp.source or "full",
                     layer=fp.layer.digest if fp.layer else "",
                     scope_key=fp.layer.scope_key if fp.layer else "",
                     dirs={c: fp.dirs[c] for c in (fp.layer.components if fp.layer else [])},
+                    files=fp.files,
+                    bytes=fp.unpacked,
                 )
                 for fp in hits
             },
@@ -453,6 +547,8 @@ def _stage_all(
     on_event: EventSink,
     max_workers: int,
 ) -> list[tuple[int, int]]:
+    from artifactd.archive import unpack_layer  # zstd and tarfile: only when there is work
+
     def stage(fp: FamilyPlan) -> tuple[int, int]:
         layer = fp.layer
         if layer is None:  # pragma: no cover - hits always carry a layer
@@ -489,5 +585,7 @@ def _stage_all(
 
     if len(hits) == 1 or max_workers <= 1:
         return [stage(fp) for fp in hits]
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(max_workers, len(hits))) as pool:
         return list(pool.map(stage, hits))

@@ -50,9 +50,8 @@ class LayoutStore(Store):
             if not (self.root / "oci-layout").exists():
                 _atomic_write(self.root / "oci-layout", json.dumps(_LAYOUT).encode())
             if not (self.root / "index.json").exists():
-                self._write_index(
-                    {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": []}
-                )
+                with self._locked_index():
+                    pass  # creates index.json under the lock, never over another's
         except OSError as exc:
             raise StoreError(f"cannot create OCI layout at {self.root}: {exc}") from exc
 
@@ -138,8 +137,11 @@ class LayoutStore(Store):
             if not path.is_file():
                 return None
             data = path.read_bytes()
-            media_type = json.loads(data).get("mediaType", "")
             _verify(data, reference)
+            try:
+                media_type = str(json.loads(data).get("mediaType", ""))
+            except (ValueError, AttributeError):
+                raise IntegrityError(f"{self.ref}: {reference} is not a JSON manifest") from None
             return ManifestRef(data=data, digest=reference, media_type=media_type)
         for desc in self._read_index().get("manifests", []):
             if (desc.get("annotations") or {}).get(ANN_REF_NAME) == reference:
@@ -179,9 +181,11 @@ class LayoutStore(Store):
 
     @contextmanager
     def _locked_index(self) -> Iterator[dict[str, Any]]:
+        """Read, yield for changes, then write index.json, all under one flock."""
         with (self.root / ".index.lock").open("a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             index = self._read_index()
+            index.setdefault("manifests", [])
             index.setdefault("schemaVersion", 2)
             index.setdefault("mediaType", INDEX_MEDIA_TYPE)
             yield index

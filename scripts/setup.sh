@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up a development environment from scratch: system packages (skopeo,
+# docker-registry, busybox-static) and a .venv with torch (CPU build), triton
+# and artifactd with every extra the tests need. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(skopeo docker-registry busybox-static)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "setup: missing system packages: ${missing[*]}; install them as root (apt-get install ${missing[*]})" >&2
+        exit 1
+    fi
+    echo "setup: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first, pinned to the CPU build on this machine's disk, so the warmup
+# extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev]"

@@ -1,0 +1,37 @@
+"""Shared fixtures: clean environments and synthetic cache trees in real layouts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from artifactd.constants import CACHE_ENV_VARS
+from artifactd.fingerprint import Fingerprint, probe
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_MATRIX = REPO / "warmup_matrices" / "cpu-demo.yaml"
+WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"
+PYTHON = sys.executable
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test process's env without any cache variable, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in CACHE_ENV_VARS
+        and k not in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR")
+        and not k.startswith("ARTIFACTD_")
+    }
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture(scope="session")
+def local_fp() -> Fingerprint:
+    """This machine's fingerprint with the demo's declared target."""
+    return probe(gpu_arch="sm_90a", use_nvml=False)

@@ -1,0 +1,198 @@
+"""The command line: help, JSON output, and the documented exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from artifactd.cli import cli
+
+COMMANDS = {"build", "demo", "diff", "fingerprint", "harvest", "inspect", "ls", "restore"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No inherited ARTIFACTD_* setting, and a scratch cwd for the default store."""
+    for key in list(os.environ):
+        if key.startswith("ARTIFACTD_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def _invoke(*args: str) -> Any:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the real entry point, which maps errors to exit codes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARTIFACTD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "artifactd", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def _assert_one_error_line(proc: subprocess.CompletedProcess[str]) -> None:
+    lines = proc.stderr.splitlines()
+    assert lines, "expected an error on stderr"
+    assert lines[0].startswith("artifactd: error:")
+    assert sum(line.startswith("artifactd: error:") for line in lines) == 1
+    assert all(line.startswith("  hint:") for line in lines[1:])
+    assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# In-process (CliRunner)
+# --------------------------------------------------------------------------
+
+
+def test_help_lists_every_command() -> None:
+    out = _invoke("--help").stdout
+    section = out.split("Commands:", 1)[1]
+    listed = {line.split()[0] for line in section.splitlines() if line.startswith("  ")}
+    assert listed == set(cli.commands)
+    assert listed >= COMMANDS
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_command_has_help_and_json(command: str) -> None:
+    out = _invoke(command, "--help").stdout
+    assert "--json" in out
+
+
+def test_fingerprint_json_matches_hash() -> None:
+    doc = json.loads(_invoke("fingerprint", "--json", "--gpu-arch", "sm_90a").stdout)
+    assert set(doc) == {"hash", "fingerprint"}
+    assert doc["fingerprint"]["gpu"]["arch"] == "sm_90a"
+    assert doc["fingerprint"]["schema_version"] == 1
+    hash_only = _invoke("fingerprint", "--hash", "--gpu-arch", "sm_90a").stdout.strip()
+    assert len(hash_only) == 64
+    assert doc["hash"] == hash_only
+    # A different declared target is a different fingerprint.
+    assert _invoke("fingerprint", "--hash", "--gpu-arch", "sm_80").stdout.strip() != hash_only
+
+
+def test_fingerprint_workload_enters_the_document() -> None:
+    doc = json.loads(_invoke("fingerprint", "--json", "--workload", "model=m,tp=2").stdout)
+    assert doc["fingerprint"]["workload"] == {"model": "m", "tp": "2"}
+
+
+def test_diff_local_against_saved_fingerprint(tmp_path: Path) -> None:
+    saved = json.loads(_invoke("fingerprint", "--json", "--workload", "model=a").stdout)
+    saved["fingerprint"]["workload"]["model"] = "b"
+    path = tmp_path / "fp.json"
+    path.write_text(json.dumps(saved), encoding="utf-8")
+
+    doc = json.loads(_invoke("diff", "local", str(path), "--workload", "model=a", "--json").stdout)
+    assert doc["identical"] is False
+    assert doc["a"] == "local"
+    assert doc["b"] == str(path)
+    assert doc["a_hash"] != doc["b_hash"]
+    assert doc["fields"] == [{"path": "workload.model", "a": "a", "b": "b"}]
+    verdicts = {f["family"]: f["verdict"] for f in doc["families"]}
+    assert verdicts == {"triton": "hit", "generic": "hit", "inductor": "hit"}
+
+
+def test_diff_against_itself_is_identical(tmp_path: Path) -> None:
+    path = tmp_path / "fp.json"
+    path.write_text(_invoke("fingerprint", "--json").stdout, encoding="utf-8")
+    doc = json.loads(_invoke("diff", str(path), str(path), "--json").stdout)
+    assert doc["identical"] is True
+    assert doc["fields"] == []
+    assert {f["verdict"] for f in doc["families"]} == {"hit"}
+
+
+# --------------------------------------------------------------------------
+# Exit codes, through `python -m artifactd`
+# --------------------------------------------------------------------------
+
+
+def test_ls_missing_store_exits_4(tmp_path: Path) -> None:
+    proc = _run("ls", "oci:/nonexistent", cwd=tmp_path)
+    assert proc.returncode == 4
+    assert proc.stdout == ""
+    _assert_one_error_line(proc)
+    assert "oci:/nonexistent" in proc.stderr
+
+
+def test_restore_from_missing_store_is_a_miss(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    proc = _run("restore", "--store", "oci:/nonexistent", "--target", str(target), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "MISS" in proc.stdout
+    assert not target.exists()  # a miss writes nothing
+
+
+def test_restore_miss_json(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    proc = _run(
+        "restore", "--store", "oci:/nonexistent", "--target", str(target), "--json", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["cache_hit"] is False
+    assert doc["match"] == "miss"
+
+
+def test_restore_require_exits_6(tmp_path: Path) -> None:
+    proc = _run(
+        "restore",
+        "--store",
+        "oci:/nonexistent",
+        "--target",
+        str(tmp_path / "cache"),
+        "--require",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 6
+    _assert_one_error_line(proc)
+
+
+def test_restore_bad_store_reference_exits_2(tmp_path: Path) -> None:
+    proc = _run("restore", "--store", "bogus://x", "--target", str(tmp_path / "t"), cwd=tmp_path)
+    assert proc.returncode == 2
+    _assert_one_error_line(proc)
+    assert "bogus://x" in proc.stderr
+
+
+def test_inspect_store_without_tag_exits_2(tmp_path: Path) -> None:
+    proc = _run("inspect", f"oci:{tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 2
+    _assert_one_error_line(proc)
+    assert ":TAG" in proc.stderr  # the hint says how to name an artifact
+
+
+def test_bad_declared_arch_exits_2(tmp_path: Path) -> None:
+    proc = _run("fingerprint", "--gpu-arch", "gfx90a", cwd=tmp_path)
+    assert proc.returncode == 2
+    _assert_one_error_line(proc)
+
+
+def test_diff_with_non_json_file_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json", encoding="utf-8")
+    proc = _run("diff", "local", str(bad), cwd=tmp_path)
+    assert proc.returncode == 2
+    _assert_one_error_line(proc)
+
+
+def test_diff_with_invalid_wrapped_fingerprint_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hash": "x", "fingerprint": {"bogus": 1}}), encoding="utf-8")
+    proc = _run("diff", "local", str(bad), cwd=tmp_path)
+    assert proc.returncode == 2
+    _assert_one_error_line(proc)

@@ -1,0 +1,159 @@
+"""End to end on real compilers: torch.compile (Inductor CPU), Triton AOT sm_90a, nvcc.
+
+Every restored run happens in a fresh process whose only caches are the
+restored ones (new temp dir, build roots deleted), and the evidence of a hit
+comes from the libraries themselves: Inductor's fxgraph cache counters,
+Triton's compilation listener (``cache_hit``), and the precompiled header's
+mtime.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DEMO_MATRIX, PYTHON, WARMUP, clean_env
+
+from artifactd.demo import parse_env_file
+
+pytestmark = pytest.mark.slow
+
+
+def artifactd(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = subprocess.run(
+        [PYTHON, "-m", "artifactd", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def warmup(parts: str, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [PYTHON, str(WARMUP), "--parts", parts],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_triton_cubins_restore_to_another_root_and_hit(tmp_path: Path) -> None:
+    build = tmp_path / "build-cache"
+    cold = warmup("triton", clean_env({"TRITON_CACHE_DIR": str(build)}))
+    assert cold["triton"]["compiled"] == 3 and cold["triton"]["cubins"] == 3
+    assert list(build.glob("*/*.cubin")), "Triton wrote no sm_90a cubin"
+
+    store = f"oci:{tmp_path / 'store'}"
+    artifactd(
+        "harvest",
+        "--store",
+        store,
+        "--family",
+        "triton",
+        "--gpu-arch",
+        "sm_90a",
+        env=clean_env({"TRITON_CACHE_DIR": str(build)}),
+    )
+    # Control: a plain copy of the cache, original gone, recompiles everything.
+    shutil.copytree(build, tmp_path / "plain-copy")
+    shutil.rmtree(build)
+    control = warmup("triton", clean_env({"TRITON_CACHE_DIR": str(tmp_path / "plain-copy")}))
+    assert control["triton"]["compiled"] == 3
+
+    target = tmp_path / "pod-cache"
+    report = artifactd("restore", "--store", store, "--target", str(target), "--gpu-arch", "sm_90a")
+    assert report["cache_hit"] and report["restored"] == ["triton"]
+    env = clean_env(parse_env_file(target / "artifactd.env"))
+    assert env["TRITON_CACHE_DIR"] == str(target / "triton")
+    warm = warmup("triton", env)
+    assert warm["triton"] == {**warm["triton"], "compiled": 0, "hits": 3}
+
+
+def test_build_restore_warm_start_hits_every_family(tmp_path: Path) -> None:
+    """The README's path: build the CPU demo matrix, restore fresh, warm start hits."""
+    store = f"oci:{tmp_path / 'store'}"
+    built = artifactd("build", str(DEMO_MATRIX), "--store", store)
+    cell = built["cells"][0]["report"]
+    assert cell["inductor"]["compiled"] == 3 and cell["inductor"]["hits"] == 0
+    assert cell["triton"]["compiled"] == 3 and cell["nvcc"]["compiled"] == 1
+    families = {f["family"]: f for f in built["harvest"]["families"]}
+    assert set(families) == {"inductor", "triton", "generic"}
+    # The precompiled header is harvested, outside the Inductor cache dir.
+    assert "pch" in families["inductor"]["found"]
+    assert not Path(built["roots"]).exists(), "build roots must be cleaned up"
+
+    tag = "fp-" + built["harvest"]["fingerprint_hash"]
+    skopeo = subprocess.run(
+        ["skopeo", "inspect", f"{store}:{tag}"], capture_output=True, text=True, check=False
+    )
+    assert skopeo.returncode == 0, skopeo.stderr
+    assert len(json.loads(skopeo.stdout)["Layers"]) == 3
+
+    target = tmp_path / "pod-cache"
+    args = [
+        "restore",
+        "--store",
+        store,
+        "--target",
+        str(target),
+        "--gpu-arch",
+        "sm_90a",
+        "--workload",
+        "model=artifactd/cpu-demo,dtype=float32",
+    ]
+    report = artifactd(*args)
+    assert report["match"] == "full"
+    assert sorted(report["restored"]) == ["generic", "inductor", "triton"]
+    pch = list((target / "tmp").glob("torchinductor_*/precompiled_headers/*.gch"))
+    assert len(pch) == 1
+    pch_mtime = pch[0].stat().st_mtime_ns
+
+    env = clean_env(parse_env_file(target / "artifactd.env"))
+    assert env["TMPDIR"] == str(target / "tmp")
+    warm = warmup("inductor,triton,nvcc", env)
+    assert warm["inductor"]["hits"] == 3 and warm["inductor"]["compiled"] == 0
+    assert warm["triton"]["hits"] == 3 and warm["triton"]["compiled"] == 0
+    assert warm["nvcc"]["hits"] == 1 and warm["nvcc"]["compiled"] == 0
+    assert pch[0].stat().st_mtime_ns == pch_mtime, "the precompiled header was rebuilt"
+    # No CPU kernel was recompiled into the restored cache.
+    assert not [p for p in (target / "inductor").rglob("*.so") if p.stat().st_mtime_ns > pch_mtime]
+
+    again = artifactd(*args)
+    assert again["noop"] is True
+
+
+def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "artifactd",
+            "demo",
+            "--json",
+            "--matrix",
+            str(DEMO_MATRIX),
+            "--store",
+            f"oci:{tmp_path / 'store'}",
+            "--workdir",
+            str(tmp_path / "demo"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["cold_compiled"] == 7
+    assert result["restored_compiled"] == 0
+    assert 0 < result["restored_seconds"] < result["cold_seconds"]

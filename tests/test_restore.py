@@ -1,0 +1,245 @@
+"""Restore end to end over a local OCI layout store, on synthetic trees in real layouts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cachetrees import make_generic_tree, make_triton_tree
+
+from artifactd.archive import pack_family
+from artifactd.artifacts import publish
+from artifactd.errors import IntegrityError, UnsafeArtifactError
+from artifactd.families import FAMILIES, Located
+from artifactd.fingerprint import Fingerprint
+from artifactd.harvest import harvest
+from artifactd.manifest import ArtifactManifest, Provenance, RootFS
+from artifactd.restore import MARKER_NAME, STATE_DIR, execute, plan_restore
+from artifactd.stores import open_store
+from artifactd.stores.layout import LayoutStore
+
+
+@pytest.fixture
+def caches(tmp_path: Path) -> dict[str, str]:
+    make_triton_tree(tmp_path / "build" / "triton")
+    make_generic_tree(tmp_path / "build" / "generic")
+    return {
+        "TRITON_CACHE_DIR": str(tmp_path / "build" / "triton"),
+        "ARTIFACTD_GENERIC_DIR": str(tmp_path / "build" / "generic"),
+        "TMPDIR": str(tmp_path / "build" / "tmp-empty"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "build" / "no-inductor"),
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LayoutStore:
+    st = open_store(f"oci:{tmp_path / 'store'}", create=True)
+    assert isinstance(st, LayoutStore)
+    return st
+
+
+def _with_workload(fp: Fingerprint, **workload: str) -> Fingerprint:
+    return fp.model_copy(update={"workload": workload})
+
+
+def test_full_restore_installs_rewrites_and_marks(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    fp = _with_workload(local_fp, model="m1")
+    result = harvest(store, fp, environ=caches)
+    assert {f.family for f in result.families} == {"triton", "generic"}
+    assert "inductor" in result.not_found
+
+    target = tmp_path / "target"
+    plan = plan_restore(store, fp, target)
+    assert plan.match == "full"
+    assert {f.family for f in plan.hits} == {"triton", "generic"}
+    assert not target.exists()  # planning writes nothing
+
+    done = execute(plan, store)
+    assert sorted(done.restored) == ["generic", "triton"]
+    # Group files now point at the restored root, and every child exists there.
+    groups = list((target / "triton").glob("*/__grp__*.json"))
+    assert len(groups) == 2
+    for g in groups:
+        children = json.loads(g.read_text())["child_paths"]
+        for path in children.values():
+            assert path.startswith(str(target / "triton") + "/")
+            assert Path(path).is_file()
+    # Interrupted writes were not shipped.
+    assert not list((target / "triton").glob("tmp.pid_*"))
+    assert (target / "generic" / "sub" / "kernel.so").stat().st_mode & 0o777 == 0o755
+    env = (target / "artifactd.env").read_text()
+    assert f"TRITON_CACHE_DIR={target / 'triton'}" in env
+    assert f"ARTIFACTD_GENERIC_DIR={target / 'generic'}" in env
+    marker = json.loads((target / STATE_DIR / MARKER_NAME).read_text())
+    assert marker["fingerprint_hash"] == fp.hash
+    assert set(marker["families"]) == {"triton", "generic"}
+    assert [p.name for p in (target / STATE_DIR).iterdir()] == [MARKER_NAME]
+
+
+def test_second_restore_is_a_noop(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    harvest(store, local_fp, environ=caches)
+    target = tmp_path / "target"
+    execute(plan_restore(store, local_fp, target), store)
+    before = (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns
+    again = plan_restore(store, local_fp, target)
+    assert again.noop
+    assert execute(again, store).noop
+    assert (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns == before
+    # Deleting a restored dir invalidates the no-op.
+    import shutil
+
+    shutil.rmtree(target / "generic")
+    assert not plan_restore(store, local_fp, target).noop
+
+
+def test_restore_replaces_an_old_cache_atomically(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    harvest(store, local_fp, environ=caches)
+    target = tmp_path / "target"
+    (target / "triton" / "stale").mkdir(parents=True)
+    (target / "triton" / "stale" / "old.cubin").write_bytes(b"old")
+    execute(plan_restore(store, local_fp, target), store)
+    assert not (target / "triton" / "stale").exists()
+    assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
+    leftovers = [p.name for p in (target / STATE_DIR).iterdir()]
+    assert leftovers == [MARKER_NAME]
+
+
+def test_corrupt_layer_never_replaces_a_good_cache(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    good_fp = _with_workload(local_fp, model="good")
+    harvest(store, good_fp, environ=caches)
+    target = tmp_path / "target"
+    execute(plan_restore(store, good_fp, target), store)
+    snapshot = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
+
+    # A second artifact whose triton layer is corrupted on disk.
+    (Path(caches["TRITON_CACHE_DIR"]) / "ZZ").mkdir()
+    (Path(caches["TRITON_CACHE_DIR"]) / "ZZ" / "new.cubin").write_bytes(b"new kernel")
+    bad_fp = _with_workload(local_fp, model="bad")
+    res = harvest(store, bad_fp, environ=caches)
+    layer = next(f for f in res.families if f.family == "triton")
+    assert layer.layer_digest is not None
+    blob = store.root / "blobs" / "sha256" / layer.layer_digest.split(":")[1]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+
+    plan = plan_restore(store, bad_fp, target)
+    with pytest.raises(IntegrityError):
+        execute(plan, store)
+    after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    assert after == snapshot
+    assert [p.name for p in (target / STATE_DIR).iterdir()] == [MARKER_NAME]
+
+
+def test_partial_restore_by_family_scope(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    harvest(store, _with_workload(local_fp, model="llama", tp="8"), environ=caches)
+    other = _with_workload(local_fp, model="qwen", tp="2")
+    plan = plan_restore(store, other, tmp_path / "target")
+    assert plan.match == "partial"
+    assert {(f.family, f.source) for f in plan.hits} == {
+        ("triton", "family"),
+        ("generic", "family"),
+    }
+    assert plan.nearest is not None
+    assert {d.path for d in plan.nearest.differing} == {"workload.model", "workload.tp"}
+    execute(plan, store)
+    assert len(list((tmp_path / "target" / "triton").glob("*/__grp__*.json"))) == 2
+
+
+def test_miss_names_deciding_fields(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    harvest(store, local_fp, environ=caches)
+    blackwell = local_fp.model_copy(
+        update={"gpu": local_fp.gpu.model_copy(update={"arch": "sm_100a", "capability": "10.0"})}
+    )
+    plan = plan_restore(store, blackwell, tmp_path / "target")
+    assert plan.match == "miss"
+    assert not plan.hits
+    triton = next(f for f in plan.families if f.family == "triton")
+    assert {d.path for d in triton.deciding} == {"gpu.arch"}
+    assert triton.reason and "gpu.arch" in triton.reason
+    assert not (tmp_path / "target").exists()
+
+
+def test_unreachable_store_is_a_clean_miss(tmp_path: Path, local_fp: Fingerprint) -> None:
+    plan = plan_restore(
+        None, local_fp, tmp_path / "t", store_ref="oci:/nope", store_error="no such store"
+    )
+    assert plan.match == "miss"
+    assert all(f.verdict == "miss" for f in plan.families)
+    assert plan.error == "no such store"
+
+
+def test_hostile_artifact_writes_nothing_outside_staging(
+    tmp_path: Path, store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    """A layer whose tar escapes via '..' is refused; the target and its parent stay clean."""
+    import io
+    import tarfile
+
+    import zstandard
+
+    src = make_generic_tree(tmp_path / "src")
+    fam = FAMILIES["generic"]
+    packed = pack_family(fam, [Located(fam.components[0], src)], tmp_path / "g.tar.zst")
+    # Same manifest entries, but the blob carries an escaping member.
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("cache/../../escaped.txt")
+        payload = b"pwned"
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    evil = tmp_path / "evil.tar.zst"
+    evil.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
+    import hashlib
+
+    packed.path = evil
+    packed.digest = "sha256:" + hashlib.sha256(evil.read_bytes()).hexdigest()
+    packed.size = evil.stat().st_size
+    key = local_fp.scope_key(fam.name, fam.scope)
+    from artifactd.manifest import LayerRecord
+
+    rec = LayerRecord(
+        family="generic",
+        scope_key=key,
+        scope=local_fp.select(fam.scope),
+        components=["cache"],
+        files=packed.files,
+        digest=packed.digest,
+        size=packed.size,
+        diff_id=packed.diff_id,
+        unpacked_size=packed.unpacked_size,
+    )
+    art = ArtifactManifest(
+        architecture="amd64",
+        rootfs=RootFS(diff_ids=[rec.diff_id]),
+        fingerprint=local_fp,
+        fingerprint_hash=local_fp.hash,
+        layers=[rec],
+        provenance=Provenance(builder="test"),
+    )
+    publish(store, art, {"generic": packed}, tmp_path)
+    target = tmp_path / "deep" / "target"
+    plan = plan_restore(store, local_fp, target, families=["generic"])
+    assert plan.match == "full"
+    with pytest.raises(UnsafeArtifactError):
+        execute(plan, store)
+    assert not (tmp_path / "deep" / "escaped.txt").exists()
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not (target / "generic").exists()
+    assert list((target / STATE_DIR).iterdir()) == []
+    assert not os.path.exists(target / "artifactd.env")
