@@ -67,20 +67,35 @@ def main() -> None:
         shutil.rmtree(roots)  # nothing of the build is left for the restored run
 
         target = work / "pod"
-        restore_argv = [py, "-m", "artifactd", "restore", "--store", store,
-                        "--target", str(target), "--gpu-arch", "sm_90a"]
+        restore_argv = [
+            py,
+            "-m",
+            "artifactd",
+            "restore",
+            "--store",
+            store,
+            "--target",
+            str(target),
+            "--gpu-arch",
+            "sm_90a",
+        ]
         restore_s, _ = timed(restore_argv, base)
         renv = restored_environ(target / "artifactd.env", base)
         restored_s, out = timed(warm_argv, renv)
         restored_n = compiled(out)
 
         noop = [timed(restore_argv, base)[0] for _ in range(args.runs)]
-        fp = [timed([py, "-m", "artifactd", "fingerprint", "--hash"], base)[0]
-              for _ in range(args.runs)]
-        probe = ("import sys, artifactd.cli, artifactd.restore, artifactd.fingerprint as f; "
-                 "f.probe(); print('torch' in sys.modules, 'triton' in sys.modules)")
-        imports = subprocess.run([py, "-c", probe], capture_output=True, text=True,
-                                 check=True).stdout.split()
+        fp = [
+            timed([py, "-m", "artifactd", "fingerprint", "--hash"], base)[0]
+            for _ in range(args.runs)
+        ]
+        probe = (
+            "import sys, artifactd.cli, artifactd.restore, artifactd.fingerprint as f; "
+            "f.probe(); print('torch' in sys.modules, 'triton' in sys.modules)"
+        )
+        imports = subprocess.run(
+            [py, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.split()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -92,10 +107,14 @@ def main() -> None:
     print(f"restored/cold  = {restored_s / cold_s:.3f}")
     print(f"restored/local = {restored_s / local_s:.3f}")
     print(f"(restore + restored)/cold = {(restore_s + restored_s) / cold_s:.3f}")
-    print(f"artifactd fingerprint --hash: median {statistics.median(fp):.3f} s "
-          f"(min {min(fp):.3f}, max {max(fp):.3f}, n={len(fp)})")
-    print(f"no-op restore:                median {statistics.median(noop):.3f} s "
-          f"(min {min(noop):.3f}, max {max(noop):.3f}, n={len(noop)})")
+    print(
+        f"artifactd fingerprint --hash: median {statistics.median(fp):.3f} s "
+        f"(min {min(fp):.3f}, max {max(fp):.3f}, n={len(fp)})"
+    )
+    print(
+        f"no-op restore:                median {statistics.median(noop):.3f} s "
+        f"(min {min(noop):.3f}, max {max(noop):.3f}, n={len(noop)})"
+    )
     print(f"imports torch: {imports[0]}, imports triton: {imports[1]}")
 
 
