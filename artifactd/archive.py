@@ -25,7 +25,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, BinaryIO
+from typing import IO, Protocol
 
 import zstandard
 
@@ -37,6 +37,14 @@ from artifactd.manifest import FileEntry, SkippedEntry
 FIXED_MTIME = 0
 ZSTD_LEVEL = 6
 _CHUNK = 1 << 20
+
+
+class Readable(Protocol):
+    """Anything with ``read(n)``: a file, an HTTP body, a progress wrapper."""
+
+    def read(self, n: int = -1, /) -> bytes:
+        """Return up to ``n`` bytes; b"" at the end."""
+        ...
 
 
 class _HashingWriter:
@@ -59,7 +67,7 @@ class _HashingWriter:
 class _HashingReader:
     """A read-only file object that hashes and counts what is read from it."""
 
-    def __init__(self, source: IO[bytes]) -> None:
+    def __init__(self, source: Readable) -> None:
         self._source = source
         self.sha = hashlib.sha256()
         self.size = 0
@@ -410,7 +418,7 @@ class _Extractor:
 
 
 def unpack_layer(
-    blob: BinaryIO,
+    blob: Readable,
     *,
     digest: str,
     size: int,

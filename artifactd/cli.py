@@ -83,14 +83,32 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def _event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
+    """Show library events: JSON lines on stderr with --json, progress on a terminal.
+
+    Progress events are for people: they appear only on a TTY and never in JSON.
+    """
     tty = sys.stderr.isatty()
 
     def show(event: dict[str, Any]) -> None:
+        progress = event.get("event") == "progress"
         if as_json:
-            click.echo(json.dumps(event, sort_keys=True), err=True)
-        elif tty:
-            detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
-            click.echo(f"[{event.get('stage')}] {event.get('event')} {detail}", err=True)
+            if not progress:
+                click.echo(json.dumps(event, sort_keys=True), err=True)
+            return
+        if not tty:
+            return
+        if progress:
+            done, total = event.get("bytes", 0), event.get("total", 0)
+            pct = f" {100 * done / total:3.0f}%" if total else ""
+            click.echo(
+                f"\r[{event.get('stage')}] {event.get('family', '')} "
+                f"{human_bytes(done)} / {human_bytes(total)}{pct}   ",
+                err=True,
+                nl=False,
+            )
+            return
+        detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
+        click.echo(f"\r[{event.get('stage')}] {event.get('event')} {detail}", err=True)
 
     return show
 
@@ -112,13 +130,24 @@ def json_option(f: F) -> F:
 
 
 def store_option(f: F) -> F:
-    """Add ``--store``."""
+    """Add ``--store`` and ``--insecure``."""
+    f = insecure_option(f)
     return click.option(
         "--store",
         envvar=C.ENV_STORE,
         default=C.DEFAULT_STORE,
         show_default=True,
-        help="Store reference: oci:PATH (a local OCI image layout directory).",
+        help="Store: oci:PATH (local OCI layout directory) or HOST[:PORT]/REPO (registry).",
+    )(f)
+
+
+def insecure_option(f: F) -> F:
+    """Add ``--insecure``."""
+    return click.option(
+        "--insecure",
+        is_flag=True,
+        envvar=C.ENV_INSECURE,
+        help="Allow plain HTTP to a registry off loopback (loopback registries always use it).",
     )(f)
 
 
@@ -140,7 +169,7 @@ def fingerprint_options(f: F) -> F:
         "--workload",
         multiple=True,
         metavar="KEY=VALUE",
-        envvar="ARTIFACTD_WORKLOAD",
+        envvar=C.ENV_WORKLOAD,
         help="Workload field (model, revision, dtype, tp...). Repeatable or comma-separated.",
     )(f)
 
@@ -236,6 +265,7 @@ def fingerprint(
 def harvest(
     *,
     store: str,
+    insecure: bool,
     families: tuple[str, ...],
     gpu_arch: str | None,
     image_digest: str | None,
@@ -253,7 +283,7 @@ def harvest(
     from artifactd.stores import open_store
 
     fp = _probe(gpu_arch, image_digest, workload)
-    with open_store(store, create=True) as st:
+    with open_store(store, create=True, insecure=insecure) as st:
         result = do_harvest(st, fp, families=_families(families))
     if as_json:
         emit_json(result)
@@ -311,6 +341,7 @@ def build(
     *,
     matrix: Path,
     store: str,
+    insecure: bool,
     gpu_arch: str | None,
     image_digest: str | None,
     keep_roots: Path | None,
@@ -320,7 +351,7 @@ def build(
     from artifactd.build import build as do_build
     from artifactd.stores import open_store
 
-    with open_store(store, create=True) as st:
+    with open_store(store, create=True, insecure=insecure) as st:
         result = do_build(
             matrix,
             st,
@@ -381,6 +412,7 @@ def build(
 def restore(
     *,
     store: str,
+    insecure: bool,
     target: Path,
     families: tuple[str, ...],
     gpu_arch: str | None,
@@ -412,7 +444,7 @@ def restore(
     )
     fams = _families(families)
     try:
-        st = open_store(store)
+        st = open_store(store, insecure=insecure)
     except ArtifactdError as exc:
         if isinstance(exc, UsageError):
             raise
@@ -449,20 +481,30 @@ def restore(
 
 
 def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json: bool) -> None:
+    """Execute the plan and report. Fails open: a failed fetch leaves the target as it
+    was and exits 0 (the engine compiles as before) unless --require.
+    """
     from artifactd.restore import execute
 
     result = None
-    if not dry_run and st is not None and plan.hits:
-        result = execute(plan, st, on_event=_event_printer(as_json))
+    failure: ArtifactdError | None = None
+    if not dry_run and st is not None and plan.hits and not plan.noop:
+        try:
+            result = execute(plan, st, on_event=_event_printer(as_json))
+        except ArtifactdError as exc:
+            failure = exc
+    elif plan.noop and not dry_run:
+        result = None
     if as_json:
         doc: dict[str, Any] = {
             "stage": "restore",
-            "cache_hit": bool(plan.hits),
+            "cache_hit": bool(plan.hits) and failure is None,
             "match": plan.match,
             "dry_run": dry_run,
             "noop": plan.noop,
             "plan": _jsonable(plan),
             "bytes_to_fetch": plan.bytes_to_fetch,
+            "error": failure.message if failure else plan.error,
         }
         if result is not None:
             doc.update(
@@ -474,6 +516,14 @@ def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json
         emit_json(doc)
     else:
         _render_plan(plan, result, dry_run)
+        if failure is not None:
+            click.echo(
+                f"restore FAILED, nothing changed in {plan.target}: {failure.message}\n"
+                "the engine will compile as before",
+                err=True,
+            )
+    if failure is not None and require:
+        raise failure
     if require and not plan.hits:
         raise CacheMissError(
             f"no artifact in {plan.store} matches this machine",
@@ -527,7 +577,9 @@ def _render_plan(plan: Any, result: Any, dry_run: bool) -> None:
         click.echo("nothing restored: the engine will compile as before")
 
 
-def _load_side(spec: str, gpu_arch: str | None, workload: Sequence[str]) -> tuple[str, Any]:
+def _load_side(
+    spec: str, gpu_arch: str | None, workload: Sequence[str], *, insecure: bool
+) -> tuple[str, Any]:
     """Turn a diff operand (local, a fingerprint file, an artifact ref) into a fingerprint."""
     from artifactd.artifacts import read_artifact
     from artifactd.fingerprint import Fingerprint
@@ -558,7 +610,7 @@ def _load_side(spec: str, gpu_arch: str | None, workload: Sequence[str]) -> tupl
             hint="use `local`, a JSON file from `artifactd fingerprint --json`, "
             "or an artifact reference such as oci:DIR:TAG",
         )
-    with open_store(ref.store) as st:
+    with open_store(ref.store, insecure=insecure) as st:
         art = read_artifact(st, ref.reference)
     if art is None:
         raise UsageError(f"{spec}: no such artifact")
@@ -578,11 +630,13 @@ def _load_side(spec: str, gpu_arch: str | None, workload: Sequence[str]) -> tupl
     "--workload", multiple=True, metavar="KEY=VALUE", help="Workload fields for the `local` side."
 )
 @click.option("--family", "families", multiple=True, metavar="NAME")
+@insecure_option
 @json_option
 def diff(
     *,
     a: str,
     b: str,
+    insecure: bool,
     gpu_arch: str | None,
     workload: tuple[str, ...],
     families: tuple[str, ...],
@@ -591,13 +645,13 @@ def diff(
     """Explain why two fingerprints differ, and which cache families that invalidates.
 
     A and B are each `local`, a fingerprint JSON file, an artifact config, or an
-    artifact reference (oci:DIR:TAG, oci:DIR@sha256:...). A cache built on A
+    artifact reference (oci:DIR:TAG, HOST/REPO:TAG, ...@sha256:...). A cache built on A
     is judged for use on B.
     """
     from artifactd.diff import diff as do_diff
 
-    name_a, fa = _load_side(a, gpu_arch, workload)
-    name_b, fb = _load_side(b, gpu_arch, workload)
+    name_a, fa = _load_side(a, gpu_arch, workload, insecure=insecure)
+    name_b, fb = _load_side(b, gpu_arch, workload, insecure=insecure)
     result = do_diff(fa, fb, _families(families))
     if as_json:
         emit_json(
@@ -631,11 +685,13 @@ def diff(
 @cli.command()
 @click.argument("ref")
 @click.option("--files", "show_files", is_flag=True, help="List every file.")
+@insecure_option
 @json_option
-def inspect(*, ref: str, show_files: bool, as_json: bool) -> None:
+def inspect(*, ref: str, show_files: bool, insecure: bool, as_json: bool) -> None:
     """Show what an artifact holds: fingerprint, families, files, provenance.
 
-    REF is oci:DIR:TAG or oci:DIR@sha256:DIGEST (see `artifactd ls`).
+    REF is oci:DIR:TAG, HOST[:PORT]/REPO:TAG, or either with @sha256:DIGEST
+    (see `artifactd ls`).
     """
     from artifactd.artifacts import read_artifact
     from artifactd.stores import open_store, parse_artifact_ref
@@ -646,7 +702,7 @@ def inspect(*, ref: str, show_files: bool, as_json: bool) -> None:
             f"{ref!r} names a store, not an artifact",
             hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
         )
-    with open_store(parsed.store) as st:
+    with open_store(parsed.store, insecure=insecure) as st:
         art = read_artifact(st, parsed.reference)
     if art is None:
         from artifactd.errors import NotFoundError
@@ -689,13 +745,14 @@ def inspect(*, ref: str, show_files: bool, as_json: bool) -> None:
 
 @cli.command(name="ls")
 @click.argument("store", required=False, default=None)
+@insecure_option
 @json_option
-def ls_cmd(*, store: str | None, as_json: bool) -> None:
+def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
     """List the tags in a store (default: ARTIFACTD_STORE or oci:.artifactd/store)."""
     from artifactd.stores import open_store
 
     ref = store or os.environ.get(C.ENV_STORE, C.DEFAULT_STORE)
-    with open_store(ref) as st:
+    with open_store(ref, insecure=insecure) as st:
         tags = st.list_tags()
     if as_json:
         emit_json({"store": ref, "tags": tags})
@@ -720,7 +777,7 @@ def ls_cmd(*, store: str | None, as_json: bool) -> None:
     help="Where restored caches go.",
 )
 @json_option
-def demo(*, store: str, matrix: Path, workdir: Path, as_json: bool) -> None:
+def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bool) -> None:
     """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
     from artifactd.demo import run_demo
     from artifactd.stores import open_store
@@ -728,8 +785,10 @@ def demo(*, store: str, matrix: Path, workdir: Path, as_json: bool) -> None:
     printer = _event_printer(as_json)
     if not as_json:
         click.echo(f"building {matrix} cold (fresh caches; about a minute on 2 cores)...", err=True)
-    with open_store(store, create=True) as st:
-        result = run_demo(matrix, st, workdir=workdir, on_event=printer, environ=os.environ)
+    with open_store(store, create=True, insecure=insecure) as st:
+        result = run_demo(
+            matrix, st, workdir=workdir, on_event=printer, environ=os.environ, insecure=insecure
+        )
     if as_json:
         emit_json(
             {
@@ -767,6 +826,52 @@ def demo(*, store: str, matrix: Path, workdir: Path, as_json: bool) -> None:
     )
     saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
     click.echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="TAG",
+    help="Copy only these tags (repeatable). Default: every artifactd artifact.",
+)
+@insecure_option
+@json_option
+def copy(
+    *, source: str, destination: str, tags: tuple[str, ...], insecure: bool, as_json: bool
+) -> None:
+    """Copy artifacts between stores (local layout <-> registry, registry -> registry).
+
+    Blobs the destination already has are not transferred; every blob is
+    verified against its digest on the way; a tag is written only after all of
+    its manifest's blobs are in place.
+    """
+    import tempfile
+
+    from artifactd.artifacts import copy_artifacts
+    from artifactd.stores import open_store
+
+    with (
+        open_store(source, insecure=insecure) as src,
+        open_store(destination, create=True, insecure=insecure) as dst,
+        tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
+    ):
+        result = copy_artifacts(src, dst, list(tags) or None, Path(tmp))
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(
+        f"copied {result.manifests} manifest(s) from {result.source} to {result.destination}"
+    )
+    for tag in result.tags:
+        click.echo(f"  {tag}")
+    click.echo(
+        f"  uploaded {human_bytes(result.bytes_uploaded)}, already present "
+        f"{human_bytes(result.bytes_skipped)}"
+    )
 
 
 @cli.command()

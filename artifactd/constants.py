@@ -24,6 +24,10 @@ ENV_IMAGE_DIGEST = "ARTIFACTD_IMAGE_DIGEST"
 ENV_CONSUMER_USER = "ARTIFACTD_CONSUMER_USER"
 ENV_TRACEBACK = "ARTIFACTD_TRACEBACK"
 ENV_GENERIC_DIR = "ARTIFACTD_GENERIC_DIR"
+ENV_INSECURE = "ARTIFACTD_INSECURE"
+ENV_WORKLOAD = "ARTIFACTD_WORKLOAD"
+ENV_REGISTRY_USERNAME = "ARTIFACTD_REGISTRY_USERNAME"
+ENV_REGISTRY_PASSWORD = "ARTIFACTD_REGISTRY_PASSWORD"  # noqa: S105 - a variable name
 
 #: Where the embedded default store lives, relative to the working directory.
 DEFAULT_STORE = "oci:.artifactd/store"
@@ -35,6 +39,7 @@ TORCHINDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 TMPDIR = "TMPDIR"
 HOME = "HOME"
 CUDA_HOME = "CUDA_HOME"
+DOCKER_CONFIG = "DOCKER_CONFIG"
 
 # Variables that would make a probe read the wrong thing if inherited by a
 # warm-up cell; the runner clears them before setting fresh cache roots.

@@ -76,6 +76,7 @@ def run_demo(
     workdir: Path,
     on_event: EventSink = discard,
     environ: Mapping[str, str],
+    insecure: bool = False,
 ) -> DemoResult:
     """Run build, restore and a restored warm-up; return their timings."""
     matrix = load_matrix(matrix_path)
@@ -99,6 +100,8 @@ def run_demo(
     ]
     if matrix.target.gpu_arch:
         argv += ["--gpu-arch", matrix.target.gpu_arch]
+    if insecure:
+        argv.append("--insecure")
     if matrix.base_image:
         argv += ["--image-digest", matrix.base_image]
     for key, value in sorted(matrix.workload.items()):

@@ -40,6 +40,7 @@ from artifactd.stores import Store
 
 if TYPE_CHECKING:
     # Only planning a miss or executing needs these; a no-op restore never imports them.
+    from artifactd.archive import Readable
     from artifactd.artifacts import Artifact
     from artifactd.diff import FieldDiff
     from artifactd.fingerprint import Fingerprint
@@ -261,19 +262,18 @@ def _tags_unchanged(
 ) -> bool:
     """Whether resolving now would pick exactly the manifests the marker records."""
     recorded = marker["families"].values()
-    full = store.get_manifest(full_tag(fingerprint_hash))
+    full = store.tag_digest(full_tag(fingerprint_hash))
     if marker["match"] == "full":
-        return full is not None and all(f["artifact"] == full.digest for f in recorded)
+        return full is not None and all(f["artifact"] == full for f in recorded)
     if full is not None:
         return False  # a whole artifact appeared since: restore it
     for fam in recorded:
-        ref = store.get_manifest(fam["tag"])
-        if ref is None or ref.digest != fam["artifact"]:
+        if store.tag_digest(fam["tag"]) != fam["artifact"]:
             return False
     for name in marker["missed"]:
         fam_def = get_family(name)
         key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
-        if store.get_manifest(family_tag(name, key)) is not None:
+        if store.tag_digest(family_tag(name, key)) is not None:
             return False  # a family that missed last time has an artifact now
     return True
 
@@ -540,6 +540,37 @@ def execute(
     )
 
 
+class _Progress:
+    """Count bytes read from a layer stream; emit a throttled ``progress`` event."""
+
+    interval_s = 0.25
+
+    def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
+        self._source = source
+        self._family = family
+        self._total = total
+        self._on_event = on_event
+        self._done = 0
+        self._last = time.monotonic()
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._source.read(n)
+        self._done += len(data)
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            self._on_event(
+                {
+                    "stage": "fetch",
+                    "event": "progress",
+                    "family": self._family,
+                    "bytes": self._done,
+                    "total": self._total,
+                }
+            )
+        return data
+
+
 def _stage_all(
     hits: list[FamilyPlan],
     store: Store,
@@ -562,7 +593,7 @@ def _stage_all(
 
         with store.open_blob(layer.digest, layer.size) as blob:
             res = unpack_layer(
-                blob,
+                _Progress(blob, fp.family, layer.size, on_event),
                 digest=layer.digest,
                 size=layer.size,
                 entries=layer.files,

@@ -21,17 +21,34 @@ from artifactd.stores.layout import LayoutStore
 __all__ = ["ArtifactRef", "ManifestRef", "Store", "open_store", "parse_artifact_ref"]
 
 
-def open_store(ref: str, *, create: bool = False) -> Store:
-    """Open the store named by ``ref``; ``create`` makes a missing local layout."""
+def open_store(ref: str, *, create: bool = False, insecure: bool = False) -> Store:
+    """Open the store named by ``ref``.
+
+    ``create`` makes a missing local layout; ``insecure`` allows plain HTTP to a
+    registry that is not on a loopback address.
+    """
     ref = ref.strip()
     if ref.startswith("oci:"):
         path = ref[4:]
         if not path:
             raise UsageError("empty path in store reference 'oci:'", hint="use oci:PATH")
         return LayoutStore(Path(path), ref=ref, create=create)
+    from artifactd.stores.registry import looks_like_registry, parse_registry_ref
+
+    if looks_like_registry(ref):
+        from artifactd.stores.registry import RegistryRef, RegistryStore
+
+        parsed = parse_registry_ref(ref)
+        if parsed.reference is not None:
+            raise UsageError(
+                f"{ref!r} names an artifact, not a store",
+                hint=f"drop the tag or digest: {parsed.store}",
+            )
+        return RegistryStore(RegistryRef(parsed.host, parsed.repo), insecure=insecure)
     raise UsageError(
         f"unsupported store reference {ref!r}",
-        hint="use oci:PATH for a local OCI layout directory (e.g. oci:.artifactd/store)",
+        hint="use oci:PATH for a local OCI layout directory (e.g. oci:.artifactd/store), "
+        "or HOST[:PORT]/REPO for a registry",
     )
 
 
@@ -44,7 +61,12 @@ class ArtifactRef:
 
 
 def parse_artifact_ref(text: str) -> ArtifactRef:
-    """Split ``oci:PATH:TAG`` / ``oci:PATH@sha256:..`` into store and reference."""
+    """Split ``oci:PATH:TAG``, ``HOST/REPO:TAG`` or ``...@sha256:..`` into store and reference."""
+    from artifactd.stores.registry import looks_like_registry, parse_registry_ref
+
+    if not text.startswith("oci:") and looks_like_registry(text):
+        parsed = parse_registry_ref(text)
+        return ArtifactRef(parsed.store, parsed.reference)
     if "@sha256:" in text:
         store, _, digest = text.rpartition("@")
         return ArtifactRef(store, digest)

@@ -52,6 +52,11 @@ class Store(abc.ABC):
     def get_manifest(self, reference: str) -> ManifestRef | None:
         """Fetch a manifest by tag or digest; ``None`` when the store has no such reference."""
 
+    def tag_digest(self, tag: str) -> str | None:
+        """Return the digest a tag points at, or None (stores override this cheaply)."""
+        ref = self.get_manifest(tag)
+        return ref.digest if ref else None
+
     @abc.abstractmethod
     def list_tags(self) -> list[str]:
         """Return every tag (used for listing and explaining misses, never to resolve)."""

@@ -156,6 +156,13 @@ class LayoutStore(Store):
                 return ManifestRef(data=data, digest=digest, media_type=desc.get("mediaType", ""))
         return None
 
+    def tag_digest(self, tag: str) -> str | None:
+        """Read the tag's digest from index.json alone."""
+        for desc in self._read_index().get("manifests", []):
+            if (desc.get("annotations") or {}).get(ANN_REF_NAME) == tag:
+                return str(desc["digest"])
+        return None
+
     def list_tags(self) -> list[str]:
         """Every ref.name annotation in index.json, sorted."""
         return sorted(
