@@ -481,8 +481,10 @@ def restore(
 
 
 def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json: bool) -> None:
-    """Execute the plan and report. Fails open: a failed fetch leaves the target as it
-    was and exits 0 (the engine compiles as before) unless --require.
+    """Execute the plan and report.
+
+    Fails open: a failed fetch leaves the target as it was and exits 0 (the
+    engine compiles as before) unless --require.
     """
     from artifactd.restore import execute
 
