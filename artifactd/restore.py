@@ -165,7 +165,8 @@ def plan_restore(
             return quick
         try:
             plans, match = _resolve(store, local, selected, target, consumer_user)
-            if match != "full":
+            if any(p.verdict == "miss" for p in plans) and match != "full":
+                # Only a miss lists tags: resolving itself is tag lookups, never a scan.
                 nearest = _nearest(store, local)
                 _explain_misses(plans, local, nearest, store)
         except StoreError as exc:

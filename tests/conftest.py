@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from registry_server import RegistryServer, start_registry
 
 from artifactd.constants import CACHE_ENV_VARS
 from artifactd.fingerprint import Fingerprint, probe
@@ -35,3 +37,32 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def local_fp() -> Fingerprint:
     """This machine's fingerprint with the demo's declared target."""
     return probe(gpu_arch="sm_90a", use_nvml=False)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """A real CNCF distribution registry on a free loopback port, for the whole session."""
+    server = start_registry(tmp_path_factory.mktemp("registry"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """The same registry with htpasswd (bcrypt) basic auth."""
+    server = start_registry(
+        tmp_path_factory.mktemp("auth-registry"), user="ci", password="s3cret-pw"
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def repo(request: pytest.FixtureRequest) -> str:
+    """A repository name of its own for each test."""
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:60]
+    return f"t/{name}"

@@ -53,20 +53,28 @@ class RegistryServer:
 
     def start(self) -> None:
         log = self.log.open("ab")
-        self.process = subprocess.Popen([BINARY, "serve", str(self.config)], stdout=log,
-                                        stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [BINARY, "serve", str(self.config)], stdout=log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{BINARY} exited: {self.log.read_text()[-2000:]}")
             try:
-                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1)  # noqa: S310
+                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1)
                 return
             except urllib.error.HTTPError:
                 return  # 401 from an auth-enabled registry: it is up
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"{BINARY} did not answer on {self.host}")
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL): connections in flight are cut."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
 
     def stop(self) -> None:
         if self.process is None:
@@ -109,8 +117,9 @@ def start_registry(
         lines += ["auth:", "  htpasswd:", "    realm: artifactd-test", f"    path: {htpasswd}"]
     config = workdir / "config.yml"
     config.write_text("\n".join(lines) + "\n")
-    server = RegistryServer(f"127.0.0.1:{port}", root, None, config, workdir / "registry.log",
-                            user, password)
+    server = RegistryServer(
+        f"127.0.0.1:{port}", root, None, config, workdir / "registry.log", user, password
+    )
     server.start()
     return server
 

@@ -108,8 +108,12 @@ def parse_registry_ref(text: str) -> RegistryRef:
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (with optional port) is a loopback address, as Docker decides."""
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    name = name.strip("[]")
+    if host.startswith("["):
+        name = host[1 : host.find("]")]  # [::1]:5000
+    elif host.count(":") == 1:
+        name = host.split(":", maxsplit=1)[0]  # 127.0.0.1:5000, localhost:5000
+    else:
+        name = host  # a bare IPv6 address, or a name without port
     if name == "localhost":
         return True
     try:

@@ -1,0 +1,442 @@
+"""The registry backend against a real CNCF distribution registry (Debian's docker-registry).
+
+Interoperability is checked with skopeo, an independent OCI client; incremental
+push is checked in the registry's own storage, not only through our counters.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachetrees import make_generic_tree, make_triton_tree
+from conftest import clean_env
+from registry_server import RegistryServer, start_registry
+
+from artifactd.errors import ArtifactdError, StoreError, UsageError
+from artifactd.fingerprint import Fingerprint
+from artifactd.harvest import harvest
+from artifactd.restore import STATE_DIR, execute, plan_restore
+from artifactd.stores import open_store, parse_artifact_ref
+from artifactd.stores.registry import (
+    Credentials,
+    RegistryStore,
+    find_credentials,
+    is_loopback,
+    parse_registry_ref,
+)
+
+
+@pytest.fixture
+def trees(tmp_path: Path) -> dict[str, str]:
+    make_triton_tree(tmp_path / "b" / "triton")
+    make_generic_tree(tmp_path / "b" / "generic")
+    return {
+        "TRITON_CACHE_DIR": str(tmp_path / "b" / "triton"),
+        "ARTIFACTD_GENERIC_DIR": str(tmp_path / "b" / "generic"),
+        "TMPDIR": str(tmp_path / "b" / "tmp"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "b" / "none"),
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "artifactd", *args],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        check=False,
+    )
+
+
+def cli_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = cli(*args, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class CountingStore(RegistryStore):
+    """Records every request path: evidence that resolving is tag lookups, not a scan."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[tuple[str, str]] = []
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> Any:
+        self.requests.append((method, url.split("/v2/", 1)[1]))
+        return super()._send(method, url, **kwargs)
+
+
+def counting(ref: str) -> CountingStore:
+    parsed = parse_registry_ref(ref)
+    return CountingStore(parsed)
+
+
+# --------------------------------------------------------------------------
+# References, loopback, credentials (pure)
+# --------------------------------------------------------------------------
+
+
+def test_reference_parsing() -> None:
+    r = parse_registry_ref("127.0.0.1:5000/team/caches:fp-abc")
+    assert (r.host, r.repo, r.reference) == ("127.0.0.1:5000", "team/caches", "fp-abc")
+    r = parse_registry_ref("docker://registry.example.com/c@sha256:" + "a" * 64)
+    assert (r.host, r.repo, r.reference) == ("registry.example.com", "c", "sha256:" + "a" * 64)
+    assert parse_registry_ref("localhost/c").reference is None
+    for bad in ("caches", "host.io/UPPER", "host.io/c:bad tag", "https://host.io/c"):
+        with pytest.raises(UsageError):
+            parse_registry_ref(bad)
+    assert parse_artifact_ref("127.0.0.1:5000/c:fp-1").store == "127.0.0.1:5000/c"
+    with pytest.raises(UsageError, match="names an artifact"):
+        open_store("127.0.0.1:5000/c:fp-1")
+
+
+def test_plain_http_only_for_loopback() -> None:
+    assert is_loopback("127.0.0.1:5000") and is_loopback("127.8.9.10") and is_loopback("[::1]:80")
+    assert is_loopback("localhost:5000")
+    assert not is_loopback("10.0.0.1:5000") and not is_loopback("registry.example.com")
+    assert RegistryStore(parse_registry_ref("127.0.0.1:5000/c")).base.startswith("http://")
+    remote = RegistryStore(parse_registry_ref("registry.example.com/c"), environ={})
+    assert remote.base.startswith("https://")
+    insecure = RegistryStore(
+        parse_registry_ref("registry.example.com/c"), insecure=True, environ={}
+    )
+    assert insecure.base.startswith("http://")
+
+
+def test_credentials_from_env_then_docker_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "docker"
+    cfg.mkdir()
+    auth = base64.b64encode(b"alice:pw-from-config").decode()
+    (cfg / "config.json").write_text(json.dumps({"auths": {"reg.io:5000": {"auth": auth}}}))
+    env = {"DOCKER_CONFIG": str(cfg)}
+    assert find_credentials("reg.io:5000", env) == Credentials("alice", "pw-from-config")
+    assert find_credentials("other.io", env) is None
+    env.update(ARTIFACTD_REGISTRY_USERNAME="bob", ARTIFACTD_REGISTRY_PASSWORD="pw-env")
+    creds = find_credentials("reg.io:5000", env)
+    assert creds == Credentials("bob", "pw-env")
+    assert "pw-env" not in repr(creds)
+
+
+def test_credentials_from_a_credential_helper(tmp_path: Path) -> None:
+    """A real docker-credential-* helper program on PATH, as Docker runs it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    helper = bindir / "docker-credential-fake"
+    helper.write_text(
+        '#!/bin/sh\nread host\nprintf \'{"Username":"u-%s","Secret":"from-helper"}\' "$host"\n'
+    )
+    helper.chmod(0o755)
+    cfg = tmp_path / "docker"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps({"credHelpers": {"reg.io": "fake"}}))
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{bindir}:{old}"
+    try:
+        creds = find_credentials("reg.io", {"DOCKER_CONFIG": str(cfg)})
+    finally:
+        os.environ["PATH"] = old
+    assert creds == Credentials("u-reg.io", "from-helper")
+
+
+# --------------------------------------------------------------------------
+# Push, resolve, restore against the real registry
+# --------------------------------------------------------------------------
+
+
+def test_push_restore_round_trip_and_resolution_cost(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    trees: dict[str, str],
+    local_fp: Fingerprint,
+) -> None:
+    ref = registry.ref(repo)
+    with open_store(ref) as st:
+        pushed = harvest(st, local_fp, environ=trees)
+    assert pushed.bytes_uploaded > 0
+    for fam in pushed.families:
+        assert fam.layer_digest and registry.blob_stored(fam.layer_digest)
+
+    st = counting(ref)
+    target = tmp_path / "target"
+    plan = plan_restore(st, local_fp, target)
+    assert plan.match == "full"
+    # Resolution: the full tag's manifest and its config blob; no tag listing.
+    assert len(st.requests) <= 3, st.requests
+    assert not any("tags/list" in path for _, path in st.requests)
+    done = execute(plan, st)
+    assert sorted(done.restored) == ["generic", "triton"]
+    group = next((target / "triton").glob("*/__grp__*.json"))
+    assert str(target / "triton") in group.read_text()
+
+    st.requests.clear()
+    again = plan_restore(st, local_fp, target)
+    assert again.noop
+    assert all(method == "HEAD" for method, _ in st.requests), st.requests
+
+
+def test_incremental_push_uploads_only_what_changed(
+    registry: RegistryServer, repo: str, trees: dict[str, str], local_fp: Fingerprint
+) -> None:
+    ref = registry.ref(repo)
+    with open_store(ref) as st:
+        first = harvest(st, local_fp, environ=trees)
+        second = harvest(st, local_fp, environ=trees)
+    assert second.bytes_uploaded == 0
+    assert second.bytes_skipped == first.bytes_uploaded + first.bytes_skipped
+
+    (Path(trees["ARTIFACTD_GENERIC_DIR"]) / "new.cubin").write_bytes(os.urandom(4096))
+    with open_store(ref) as st:
+        third = harvest(st, local_fp, environ=trees)
+    layers = {f.family: f for f in third.families}
+    old_layers = {f.family: f for f in first.families}
+    assert layers["triton"].layer_digest == old_layers["triton"].layer_digest
+    assert layers["generic"].layer_digest != old_layers["generic"].layer_digest
+    assert third.publish is not None
+    uploaded = set(third.publish.blobs_uploaded)
+    assert layers["generic"].layer_digest in uploaded
+    assert old_layers["triton"].layer_digest not in uploaded
+    # Only the new layer and small configs went over the wire.
+    assert third.bytes_uploaded < layers["generic"].layer_size + 64 * 1024
+    assert all(registry.blob_stored(d) for d in uploaded)
+
+
+def test_partial_restore_by_family_tags(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    trees: dict[str, str],
+    local_fp: Fingerprint,
+) -> None:
+    ref = registry.ref(repo)
+    built = local_fp.model_copy(update={"workload": {"model": "llama", "tp": "8"}})
+    with open_store(ref) as st:
+        harvest(st, built, environ=trees)
+    pod = local_fp.model_copy(update={"workload": {"model": "qwen", "tp": "2"}})
+    st = counting(ref)
+    plan = plan_restore(st, pod, tmp_path / "t", families=["triton", "generic"])
+    assert plan.match == "partial"
+    assert {f.family for f in plan.hits} == {"triton", "generic"}
+    assert not any("tags/list" in path for _, path in st.requests)
+    execute(plan, st)
+    assert (tmp_path / "t" / "generic" / "axpy.sm_90a.cubin").is_file()
+
+
+def test_skopeo_reads_pushed_artifacts_and_its_copy_restores(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    trees: dict[str, str],
+    local_fp: Fingerprint,
+) -> None:
+    ref = registry.ref(repo)
+    with open_store(ref) as st:
+        pushed = harvest(st, local_fp, environ=trees)
+    tag = pushed.tags[0]
+    inspect = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{ref}:{tag}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["Digest"] == pushed.digest
+    raw = subprocess.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}:{tag}"],
+        capture_output=True,
+        check=True,
+    )
+    doc = json.loads(raw.stdout)
+    assert doc["artifactType"] == "application/vnd.artifactd.cache.v1"
+
+    layout = tmp_path / "copied"
+    copy = subprocess.run(
+        [
+            "skopeo",
+            "--insecure-policy",
+            "copy",
+            "--src-tls-verify=false",
+            f"docker://{ref}:{tag}",
+            f"oci:{layout}:{tag}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert copy.returncode == 0, copy.stderr
+    with open_store(f"oci:{layout}") as st:
+        plan = plan_restore(st, local_fp, tmp_path / "t")
+        assert plan.match == "full"
+        assert sorted(execute(plan, st).restored) == ["generic", "triton"]
+
+
+def test_copy_between_layout_and_registry(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    trees: dict[str, str],
+    local_fp: Fingerprint,
+) -> None:
+    layout = f"oci:{tmp_path / 'local'}"
+    with open_store(layout, create=True) as st:
+        pushed = harvest(st, local_fp, environ=trees)
+    up = cli_json("copy", layout, registry.ref(repo))
+    assert sorted(up["tags"]) == sorted(pushed.tags)
+    assert up["bytes_uploaded"] > 0
+    again = cli_json("copy", layout, registry.ref(repo))
+    assert again["bytes_uploaded"] == 0 and again["bytes_skipped"] > 0
+    down = cli_json("copy", registry.ref(repo), f"oci:{tmp_path / 'back'}")
+    assert down["manifests"] == len(pushed.tags)
+    listing = cli_json("ls", registry.ref(repo))
+    assert set(listing["tags"]) == set(pushed.tags)
+    shown = cli_json("inspect", f"{registry.ref(repo)}:{pushed.tags[0]}")
+    assert shown["digest"] == pushed.digest
+
+
+# --------------------------------------------------------------------------
+# Authentication
+# --------------------------------------------------------------------------
+
+
+def test_basic_auth_accepts_credentials_and_rejects_a_wrong_password(
+    tmp_path: Path, auth_registry: RegistryServer, repo: str, trees: dict[str, str]
+) -> None:
+    ref = auth_registry.ref(repo)
+    good = clean_env(
+        {**trees, "ARTIFACTD_REGISTRY_USERNAME": "ci", "ARTIFACTD_REGISTRY_PASSWORD": "s3cret-pw"}
+    )
+    pushed = cli_json("harvest", "--store", ref, env=good)
+    assert pushed["bytes_uploaded"] > 0
+
+    # The Docker config works as well as the env vars.
+    cfg = tmp_path / "docker"
+    cfg.mkdir()
+    auth = base64.b64encode(b"ci:s3cret-pw").decode()
+    (cfg / "config.json").write_text(json.dumps({"auths": {auth_registry.host: {"auth": auth}}}))
+    restored = cli_json(
+        "restore",
+        "--store",
+        ref,
+        "--target",
+        str(tmp_path / "t"),
+        env=clean_env({**trees, "DOCKER_CONFIG": str(cfg)}),
+    )
+    assert restored["cache_hit"] and restored["match"] == "full"
+
+    bad = clean_env(
+        {
+            **trees,
+            "ARTIFACTD_REGISTRY_USERNAME": "ci",
+            "ARTIFACTD_REGISTRY_PASSWORD": "wrong-pw-123",
+        }
+    )
+    proc = cli("harvest", "--store", ref, env=bad)
+    assert proc.returncode == 3
+    assert "rejected the credentials" in proc.stderr
+    assert "wrong-pw-123" not in proc.stderr + proc.stdout
+    anonymous = cli("ls", ref, env=clean_env({"HOME": str(tmp_path / "nohome")}))
+    assert anonymous.returncode == 3
+    assert "requires authentication" in anonymous.stderr
+
+
+# --------------------------------------------------------------------------
+# Faults
+# --------------------------------------------------------------------------
+
+
+def test_stopped_registry_is_a_clean_miss(tmp_path: Path) -> None:
+    server = start_registry(tmp_path / "reg")
+    ref = server.ref("c")
+    server.stop()
+    target = tmp_path / "t"
+    proc = cli("restore", "--store", ref, "--target", str(target), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["cache_hit"] is False and doc["match"] == "miss"
+    assert "cannot reach registry" in doc["error"]
+    assert not target.exists()
+    required = cli("restore", "--store", ref, "--target", str(target), "--require")
+    assert required.returncode == 6
+    assert "cannot reach registry" in required.stdout
+
+
+def test_registry_killed_mid_pull_leaves_the_target_untouched(
+    tmp_path: Path, local_fp: Fingerprint
+) -> None:
+    server = start_registry(tmp_path / "reg")
+    ref = server.ref("c")
+    big = make_generic_tree(tmp_path / "gen")
+    (big / "big.so").write_bytes(os.urandom(48 << 20))  # incompressible: many socket buffers
+    env = {
+        "ARTIFACTD_GENERIC_DIR": str(big),
+        "HOME": str(tmp_path / "h"),
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
+    old = make_generic_tree(tmp_path / "old")
+    try:
+        with open_store(ref) as st:
+            harvest(
+                st,
+                local_fp,
+                environ={**env, "ARTIFACTD_GENERIC_DIR": str(old)},
+                families=["generic"],
+            )
+            target = tmp_path / "target"
+            execute(plan_restore(st, local_fp, target, families=["generic"]), st)
+            before = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
+            newer = local_fp.model_copy(update={"workload": {"model": "newer"}})
+            harvest(st, newer, environ=env, families=["generic"])
+
+        class KillOnFirstRead(RegistryStore):
+            def open_blob(self, digest: str, size: int) -> Any:
+                ctx = super().open_blob(digest, size)
+
+                class Wrapped:
+                    def __enter__(self) -> Any:
+                        reader = ctx.__enter__()
+                        first = reader.read(1 << 16)
+                        server.kill()
+                        return _Prefixed(first, reader)
+
+                    def __exit__(self, *exc: Any) -> Any:
+                        return ctx.__exit__(*exc)
+
+                return Wrapped()
+
+        st2 = KillOnFirstRead(parse_registry_ref(ref))
+        plan = plan_restore(st2, newer, target, families=["generic"])
+        assert plan.match == "full"
+        with pytest.raises(ArtifactdError) as err:
+            execute(plan, st2)
+        assert isinstance(err.value, StoreError) or "layer" in err.value.message
+        after = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
+        assert after == before
+        assert [p.name for p in (target / STATE_DIR).iterdir()] == ["restored.json"]
+    finally:
+        server.stop()
+        shutil.rmtree(tmp_path / "reg", ignore_errors=True)
+
+
+class _Prefixed:
+    """A reader that first returns bytes already read, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            out, self._head = self._head[:n] if n > 0 else self._head, b""
+            if n > 0 and len(out) < n:
+                out += self._rest.read(n - len(out))
+            return out
+        return bytes(self._rest.read(n))
