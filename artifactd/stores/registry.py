@@ -228,6 +228,22 @@ def _quiet_oras() -> None:
         pass
 
 
+def _default_timeout(session: Any) -> None:
+    """Give every request on ``session`` our timeouts unless it sets its own.
+
+    oras-py fetches Bearer tokens from the realm with ``session.get`` and no
+    timeout; without this, a token service that accepts and never answers
+    hangs the whole command.
+    """
+    send = session.request
+
+    def request(method: str, url: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", TIMEOUT)
+        return send(method, url, **kwargs)
+
+    session.request = request
+
+
 class _BlobReader:
     """File-like reading of a streamed response; transport errors become StoreError."""
 
@@ -280,6 +296,7 @@ class RegistryStore(Store):
                 insecure=self.plain_http,
                 auth_backend="token",
             )
+            _default_timeout(client.session)
             if self._credentials is not None:
                 client.auth.set_basic_auth(self._credentials.username, self._credentials.password)
             self._local.client = client
@@ -298,9 +315,16 @@ class RegistryStore(Store):
             self._local.basic = f"Basic {token}"
             headers["Authorization"] = self._local.basic
             return True
+        import requests
+
         try:
             client.auth.token = None  # a token for another scope must not be reused
             new_headers, changed = client.auth.authenticate_request(response, dict(headers))
+        except requests.RequestException as exc:
+            raise StoreError(
+                f"{self.ref}: cannot reach the registry's token service: {type(exc).__name__}",
+                hint="check that the token realm in the registry's challenge is reachable",
+            ) from None
         except Exception:
             return False
         if changed:
