@@ -405,6 +405,7 @@ class _Extractor:
         self.keep_mtimes = keep_mtimes
         self._pool = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="extract")
         self._budget = _ByteBudget(_IN_FLIGHT)
+        _umask.value = current_umask()
         self._slots = threading.BoundedSemaphore(_MAX_QUEUED)
         self._error: BaseException | None = None
 
@@ -569,6 +570,30 @@ def _unpack(
     return extractor.finish(digest)
 
 
+class _Umask:
+    """The umask as read when the current extraction started."""
+
+    value = 0o777
+
+
+_umask = _Umask()
+
+
+def current_umask() -> int:
+    """Return the process umask without changing it (``os.umask`` sets while it reads,
+    which would race with our own writer threads); 0o777 when unknown, so every
+    mode is then set explicitly.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o777
+
+
 def _mkdir_checked(path: Path) -> None:
     """Create one directory, refusing to pass through anything but a real directory."""
     try:
@@ -577,24 +602,31 @@ def _mkdir_checked(path: Path) -> None:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             raise UnsafeArtifactError(f"{path} exists and is not a directory") from None
     else:
-        os.chmod(path, 0o755)  # noqa: S103 - cache dirs are world-readable, not umask-bound
+        if _umask.value & 0o755:  # the umask took bits away: put them back
+            os.chmod(path, 0o755)  # noqa: S103 - cache dirs are world-readable by design
 
 
 def _create(dest: Path, entry: FileEntry) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    mode = entry.mode & 0o777
     try:
-        fd = os.open(dest, flags, 0o600)
+        fd = os.open(dest, flags, mode)
     except (FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
         raise UnsafeArtifactError(f"{entry.path}: collides with another member") from exc
-    os.fchmod(fd, entry.mode & 0o777)  # the manifest's mode, whatever the umask
+    if _umask.value & mode:
+        os.fchmod(fd, mode)  # the manifest's mode, whatever the umask
     return fd
 
 
 def _write_small(dest: Path, data: bytes, entry: FileEntry, keep_mtimes: bool) -> None:
     """Write an already verified file (runs on a writer thread)."""
     fd = _create(dest, entry)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
     if keep_mtimes and entry.mtime is not None:
         os.utime(dest, (entry.mtime, entry.mtime))
 

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,8 +38,10 @@ from registry_server import start_registry  # noqa: E402
 
 def compressible(rng: random.Random, n: int) -> bytes:
     """Bytes that compress like IR and metadata do (a small alphabet, some repetition)."""
-    words = [bytes(rng.choice(b"abcdefghijklmnop_0123456789 .;{}()\n") for _ in range(8))
-             for _ in range(64)]
+    words = [
+        bytes(rng.choice(b"abcdefghijklmnop_0123456789 .;{}()\n") for _ in range(8))
+        for _ in range(64)
+    ]
     out = bytearray()
     while len(out) < n:
         out += rng.choice(words)
@@ -85,6 +88,18 @@ reg.download_blob(container, sys.argv[3], sys.argv[4])
 """
 
 
+def quiesce() -> None:
+    """Flush dirty pages and wait for writeback: every timing starts from a quiet disk."""
+    subprocess.run(["sync"], check=False)
+    for _ in range(150):
+        with open("/proc/meminfo") as f:
+            dirty_kib = next(int(line.split()[1]) for line in f if line.startswith("Dirty:"))
+        if dirty_kib < 16 << 10:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+
+
 def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -98,62 +113,114 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each method")
     args = parser.parse_args()
     py = sys.executable
-    work = Path(tempfile.mkdtemp(prefix="artifactd-bench-", dir=REPO / ".artifactd"
-                                 if (REPO / ".artifactd").is_dir() else None))
+    work = Path(
+        tempfile.mkdtemp(
+            prefix="artifactd-bench-",
+            dir=REPO / ".artifactd" if (REPO / ".artifactd").is_dir() else None,
+        )
+    )
     server = start_registry(work / "registry")
     try:
         tree = work / "tree"
         t0 = time.perf_counter()
         files, nbytes = make_tree(tree, args.size_mib)
-        print(f"tree: {files} files, {nbytes / 2**20:.0f} MiB (made in "
-              f"{time.perf_counter() - t0:.1f} s)")
-        env = {**os.environ, "ARTIFACTD_GENERIC_DIR": str(tree),
-               "HOME": str(work / "home"), "TMPDIR": str(work / "tmp")}
+        print(
+            f"tree: {files} files, {nbytes / 2**20:.0f} MiB (made in "
+            f"{time.perf_counter() - t0:.1f} s)"
+        )
+        env = {
+            **os.environ,
+            "ARTIFACTD_GENERIC_DIR": str(tree),
+            "HOME": str(work / "home"),
+            "TMPDIR": str(work / "tmp"),
+        }
         for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
             env.pop(var, None)
         store = server.ref("bench/caches")
         t0 = time.perf_counter()
-        out = subprocess.run([py, "-m", "artifactd", "harvest", "--store", store,
-                              "--family", "generic", "--json"], env=env, capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            [py, "-m", "artifactd", "harvest", "--store", store, "--family", "generic", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         push_s = time.perf_counter() - t0
         harvest = json.loads(out)
         layer = harvest["families"][0]
         print(f"push: layer {layer['layer_size'] / 2**20:.0f} MiB compressed, {push_s:.1f} s")
 
         restore_env = {k: v for k, v in env.items() if k != "ARTIFACTD_GENERIC_DIR"}
-        results: dict[str, float] = {}
-        subprocess.run(["sync"], check=False)
-        results["artifactd restore"] = timed(
-            [py, "-m", "artifactd", "restore", "--store", store, "--target",
-             str(work / "t-artifactd"), "--family", "generic", "--require"], restore_env)
-        hand = work / "t-hand"
-        hand.mkdir()
         blob = work / "layer.tar.zst"
-        t0 = time.perf_counter()
-        subprocess.run([py, "-c", HAND_BUILT, server.host, store, layer["layer_digest"],
-                        str(blob)], check=True, capture_output=True)
-        pull_s = time.perf_counter() - t0
-        subprocess.run(["tar", "--zstd", "-xf", str(blob), "-C", str(hand)], check=True)
-        results["oras-py pull + tar --zstd -xf"] = time.perf_counter() - t0
-        subprocess.run(["sync"], check=False)
-        results["cp -a (unpacked tree)"] = timed(["cp", "-a", str(tree), str(work / "t-cp")])
+
+        def run_artifactd(dest: Path) -> float:
+            return timed(
+                [
+                    py,
+                    "-m",
+                    "artifactd",
+                    "restore",
+                    "--store",
+                    store,
+                    "--target",
+                    str(dest),
+                    "--family",
+                    "generic",
+                    "--require",
+                ],
+                restore_env,
+            )
+
+        def run_hand_built(dest: Path) -> float:
+            dest.mkdir()
+            t0 = time.perf_counter()
+            subprocess.run(
+                [py, "-c", HAND_BUILT, server.host, store, layer["layer_digest"], str(blob)],
+                check=True,
+                capture_output=True,
+            )
+            pulls.append(time.perf_counter() - t0)
+            subprocess.run(["tar", "--zstd", "-xf", str(blob), "-C", str(dest)], check=True)
+            elapsed = time.perf_counter() - t0
+            blob.unlink()
+            return elapsed
+
+        def run_cp(dest: Path) -> float:
+            return timed(["cp", "-a", str(tree), str(dest)])
+
+        methods = {
+            "artifactd restore": run_artifactd,
+            "oras-py pull + tar --zstd -xf": run_hand_built,
+            "cp -a (unpacked tree)": run_cp,
+        }
+        pulls: list[float] = []
+        results: dict[str, list[float]] = {name: [] for name in methods}
+        for r in range(args.rounds):
+            order = list(methods) if r % 2 == 0 else list(reversed(methods))
+            for name in order:
+                dest = work / "out"
+                shutil.rmtree(dest, ignore_errors=True)
+                quiesce()
+                results[name].append(methods[name](dest))
     finally:
         server.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    ours = results["artifactd restore"]
-    print(f"{'method':34} {'seconds':>8} {'MiB/s':>8}")
-    for name, secs in results.items():
-        print(f"{name:34} {secs:8.2f} {nbytes / 2**20 / secs:8.0f}")
-    print(f"  (of which oras-py pull alone: {pull_s:.2f} s)")
-    hand_s = results["oras-py pull + tar --zstd -xf"]
-    cp_s = results["cp -a (unpacked tree)"]
-    print(f"artifactd / hand-built = {ours / hand_s:.2f}  (goal <= 0.5)")
-    print(f"artifactd / cp -a      = {ours / cp_s:.2f}  (goal <= 1.5)")
+    med = {name: statistics.median(times) for name, times in results.items()}
+    print(f"{'method':34} {'median s':>9} {'MiB/s':>7}  runs")
+    for name, secs in med.items():
+        runs = " ".join(f"{t:.2f}" for t in results[name])
+        print(f"{name:34} {secs:9.2f} {nbytes / 2**20 / secs:7.0f}  {runs}")
+    print(f"  (of which oras-py pull alone: median {statistics.median(pulls):.2f} s)")
+    ours = med["artifactd restore"]
+    print(
+        f"artifactd / hand-built = {ours / med['oras-py pull + tar --zstd -xf']:.2f}  (goal <= 0.5)"
+    )
+    print(f"artifactd / cp -a      = {ours / med['cp -a (unpacked tree)']:.2f}  (goal <= 1.5)")
 
 
 if __name__ == "__main__":
