@@ -580,9 +580,10 @@ _umask = _Umask()
 
 
 def current_umask() -> int:
-    """Return the process umask without changing it (``os.umask`` sets while it reads,
-    which would race with our own writer threads); 0o777 when unknown, so every
-    mode is then set explicitly.
+    """Return the process umask without changing it; 0o777 when unknown.
+
+    ``os.umask`` sets while it reads, which would race with our own writer
+    threads. With an unknown umask every mode is set explicitly.
     """
     try:
         with open("/proc/self/status", encoding="ascii") as f:
