@@ -100,6 +100,7 @@ class PackedLayer:
     diff_id: str
     files: list[FileEntry]
     skipped: list[SkippedEntry] = field(default_factory=list)
+    pinned: list[str] = field(default_factory=list)
 
     @property
     def unpacked_size(self) -> int:
@@ -156,6 +157,9 @@ def pack_family(family: Family, located: list[Located], out: Path) -> PackedLaye
     """
     files: list[FileEntry] = []
     skipped: list[SkippedEntry] = []
+    pinned = sorted(
+        {p for loc in located for p in family.pinned_paths(loc.component.name, loc.path)}
+    )
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     with out.open("wb") as raw:
         compressed = _HashingWriter(raw)
@@ -172,6 +176,7 @@ def pack_family(family: Family, located: list[Located], out: Path) -> PackedLaye
         diff_id=diff_id,
         files=files,
         skipped=skipped,
+        pinned=pinned,
     )
 
 
@@ -183,6 +188,27 @@ def _tarinfo(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
+
+
+def _skip_reason(
+    family: Family,
+    comp: str,
+    *,
+    rel: PurePosixPath,
+    is_dir: bool,
+    invalid: dict[PurePosixPath, str],
+    name: str,
+) -> str | None:
+    """Why a path stays out of the layer, or None to pack it."""
+    if rel in invalid:
+        return invalid[rel]
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "file name is not valid UTF-8"  # not representable in tar or JSON config
+    if family.excluded(comp, rel, is_dir):
+        return "excluded by family"
+    return None
 
 
 def _pack_component(
@@ -197,28 +223,19 @@ def _pack_component(
     roots = tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
     tar.addfile(_tarinfo(comp, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
     pruned: list[PurePosixPath] = []
+    invalid = family.invalid_entries(comp, root)
     for rel, st in _walk(root):
         if any(rel.is_relative_to(p) for p in pruned):
             continue
         is_dir = stat.S_ISDIR(st.st_mode)
         name = f"{comp}/{rel.as_posix()}"
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            # Not representable in a portable tar or in the JSON config: leave it out.
+        reason = _skip_reason(family, comp, rel=rel, is_dir=is_dir, invalid=invalid, name=name)
+        if reason is not None:
             if is_dir:
                 pruned.append(rel)
             skipped.append(
-                SkippedEntry(
-                    path=name.encode("utf-8", "replace").decode(),
-                    reason="file name is not valid UTF-8",
-                )
+                SkippedEntry(path=name.encode("utf-8", "replace").decode(), reason=reason)
             )
-            continue
-        if family.excluded(comp, rel, is_dir):
-            if is_dir:
-                pruned.append(rel)
-            skipped.append(SkippedEntry(path=name, reason="excluded by family"))
             continue
         mtime = int(st.st_mtime) if family.keep_mtimes else FIXED_MTIME
         if is_dir:

@@ -84,6 +84,7 @@ def collect(
                 components=sorted({loc.component.name for loc in located}),
                 files=layer.files,
                 skipped=layer.skipped,
+                pinned_paths=layer.pinned,
                 digest=layer.digest,
                 size=layer.size,
                 diff_id=layer.diff_id,

@@ -58,6 +58,10 @@ class LayerRecord(_Model):
     components: list[str]
     files: list[FileEntry]
     skipped: list[SkippedEntry] = Field(default_factory=list)
+    pinned_paths: list[str] = Field(
+        default_factory=list,
+        description="Absolute paths outside the cache that its files or keys embed.",
+    )
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Compressed layer.")
     size: int = Field(ge=0)
     diff_id: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Uncompressed tar.")

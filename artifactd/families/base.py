@@ -87,6 +87,26 @@ class Family:
             return True
         return any(p.match(name) for p in self.exclude_patterns)
 
+    def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
+        """Return partial or corrupt cache entries (paths relative to ``root``) and why.
+
+        They are skipped and reported at harvest, never shipped: a DeepGEMM dir
+        without its cubin or a Triton dir without its group file makes the
+        library fail or silently recompile on the pod.
+        """
+        del component, root
+        return {}
+
+    def pinned_paths(self, component: str, root: Path) -> list[str]:
+        """Return absolute paths outside the cache that its files or keys embed.
+
+        Recorded in the manifest: the cache is only valid where these paths hold
+        the same things (a site-packages dir in DeepGEMM's include flags,
+        FlashInfer's build.ninja), so the family's scope includes them.
+        """
+        del component, root
+        return []
+
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
         """Whether this file holds absolute paths to its own root (rewritten on restore)."""
         del component, rel

@@ -11,6 +11,7 @@ Triton's own content hash, the bundled ptxas version and the target capability
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
@@ -54,6 +55,29 @@ class TritonFamily(Family):
             base = Path(environ[TRITON_HOME]) if environ.get(TRITON_HOME) else home(environ)
             path = base / ".triton" / "cache"
         return [Located(self.components[0], path)] if path.is_dir() else []
+
+    def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
+        """Kernel dirs without their group file: an interrupted write, never shipped.
+
+        Triton writes the group file last, so its presence means a complete
+        entry. Dirs holding only a compiled launcher (``cuda_utils*.so``) have
+        no group file by design.
+        """
+        bad: dict[PurePosixPath, str] = {}
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError:
+            return bad
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False) or entry.name.startswith("tmp."):
+                continue
+            names = os.listdir(entry.path)
+            if not names or any(is_group_file(PurePosixPath(n)) for n in names):
+                continue
+            if all(n.endswith(".so") for n in names):
+                continue  # a launcher module (cuda_utils / __triton_launcher)
+            bad[PurePosixPath(entry.name)] = "partial Triton entry: no __grp__*.json group file"
+        return bad
 
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
         """Group files carry absolute child paths."""
