@@ -128,8 +128,13 @@ def build(
     keep_roots: bool = False,
     on_event: EventSink = discard,
     environ: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
 ) -> BuildResult:
-    """Run every cell of the matrix, then harvest into ``store``."""
+    """Run every cell of the matrix, then harvest into ``store``.
+
+    ``overrides`` (``--set PATH=VALUE``) adjust the probed fingerprint, e.g. to
+    build on one machine for another target.
+    """
     start = time.monotonic()
     matrix: Matrix = load_matrix(matrix_path)
     cells = expand(matrix, matrix_path)
@@ -167,6 +172,7 @@ def build(
             image_digest=image_digest or matrix.base_image,
             workload=matrix.workload,
             environ=env,
+            overrides=overrides,
         )
         timings["probe"] = round(time.monotonic() - t0, 3)
         provenance = Provenance(

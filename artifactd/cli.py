@@ -165,6 +165,7 @@ def fingerprint_options(f: F) -> F:
         metavar="DIGEST",
         help="Digest of the runtime image the caches are for.",
     )(f)
+    f = set_option(f)
     return click.option(
         "--workload",
         multiple=True,
@@ -174,14 +175,50 @@ def fingerprint_options(f: F) -> F:
     )(f)
 
 
-def _probe(gpu_arch: str | None, image_digest: str | None, workload: Sequence[str]) -> Any:
-    from artifactd.fingerprint import parse_pairs, probe
+def set_option(f: F) -> F:
+    """Add ``--set PATH=VALUE`` (fingerprint overrides)."""
+    return click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="PATH=VALUE",
+        envvar=C.ENV_SET,
+        help="Override a fingerprint field, dotted as in the JSON Schema "
+        "(gpu.arch=sm_100a, driver.version=575.51). Repeatable.",
+    )(f)
 
-    return probe(
+
+def _probe_raw(
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: Sequence[str],
+    overrides: Sequence[str],
+) -> dict[str, Any]:
+    from artifactd.probing import apply_overrides, parse_pairs, probe_raw
+
+    raw = probe_raw(
         gpu_arch=gpu_arch,
         image_digest=image_digest,
         workload=parse_pairs(workload, what="--workload"),
     )
+    if not overrides:
+        return raw
+    from artifactd.fingerprint import from_raw
+
+    # Validate and re-dump: "8" becomes 8 where the schema wants a number, so the
+    # hash is the one the typed model computes.
+    return from_raw(apply_overrides(raw, overrides)).model_dump(mode="json")
+
+
+def _probe(
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: Sequence[str],
+    overrides: Sequence[str] = (),
+) -> Any:
+    from artifactd.fingerprint import from_raw
+
+    return from_raw(_probe_raw(gpu_arch, image_digest, workload, overrides))
 
 
 def _families(values: Sequence[str]) -> list[str] | None:
@@ -219,6 +256,7 @@ def fingerprint(
     gpu_arch: str | None,
     image_digest: str | None,
     workload: tuple[str, ...],
+    overrides: tuple[str, ...],
     as_json: bool,
     hash_only: bool,
 ) -> None:
@@ -229,15 +267,11 @@ def fingerprint(
     platform, CPU ISA, compilers. Informational fields (hostname, time) are
     shown but never hashed.
     """
-    from artifactd.probing import flatten, hashed_view, parse_pairs, probe_raw, raw_hash
+    from artifactd.probing import flatten, hashed_view, raw_hash
 
     # Plain data, no model: the probe's document has the Fingerprint schema's exact
     # shape (a test holds the two together), and printing it needs no validation.
-    raw = probe_raw(
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        workload=parse_pairs(workload, what="--workload"),
-    )
+    raw = _probe_raw(gpu_arch, image_digest, workload, overrides)
     digest = raw_hash(raw)
     if hash_only:
         click.echo(digest)
@@ -270,6 +304,7 @@ def harvest(
     gpu_arch: str | None,
     image_digest: str | None,
     workload: tuple[str, ...],
+    overrides: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Pack the caches a warm-up already wrote and publish them to the store.
@@ -282,7 +317,7 @@ def harvest(
     from artifactd.harvest import harvest as do_harvest
     from artifactd.stores import open_store
 
-    fp = _probe(gpu_arch, image_digest, workload)
+    fp = _probe(gpu_arch, image_digest, workload, overrides)
     with open_store(store, create=True, insecure=insecure) as st:
         result = do_harvest(st, fp, families=_families(families))
     if as_json:
@@ -336,6 +371,7 @@ def _render_harvest(result: Any) -> None:
     default=None,
     help="Build into this (empty) directory and keep it, instead of a temp dir.",
 )
+@set_option
 @json_option
 def build(
     *,
@@ -345,6 +381,7 @@ def build(
     gpu_arch: str | None,
     image_digest: str | None,
     keep_roots: Path | None,
+    overrides: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Run a warm-up matrix with fresh cache roots, then harvest into the store."""
@@ -360,6 +397,7 @@ def build(
             roots=keep_roots,
             keep_roots=keep_roots is not None,
             on_event=_event_printer(as_json),
+            overrides=overrides,
         )
     if as_json:
         emit_json(result)
@@ -418,6 +456,7 @@ def restore(
     gpu_arch: str | None,
     image_digest: str | None,
     workload: tuple[str, ...],
+    overrides: tuple[str, ...],
     env_file: Path | None,
     consumer_user: str | None,
     require: bool,
@@ -431,28 +470,24 @@ def restore(
     Layers are verified and staged next to TARGET, then swapped in atomically.
     A miss exits 0 (the engine compiles as before) unless --require.
     """
-    from artifactd.probing import flatten, hashed_view, parse_pairs, probe_raw, raw_hash
+    from artifactd.probing import flatten, hashed_view, raw_hash
     from artifactd.restore import plan_restore, quick_noop
     from artifactd.stores import open_store
 
     # Probe into plain data first: a no-op restore (warm volume, marker matches)
     # answers without building a single pydantic model.
-    raw = probe_raw(
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        workload=parse_pairs(workload, what="--workload"),
-    )
+    raw = _probe_raw(gpu_arch, image_digest, workload, overrides)
     fams = _families(families)
     try:
         st = open_store(store, insecure=insecure)
     except ArtifactdError as exc:
         if isinstance(exc, UsageError):
             raise
-        from artifactd.fingerprint import Fingerprint
+        from artifactd.fingerprint import from_raw
 
         plan = plan_restore(
             None,
-            Fingerprint.model_validate(raw),
+            from_raw(raw),
             target,
             families=fams,
             consumer_user=consumer_user,
@@ -467,11 +502,11 @@ def restore(
             st, raw_hash(raw), flatten(hashed_view(raw)), target, families=fams, env_file=env_file
         )
         if quick is None:
-            from artifactd.fingerprint import Fingerprint
+            from artifactd.fingerprint import from_raw
 
             quick = plan_restore(
                 st,
-                Fingerprint.model_validate(raw),
+                from_raw(raw),
                 target,
                 families=fams,
                 consumer_user=consumer_user,
@@ -580,7 +615,12 @@ def _render_plan(plan: Any, result: Any, dry_run: bool) -> None:
 
 
 def _load_side(
-    spec: str, gpu_arch: str | None, workload: Sequence[str], *, insecure: bool
+    spec: str,
+    gpu_arch: str | None,
+    workload: Sequence[str],
+    *,
+    insecure: bool,
+    overrides: Sequence[str] = (),
 ) -> tuple[str, Any]:
     """Turn a diff operand (local, a fingerprint file, an artifact ref) into a fingerprint."""
     from artifactd.artifacts import read_artifact
@@ -589,7 +629,7 @@ def _load_side(
     from artifactd.stores import open_store, parse_artifact_ref
 
     if spec == "local":
-        return "local", _probe(gpu_arch, None, workload)
+        return "local", _probe(gpu_arch, None, workload, overrides)
     path = Path(spec)
     if path.is_file():
         data = path.read_bytes()
@@ -632,6 +672,7 @@ def _load_side(
     "--workload", multiple=True, metavar="KEY=VALUE", help="Workload fields for the `local` side."
 )
 @click.option("--family", "families", multiple=True, metavar="NAME")
+@set_option
 @insecure_option
 @json_option
 def diff(
@@ -641,19 +682,28 @@ def diff(
     insecure: bool,
     gpu_arch: str | None,
     workload: tuple[str, ...],
+    overrides: tuple[str, ...],
     families: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Explain why two fingerprints differ, and which cache families that invalidates.
 
     A and B are each `local`, a fingerprint JSON file, an artifact config, or an
-    artifact reference (oci:DIR:TAG, HOST/REPO:TAG, ...@sha256:...). A cache built on A
+    artifact reference (oci:DIR:TAG, HOST/REPO:TAG, ...@sha256:...). --set changes
+    the `local` side (B when both are local: `diff local local --set driver.version=X`
+    asks what a driver upgrade would invalidate). A cache built on A
     is judged for use on B.
     """
     from artifactd.diff import diff as do_diff
 
-    name_a, fa = _load_side(a, gpu_arch, workload, insecure=insecure)
-    name_b, fb = _load_side(b, gpu_arch, workload, insecure=insecure)
+    # --set shapes one `local` side: B when both are local ("what if here were...").
+    set_b = b == "local"
+    name_a, fa = _load_side(
+        a, gpu_arch, workload, insecure=insecure, overrides=() if set_b else overrides
+    )
+    name_b, fb = _load_side(
+        b, gpu_arch, workload, insecure=insecure, overrides=overrides if set_b else ()
+    )
     result = do_diff(fa, fb, _families(families))
     if as_json:
         emit_json(

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifactd import __version__, probing
-from artifactd.errors import ConfigError
+from artifactd.errors import ConfigError, UsageError
 from artifactd.probing import (
     TRACKED_LIBRARIES,
     arch_for_capability,
@@ -195,14 +195,31 @@ def probe(
     workload: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
     use_nvml: bool = True,
+    overrides: Sequence[str] = (),
 ) -> Fingerprint:
-    """Probe this machine and return its typed fingerprint (see :func:`probing.probe_raw`)."""
-    return Fingerprint.model_validate(
-        probing.probe_raw(
-            gpu_arch=gpu_arch,
-            image_digest=image_digest,
-            workload=workload,
-            environ=environ,
-            use_nvml=use_nvml,
-        )
+    """Probe this machine and return its typed fingerprint (see :func:`probing.probe_raw`).
+
+    ``overrides`` are ``PATH=VALUE`` assignments (``--set``) applied to the probed
+    document before validation.
+    """
+    raw = probing.probe_raw(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        environ=environ,
+        use_nvml=use_nvml,
     )
+    return from_raw(probing.apply_overrides(raw, overrides) if overrides else raw)
+
+
+def from_raw(raw: Mapping[str, Any]) -> Fingerprint:
+    """Validate a probed (and possibly overridden) document into a Fingerprint."""
+    try:
+        return Fingerprint.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(
+            f"fingerprint field {where}: {first['msg']}",
+            hint="check the --set values against registry-schema/fingerprint.schema.json",
+        ) from exc

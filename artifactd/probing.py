@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import re
 import subprocess
@@ -459,3 +460,65 @@ def parse_pairs(pairs: Sequence[str], *, what: str) -> dict[str, str]:
                 raise UsageError(f"{what} must be KEY=VALUE, got {item!r}")
             out[key.strip()] = value.strip()
     return out
+
+
+#: Sections where ``--set`` may create keys that the probe did not find.
+_OPEN_SECTIONS = ("workload", "libraries")
+
+
+def _parse_value(text: str) -> Any:
+    """Parse a ``--set`` value: text, ``null``, or a ``[...]`` JSON list.
+
+    Text stays text; the model converts "8" and "true" where a field is a
+    number or a flag.
+    """
+    stripped = text.strip()
+    if stripped == "null":
+        return None
+    if stripped.startswith("["):
+        try:
+            return json.loads(stripped)
+        except ValueError:
+            pass
+    return text
+
+
+def apply_overrides(raw: Raw, assignments: Sequence[str]) -> Raw:
+    """Apply ``PATH=VALUE`` overrides (dotted paths as in the JSON Schema) to a document.
+
+    For building on one machine for another target and for "what if" questions:
+    ``gpu.arch=sm_100a``, ``driver.version=575.51``, ``workload.tp=8``,
+    ``libraries.vllm.version=0.33.0``. A path must exist, except under
+    ``workload`` and ``libraries``, where new keys may be added; ``info.*`` may
+    be set too (it is never hashed). Returns a new document.
+    """
+    doc: Raw = json.loads(json.dumps(raw))
+    for item in assignments:
+        path, sep, text = item.partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if not sep or not keys:
+            raise UsageError(
+                f"--set wants PATH=VALUE with a dotted path, got {item!r}",
+                hint="e.g. --set gpu.arch=sm_100a --set workload.tp=8",
+            )
+        node: Any = doc
+        for depth, key in enumerate(keys[:-1]):
+            if not isinstance(node, dict):
+                raise UsageError(f"--set {path}: {'.'.join(keys[:depth])} is not a section")
+            if key not in node:
+                if keys[0] not in _OPEN_SECTIONS:
+                    raise UsageError(
+                        f"--set {path}: no field {'.'.join(keys[: depth + 1])}",
+                        hint="see registry-schema/fingerprint.schema.json",
+                    )
+                node[key] = {}
+            node = node[key]
+        leaf = keys[-1]
+        if not isinstance(node, dict) or (leaf not in node and keys[0] not in _OPEN_SECTIONS):
+            raise UsageError(
+                f"--set {path}: no such field", hint="see registry-schema/fingerprint.schema.json"
+            )
+        if isinstance(node.get(leaf), dict):
+            raise UsageError(f"--set {path}: is a section; set one of its fields")
+        node[leaf] = text if keys[0] == "workload" else _parse_value(text)
+    return doc
