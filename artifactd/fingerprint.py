@@ -132,6 +132,7 @@ class Info(_Model):
     user: str | None = None
     probed_at: float | None = None
     cpu_model: str | None = None
+    topology: str | None = Field(None, description="GPU interconnect summary (advisory).")
     artifactd_version: str = __version__
 
 

@@ -182,8 +182,80 @@ def gpu_from_nvml(nvml: Any) -> tuple[Raw, Raw]:
     return gpu, driver
 
 
-def probe_gpu_nvml() -> tuple[Raw, Raw] | None:
-    """Read GPU and driver facts from NVML; ``None`` without nvidia-ml-py or a driver."""
+#: nvmlGpuTopologyLevel_t values, as nvidia-ml-py names them.
+_TOPOLOGY_LEVELS = {
+    0: "same board",
+    10: "PCIe switch",
+    20: "PCIe switches",
+    30: "host bridge",
+    40: "NUMA node",
+    50: "system (SMP link)",
+}
+_NVLINK_LINKS = 18
+
+
+def topology_from_nvml(nvml: Any) -> str | None:
+    """Summarise GPU interconnect (advisory: it changes tuning, not kernel validity)."""
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        if count < 1:
+            return None
+        first = nvml.nvmlDeviceGetHandleByIndex(0)
+        active = 0
+        for link in range(_NVLINK_LINKS):
+            try:
+                active += int(bool(nvml.nvmlDeviceGetNvLinkState(first, link)))
+            except Exception:
+                break
+        parts = [f"{count} GPU(s)", f"GPU0 NVLink links active: {active}"]
+        if count > 1:
+            second = nvml.nvmlDeviceGetHandleByIndex(1)
+            level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
+            parts.append(f"GPU0-GPU1 common ancestor: {_TOPOLOGY_LEVELS.get(level, level)}")
+        return "; ".join(parts)
+    except Exception:
+        return None
+
+
+#: CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT in cuda.h.
+_CU_MULTIPROCESSOR_COUNT = 16
+
+
+def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
+    """Ask libcuda (through ctypes) for the driver's CUDA version and the SM count.
+
+    ``cuDriverGetVersion`` needs no ``cuInit``; the SM count does, so it is read
+    only with ``init=True`` (a GPU is known to be present): DeepGEMM bakes it
+    into its kernels. ``lib`` is a loaded libcuda, or a recorded double in tests.
+    """
+    out: Raw = {"cuda_version": None, "sm_count": None}
+    if lib is None:
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return out
+    import ctypes
+
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
+        out["cuda_version"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    if init and lib.cuInit(0) == 0:
+        device, count = ctypes.c_int(0), ctypes.c_int(0)
+        if (
+            lib.cuDeviceGet(ctypes.byref(device), 0) == 0
+            and lib.cuDeviceGetAttribute(ctypes.byref(count), _CU_MULTIPROCESSOR_COUNT, device) == 0
+        ):
+            out["sm_count"] = count.value or None
+    return out
+
+
+def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
+    """Read GPU, driver and topology facts from NVML (+ libcuda for the SM count).
+
+    ``None`` without nvidia-ml-py or a driver.
+    """
     if not any(Path(p).exists() for p in _DRIVER_MARKERS):
         return None  # no NVIDIA driver on this host: skip importing and loading NVML
     try:
@@ -195,10 +267,14 @@ def probe_gpu_nvml() -> tuple[Raw, Raw] | None:
     except Exception:  # NVMLError_LibraryNotFound and friends: no NVML here
         return None
     try:
-        return gpu_from_nvml(pynvml)
+        gpu, driver = gpu_from_nvml(pynvml)
+        topology = topology_from_nvml(pynvml)
     finally:
         with contextlib.suppress(Exception):  # a failed shutdown changes nothing we report
             pynvml.nvmlShutdown()
+    if gpu["count"]:
+        gpu["sm_count"] = probe_libcuda()["sm_count"]
+    return gpu, driver, topology
 
 
 def proc_driver_version(path: Path = Path("/proc/driver/nvidia/version")) -> str | None:
@@ -400,10 +476,13 @@ def probe_raw(
     found = bg.results()
 
     nvml = found.get("nvml")
+    topology = None
     if nvml is not None:
-        gpu, driver = nvml
+        gpu, driver, topology = nvml
     else:
         gpu, driver = empty_gpu(), {"version": proc_driver_version(), "cuda_version": None}
+        if driver["version"] is not None:  # a driver without NVML bindings: ask libcuda
+            driver["cuda_version"] = probe_libcuda(init=False)["cuda_version"]
     if arch:
         gpu.update(
             arch=arch[0],
@@ -445,6 +524,7 @@ def probe_raw(
             "user": _user(),
             "probed_at": round(time.time(), 3),
             "cpu_model": cpu_model,
+            "topology": topology,
             "artifactd_version": __version__,
         },
     }
