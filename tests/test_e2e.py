@@ -157,3 +157,47 @@ def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
     assert result["cold_compiled"] == 7
     assert result["restored_compiled"] == 0
     assert 0 < result["restored_seconds"] < result["cold_seconds"]
+
+
+def test_megacache_restores_graphs_into_an_empty_inductor_dir(tmp_path: Path) -> None:
+    """Mega-Cache bytes are path-independent: graphs hit in a fresh, empty cache dir."""
+    build_env = clean_env(
+        {
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "build" / "inductor"),
+            "TMPDIR": str(tmp_path / "build" / "tmp"),
+            "ARTIFACTD_MEGACACHE_DIR": str(tmp_path / "build" / "mega"),
+        }
+    )
+    (tmp_path / "build" / "tmp").mkdir(parents=True)
+    proc = subprocess.run(
+        [PYTHON, str(WARMUP), "--parts", "inductor", "--save-megacache"],
+        capture_output=True,
+        text=True,
+        env=build_env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cold = json.loads(proc.stdout.strip().splitlines()[-1])["inductor"]
+    assert cold["compiled"] == 3 and cold["megacache_saved"]
+
+    store = f"oci:{tmp_path / 'store'}"
+    pushed = artifactd("harvest", "--store", store, "--family", "inductor", env=build_env)
+    assert pushed["families"][0]["found"].keys() >= {"cache", "pch", "megacache"}
+    target = tmp_path / "pod"
+    report = artifactd("restore", "--store", store, "--target", str(target), "--family", "inductor")
+    env = clean_env(parse_env_file(target / "artifactd.env"))
+    assert env["ARTIFACTD_MEGACACHE_DIR"] == str(target / "inductor-megacache")
+    assert report["restored"] == ["inductor"]
+    # Only the Mega-Cache: an empty Inductor dir somewhere else entirely.
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "elsewhere" / "empty")
+    proc = subprocess.run(
+        [PYTHON, str(WARMUP), "--parts", "inductor", "--load-megacache"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warm = json.loads(proc.stdout.strip().splitlines()[-1])["inductor"]
+    assert warm["megacache_loaded"] == 1
+    assert warm["hits"] == 3 and warm["compiled"] == 0

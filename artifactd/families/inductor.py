@@ -10,6 +10,9 @@ Two components:
   ``<tempdir>/torchinductor_<user>/precompiled_headers``, OUTSIDE the cache dir.
   Without it a "warm" CPU start rebuilds it (9 s instead of 2 s here). It is
   restored under ``<target>/tmp`` and the env file sets ``TMPDIR`` there.
+* ``megacache``: torch's Mega-Cache bytes (``torch.compiler.save_cache_artifacts``)
+  saved by :func:`artifactd.megacache.save` into ``ARTIFACTD_MEGACACHE_DIR``;
+  path-independent, loaded in the engine with :func:`artifactd.megacache.load`.
 
 CPU kernel keys hold the compile command line: torch's install path (include
 flags), the host compiler, and ``-march=native`` (the CPU ISA), so those are in
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from artifactd.constants import TMPDIR, TORCHINDUCTOR_CACHE_DIR
+from artifactd.constants import ENV_MEGACACHE_DIR, TMPDIR, TORCHINDUCTOR_CACHE_DIR
 from artifactd.families.base import (
     ROOT_PLACEHOLDER,
     Component,
@@ -65,6 +68,7 @@ class InductorFamily(Family):
             "tmp/torchinductor_{user}/" + PCH_DIRNAME,
             {TMPDIR: "{target}/tmp"},
         ),
+        Component("megacache", "inductor-megacache", {ENV_MEGACACHE_DIR: "{dir}"}),
     )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
@@ -77,6 +81,9 @@ class InductorFamily(Family):
         pch = default_dir(environ) / PCH_DIRNAME
         if pch.is_dir():
             found.append(Located(self.components[1], pch))
+        mega = environ.get(ENV_MEGACACHE_DIR)
+        if mega and Path(mega).is_dir() and any(Path(mega).glob("*.bin")):
+            found.append(Located(self.components[2], Path(mega)))
         return found
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:

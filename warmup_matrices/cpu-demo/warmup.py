@@ -30,7 +30,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def run_inductor() -> dict[str, Any]:
+def run_inductor(*, save_megacache: bool = False, load_megacache: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -52,6 +52,11 @@ def run_inductor() -> dict[str, Any]:
         s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
         return torch.softmax(s, dim=-1) @ v
 
+    loaded = 0
+    if load_megacache:
+        from artifactd import megacache
+
+        loaded = megacache.load().files
     torch.manual_seed(0)
     x = torch.randn(8, 64)
     q = torch.randn(2, 16, 32)
@@ -65,8 +70,14 @@ def run_inductor() -> dict[str, Any]:
             fn(*args)
     c = counters["inductor"]
     hits, misses = int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"])
-    return {"graphs": len(jobs), "compiled": misses, "hits": hits,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    saved = None
+    if save_megacache:
+        from artifactd import megacache
+
+        path = megacache.save()
+        saved = str(path) if path else None
+    return {"graphs": len(jobs), "compiled": misses, "hits": hits, "megacache_saved": saved,
+            "megacache_loaded": loaded, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def run_triton(arch: int) -> dict[str, Any]:
@@ -153,13 +164,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="inductor,triton,nvcc")
     parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--save-megacache", action="store_true",
+                        help="save torch's Mega-Cache into ARTIFACTD_MEGACACHE_DIR at the end")
+    parser.add_argument("--load-megacache", action="store_true",
+                        help="load ARTIFACTD_MEGACACHE_DIR before compiling")
     args = parser.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     t0 = time.perf_counter()
     report: dict[str, Any] = {}
     for part in parts:
         if part == "inductor":
-            report["inductor"] = run_inductor()
+            report["inductor"] = run_inductor(save_megacache=args.save_megacache,
+                                              load_megacache=args.load_megacache)
         elif part == "triton":
             report["triton"] = run_triton(args.arch)
         elif part == "nvcc":
