@@ -621,15 +621,18 @@ def _load_side(
     *,
     insecure: bool,
     overrides: Sequence[str] = (),
-) -> tuple[str, Any]:
-    """Turn a diff operand (local, a fingerprint file, an artifact ref) into a fingerprint."""
+) -> tuple[str, Any, dict[str, Any]]:
+    """Turn a diff operand (local, a fingerprint file, an artifact ref) into a fingerprint.
+
+    Also returns the per-family facts an artifact recorded (empty otherwise).
+    """
     from artifactd.artifacts import read_artifact
     from artifactd.fingerprint import Fingerprint
     from artifactd.manifest import ArtifactManifest
     from artifactd.stores import open_store, parse_artifact_ref
 
     if spec == "local":
-        return "local", _probe(gpu_arch, None, workload, overrides)
+        return "local", _probe(gpu_arch, None, workload, overrides), {}
     path = Path(spec)
     if path.is_file():
         data = path.read_bytes()
@@ -641,10 +644,12 @@ def _load_side(
                 hint="save one with `artifactd fingerprint --json > FILE`",
             ) from None
         if isinstance(doc, dict) and "fingerprint" in doc and "layers" in doc:
-            return spec, ArtifactManifest.from_json(data, source=spec).fingerprint
+            config = ArtifactManifest.from_json(data, source=spec)
+            return spec, config.fingerprint, {r.family: r.facts for r in config.layers}
         if isinstance(doc, dict) and "fingerprint" in doc and "hash" in doc:
-            return spec, Fingerprint.from_json(json.dumps(doc["fingerprint"]), source=spec)
-        return spec, Fingerprint.from_json(data, source=spec)
+            fp = Fingerprint.from_json(json.dumps(doc["fingerprint"]), source=spec)
+            return spec, fp, {}
+        return spec, Fingerprint.from_json(data, source=spec), {}
     ref = parse_artifact_ref(spec)
     if ref.reference is None:
         raise UsageError(
@@ -656,7 +661,7 @@ def _load_side(
         art = read_artifact(st, ref.reference)
     if art is None:
         raise UsageError(f"{spec}: no such artifact")
-    return spec, art.config.fingerprint
+    return spec, art.config.fingerprint, {r.family: r.facts for r in art.config.layers}
 
 
 @cli.command()
@@ -695,16 +700,18 @@ def diff(
     is judged for use on B.
     """
     from artifactd.diff import diff as do_diff
+    from artifactd.diff import facts_diff
 
     # --set shapes one `local` side: B when both are local ("what if here were...").
     set_b = b == "local"
-    name_a, fa = _load_side(
+    name_a, fa, facts_a = _load_side(
         a, gpu_arch, workload, insecure=insecure, overrides=() if set_b else overrides
     )
-    name_b, fb = _load_side(
+    name_b, fb, facts_b = _load_side(
         b, gpu_arch, workload, insecure=insecure, overrides=overrides if set_b else ()
     )
     result = do_diff(fa, fb, _families(families))
+    facts = facts_diff(facts_a, facts_b)
     if as_json:
         emit_json(
             {
@@ -716,6 +723,7 @@ def diff(
                 "fields": result.fields,
                 "informational": result.informational,
                 "families": result.families,
+                "facts": facts,
             }
         )
         return
@@ -732,6 +740,14 @@ def diff(
         rows.append((v.family, v.verdict, ", ".join(d.path for d in v.deciding)))
     click.echo("per family (a cache built on A, used on B):")
     click.echo(_table(rows))
+    if facts:
+        click.echo(f"{len(facts)} recorded cache fact(s) differ (e.g. vLLM hash factors):")
+        click.echo(
+            _table(
+                [("family", "fact", "A", "B")]
+                + [(f.family, f"{f.component}:{f.path}", repr(f.a), repr(f.b)) for f in facts]
+            )
+        )
 
 
 @cli.command()

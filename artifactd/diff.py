@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -74,3 +74,36 @@ def diff(a: Fingerprint, b: Fingerprint, families: Sequence[str] | None = None) 
         ),
         families=[family_verdict(f, a, b) for f in select_families(families)],
     )
+
+
+@dataclass(frozen=True)
+class FactDiff:
+    """One differing value among the facts two artifacts recorded for a family."""
+
+    family: str
+    component: str
+    path: str
+    a: Any
+    b: Any
+
+
+def facts_diff(
+    a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]
+) -> list[FactDiff]:
+    """Compare per-family facts (``{family: {component: data}}``) present on both sides.
+
+    This is where volatile values hide: vLLM hashes every ``VLLM_*`` variable
+    and its whole config into its cache dir name, so two artifacts whose
+    fingerprints agree can still disagree on a pod IP or a port here.
+    """
+    out: list[FactDiff] = []
+    for family in sorted(set(a) & set(b)):
+        for component in sorted(set(a[family]) & set(b[family])):
+            fa = flatten(a[family][component])
+            fb = flatten(b[family][component])
+            out.extend(
+                FactDiff(family, component, key, fa.get(key), fb.get(key))
+                for key in sorted(set(fa) | set(fb))
+                if fa.get(key) != fb.get(key)
+            )
+    return out

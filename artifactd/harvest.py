@@ -85,6 +85,11 @@ def collect(
                 files=layer.files,
                 skipped=layer.skipped,
                 pinned_paths=layer.pinned,
+                facts={
+                    loc.component.name: f
+                    for loc in located
+                    if (f := fam.facts(loc.component.name, loc.path))
+                },
                 digest=layer.digest,
                 size=layer.size,
                 diff_id=layer.diff_id,

@@ -62,6 +62,10 @@ class LayerRecord(_Model):
         default_factory=list,
         description="Absolute paths outside the cache that its files or keys embed.",
     )
+    facts: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Family-specific data for diff, per component (e.g. vLLM hash factors).",
+    )
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Compressed layer.")
     size: int = Field(ge=0)
     diff_id: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Uncompressed tar.")

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from artifactd.constants import HOME, TMPDIR
 
@@ -106,6 +106,15 @@ class Family:
         """
         del component, root
         return []
+
+    def facts(self, component: str, root: Path) -> dict[str, Any]:
+        """Return JSON data about the cache worth keeping in the manifest for ``diff``.
+
+        vLLM's raw hash factors, for instance: diffing them field by field is how
+        a volatile value (a pod IP in an env var) is found.
+        """
+        del component, root
+        return {}
 
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
         """Whether this file holds absolute paths to its own root (rewritten on restore)."""
