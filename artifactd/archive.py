@@ -618,7 +618,9 @@ def _mkdir_checked(path: Path) -> None:
         os.mkdir(path, 0o755)
     except FileExistsError:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
-            raise UnsafeArtifactError(f"{path} exists and is not a directory") from None
+            raise UnsafeArtifactError(
+                f"{path} collides with a member that is not a directory"
+            ) from None
     else:
         if _umask.value & 0o755:  # the umask took bits away: put them back
             os.chmod(path, 0o755)  # noqa: S103 - cache dirs are world-readable by design

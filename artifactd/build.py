@@ -26,6 +26,7 @@ from artifactd.events import EventSink, discard
 from artifactd.families import select_families
 from artifactd.fingerprint import probe
 from artifactd.harvest import HarvestResult, harvest
+from artifactd.lint import Hazards, LintReport, lint, root_key
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
 from artifactd.stores import Store
@@ -56,6 +57,7 @@ class BuildResult:
     roots: str
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    lint: LintReport | None = None
 
 
 def cell_environ(
@@ -129,6 +131,7 @@ def build(
     on_event: EventSink = discard,
     environ: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
+    strict_lint: bool = False,
 ) -> BuildResult:
     """Run every cell of the matrix, then harvest into ``store``.
 
@@ -165,6 +168,26 @@ def build(
                     "cell": cell.id,
                     "elapsed_ms": round(res.seconds * 1000, 1),
                 }
+            )
+        t0 = time.monotonic()
+        report = lint_roots(matrix.families, env, roots)
+        timings["lint"] = round(time.monotonic() - t0, 3)
+        on_event(
+            {
+                "stage": "lint",
+                "event": "done",
+                "errors": report.errors,
+                "warnings": report.warnings,
+                "files": report.files_scanned,
+            }
+        )
+        if strict_lint and report.findings:
+            first = report.findings[0]
+            raise BuildError(
+                f"lint found {len(report.findings)} hazard(s), e.g. {first.family}/"
+                f"{first.component}/{first.file}: {first.kind} {first.value!r}",
+                hint=f"run `artifactd lint {roots}` for all of them (kept for you), "
+                "or build without --strict",
             )
         t0 = time.monotonic()
         fingerprint = probe(
@@ -207,4 +230,17 @@ def build(
         roots=str(roots),
         seconds=round(time.monotonic() - start, 3),
         timings=timings,
+        lint=report,
     )
+
+
+def lint_roots(families: Sequence[str], environ: Mapping[str, str], roots: Path) -> LintReport:
+    """Lint what the cells wrote, as the harvest will find it."""
+    from artifactd.families import select_families
+
+    located = {
+        root_key(fam.name, loc.component.name): loc.path
+        for fam in select_families(families or None)
+        for loc in fam.locate(environ)
+    }
+    return lint(located, hazards=Hazards.from_environ(environ, extra_paths=[roots]))

@@ -372,6 +372,11 @@ def _render_harvest(result: Any) -> None:
     help="Build into this (empty) directory and keep it, instead of a temp dir.",
 )
 @set_option
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail when the hygiene lint finds anything (default: report warnings).",
+)
 @json_option
 def build(
     *,
@@ -382,6 +387,7 @@ def build(
     image_digest: str | None,
     keep_roots: Path | None,
     overrides: tuple[str, ...],
+    strict: bool,
     as_json: bool,
 ) -> None:
     """Run a warm-up matrix with fresh cache roots, then harvest into the store."""
@@ -398,12 +404,19 @@ def build(
             keep_roots=keep_roots is not None,
             on_event=_event_printer(as_json),
             overrides=overrides,
+            strict_lint=strict,
         )
     if as_json:
         emit_json(result)
         return
     for cell in result.cells:
         click.echo(f"cell {cell.id}: {cell.seconds:.1f} s")
+    if result.lint is not None and result.lint.findings:
+        click.echo(
+            f"lint: {result.lint.errors} error(s), {result.lint.warnings} warning(s) tie these "
+            "caches to the build machine; see them with --keep-roots DIR, then "
+            "`artifactd lint DIR`"
+        )
     _render_harvest(result.harvest)
 
 
@@ -894,6 +907,70 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
     )
     saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
     click.echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    metavar="NAME",
+    help="Only these families (repeatable or comma-separated). Default: all found.",
+)
+@click.option("--strict", is_flag=True, help="Exit 1 when there is any finding.")
+@json_option
+def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_json: bool) -> None:
+    """Find what will make a harvested cache miss elsewhere, before it ships.
+
+    Scans each family's cache for this machine's absolute paths (outside the
+    files artifactd rewrites), user and host names in paths, and volatile values
+    in vLLM's hash factors (IPs, ports, Ray bundle indices). Each finding names
+    the file, the value and what it will cost.
+
+    DIRECTORY is a build-roots or restore-target directory (each family in its
+    subdirectory); without it, caches are found as `harvest` finds them.
+    """
+    from artifactd.constants import current_environ
+    from artifactd.families import select_families
+    from artifactd.lint import Hazards, root_key
+    from artifactd.lint import lint as do_lint
+
+    environ = current_environ()
+    roots: dict[str, Path] = {}
+    for fam in select_families(_families(families)):
+        if directory is not None:
+            for comp, path in fam.restore_dirs(directory).items():
+                if path.is_dir():
+                    roots[root_key(fam.name, comp)] = path
+        else:
+            for loc in fam.locate(environ):
+                roots[root_key(fam.name, loc.component.name)] = loc.path
+    extra = [directory] if directory is not None else list(roots.values())
+    report = do_lint(roots, hazards=Hazards.from_environ(environ, extra_paths=extra))
+    if as_json:
+        emit_json(
+            {
+                "roots": {k: str(v) for k, v in roots.items()},
+                "findings": report.findings,
+                "files_scanned": report.files_scanned,
+                "errors": report.errors,
+                "warnings": report.warnings,
+                "unreadable": report.unreadable,
+            }
+        )
+    else:
+        click.echo(f"lint: {len(roots)} cache root(s), {report.files_scanned} files scanned")
+        for f in report.findings:
+            click.echo(
+                f"  {f.severity}: {f.family}/{f.component}/{f.file}: {f.kind} "
+                f"{f.value!r}\n      {f.cost}"
+            )
+        if not report.findings:
+            click.echo("  clean: nothing ties these caches to this machine")
+    code = report.exit_code(strict)
+    if code:
+        sys.exit(code)
 
 
 @cli.command()

@@ -372,7 +372,8 @@ def test_harvest_tags(
     assert set(result.tags) == expected
     assert result.tags[0] == f"fp-{fingerprint.hash}"
     assert result.fingerprint_hash == fingerprint.hash
-    assert result.not_found == ["inductor"]
+    assert "inductor" in result.not_found
+    assert not {"triton", "generic"} & set(result.not_found)
     assert {f.family for f in result.families} == {"generic", "triton"}
     ref = store.get_manifest(result.tags[0])
     assert ref is not None

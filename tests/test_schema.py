@@ -35,3 +35,10 @@ def test_probed_fingerprint_validates_against_the_committed_schema() -> None:
     doc["gpu"]["unexpected"] = 1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, schema)
+
+
+def test_readme_scope_table_is_the_codes() -> None:
+    from artifactd.families import scope_table
+
+    readme = (SCHEMA_DIR.parent / "README.md").read_text()
+    assert scope_table() in readme, "README scope table is stale: paste scope_table()"

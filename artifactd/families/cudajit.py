@@ -1,0 +1,39 @@
+"""The CUDA driver's PTX JIT cache (``CUDA_CACHE_PATH``, default ``~/.nv/ComputeCache``).
+
+The driver compiles PTX to SASS when a binary carries no SASS for the GPU it
+runs on (a fatbin with only PTX for a newer arch, Triton/NVRTC PTX loaded with
+``cuModuleLoadData``), and keeps the result here (size capped by
+``CUDA_CACHE_MAXSIZE``). Facts from ``CACHE-LAYOUTS.md`` only: the cache is
+the closed-source driver's, so there is no source to check them against.
+
+* The layout is opaque (an index file and hashed subdirs): shipped byte for
+  byte, nothing excluded beyond the usual locks and temp files, no entry-level
+  validity check, no absolute paths known inside.
+* Scope: the driver version is treated as the key. UNVERIFIED: the driver is
+  said to invalidate the cache on upgrade, and an entry compiled for one GPU is
+  useless on another, so the arch and the GPU name (SKU) are in the scope too,
+  with the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from artifactd.constants import CUDA_CACHE_PATH
+from artifactd.families.base import Component, Family, Located, home
+
+
+class CudaJitFamily(Family):
+    """The driver's cache of PTX compiled to SASS."""
+
+    name = "cuda-jit"
+    description = "CUDA driver PTX JIT cache (CUDA_CACHE_PATH)"
+    scope = ("driver.version", "gpu.arch", "gpu.name", "platform.machine")
+    components = (Component("cache", "cuda-jit", {CUDA_CACHE_PATH: "{dir}"}),)
+
+    def locate(self, environ: Mapping[str, str]) -> list[Located]:
+        """Find the cache the way the driver does: CUDA_CACHE_PATH, else ~/.nv/ComputeCache."""
+        configured = environ.get(CUDA_CACHE_PATH)
+        path = Path(configured) if configured else home(environ) / ".nv" / "ComputeCache"
+        return [Located(self.components[0], path)] if path.is_dir() else []

@@ -1,0 +1,211 @@
+"""SGLang's kernel caches: ``SGLANG_CACHE_DIR`` and its own JIT dir ``SGLANG_JIT_CACHE_DIR``.
+
+Facts, read from sgl-project/sglang main of mid-2026
+(``python/sglang/srt/environ.py``: ``SGLANG_CACHE_DIR``,
+``third_party_cache_defaults``, ``redirect_third_party_caches``,
+``SGLANG_DG_CACHE_DIR``, ``SGLANG_CUTE_AOT_CACHE_DIR``;
+``python/sglang/kernels/jit/utils/compile/cache.py``; the FlashInfer autotune
+path in the model runner), matching the SGLang section of ``CACHE-LAYOUTS.md``
+except where noted:
+
+* ``SGLANG_CACHE_DIR``, default ``~/.cache/sglang`` (HOME, not XDG), holds
+  ``triton/`` (``TRITON_CACHE_DIR``), ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``),
+  ``nv/`` (``CUDA_CACHE_PATH``, the driver's PTX JIT cache), ``tilelang/``
+  (``TILELANG_CACHE_DIR``), ``.cache/flashinfer`` (``FLASHINFER_WORKSPACE_BASE``
+  is the SGLang dir itself), ``deep_gemm/`` (``SGLANG_DG_CACHE_DIR``, handed to
+  DeepGEMM as ``DG_JIT_CACHE_DIR``), ``cute_aot/`` (``SGLANG_CUTE_AOT_CACHE_DIR``)
+  and ``flashinfer/autotune/<version>/<sm>/<key>/rank_*.json``.
+* Redirect semantics: ``redirect_third_party_caches`` does
+  ``os.environ.setdefault`` for each third-party variable, so a value already
+  set wins, and it silently does nothing for FlashInfer once FlashInfer was
+  imported (it reads its workspace at import) or for Inductor once its
+  ``cache_dir()`` ran. Where artifactd's own families set those variables
+  (warm-up cells, restore env files), those subtrees stay empty here and the
+  kernels ship with the ``triton``, ``inductor``, ``flashinfer``... families.
+* ``SGLANG_JIT_CACHE_DIR`` defaults to ``~/.cache/sglang/jit`` whatever
+  ``SGLANG_CACHE_DIR`` says (the resolver hard-codes it). Layout:
+  ``<sm90a>/<module>/build-<key>/deps-<key>/{sgl_deps.json, <module>.so}`` and
+  ``.staging-<uuid>/`` builds in progress (left out). Dependencies are stored
+  relative to anchor roots (site-packages, toolkit, ``/usr``...) and every leaf
+  re-verifies its own list at load: the dir relocates freely. Entries outside
+  every anchor are stored as absolute paths: recorded as pinned.
+
+So the family has two components restored side by side (``sglang`` and
+``sglang-jit``, both variables set). The ``cache`` component never ships a
+top-level ``jit/`` (the nested default of the other component). Inside it the
+``triton/`` and ``inductor/`` Triton group files get the Triton family's path
+rewriting, partial Triton and DeepGEMM entries are skipped, and the
+``.cache/flashinfer`` tree gets the FlashInfer family's treatment: mtimes kept,
+module dirs ninja would rebuild skipped, ``build.ninja`` paths pinned. The
+``kernels.lock`` HF-kernels lock file at the root is left out with all
+``*.lock`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+
+from artifactd.constants import SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR
+from artifactd.families.base import (
+    ROOT_PLACEHOLDER,
+    Component,
+    Family,
+    Located,
+    rewrite_group_json,
+)
+from artifactd.families.deepgemm import DeepGEMMFamily
+from artifactd.families.flashinfer import (
+    CACHE_SUBDIR,
+    excluded_in_tree,
+    ninja_invalid_entries,
+    ninja_pinned_paths,
+)
+from artifactd.families.triton import TritonFamily, is_group_file
+from artifactd.families.vllm import expanduser
+
+DEFAULT_CACHE = "~/.cache/sglang"
+DEFAULT_JIT = "~/.cache/sglang/jit"
+JIT_DEPS_FILE = "sgl_deps.json"
+_TRITON = PurePosixPath("triton")
+_DEEP_GEMM = PurePosixPath("deep_gemm")
+_NESTED_JIT = PurePosixPath("jit")
+
+
+def cache_dirs(environ: Mapping[str, str]) -> tuple[Path, Path]:
+    """Return (``SGLANG_CACHE_DIR``, ``SGLANG_JIT_CACHE_DIR``) as SGLang resolves them."""
+    cache = environ.get(SGLANG_CACHE_DIR) or DEFAULT_CACHE
+    jit = environ.get(SGLANG_JIT_CACHE_DIR) or DEFAULT_JIT
+    return expanduser(cache, environ), expanduser(jit, environ)
+
+
+def _prefixed(
+    prefix: PurePosixPath, found: Mapping[PurePosixPath, str]
+) -> dict[PurePosixPath, str]:
+    return {prefix / rel: why for rel, why in found.items()}
+
+
+def _under(rel: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:
+    """``rel`` relative to ``top`` when it lies strictly below it, else None."""
+    return rel.relative_to(top) if rel != top and rel.is_relative_to(top) else None
+
+
+def _jit_leaves(root: Path) -> Iterable[tuple[PurePosixPath, Path, str]]:
+    """Yield (rel path, dir, module name) for each ``<target>/<module>/build-*/deps-*`` leaf."""
+    for target in _subdirs(root):
+        for module in _subdirs(target):
+            for build in _subdirs(module):
+                if not build.name.startswith("build-"):
+                    continue
+                for leaf in _subdirs(build):
+                    if leaf.name.startswith("deps-"):
+                        rel = PurePosixPath(leaf.relative_to(root).as_posix())
+                        yield rel, leaf, module.name
+
+
+def _subdirs(d: Path) -> list[Path]:
+    try:
+        return sorted(
+            Path(e.path)
+            for e in os.scandir(d)
+            if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+        )
+    except OSError:
+        return []
+
+
+class SGLangFamily(Family):
+    """SGLang's unified kernel cache dir and its own JIT build cache."""
+
+    name = "sglang"
+    description = "SGLang kernel caches (SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR)"
+    scope = (
+        "workload",
+        "libraries.sglang",
+        "libraries.torch",
+        "libraries.triton",
+        "libraries.flashinfer-python",
+        "libraries.deep_gemm",
+        "libraries.tilelang",
+        "libraries.nvidia-cutlass-dsl",
+        "gpu.name",
+        "gpu.arch",
+        "gpu.count",
+        "gpu.sm_count",
+        "cuda.torch_cuda",
+        "cuda.nvcc",
+        "cuda.ptxas",
+        "paths.site_packages",
+        "python",
+        "platform",
+    )
+    components = (
+        Component("cache", "sglang", {SGLANG_CACHE_DIR: "{dir}"}),
+        Component("jit", "sglang-jit", {SGLANG_JIT_CACHE_DIR: "{dir}"}),
+    )
+    #: The FlashInfer tree inside is ninja-driven; JIT leaves are ordered by mtime.
+    keep_mtimes = True
+
+    def locate(self, environ: Mapping[str, str]) -> list[Located]:
+        """Find both dirs the way SGLang resolves them (each only if it exists)."""
+        cache, jit = cache_dirs(environ)
+        found = [Located(self.components[0], cache)] if cache.is_dir() else []
+        if jit.is_dir():
+            found.append(Located(self.components[1], jit))
+        return found
+
+    def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
+        """Skip the nested ``jit/``, staging and tmp dirs of each tenant, locks, temp files."""
+        if component == "jit":
+            if is_dir and rel.name.startswith(".staging-"):
+                return True
+        elif rel == _NESTED_JIT:
+            return True
+        elif (inner := _under(rel, _DEEP_GEMM)) is not None:
+            return DeepGEMMFamily().excluded("cache", inner, is_dir)
+        elif (inner := _under(rel, CACHE_SUBDIR)) is not None and excluded_in_tree(inner, is_dir):
+            return True
+        return super().excluded(component, rel, is_dir)
+
+    def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
+        """Report partial Triton/DeepGEMM entries, modules ninja would rebuild, bad JIT leaves."""
+        if component == "jit":
+            bad: dict[PurePosixPath, str] = {}
+            for rel, leaf, module in _jit_leaves(root):
+                if not (leaf / f"{module}.so").is_file():
+                    bad[rel] = f"SGLang JIT leaf without {module}.so: never a hit"
+            return bad
+        return {
+            **_prefixed(_TRITON, TritonFamily().invalid_entries("cache", root / _TRITON)),
+            **_prefixed(_DEEP_GEMM, DeepGEMMFamily().invalid_entries("cache", root / _DEEP_GEMM)),
+            **ninja_invalid_entries(root / CACHE_SUBDIR, CACHE_SUBDIR),
+        }
+
+    def pinned_paths(self, component: str, root: Path) -> list[str]:
+        """FlashInfer's ``build.ninja`` paths, and JIT dependencies outside every anchor root."""
+        if component == "cache":
+            return ninja_pinned_paths(root / CACHE_SUBDIR)
+        pinned: set[str] = set()
+        for _rel, leaf, _module in _jit_leaves(root):
+            try:
+                entries = json.loads((leaf / JIT_DEPS_FILE).read_bytes())
+            except (OSError, ValueError):
+                continue
+            for entry in entries if isinstance(entries, list) else []:
+                if isinstance(entry, list) and len(entry) == 3 and entry[0] == "abs":
+                    pinned.add(os.path.dirname(str(entry[1])))
+        return sorted(p for p in pinned if p.startswith("/"))
+
+    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
+        """Triton group files (under ``triton/``, or ``inductor/`` when Triton went there)."""
+        return component == "cache" and is_group_file(rel)
+
+    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """Store Triton child paths relative to the placeholder root."""
+        return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
+
+    def relocate(self, data: bytes, root: str) -> bytes:
+        """Point Triton child paths at the restored root."""
+        return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)

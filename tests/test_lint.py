@@ -1,0 +1,394 @@
+"""Lint: build-machine paths, users, hosts and volatile vLLM factors found in cache trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from cachetrees import make_triton_tree
+
+from artifactd.errors import UsageError
+from artifactd.families import FAMILIES
+from artifactd.lint import (
+    KIND_HOST,
+    KIND_PATH,
+    KIND_USER,
+    KIND_VOLATILE,
+    Finding,
+    Hazards,
+    LintReport,
+    classify_factor,
+    lint,
+    root_key,
+    volatile_factors,
+)
+
+BUILD_HOME = "/home/builduser"
+SITE = "/opt/buildenv/lib/python3.11/site-packages"
+USER = "builduser"
+HOST = "buildhost-7f9c"
+POD_IP = "10.1.2.3"
+KERNEL_DIR = "A" * 52  # make_triton_tree's first entry (kernel "add")
+FXKEY = "fabcdef0123456789"
+FACTORS = "torch_compile_cache/abcdef0123/rank_0_0/backbone/cache_key_factors.json"
+
+
+def hazards_for(build: Path) -> Hazards:
+    return Hazards(
+        paths=(BUILD_HOME, str(build)), python_paths=(SITE,), users=(USER,), hosts=(HOST,)
+    )
+
+
+def triton_tree(root: Path, *, leak: bool) -> Path:
+    """Triton's layout; group files hold absolute paths under ``root`` (rewritten on restore)."""
+    make_triton_tree(root)
+    meta = {"name": "add", "num_warps": 4, "target": {"backend": "cuda", "arch": 90}}
+    if leak:
+        meta["debug_dump"] = f"{BUILD_HOME}/.triton/dump/add.ttir"
+    (root / KERNEL_DIR / "add.json").write_text(json.dumps(meta))
+    # An interrupted write: excluded from the layer, so never linted.
+    (root / "tmp.pid_123_abc" / "partial.json").write_text(f'{{"p": "{BUILD_HOME}/x"}}')
+    return root
+
+
+def inductor_tree(root: Path, *, leak: bool) -> Path:
+    """Inductor's layout: fxgraph entries, generated .py, a CPU kernel .so, locks."""
+    user_dir = "torchinductor_builduser" if leak else "torchinductor_consumer"
+    log_name = f"{HOST}.log" if leak else "worker.log"
+    kernel_path = (
+        f"{BUILD_HOME}/.cache/torchinductor_{USER}/xy/cxyabc.py" if leak else "xy/cxyabc.py"
+    )
+    scratch = f"/scratch/torchinductor_{USER}/cq/cqk.so" if leak else "/scratch/shared/cq/cqk.so"
+    mount = f"/mnt/{HOST}/weights" if leak else "/mnt/models/weights"
+    include = f"{SITE}/torch/include" if leak else "/usr/include/python3.11"
+    files = {
+        f"fxgraph/ab/{FXKEY}/entry": b"\x80\x04graph-bytes" * 10,
+        f"fxgraph/ab/{FXKEY}/{log_name}": b"compiled in 1.2 s\n",
+        "aotautograd/akey123/entry": b"\x80\x04aot" * 10,
+        "xy/cxyabc.py": (
+            f"# kernel path: {kernel_path}\nimport torch\ndef call(args):\n    return args\n"
+        ).encode(),
+        "xy/cxyabc.best_config": b'{"XBLOCK": 128, "num_warps": 4}',
+        "cq/cqk.py": f'LIB = "{scratch}"\nWEIGHTS = "{mount}"\n'.encode(),
+        "c5/c5abc.so": b"\x7fELF\x00\x00\x01" + b"-I" + include.encode() + b"\x00" * 64,
+        f"{user_dir}/precompiled_headers/x.h": b"#include <ATen/ATen.h>\n",
+        "locks/c5abc.lock": f"{BUILD_HOME}/held".encode(),
+    }
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def vllm_tree(root: Path, *, leak: bool) -> Path:
+    """vLLM's layout: torch_compile_cache/<hash10>/rank_0_0/backbone/ with its factors."""
+    env: dict[str, object] = {
+        "VLLM_USE_V1": True,
+        "VLLM_ATTENTION_BACKEND": None,
+        "VLLM_LOOPBACK_IP": "127.0.0.1",
+        "VLLM_HOST_IP": POD_IP if leak else "",
+        "VLLM_PORT": 8000 if leak else None,
+        "VLLM_RAY_BUNDLE_INDICES": "0,1,2,3" if leak else "",
+    }
+    code_root = SITE if leak else "/usr/lib/python3/dist-packages"
+    factors = {
+        "env": env,
+        "config": {"model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 4},
+        "config_hash": "c0ffee" * 4,
+        "code": [f"{code_root}/vllm/model_executor/models/llama.py"],
+        "code_hash": "beef" * 8,
+        "compiler": {"torch": "2.14.1"},
+        "compiler_hash": "d00d" * 8,
+    }
+    path = root / FACTORS
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(factors, indent=2, sort_keys=True))
+    (path.parent / "computation_graph.py").write_text("def forward(x):\n    return x\n")
+    (path.parent / "artifact_compile_range_1_8192_subgraph_0").write_bytes(b"\x80\x04" * 40)
+    return root
+
+
+def build_trees(build: Path, *, leak: bool) -> dict[str, Path]:
+    return {
+        "triton": triton_tree(build / "triton", leak=leak),
+        "inductor": inductor_tree(build / "inductor", leak=leak),
+        "vllm": vllm_tree(build / "vllm", leak=leak),
+    }
+
+
+def summary(report: LintReport) -> set[tuple[str, str, str, str, str]]:
+    return {(f.family, f.file, f.kind, f.value, f.severity) for f in report.findings}
+
+
+EXPECTED = {
+    ("triton", f"{KERNEL_DIR}/add.json", KIND_PATH, BUILD_HOME, "error"),
+    ("inductor", "xy/cxyabc.py", KIND_PATH, BUILD_HOME, "error"),
+    ("inductor", "cq/cqk.py", KIND_USER, USER, "warning"),
+    ("inductor", "cq/cqk.py", KIND_HOST, HOST, "warning"),
+    ("inductor", "c5/c5abc.so", KIND_PATH, SITE, "warning"),
+    ("inductor", f"fxgraph/ab/{FXKEY}/{HOST}.log", KIND_HOST, HOST, "warning"),
+    ("inductor", "torchinductor_builduser", KIND_USER, USER, "warning"),
+    ("vllm", FACTORS, KIND_PATH, SITE, "error"),
+    ("vllm", FACTORS, KIND_VOLATILE, POD_IP, "error"),
+    ("vllm", FACTORS, KIND_VOLATILE, "8000", "error"),
+    ("vllm", FACTORS, KIND_VOLATILE, "0,1,2,3", "error"),
+}
+
+
+def test_planted_hazards_are_found_with_kind_file_value_and_cost(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    report = lint(build_trees(build, leak=True), hazards=hazards_for(build))
+
+    assert summary(report) == EXPECTED
+    assert all(f.cost.strip() and ". " not in f.cost for f in report.findings)  # one sentence
+    by_key = {(f.file, f.kind, f.value): f for f in report.findings}
+
+    triton_meta = by_key[(f"{KERNEL_DIR}/add.json", KIND_PATH, BUILD_HOME)]
+    assert "Triton" in triton_meta.cost
+    assert ".triton/dump/add.ttir" in triton_meta.detail
+    # The whole embedded path is one finding: no separate user-name finding for it.
+    assert (("xy/cxyabc.py", KIND_USER, USER)) not in by_key
+    assert "/scratch/torchinductor_builduser" in by_key[("cq/cqk.py", KIND_USER, USER)].detail
+    assert "Python install" in by_key[("c5/c5abc.so", KIND_PATH, SITE)].detail
+    assert "directory name" in by_key[("torchinductor_builduser", KIND_USER, USER)].detail
+
+    ip = by_key[(FACTORS, KIND_VOLATILE, POD_IP)]
+    assert "env.VLLM_HOST_IP" in ip.detail
+    assert "another IP" in ip.cost
+    assert "env.VLLM_PORT" in by_key[(FACTORS, KIND_VOLATILE, "8000")].detail
+    assert "port" in by_key[(FACTORS, KIND_VOLATILE, "8000")].cost
+    ray = by_key[(FACTORS, KIND_VOLATILE, "0,1,2,3")]
+    assert "VLLM_RAY_BUNDLE_INDICES" in ray.detail
+    assert "Ray" in ray.cost
+    assert "site-packages" in by_key[(FACTORS, KIND_PATH, SITE)].cost
+
+    assert report.files_scanned > 10
+    assert report.bytes_scanned > 0
+    assert report.unreadable == []
+    assert report.errors + report.warnings == len(report.findings)
+
+
+def test_clean_tree_in_the_same_layout_has_no_findings(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    report = lint(build_trees(build, leak=False), hazards=hazards_for(build))
+    assert report.findings == []
+    assert report.files_scanned > 10
+    assert report.exit_code(strict=True) == 0
+    assert report.exit_code(strict=False) == 0
+
+
+def test_exit_code_is_one_only_when_strict(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    report = lint({"triton": triton_tree(build, leak=True)}, hazards=hazards_for(build))
+    assert report.findings
+    assert report.exit_code(strict=True) == 1
+    assert report.exit_code(strict=False) == 0
+
+
+def test_findings_are_sorted_and_deterministic(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    roots = build_trees(build, leak=True)
+    first = lint(roots, hazards=hazards_for(build))
+    second = lint(dict(reversed(list(roots.items()))), hazards=hazards_for(build))
+    assert first.findings == second.findings
+    assert first.findings == sorted(first.findings, key=Finding.sort_key)
+
+
+def test_group_file_rewritten_paths_exempt_but_outside_paths_reported(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    root = make_triton_tree(build / "triton")
+    hazards = hazards_for(build)
+    assert lint({"triton": root}, hazards=hazards).findings == []
+
+    group = root / KERNEL_DIR / "__grp__add.json"
+    doc = json.loads(group.read_text())
+    doc["child_paths"]["add.ptx"] = f"{BUILD_HOME}/.triton/cache/{KERNEL_DIR}/add.ptx"
+    group.write_text(json.dumps(doc))
+    [finding] = lint({"triton": root}, hazards=hazards).findings
+    assert (finding.kind, finding.file, finding.value) == (
+        KIND_PATH,
+        f"{KERNEL_DIR}/__grp__add.json",
+        BUILD_HOME,
+    )
+    assert "group file points outside the cache root" in finding.cost
+
+
+def test_unknown_family_is_scanned_with_default_rules(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    root = make_triton_tree(build / "mystery")
+    report = lint({"mystery": root}, hazards=hazards_for(build))
+    assert report.unknown_families == ["mystery"]
+    # Nothing is known to be rewritten: the group files' absolute paths are reported.
+    assert {f.file for f in report.findings} == {
+        f"{KERNEL_DIR}/__grp__add.json",
+        f"{'B' * 52}/__grp__softmax.json",
+    }
+    assert {f.value for f in report.findings} == {str(build)}
+    assert all(f.family == "mystery" and f.component == "cache" for f in report.findings)
+
+
+def test_component_key_selects_the_component(tmp_path: Path) -> None:
+    pch = tmp_path / "pch"
+    pch.mkdir()
+    (pch / f"{HOST}.h.gch").write_bytes(b"gpch\x00" * 8)
+    report = lint({root_key("inductor", "pch"): pch}, hazards=hazards_for(tmp_path / "b"))
+    [finding] = report.findings
+    assert (finding.family, finding.component, finding.kind) == ("inductor", "pch", KIND_HOST)
+    assert "file name" in finding.detail
+
+
+def test_read_cap(tmp_path: Path) -> None:
+    root = tmp_path / "generic"
+    root.mkdir()
+    (root / "early.bin").write_bytes(BUILD_HOME.encode() + b"/x" + b"\x00" * 200)
+    (root / "late.bin").write_bytes(b"\x00" * 200 + BUILD_HOME.encode() + b"/x")
+    report = lint({"generic": root}, hazards=hazards_for(tmp_path / "b"), max_read=100)
+    assert [f.file for f in report.findings] == ["early.bin"]
+    assert report.files_truncated == 2
+    assert report.bytes_scanned == 200
+
+
+def test_missing_root_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        lint({"triton": tmp_path / "nope"}, hazards=Hazards())
+
+
+def test_no_hazards_configured_finds_only_volatile_factors(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    report = lint(build_trees(build, leak=True), hazards=Hazards())
+    assert {f.kind for f in report.findings} == {KIND_VOLATILE}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "category"),
+    [
+        ("env.VLLM_HOST_IP", POD_IP, "ip"),
+        ("env.VLLM_HOST_IP", "fd00::1234", "ip"),
+        ("env.MASTER", "[fd00::1]:8000", "ip"),
+        ("env.VLLM_DP_MASTER", "tcp://10.0.0.7:29500", "ip"),
+        ("env.VLLM_NODES", "10.0.0.7,10.0.0.8", "ip"),
+        ("env.VLLM_HOST_IP", "127.0.0.1", None),
+        ("env.VLLM_HOST_IP", "::1", None),
+        ("env.VLLM_HOST_IP", "0.0.0.0", None),  # noqa: S104 - a value, not a bind
+        ("env.VLLM_HOST_IP", "", None),
+        ("env.VLLM_HOST_IP", "pod-7.svc", "address"),
+        ("env.VLLM_PORT", 8000, "port"),
+        ("env.VLLM_DP_MASTER_PORT", "29500", "port"),
+        ("env.VLLM_PORT", None, None),
+        ("env.VLLM_PORT", True, None),
+        ("env.VLLM_RAY_BUNDLE_INDICES", "0,1", "ray"),
+        ("env.VLLM_RAY_BUNDLE_INDICES", [0, 1], "ray"),
+        ("env.RAY_PLACEMENT_GROUP_ID", "b7e1c0ffee", "ray"),
+        ("config.model", "/data1/models/llama", "model"),
+        ("config.model", "meta-llama/Llama-3.1-8B", None),
+        ("config.download_dir", "/tmp/run-123/models", "tmp"),
+        ("config.cudnn_version", "9.1.0.70", None),
+        ("env.VLLM_USE_V1", True, None),
+    ],
+)
+def test_classify_factor(key: str, value: object, category: str | None) -> None:
+    assert classify_factor(key, value) == category
+
+
+def test_volatile_factors_walks_nested_documents() -> None:
+    doc = {
+        "env": {"VLLM_PORT": 8000, "VLLM_USE_V1": True},
+        "config": {"parallel": {"placement_group": "pg-1"}, "hosts": [{"ip": "10.9.8.7"}]},
+    }
+    assert volatile_factors(doc) == [
+        ("config.hosts[0].ip", "10.9.8.7", "ip"),
+        ("config.parallel.placement_group", "pg-1", "ray"),
+        ("env.VLLM_PORT", 8000, "port"),
+    ]
+
+
+def test_ipv6_pod_address_in_factors_is_reported(tmp_path: Path) -> None:
+    root = tmp_path / "vllm"
+    path = root / FACTORS
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"env": {"VLLM_HOST_IP": "fd00:10:244::17"}}))
+    [finding] = lint({"vllm": root}, hazards=Hazards()).findings
+    assert (finding.kind, finding.value, finding.severity) == (
+        KIND_VOLATILE,
+        "fd00:10:244::17",
+        "error",
+    )
+
+
+@pytest.fixture
+def vllm_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vllm family in FAMILIES (the lead registers it; until then, patched in)."""
+    if "vllm" in FAMILIES:
+        return
+    module = pytest.importorskip("artifactd.families.vllm")
+    family = getattr(module, "VLLMFamily", None)
+    if family is None:
+        pytest.skip("artifactd.families.vllm has no VLLMFamily")
+    monkeypatch.setitem(FAMILIES, "vllm", family())
+
+
+@pytest.mark.usefixtures("vllm_registered")
+def test_vllm_handle_file_is_rewritten_so_not_reported(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    root = vllm_tree(build / "vllm", leak=False)
+    backbone = root / FACTORS.rsplit("/", 1)[0]
+    handle = backbone / "artifact_compile_range_1_8192_subgraph_0"
+    (backbone / "vllm_compile_cache.py").write_text(
+        repr({(1, 8192, 0): ("key", str(handle))}) + "\n"
+    )
+    assert lint({"vllm": root}, hazards=hazards_for(build)).findings == []
+    # Outside its root the handle is not rewritten: reported.
+    (backbone / "vllm_compile_cache.py").write_text(
+        repr({(1, 8192, 0): ("key", f"{BUILD_HOME}/elsewhere/artifact")}) + "\n"
+    )
+    [finding] = lint({"vllm": root}, hazards=hazards_for(build)).findings
+    assert (finding.kind, finding.value) == (KIND_PATH, BUILD_HOME)
+    assert "outside" in finding.cost
+
+
+@pytest.mark.usefixtures("vllm_registered")
+def test_planted_hazards_with_the_vllm_family_registered(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    report = lint(build_trees(build, leak=True), hazards=hazards_for(build))
+    assert summary(report) == EXPECTED
+    assert report.unknown_families == []
+
+
+def test_hazards_are_normalized() -> None:
+    h = Hazards(
+        paths=("/home/x/", "relative/dir", "/", "/home/x", "/opt/longer/path"),
+        users=("ci", "alice", "alice"),
+        hosts=("localhost", "node-1"),
+    )
+    assert h.paths == ("/opt/longer/path", "/home/x")
+    assert h.users == ("alice",)
+    assert h.hosts == ("node-1",)
+
+
+def test_hazards_from_environ(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    environ = {"HOME": "/home/alice", "TMPDIR": "/scratch/tmp", "USER": "alice"}
+    h = Hazards.from_environ(environ, [build])
+    assert {"/home/alice", "/scratch/tmp", str(build)} <= set(h.paths)
+    assert h.users == ("alice",)
+    assert sysconfig.get_paths()["purelib"] in h.python_paths
+    node = os.uname().nodename
+    if len(node) >= 3 and node != "localhost":
+        assert node in h.hosts
+
+    default_tmp = Hazards.from_environ({"HOME": "/home/alice", "TMPDIR": "/tmp"})
+    assert "/tmp" not in default_tmp.paths
+
+
+def test_from_environ_does_not_import_torch() -> None:
+    code = (
+        "import sys; from artifactd.lint import Hazards; Hazards.from_environ({}); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
