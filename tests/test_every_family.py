@@ -112,3 +112,56 @@ def test_family_harvests_and_restores(family: str, tmp_path: Path, local_fp: Fin
     env = (target / "artifactd.env").read_text()
     for var in {k for c in fam.components for k in c.env}:
         assert f"{var}=" in env
+
+
+def test_version_strings_are_not_addresses() -> None:
+    from artifactd.families.vllm import volatile_factors
+
+    found = volatile_factors({"env": {"CUDNN_VERSION": "9.1.0.70", "VLLM_HOST": "10.1.2.3"}})
+    assert [(k, v) for k, v, _ in found] == [("env.VLLM_HOST", "10.1.2.3")]
+
+
+def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
+    tmp_path: Path, local_fp: Fingerprint
+) -> None:
+    """Same fingerprint shape, two pods: diff of the artifacts shows the pod IP in the factors."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    store = f"oci:{tmp_path / 'store'}"
+    tags = []
+    for pod, ip in (("a", "10.244.3.17"), ("b", "10.244.9.80")):
+        root = tmp_path / pod / "vllm"
+        make_vllm_tree(root, pod_ip=ip)
+        fp = local_fp.model_copy(update={"workload": {"pod": pod}})
+        with open_store(store, create=True) as st:
+            res = harvest(
+                st,
+                fp,
+                families=["vllm"],
+                environ={"VLLM_CACHE_ROOT": str(root), "HOME": str(tmp_path)},
+            )
+        tags.append(res.tags[0])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "artifactd",
+            "diff",
+            f"{store}:{tags[0]}",
+            f"{store}:{tags[1]}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {f["path"] for f in doc["fields"]} == {"workload.pod"}
+    changed = {(f["a"], f["b"]) for f in doc["facts"] if f["family"] == "vllm"}
+    assert ("10.244.3.17", "10.244.9.80") in changed

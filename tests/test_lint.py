@@ -392,3 +392,26 @@ def test_from_environ_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_build_lint_step_sees_what_harvest_will_pack(tmp_path: Path) -> None:
+    """build.lint_roots lints the caches a matrix wrote, found as harvest finds them."""
+    from artifactd.build import lint_roots
+
+    home = tmp_path / "home" / "builduser"
+    roots = tmp_path / "roots"
+    triton = roots / "triton"
+    make_triton_tree(triton)
+    meta = next(triton.glob("*/add.json"))
+    meta.write_text('{"extern_libs": "' + str(home) + '/venv/libdevice.10.bc"}')
+    env = {
+        "HOME": str(home),
+        "TMPDIR": str(roots / "tmp"),
+        "TRITON_CACHE_DIR": str(triton),
+        "USER": "builduser",
+    }
+    report = lint_roots(["triton"], env, roots)
+    assert [(f.family, f.file) for f in report.findings if f.kind == "absolute-path"] == [
+        ("triton", meta.relative_to(triton).as_posix())
+    ]
+    assert report.exit_code(strict=True) == 1

@@ -253,7 +253,8 @@ def volatile_factors(factors: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             reasons.append(WHY_PORT)
         if _RAY_KEY.search(leaf) and _is_set(value):
             reasons.append(WHY_RAY)
-        if isinstance(value, str):
+        if isinstance(value, str) and "VERSION" not in leaf.upper():
+            # A four-part version ("9.1.0.70", cuDNN) is not an address.
             reasons.extend(_addresses(value))
             if _TMP_PATH.search(value):
                 reasons.append(WHY_TMP)
