@@ -49,6 +49,8 @@ TRACKED_LIBRARIES = (
     "deep_gemm",
     "tilelang",
     "flashinfer-python",
+    "flashinfer-cubin",
+    "flashinfer-jit-cache",
     "nvidia-cutlass-dsl",
 )
 

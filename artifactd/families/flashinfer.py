@@ -304,6 +304,8 @@ class FlashInferFamily(Family):
     scope = (
         "gpu.arch",
         "libraries.flashinfer-python",
+        "libraries.flashinfer-cubin",
+        "libraries.flashinfer-jit-cache",
         "cuda.nvcc",
         "paths.site_packages",
         "python.ext_suffix",
