@@ -21,11 +21,16 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-if [[ ! -x .venv/bin/python ]]; then
-    "$PY" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip
-# torch first, pinned to the CPU build on this machine's disk, so the warmup
-# extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev]"
+mkdir -p .artifactd
+LOG=.artifactd/setup.log
+echo "setup: installing into .venv (log: $LOG)" >&2
+{
+    if [[ ! -x .venv/bin/python ]]; then
+        "$PY" -m venv .venv
+    fi
+    .venv/bin/python -m pip install -q --upgrade pip
+    # torch first, pinned to the CPU build on this machine's disk, so the warmup
+    # extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
+    .venv/bin/python -m pip install -q "torch==2.13.0"
+    .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev]"
+} >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
