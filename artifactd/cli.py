@@ -481,7 +481,15 @@ def restore(
     Looks up the artifact tagged with the local fingerprint; failing that, each
     family's own scope tag (so a model or TP change still restores kernels).
     Layers are verified and staged next to TARGET, then swapped in atomically.
-    A miss exits 0 (the engine compiles as before) unless --require.
+    A miss, an unreachable store or a failed download exits 0 (the engine
+    compiles as before) unless --require; the target is never left half-written.
+
+    \b
+    Every flag also reads an environment variable (for Kubernetes):
+      ARTIFACTD_STORE, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES, ARTIFACTD_WORKLOAD,
+      ARTIFACTD_SET, ARTIFACTD_GPU_ARCH, ARTIFACTD_IMAGE_DIGEST, ARTIFACTD_ENV_FILE,
+      ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
+      ARTIFACTD_INSECURE.
     """
     from artifactd.probing import flatten, hashed_view, raw_hash
     from artifactd.restore import plan_restore, quick_noop

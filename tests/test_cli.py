@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import clean_env
 
 from artifactd.cli import cli
 
@@ -203,3 +204,37 @@ def test_diff_with_invalid_wrapped_fingerprint_exits_2(tmp_path: Path) -> None:
     proc = _run("diff", "local", str(bad), cwd=tmp_path)
     assert proc.returncode == 2
     _assert_one_error_line(proc)
+
+
+def test_restore_is_configured_by_env_alone(tmp_path: Path) -> None:
+    """An init container sets ARTIFACTD_* variables, no flags."""
+    from cachetrees import make_generic_tree
+
+    gen = make_generic_tree(tmp_path / "gen")
+    store = f"oci:{tmp_path / 'store'}"
+    env = {**clean_env(), "ARTIFACTD_GENERIC_DIR": str(gen), "HOME": str(tmp_path)}
+    subprocess.run(
+        [sys.executable, "-m", "artifactd", "harvest", "--store", store],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    pod = {
+        **clean_env(),
+        "HOME": str(tmp_path),
+        "ARTIFACTD_STORE": store,
+        "ARTIFACTD_TARGET": str(tmp_path / "cache"),
+        "ARTIFACTD_FAMILIES": "generic",
+        "ARTIFACTD_JSON": "1",
+        "ARTIFACTD_REQUIRE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "artifactd", "restore"],
+        env=pod,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["restored"] == ["generic"]
+    assert (tmp_path / "cache" / "generic" / "axpy.sm_90a.cubin").is_file()
