@@ -26,7 +26,8 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -384,8 +385,42 @@ def _explain_misses(
 # --------------------------------------------------------------------------
 
 
+LOCK_NAME = "lock"
+
+
+@contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (one restore into a target at a time)."""
+    import fcntl
+
+    with path.open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+def _installed(plan: RestorePlan, target: Path) -> bool:
+    """Whether the marker already records exactly the layers this plan would install."""
+    marker = _read_marker(target)
+    if marker is None:
+        return False
+    for fp in plan.hits:
+        rec = marker["families"].get(fp.family)
+        if rec is None or fp.layer is None or rec.get("layer") != fp.layer.digest:
+            return False
+        if any(not Path(d).is_dir() for d in rec["dirs"].values()):
+            return False
+    return Path(plan.env_file).is_file()
+
+
+def _clean_leftovers(state: Path) -> None:
+    """Remove staging and trash dirs of a restore that crashed (we hold the lock)."""
+    for child in state.iterdir():
+        if child.is_dir() and child.name.startswith(("staging-", "trash-")):
+            shutil.rmtree(child, ignore_errors=True)
+
+
 _MARKER_KEYS = ("fingerprint_hash", "store", "match", "selected", "missed", "families", "env")
-_FAMILY_KEYS = ("artifact", "tag", "source", "dirs", "files", "bytes")
+_FAMILY_KEYS = ("artifact", "tag", "source", "layer", "dirs", "files", "bytes")
 
 
 def _read_marker(target: Path) -> dict[str, Any] | None:
@@ -496,6 +531,28 @@ def execute(
         return RestoreResult(plan, [], 0, 0, round(time.monotonic() - start, 3), noop=False)
     state = target / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
+    with _exclusive(state / LOCK_NAME):
+        # Two init containers restoring into one node-local volume: the second
+        # waits here, then finds the first one's marker and does nothing.
+        if _installed(plan, target):
+            on_event({"stage": "restore", "event": "noop", "target": plan.target})
+            return RestoreResult(plan, [], 0, 0, round(time.monotonic() - start, 3), noop=True)
+        _clean_leftovers(state)
+        return _execute_locked(
+            plan, store, state, start=start, on_event=on_event, max_workers=max_workers
+        )
+
+
+def _execute_locked(
+    plan: RestorePlan,
+    store: Store,
+    state: Path,
+    *,
+    start: float,
+    on_event: EventSink,
+    max_workers: int,
+) -> RestoreResult:
+    hits = plan.hits
     run_id = os.urandom(6).hex()
     staging = state / f"staging-{run_id}"
     trash = state / f"trash-{run_id}"

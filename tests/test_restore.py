@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cachetrees import make_generic_tree, make_triton_tree
@@ -78,7 +79,9 @@ def test_full_restore_installs_rewrites_and_marks(
     marker = json.loads((target / STATE_DIR / MARKER_NAME).read_text())
     assert marker["fingerprint_hash"] == fp.hash
     assert set(marker["families"]) == {"triton", "generic"}
-    assert [p.name for p in (target / STATE_DIR).iterdir()] == [MARKER_NAME]
+    assert sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock") == [
+        MARKER_NAME
+    ]
 
 
 def test_second_restore_is_a_noop(
@@ -109,7 +112,7 @@ def test_restore_replaces_an_old_cache_atomically(
     execute(plan_restore(store, local_fp, target), store)
     assert not (target / "triton" / "stale").exists()
     assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
-    leftovers = [p.name for p in (target / STATE_DIR).iterdir()]
+    leftovers = sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock")
     assert leftovers == [MARKER_NAME]
 
 
@@ -123,8 +126,13 @@ def test_corrupt_layer_never_replaces_a_good_cache(
     snapshot = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
 
     # A second artifact whose triton layer is corrupted on disk.
-    (Path(caches["TRITON_CACHE_DIR"]) / "ZZ").mkdir()
-    (Path(caches["TRITON_CACHE_DIR"]) / "ZZ" / "new.cubin").write_bytes(b"new kernel")
+    # A complete new Triton entry (with its group file), so the layer really changes.
+    entry = Path(caches["TRITON_CACHE_DIR"]) / ("Z" * 52)
+    entry.mkdir()
+    (entry / "newk.cubin").write_bytes(b"new kernel")
+    (entry / "__grp__newk.json").write_text(
+        json.dumps({"child_paths": {"newk.cubin": str(entry / "newk.cubin")}})
+    )
     bad_fp = _with_workload(local_fp, model="bad")
     res = harvest(store, bad_fp, environ=caches)
     layer = next(f for f in res.families if f.family == "triton")
@@ -139,7 +147,9 @@ def test_corrupt_layer_never_replaces_a_good_cache(
         execute(plan, store)
     after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
     assert after == snapshot
-    assert [p.name for p in (target / STATE_DIR).iterdir()] == [MARKER_NAME]
+    assert sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock") == [
+        MARKER_NAME
+    ]
 
 
 def test_partial_restore_by_family_scope(
@@ -241,5 +251,29 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     assert not (tmp_path / "deep" / "escaped.txt").exists()
     assert not (tmp_path / "escaped.txt").exists()
     assert not (target / "generic").exists()
-    assert list((target / STATE_DIR).iterdir()) == []
+    assert [p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock"] == []
     assert not os.path.exists(target / "artifactd.env")
+
+
+def test_concurrent_restores_into_one_target_serialize(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    """Two init containers sharing a node-local volume: one installs, the other no-ops."""
+    import threading
+
+    harvest(store, local_fp, environ=caches)
+    target = tmp_path / "target"
+    # Leftovers of a restore that crashed mid-way are cleaned under the lock.
+    (target / STATE_DIR / "staging-deadbeef" / "triton").mkdir(parents=True)
+    plans = [plan_restore(store, local_fp, target) for _ in range(2)]
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda p=p: results.append(execute(p, store))) for p in plans
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.noop for r in results) == [False, True]
+    assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
+    assert sorted(p.name for p in (target / STATE_DIR).iterdir()) == ["lock", MARKER_NAME]
