@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from artifactd.errors import ArtifactdError, StoreError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.families import Family, get_family, select_families
+from artifactd.fsutil import atomic_write
 from artifactd.oci import FULL_TAG_PREFIX, family_tag, full_tag
 from artifactd.probing import scope_key
 from artifactd.stores import Store
@@ -500,19 +500,6 @@ def render_env_file(env: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def execute(
     plan: RestorePlan,
     store: Store,
@@ -586,8 +573,10 @@ def _execute_locked(
             restored_at=round(time.time(), 3),
             env=plan.env,
         )
-        _atomic_write(state / MARKER_NAME, json.dumps(marker.model_dump(mode="json"), indent=2))
-        _atomic_write(Path(plan.env_file), render_env_file(plan.env))
+        atomic_write(
+            state / MARKER_NAME, json.dumps(marker.model_dump(mode="json"), indent=2).encode()
+        )
+        atomic_write(Path(plan.env_file), render_env_file(plan.env).encode())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(trash, ignore_errors=True)

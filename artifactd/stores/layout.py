@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
+from artifactd.fsutil import atomic_write
 from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
 from artifactd.stores.base import ManifestRef, Store
 
@@ -48,7 +49,7 @@ class LayoutStore(Store):
         try:
             (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
             if not (self.root / "oci-layout").exists():
-                _atomic_write(self.root / "oci-layout", json.dumps(_LAYOUT).encode())
+                atomic_write(self.root / "oci-layout", json.dumps(_LAYOUT).encode())
             if not (self.root / "index.json").exists():
                 with self._locked_index():
                     pass  # creates index.json under the lock, never over another's
@@ -91,7 +92,7 @@ class LayoutStore(Store):
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         dest = self._blob_path(digest)
         if not dest.is_file():
-            _atomic_write(dest, data)
+            atomic_write(dest, data)
         return digest
 
     @contextmanager
@@ -184,7 +185,7 @@ class LayoutStore(Store):
         return doc
 
     def _write_index(self, index: dict[str, Any]) -> None:
-        _atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode())
+        atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode())
 
     @contextmanager
     def _locked_index(self) -> Iterator[dict[str, Any]]:
@@ -207,18 +208,6 @@ def _verify(data: bytes, digest: str) -> None:
     actual = "sha256:" + hashlib.sha256(data).hexdigest()
     if actual != digest:
         raise IntegrityError(f"manifest {digest} is corrupt (content hashes to {actual})")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def remove_layout(root: Path) -> None:
