@@ -12,11 +12,14 @@ shared by digest: the store keeps each one once.
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from artifactd.errors import IntegrityError, NotFoundError
+from artifactd.events import EventSink, discard
 from artifactd.hashing import canonical_json
 from artifactd.imagemanifest import Descriptor, ImageManifest
 from artifactd.manifest import ArtifactManifest
@@ -94,8 +97,34 @@ def build_image_manifest(config: Descriptor, art: ArtifactManifest) -> ImageMani
     )
 
 
+def _throttled(on_event: EventSink, family: str, total: int) -> Callable[[int], None]:
+    """Return a progress callback that emits at most one ``progress`` event per 0.25 s."""
+    last = [0.0]
+
+    def progress(sent: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.25 or sent >= total:
+            last[0] = now
+            on_event(
+                {
+                    "stage": "push",
+                    "event": "progress",
+                    "family": family,
+                    "bytes": sent,
+                    "total": total,
+                }
+            )
+
+    return progress
+
+
 def publish(
-    store: Store, art: ArtifactManifest, packed: dict[str, PackedLayer], tmp_dir: Path
+    store: Store,
+    art: ArtifactManifest,
+    packed: dict[str, PackedLayer],
+    tmp_dir: Path,
+    *,
+    on_event: EventSink = discard,
 ) -> PublishResult:
     """Upload layers the store lacks, then the configs and manifests, then the tags.
 
@@ -107,8 +136,14 @@ def publish(
         if store.has_blob(layer.digest):
             result.bytes_skipped += layer.size
             continue
-        result.bytes_uploaded += store.put_blob(layer.path, layer.digest, layer.size)
+        result.bytes_uploaded += store.put_blob(
+            layer.path,
+            layer.digest,
+            layer.size,
+            progress=_throttled(on_event, rec.family, layer.size),
+        )
         result.blobs_uploaded.append(layer.digest)
+        on_event({"stage": "push", "event": "done", "family": rec.family, "bytes": layer.size})
 
     for rec in art.layers:
         fam_art = art.for_family(rec.family)

@@ -207,7 +207,12 @@ def build(
             timings=timings,
         )
         harvested = harvest(
-            store, fingerprint, families=matrix.families or None, environ=env, provenance=provenance
+            store,
+            fingerprint,
+            families=matrix.families or None,
+            environ=env,
+            provenance=provenance,
+            on_event=on_event,
         )
         timings["harvest"] = harvested.seconds
         on_event(

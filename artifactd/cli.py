@@ -319,7 +319,7 @@ def harvest(
 
     fp = _probe(gpu_arch, image_digest, workload, overrides)
     with open_store(store, create=True, insecure=insecure) as st:
-        result = do_harvest(st, fp, families=_families(families))
+        result = do_harvest(st, fp, families=_families(families), on_event=_event_printer(as_json))
     if as_json:
         emit_json(result)
         return

@@ -18,6 +18,7 @@ from artifactd.archive import PackedLayer, pack_family
 from artifactd.artifacts import PublishResult, publish
 from artifactd.constants import current_environ
 from artifactd.errors import BuildError
+from artifactd.events import EventSink, discard
 from artifactd.families import select_families
 from artifactd.fingerprint import Fingerprint
 from artifactd.manifest import ArtifactManifest, LayerRecord, Provenance, RootFS, goarch
@@ -119,6 +120,7 @@ def harvest(
     families: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
     provenance: Provenance | None = None,
+    on_event: EventSink = discard,
 ) -> HarvestResult:
     """Pack the caches found through ``environ`` and publish them to ``store``.
 
@@ -150,7 +152,7 @@ def harvest(
             layers=records,
             provenance=provenance or Provenance(builder=__version__),
         )
-        pub = publish(store, art, packed, work)
+        pub = publish(store, art, packed, work, on_event=on_event)
     return HarvestResult(
         store=store.ref,
         digest=pub.digest,

@@ -442,3 +442,29 @@ class _Prefixed:
                 out += self._rest.read(n - len(out))
             return out
         return bytes(self._rest.read(n))
+
+
+def test_push_reports_progress_events(
+    registry: RegistryServer, repo: str, tmp_path: Path, local_fp: Fingerprint
+) -> None:
+    big = make_generic_tree(tmp_path / "gen")
+    (big / "big.so").write_bytes(os.urandom(8 << 20))
+    events: list[dict[str, Any]] = []
+    with open_store(registry.ref(repo)) as st:
+        res = harvest(
+            st,
+            local_fp,
+            families=["generic"],
+            on_event=events.append,
+            environ={"ARTIFACTD_GENERIC_DIR": str(big), "HOME": str(tmp_path)},
+        )
+    layer = res.families[0]
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and progress[-1]["bytes"] == progress[-1]["total"] == layer.layer_size
+    assert [e["bytes"] for e in progress] == sorted(e["bytes"] for e in progress)
+    assert {
+        "stage": "push",
+        "event": "done",
+        "family": "generic",
+        "bytes": layer.layer_size,
+    } in events

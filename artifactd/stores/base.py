@@ -10,11 +10,14 @@ written once against :class:`Store`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+#: Called with the bytes transferred so far.
+Progress = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,11 @@ class Store(abc.ABC):
         """Whether the store holds the blob (cheap: no transfer)."""
 
     @abc.abstractmethod
-    def put_blob(self, path: Path, digest: str, size: int) -> int:
-        """Store a blob from a local file; return the bytes transferred (0 if present)."""
+    def put_blob(self, path: Path, digest: str, size: int, progress: Progress | None = None) -> int:
+        """Store a blob from a local file; return the bytes transferred (0 if present).
+
+        ``progress(sent)`` is called as bytes go out, for progress displays.
+        """
 
     @abc.abstractmethod
     def open_blob(self, digest: str, size: int) -> AbstractContextManager[BinaryIO]:

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
 from artifactd.fsutil import atomic_write
 from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
-from artifactd.stores.base import ManifestRef, Store
+from artifactd.stores.base import ManifestRef, Progress, Store
 
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}
 
@@ -64,7 +64,7 @@ class LayoutStore(Store):
         """Whether the blob file exists."""
         return self._blob_path(digest).is_file()
 
-    def put_blob(self, path: Path, digest: str, size: int) -> int:
+    def put_blob(self, path: Path, digest: str, size: int, progress: Progress | None = None) -> int:
         """Copy a local file in as a blob, verifying its digest; return bytes written."""
         dest = self._blob_path(digest)
         if dest.is_file() and dest.stat().st_size == size:
@@ -78,6 +78,8 @@ class LayoutStore(Store):
                     h.update(chunk)
                     n += len(chunk)
                     out.write(chunk)
+                    if progress is not None:
+                        progress(n)
             if f"sha256:{h.hexdigest()}" != digest or n != size:
                 raise IntegrityError(f"{path} does not match {digest} ({size} bytes)")
             os.chmod(tmp, 0o644)

@@ -24,6 +24,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import os
 import re
 import subprocess
 import threading
@@ -43,7 +44,7 @@ from artifactd.constants import (
 )
 from artifactd.errors import IntegrityError, NotFoundError, StoreError, UsageError
 from artifactd.oci import DIGEST_RE, MANIFEST_MEDIA_TYPE, check_digest, check_tag
-from artifactd.stores.base import ManifestRef, Store
+from artifactd.stores.base import ManifestRef, Progress, Store
 
 #: (connect, read) timeouts in seconds for every request.
 TIMEOUT = (5.0, 60.0)
@@ -244,6 +245,25 @@ def _default_timeout(session: Any) -> None:
     session.request = request
 
 
+class _CountingFile:
+    """A file body that reports bytes as requests reads them out."""
+
+    def __init__(self, handle: Any, progress: Progress) -> None:
+        self._handle = handle
+        self._progress = progress
+        self._sent = 0
+        self._size = os.fstat(handle.fileno()).st_size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def read(self, n: int = -1) -> bytes:
+        data = bytes(self._handle.read(n))
+        self._sent += len(data)
+        self._progress(self._sent)
+        return data
+
+
 class _BlobReader:
     """File-like reading of a streamed response; transport errors become StoreError."""
 
@@ -343,6 +363,7 @@ class RegistryStore(Store):
         ok: tuple[int, ...] = (200,),
         missing: tuple[int, ...] = (),
         what: str = "",
+        progress: Progress | None = None,
     ) -> Any:
         """Send one request with auth, timeouts and bounded retries.
 
@@ -361,7 +382,13 @@ class RegistryStore(Store):
         attempt = 0
         while attempt < ATTEMPTS:
             resp, last_error = self._attempt(
-                client, method, url=url, headers=hdrs, body=body, stream=stream
+                client,
+                method,
+                url=url,
+                headers=hdrs,
+                body=body,
+                stream=stream,
+                progress=progress,
             )
             if resp is not None and resp.status_code in (401, 403) and not authed:
                 authed = True  # one challenge answered per call; not counted as an attempt
@@ -395,17 +422,21 @@ class RegistryStore(Store):
         headers: dict[str, str],
         body: Path | bytes | None,
         stream: bool,
+        progress: Progress | None = None,
     ) -> tuple[Any, str]:
         """One HTTP exchange; a file body is reopened each time so a retry resends it all."""
         import requests
 
         handle = body.open("rb") if isinstance(body, Path) else None
+        data: Any = body
+        if handle is not None:
+            data = _CountingFile(handle, progress) if progress else handle
         try:
             resp = client.session.request(
                 method,
                 url,
                 headers=headers,
-                data=handle if handle else body,
+                data=data,
                 stream=stream,
                 timeout=TIMEOUT,
                 allow_redirects=True,
@@ -457,7 +488,7 @@ class RegistryStore(Store):
         resp.close()
         return bool(resp.status_code == 200)
 
-    def put_blob(self, path: Path, digest: str, size: int) -> int:
+    def put_blob(self, path: Path, digest: str, size: int, progress: Progress | None = None) -> int:
         """Upload a file unless the registry has it (monolithic POST + PUT, streamed)."""
         check_digest(digest)
         if self.has_blob(digest):
@@ -479,6 +510,7 @@ class RegistryStore(Store):
             "PUT",
             url,
             body=path,
+            progress=progress,
             ok=(201, 204),
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             what="blob upload",
