@@ -8,7 +8,6 @@ waits until it answers, and stops it by PID.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import socket
@@ -89,8 +88,17 @@ class RegistryServer:
 
 
 def start_registry(
-    workdir: Path, *, user: str | None = None, password: str | None = None
+    workdir: Path,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    auth: list[str] | None = None,
 ) -> RegistryServer:
+    """Start a registry; with ``user``/``password`` and no ``auth``, behind htpasswd.
+
+    ``auth`` replaces the config's ``auth:`` section (its YAML lines), e.g. for
+    a token-auth registry; ``user``/``password`` are then only recorded.
+    """
     if shutil.which(BINARY) is None:
         raise RuntimeError(
             f"{BINARY} is not installed: run scripts/setup.sh (apt-get install docker-registry)"
@@ -110,7 +118,9 @@ def start_registry(
         "http:",
         f"  addr: 127.0.0.1:{port}",
     ]
-    if user and password:
+    if auth is not None:
+        lines += auth
+    elif user and password:
         htpasswd = workdir / "htpasswd"
         hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
         htpasswd.write_text(f"{user}:{hashed}\n")
@@ -122,12 +132,3 @@ def start_registry(
     )
     server.start()
     return server
-
-
-@contextlib.contextmanager
-def running_registry(workdir: Path, **kwargs: str):  # type: ignore[no-untyped-def]
-    server = start_registry(workdir, **kwargs)
-    try:
-        yield server
-    finally:
-        server.stop()

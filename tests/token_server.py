@@ -19,7 +19,6 @@ import base64
 import contextlib
 import datetime
 import json
-import shutil
 import threading
 import time
 import uuid
@@ -33,7 +32,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
-from registry_server import BINARY, RegistryServer, free_port
+from registry_server import RegistryServer, free_port, start_registry
 
 SERVICE = "artifactd-test"
 ISSUER = "artifactd-token-issuer"
@@ -239,44 +238,19 @@ class TokenServer:
 
 def start_token_registry(workdir: Path, tokens: TokenServer) -> RegistryServer:
     """Start docker-registry with ``auth: token:`` trusting ``tokens``."""
-    if shutil.which(BINARY) is None:
-        raise RuntimeError(
-            f"{BINARY} is not installed: run scripts/setup.sh (apt-get install docker-registry)"
-        )
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    root = workdir / "storage"
-    lines = [
-        "version: 0.1",
-        "log:",
-        "  level: warn",
-        "storage:",
-        "  filesystem:",
-        f"    rootdirectory: {root}",
-        "  delete:",
-        "    enabled: true",
-        "http:",
-        f"  addr: 127.0.0.1:{port}",
-        "auth:",
-        "  token:",
-        f"    realm: {tokens.realm}",
-        f"    service: {SERVICE}",
-        f"    issuer: {ISSUER}",
-        f"    rootcertbundle: {tokens.cert_path}",
-    ]
-    config = workdir / "config.yml"
-    config.write_text("\n".join(lines) + "\n")
-    server = RegistryServer(
-        f"127.0.0.1:{port}",
-        root,
-        None,
-        config,
-        workdir / "registry.log",
-        tokens.user,
-        tokens.password,
+    return start_registry(
+        workdir,
+        user=tokens.user,
+        password=tokens.password,
+        auth=[
+            "auth:",
+            "  token:",
+            f"    realm: {tokens.realm}",
+            f"    service: {SERVICE}",
+            f"    issuer: {ISSUER}",
+            f"    rootcertbundle: {tokens.cert_path}",
+        ],
     )
-    server.start()
-    return server
 
 
 @contextlib.contextmanager
