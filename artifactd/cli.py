@@ -532,6 +532,7 @@ def restore(
                 families=fams,
                 consumer_user=consumer_user,
                 env_file=env_file,
+                check_noop=False,  # just checked, on the plain probe
             )
         _finish_restore(quick, st, require=require, dry_run=dry_run, as_json=as_json)
 

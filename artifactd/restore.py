@@ -149,8 +149,13 @@ def plan_restore(
     env_file: Path | None = None,
     store_ref: str | None = None,
     store_error: str | None = None,
+    check_noop: bool = True,
 ) -> RestorePlan:
-    """Resolve what to restore for ``local`` into ``target``; fetch no layer."""
+    """Resolve what to restore for ``local`` into ``target``; fetch no layer.
+
+    ``check_noop=False`` skips the marker check, for callers that just made it
+    with :func:`quick_noop`.
+    """
     target = target.absolute()
     selected = select_families(families)
     ref = store.ref if store is not None else (store_ref or "?")
@@ -158,12 +163,13 @@ def plan_restore(
     match: Literal["full", "partial", "miss"] = "miss"
     nearest: Nearest | None = None
     error = store_error
-    if store is not None:
+    if store is not None and check_noop:
         quick = quick_noop(
             store, local.hash, local.flatten(), target, families=families, env_file=env_file
         )
         if quick is not None:
             return quick
+    if store is not None:
         try:
             plans, match = _resolve(store, local, selected, target, consumer_user)
             if any(p.verdict == "miss" for p in plans) and match != "full":
@@ -228,7 +234,7 @@ def quick_noop(
         or any(
             not Path(d).is_dir() for f in marker["families"].values() for d in f["dirs"].values()
         )
-        or not _tags_unchanged(store, marker, fingerprint_hash, flat)
+        or not _tags_still_resolve(store, marker, fingerprint_hash, flat)
     ):
         return None
     plans = [
@@ -257,6 +263,20 @@ def quick_noop(
         env_file=str(env_path),
         noop=True,
     )
+
+
+def _tags_still_resolve(
+    store: Store, marker: dict[str, Any], fingerprint_hash: str, flat: dict[str, Any]
+) -> bool:
+    """:func:`_tags_unchanged`, where an unreachable store means "resolve again".
+
+    Resolving again reports the store error as a miss and leaves the installed
+    caches (and their env file) as they are.
+    """
+    try:
+        return _tags_unchanged(store, marker, fingerprint_hash, flat)
+    except StoreError:
+        return False
 
 
 def _tags_unchanged(

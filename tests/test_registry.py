@@ -468,3 +468,47 @@ def test_push_reports_progress_events(
         "family": "generic",
         "bytes": layer.layer_size,
     } in events
+
+
+def test_registry_down_after_a_restore_keeps_the_installed_caches(
+    tmp_path: Path, trees: dict[str, str], local_fp: Fingerprint
+) -> None:
+    """A restarted pod whose volume is warm but whose registry is gone: a clean miss."""
+    server = start_registry(tmp_path / "reg")
+    ref = server.ref("c")
+    target = tmp_path / "t"
+    try:
+        with open_store(ref) as st:
+            harvest(st, local_fp, environ=trees)
+        env = clean_env(trees)
+        first = cli(
+            "restore",
+            "--store",
+            ref,
+            "--target",
+            str(target),
+            "--gpu-arch",
+            "sm_90a",
+            "--json",
+            env=env,
+        )
+        assert json.loads(first.stdout)["cache_hit"] is True, first.stderr
+    finally:
+        server.stop()
+    before = (target / "artifactd.env").read_text()
+    proc = cli(
+        "restore",
+        "--store",
+        ref,
+        "--target",
+        str(target),
+        "--gpu-arch",
+        "sm_90a",
+        "--json",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["match"] == "miss" and "cannot reach registry" in doc["error"]
+    assert (target / "artifactd.env").read_text() == before
+    assert list((target / "triton").glob("*/__grp__*.json"))
