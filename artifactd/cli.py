@@ -141,6 +141,18 @@ def store_option(f: F) -> F:
     )(f)
 
 
+def family_option(f: F) -> F:
+    """Add ``--family`` (repeatable or comma-separated; ``ARTIFACTD_FAMILIES``)."""
+    return click.option(
+        "--family",
+        "families",
+        multiple=True,
+        envvar=C.ENV_FAMILIES,
+        metavar="NAME",
+        help="Only these families (repeatable or comma-separated). Default: all.",
+    )(f)
+
+
 def insecure_option(f: F) -> F:
     """Add ``--insecure``."""
     return click.option(
@@ -287,13 +299,7 @@ def fingerprint(
 
 @cli.command()
 @store_option
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    metavar="NAME",
-    help="Only these families (repeatable or comma-separated). Default: all found.",
-)
+@family_option
 @fingerprint_options
 @json_option
 def harvest(
@@ -429,14 +435,7 @@ def build(
     required=True,
     help="Cache volume to restore into; each family gets a subdirectory.",
 )
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    envvar=C.ENV_FAMILIES,
-    metavar="NAME",
-    help="Only these families. Default: all.",
-)
+@family_option
 @fingerprint_options
 @click.option(
     "--env-file",
@@ -698,7 +697,7 @@ def _load_side(
 @click.option(
     "--workload", multiple=True, metavar="KEY=VALUE", help="Workload fields for the `local` side."
 )
-@click.option("--family", "families", multiple=True, metavar="NAME")
+@family_option
 @set_option
 @insecure_option
 @json_option
@@ -920,13 +919,7 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
 
 @cli.command()
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    metavar="NAME",
-    help="Only these families (repeatable or comma-separated). Default: all found.",
-)
+@family_option
 @click.option("--strict", is_flag=True, help="Exit 1 when there is any finding.")
 @json_option
 def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_json: bool) -> None:
