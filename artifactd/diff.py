@@ -44,7 +44,8 @@ class FingerprintDiff:
         return self.a_hash == self.b_hash
 
 
-def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[FieldDiff]:
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[FieldDiff]:
+    """Return the dotted fields whose values differ between two flattened documents."""
     return [
         FieldDiff(path=k, a=a.get(k), b=b.get(k))
         for k in sorted(set(a) | set(b))
@@ -58,7 +59,7 @@ def family_verdict(family: Family, a: Fingerprint, b: Fingerprint) -> FamilyVerd
         family.name, family.scope, family.scope_revision
     ):
         return FamilyVerdict(family.name, "hit")
-    deciding = _differences(a.select(family.scope), b.select(family.scope))
+    deciding = differences(a.select(family.scope), b.select(family.scope))
     return FamilyVerdict(family.name, "miss", deciding)
 
 
@@ -67,8 +68,8 @@ def diff(a: Fingerprint, b: Fingerprint, families: Sequence[str] | None = None) 
     return FingerprintDiff(
         a_hash=a.hash,
         b_hash=b.hash,
-        fields=_differences(a.flatten(), b.flatten()),
-        informational=_differences(
+        fields=differences(a.flatten(), b.flatten()),
+        informational=differences(
             flatten(a.info.model_dump(mode="json"), "info."),
             flatten(b.info.model_dump(mode="json"), "info."),
         ),

@@ -90,6 +90,7 @@ class Nearest:
     tag: str
     digest: str
     differing: list[FieldDiff]
+    artifact: Artifact | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -175,7 +176,7 @@ def plan_restore(
             if any(p.verdict == "miss" for p in plans) and match != "full":
                 # Only a miss lists tags: resolving itself is tag lookups, never a scan.
                 nearest = _nearest(store, local)
-                _explain_misses(plans, local, nearest, store)
+                _explain_misses(plans, local, nearest)
         except StoreError as exc:
             error = exc.message
             plans = []
@@ -355,9 +356,10 @@ def _resolve(
 def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
     """Read up to :data:`NEAREST_LIMIT` whole artifacts and pick the least different."""
     from artifactd.artifacts import read_artifact
-    from artifactd.diff import FieldDiff
+    from artifactd.diff import differences
 
     best: tuple[int, Nearest] | None = None
+    here = local.flatten()
     for tag in list(store.iter_tags(FULL_TAG_PREFIX))[:NEAREST_LIMIT]:
         try:
             art = read_artifact(store, tag)
@@ -365,28 +367,18 @@ def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
             continue
         if art is None:
             continue
-        a, b = art.config.fingerprint.flatten(), local.flatten()
-        differing = [
-            FieldDiff(k, a.get(k), b.get(k))
-            for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)
-        ]
+        differing = differences(art.config.fingerprint.flatten(), here)
         if best is None or len(differing) < best[0]:
-            best = (len(differing), Nearest(tag, art.digest, differing))
+            best = (len(differing), Nearest(tag, art.digest, differing, art))
     return best[1] if best else None
 
 
-def _explain_misses(
-    plans: list[FamilyPlan], local: Fingerprint, nearest: Nearest | None, store: Store
-) -> None:
-    from artifactd.artifacts import read_artifact
+def _explain_misses(plans: list[FamilyPlan], local: Fingerprint, nearest: Nearest | None) -> None:
     from artifactd.diff import family_verdict
 
-    if nearest is None:
+    if nearest is None or nearest.artifact is None:
         return
-    art: Artifact | None = read_artifact(store, nearest.digest)
-    if art is None:
-        return
+    art = nearest.artifact
     for p in plans:
         if p.verdict != "miss":
             continue
