@@ -632,7 +632,11 @@ def _create(dest: Path, entry: FileEntry) -> int:
     try:
         fd = os.open(dest, flags, mode)
     except (FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
-        raise UnsafeArtifactError(f"{entry.path}: collides with another member") from exc
+        raise UnsafeArtifactError(
+            # Writer threads race dir and file creation: whichever side loses
+            # reports the same collision, so the message does not depend on timing.
+            f"{entry.path}: collides with another member (one of them is not a directory)"
+        ) from exc
     if _umask.value & mode:
         os.fchmod(fd, mode)  # the manifest's mode, whatever the umask
     return fd
