@@ -6,15 +6,17 @@ on stderr (plus a hint) and a documented exit code:
 ====  =====================================================
 code  meaning
 ====  =====================================================
-0     success; also a restore miss without ``--require``
-1     unexpected artifactd error
+0     success; also any restore failure without ``--require``
+1     unexpected error (a bug)
 2     bad usage, bad matrix or fingerprint file
 3     store unreachable or unreadable
 4     artifact, tag or blob not found
-5     integrity: digest mismatch or hostile artifact
+5     integrity: digest mismatch, hostile or schema-invalid artifact
 6     restore miss with ``--require``
 7     a warm-up cell failed or there was nothing to harvest
 8     the local environment could not be probed
+9     not enough space on the restore target
+10    restore target not writable, or its lock not taken in time
 ====  =====================================================
 
 Set ``ARTIFACTD_TRACEBACK=1`` to see Python tracebacks.
@@ -34,7 +36,7 @@ import click
 
 from artifactd import __version__
 from artifactd import constants as C  # noqa: N812
-from artifactd.errors import ArtifactdError, CacheMissError, ConfigError, UsageError
+from artifactd.errors import ArtifactdError, ConfigError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -450,13 +452,29 @@ def build(
     help="User the engine runs as (names Inductor's header dir). Default: this user.",
 )
 @click.option(
-    "--require", is_flag=True, envvar=C.ENV_REQUIRE, help="Exit 6 on a miss instead of 0."
+    "--require",
+    is_flag=True,
+    envvar=C.ENV_REQUIRE,
+    help="Fail (exit 6 on a miss, or the failure's code) instead of exiting 0.",
 )
 @click.option(
     "--dry-run",
     is_flag=True,
     envvar=C.ENV_DRY_RUN,
     help="Print the plan (per-family verdicts, bytes, dirs) and change nothing.",
+)
+@click.option(
+    "--max-bytes",
+    envvar=C.ENV_MAX_BYTES,
+    metavar="SIZE",
+    help="Refuse to unpack more than SIZE (bytes, or 500M, 20G) into TARGET.",
+)
+@click.option(
+    "--lock-timeout",
+    envvar=C.ENV_LOCK_TIMEOUT,
+    type=float,
+    metavar="SECONDS",
+    help="How long to wait for another restore into TARGET to finish [600].",
 )
 @json_option
 def restore(
@@ -473,96 +491,95 @@ def restore(
     consumer_user: str | None,
     require: bool,
     dry_run: bool,
+    max_bytes: str | None,
+    lock_timeout: float | None,
     as_json: bool,
 ) -> None:
     """Install the caches that match this machine into TARGET (the init container's job).
 
     Looks up the artifact tagged with the local fingerprint; failing that, each
     family's own scope tag (so a model or TP change still restores kernels).
-    Layers are verified and staged next to TARGET, then swapped in atomically.
-    A miss, an unreachable store or a failed download exits 0 (the engine
-    compiles as before) unless --require; the target is never left half-written.
+    Before downloading, every layer's file list is checked against the format's
+    rules and the restore's size against TARGET's free space. Layers are then
+    verified while they stream, staged next to TARGET and installed in one
+    transaction: every family or none.
+
+    A miss, an unreachable store, a corrupt or hostile artifact, a full disk
+    or an unwritable target prints the error, leaves TARGET as it was and
+    exits 0 (the engine compiles as before), unless --require.
 
     \b
     Every flag also reads an environment variable (for Kubernetes):
       ARTIFACTD_STORE, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES, ARTIFACTD_WORKLOAD,
       ARTIFACTD_SET, ARTIFACTD_GPU_ARCH, ARTIFACTD_IMAGE_DIGEST, ARTIFACTD_ENV_FILE,
       ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
-      ARTIFACTD_INSECURE.
+      ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.
     """
-    from artifactd.probing import flatten, hashed_view, raw_hash
-    from artifactd.restore import plan_restore, quick_noop
-    from artifactd.stores import open_store
+    from artifactd.restore import RestoreRequest, run_restore
 
-    # Probe into plain data first: a no-op restore (warm volume, marker matches)
+    request = RestoreRequest(
+        store=store,
+        target=target,
+        families=_families(families),
+        consumer_user=consumer_user,
+        env_file=env_file,
+        require=require,
+        dry_run=dry_run,
+        insecure=insecure,
+        max_bytes=_parse_size(max_bytes) if max_bytes else None,
+        lock_timeout=lock_timeout,
+    )
+    # Probe into plain data: a no-op restore (warm volume, marker matches)
     # answers without building a single pydantic model.
     raw = _probe_raw(gpu_arch, image_digest, workload, overrides)
-    fams = _families(families)
+    outcome = run_restore(request, raw, on_event=_event_printer(as_json))
+    _render_restore(outcome, as_json=as_json)
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _parse_size(text: str) -> int:
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
+    number = value[: len(value) - len(unit)]
     try:
-        st = open_store(store, insecure=insecure)
-    except ArtifactdError as exc:
-        if isinstance(exc, UsageError):
-            raise
-        from artifactd.fingerprint import from_raw
-
-        plan = plan_restore(
-            None,
-            from_raw(raw),
-            target,
-            families=fams,
-            consumer_user=consumer_user,
-            env_file=env_file,
-            store_ref=store,
-            store_error=exc.message,
-        )
-        _finish_restore(plan, None, require=require, dry_run=dry_run, as_json=as_json)
-        return
-    with st:
-        quick = quick_noop(
-            st, raw_hash(raw), flatten(hashed_view(raw)), target, families=fams, env_file=env_file
-        )
-        if quick is None:
-            from artifactd.fingerprint import from_raw
-
-            quick = plan_restore(
-                st,
-                from_raw(raw),
-                target,
-                families=fams,
-                consumer_user=consumer_user,
-                env_file=env_file,
-                check_noop=False,  # just checked, on the plain probe
-            )
-        _finish_restore(quick, st, require=require, dry_run=dry_run, as_json=as_json)
+        return int(float(number) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise UsageError(
+            f"--max-bytes {text!r} is not a size", hint="use bytes or a unit: 500M, 20G"
+        ) from None
 
 
-def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json: bool) -> None:
-    """Execute the plan and report.
+def _render_restore(outcome: Any, *, as_json: bool) -> None:
+    """Print a restore outcome: one JSON document, or the plan table and a verdict line."""
+    plan, result, failure = outcome.plan, outcome.result, outcome.failure
+    if failure is not None and failure.kind == "internal" and _flag(C.ENV_TRACEBACK):
+        import traceback
 
-    Fails open: a failed fetch leaves the target as it was and exits 0 (the
-    engine compiles as before) unless --require.
-    """
-    from artifactd.restore import execute
-
-    result = None
-    failure: ArtifactdError | None = None
-    if not dry_run and st is not None and plan.hits and not plan.noop:
-        try:
-            result = execute(plan, st, on_event=_event_printer(as_json))
-        except ArtifactdError as exc:
-            failure = exc
-    elif plan.noop and not dry_run:
-        result = None
+        traceback.print_exception(failure.error)
     if as_json:
         doc: dict[str, Any] = {
             "stage": "restore",
-            "cache_hit": bool(plan.hits) and failure is None,
+            "status": outcome.status,
+            "cache_hit": outcome.cache_hit,
             "match": plan.match,
-            "dry_run": dry_run,
+            "dry_run": outcome.status == "dry_run",
             "noop": plan.noop,
             "plan": _jsonable(plan),
             "bytes_to_fetch": plan.bytes_to_fetch,
             "error": failure.message if failure else plan.error,
+            "failure": None
+            if failure is None
+            else {
+                "kind": failure.kind,
+                "message": failure.message,
+                "hint": failure.hint,
+                "exit_code": failure.exit_code,
+            },
+            "exit_code": outcome.exit_code,
         }
         if result is not None:
             doc.update(
@@ -570,23 +587,26 @@ def _finish_restore(plan: Any, st: Any, *, require: bool, dry_run: bool, as_json
                 files=result.files,
                 bytes=result.bytes,
                 elapsed_ms=round(result.seconds * 1000, 1),
+                recovered=result.recovered,
             )
         emit_json(doc)
+        return
+    _render_plan(plan, result, outcome.status == "dry_run")
+    if failure is None:
+        return
+    message = failure.message
+    if failure.kind != "miss":
+        message = f"restore failed ({failure.kind}), nothing changed in {plan.target}: {message}"
+    if outcome.exit_code:
+        head = f"artifactd: error: {message}"
     else:
-        _render_plan(plan, result, dry_run)
-        if failure is not None:
-            click.echo(
-                f"restore FAILED, nothing changed in {plan.target}: {failure.message}\n"
-                "the engine will compile as before",
-                err=True,
-            )
-    if failure is not None and require:
-        raise failure
-    if require and not plan.hits:
-        raise CacheMissError(
-            f"no artifact in {plan.store} matches this machine",
-            hint="see the per-family reasons above; `artifactd diff` explains field by field",
-        )
+        head = f"artifactd: {message}; the engine will compile as before"
+    click.echo(head + (f"\n  hint: {failure.hint}" if failure.hint else ""), err=True)
+
+
+def _flag(name: str) -> bool:
+    """Read a boolean environment variable strictly: 1/true/yes/on, else off."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _render_plan(plan: Any, result: Any, dry_run: bool) -> None:
@@ -631,7 +651,7 @@ def _render_plan(plan: Any, result: Any, dry_run: bool) -> None:
             f"{human_bytes(result.bytes)} in {result.seconds:.2f} s"
         )
         click.echo(f"env file: {plan.env_file}  (load: set -a; . {plan.env_file}; set +a)")
-    elif not plan.hits:
+    elif not plan.hits and not plan.error:
         click.echo("nothing restored: the engine will compile as before")
 
 
@@ -1051,9 +1071,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             standalone_mode=False,
         )
     except ArtifactdError as exc:
-        if os.environ.get(C.ENV_TRACEBACK):
+        if _flag(C.ENV_TRACEBACK):
             raise
         click.echo(f"artifactd: error: {exc.diagnostics()}", err=True)
+        sys.exit(exc.exit_code)
+    except OSError as exc:
+        if _flag(C.ENV_TRACEBACK):
+            raise
+        click.echo(f"artifactd: error: {exc.strerror or exc}: {exc.filename or ''}", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
@@ -1061,6 +1088,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if _flag(C.ENV_TRACEBACK):
+            raise
+        click.echo(
+            f"artifactd: internal error: {type(exc).__name__}: {str(exc)[:200]}\n"
+            "  hint: this is a bug; set ARTIFACTD_TRACEBACK=1 and report the traceback",
+            err=True,
+        )
+        sys.exit(1)
     sys.exit(0)

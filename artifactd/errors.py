@@ -2,8 +2,9 @@
 
 Every error says what went wrong (``str(err)``) and what to do about it
 (``err.hint``). The CLI maps each class to one line on stderr and a documented
-exit code (see ``EXIT_CODES`` in :mod:`artifactd.cli`); the library itself
-never prints and never exits.
+exit code (the table in :mod:`artifactd.cli` and the README); the library
+itself never prints and never exits. ``kind`` names the failure class that
+``--json`` reports (``"unreachable"``, ``"corrupt"``, ``"no_space"``...).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ class ArtifactdError(Exception):
 
     #: Process exit code the CLI uses for this class of error.
     exit_code: int = 1
+    #: Failure class reported in ``--json`` documents.
+    kind: str = "internal"
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -31,51 +34,81 @@ class UsageError(ArtifactdError):
     """The caller asked for something that cannot make sense (bad flag, bad ref)."""
 
     exit_code = 2
+    kind = "usage"
 
 
 class ConfigError(ArtifactdError):
     """A matrix, fingerprint file or setting is malformed."""
 
     exit_code = 2
+    kind = "config"
 
 
 class StoreError(ArtifactdError):
     """A store could not be read or written (missing dir, I/O error, network)."""
 
     exit_code = 3
+    kind = "unreachable"
 
 
 class NotFoundError(StoreError):
     """The store answered, but has no such artifact, tag or blob."""
 
     exit_code = 4
+    kind = "not_found"
 
 
 class IntegrityError(ArtifactdError):
     """Bytes did not match their digest or size: the artifact is corrupt."""
 
     exit_code = 5
+    kind = "corrupt"
 
 
 class UnsafeArtifactError(IntegrityError):
     """An artifact tried to write outside its root or carried a forbidden member."""
 
     exit_code = 5
+    kind = "hostile"
 
 
 class CacheMissError(ArtifactdError):
     """No artifact matches the local fingerprint and the caller required one."""
 
     exit_code = 6
+    kind = "miss"
 
 
 class BuildError(ArtifactdError):
     """A warm-up cell failed or produced nothing to harvest."""
 
     exit_code = 7
+    kind = "build"
 
 
 class ProbeError(ArtifactdError):
     """The local environment could not be probed."""
 
     exit_code = 8
+    kind = "probe"
+
+
+class SchemaError(IntegrityError):
+    """An artifact document failed validation or has an unknown schema version."""
+
+    exit_code = 5
+    kind = "schema"
+
+
+class NoSpaceError(ArtifactdError):
+    """The target filesystem has not enough free space (or quota) for the restore."""
+
+    exit_code = 9
+    kind = "no_space"
+
+
+class TargetError(ArtifactdError):
+    """The restore target cannot be written or locked (read-only, permissions, busy)."""
+
+    exit_code = 10
+    kind = "target"

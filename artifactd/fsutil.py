@@ -7,19 +7,61 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = False) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
     A temp file in the same directory is written, given ``mode``, then renamed
-    over ``path``; on any error the temp file is removed.
+    over ``path``; on any error the temp file is removed. ``durable`` also
+    fsyncs the file before the rename and the directory after it, so the new
+    content survives a power cut once this returns (commit points need that).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    tmp = write_temp(path.parent, data, mode=mode, durable=durable)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def write_temp(
+    directory: Path,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    durable: bool = False,
+    prefix: str = ".tmp-",
+) -> Path:
+    """Write ``data`` to a new temp file in ``directory`` and return its path.
+
+    Used to get the bytes of a later rename onto disk first: the rename itself
+    needs no space, so it cannot fail for a full disk.
+    """
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames and unlinks in ``directory`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; rename order still holds
+    finally:
+        os.close(fd)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifactd.errors import IntegrityError
+from artifactd.errors import SchemaError
 from artifactd.hashing import canonical_json
 from artifactd.oci import ARTIFACT_TYPE
 
@@ -49,7 +49,7 @@ class ImageManifest(_Model):
             return cls.model_validate_json(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise IntegrityError(
+            raise SchemaError(
                 f"{source} is not an OCI image manifest: {first['loc']}: {first['msg']}"
             ) from exc
 

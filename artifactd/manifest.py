@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifactd.errors import IntegrityError
+from artifactd.errors import SchemaError
 from artifactd.fingerprint import Fingerprint
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -129,7 +129,7 @@ class ArtifactManifest(_Model):
             return cls.model_validate_json(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise IntegrityError(
+            raise SchemaError(
                 f"{source} is not an artifactd manifest: {first['loc']}: {first['msg']}",
                 hint="was this artifact written by a newer artifactd, or by another tool?",
             ) from exc

@@ -1,22 +1,41 @@
-"""The restore completion marker: ``<target>/.artifactd/restored.json``.
+"""The two state documents restore keeps in ``<target>/.artifactd/``.
 
-Written last, after every directory is in place; a restore whose marker already
-records the planned manifests does nothing. These models define (and document,
-through the JSON Schema) what is written; :mod:`artifactd.restore` reads the
-file as plain JSON so that a no-op restore never imports pydantic.
+``restored.json`` (:class:`RestoreMarker`) says what is installed: written
+last, after every directory is in place, and the commit point of a restore.
+``journal.json`` (:class:`RestoreJournal`) says what a restore is about to do:
+written before the first directory is swapped and removed after the marker,
+so a restore that was killed in between is repaired (rolled back, or finished
+when the new marker had already been written) by the next one, and a no-op
+check never trusts a marker while a journal exists.
+
+Both are plain frozen dataclasses, read back through :func:`load` which checks
+every field against its annotation: a no-op restore reads the marker without
+importing pydantic (the init container's fast path). Their JSON Schemas are
+generated from these classes (``registry-schema/``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+SCHEMA_VERSION = 1
+
+#: Pydantic reads this when it generates the JSON Schema: unknown keys are refused.
+_STRICT = {"extra": "forbid"}
 
 
-class FamilyMarker(BaseModel):
+@dataclass(frozen=True)
+class FamilyMarker:
     """Marker record of one installed family."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
+
     artifact: str
     tag: str
     source: Literal["full", "family"]
@@ -27,11 +46,12 @@ class FamilyMarker(BaseModel):
     bytes: int
 
 
-class RestoreMarker(BaseModel):
-    """``<target>/.artifactd/restored.json``: written last, after every rename."""
+@dataclass(frozen=True)
+class RestoreMarker:
+    """``<target>/.artifactd/restored.json``: what is installed, written after every swap."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-    schema_version: Literal[1] = 1
+    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
+
     fingerprint_hash: str
     store: str
     match: Literal["full", "partial"]
@@ -40,3 +60,123 @@ class RestoreMarker(BaseModel):
     families: dict[str, FamilyMarker]
     restored_at: float
     env: dict[str, str]
+    schema_version: Literal[1] = 1
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One directory swap a restore is about to make.
+
+    ``dest`` is the live directory; ``staged`` the new tree, which after the
+    swap holds the old one (or nothing, when ``dest`` did not exist before).
+    ``new_inode`` identifies the new tree, so recovery can tell, after a crash,
+    whether ``dest`` already holds it.
+    """
+
+    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
+
+    family: str
+    dest: str
+    staged: str
+    new_inode: list[int]
+    had_old: bool
+
+
+@dataclass(frozen=True)
+class RestoreJournal:
+    """``<target>/.artifactd/journal.json``: the intent of an install in progress."""
+
+    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
+
+    run_id: str
+    staging: str
+    entries: list[JournalEntry]
+    #: sha256 of the exact bytes of the marker this install commits with.
+    marker_sha256: str
+    env_file: str
+    env_text: str
+    schema_version: Literal[1] = 1
+    started_at: float = field(default=0.0)
+
+
+class MarkerFormatError(ValueError):
+    """A state document does not have the shape its class declares."""
+
+
+T = TypeVar("T")
+
+
+def load(cls: type[T], data: bytes) -> T:
+    """Parse ``data`` as JSON and build ``cls`` from it, checking every field's type.
+
+    Raises :class:`MarkerFormatError` on invalid JSON, missing or unknown keys,
+    and values of the wrong type (``bool`` is not accepted for ``int``).
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MarkerFormatError(f"not JSON: {exc}") from None
+    return _build(cls, doc, cls.__name__)
+
+
+def dump(obj: object) -> bytes:
+    """Serialise a state document (stable key order, so equal documents are equal bytes)."""
+    return json.dumps(dataclasses.asdict(obj), indent=2, sort_keys=True).encode()  # type: ignore[call-overload]
+
+
+def _build(cls: type[T], doc: Any, where: str) -> T:
+    if not isinstance(doc, dict):
+        raise MarkerFormatError(f"{where}: expected an object")
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(doc) - set(fields)
+    if unknown:
+        raise MarkerFormatError(f"{where}: unknown keys {sorted(unknown)}")
+    values = {}
+    for name, f in fields.items():
+        if name not in doc:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise MarkerFormatError(f"{where}: missing {name}")
+            continue
+        values[name] = _check(hints[name], doc[name], f"{where}.{name}")
+    return cls(**values)
+
+
+def _check(tp: Any, value: Any, where: str) -> Any:  # noqa: PLR0911, PLR0912 - one branch per type form
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)  # type: ignore[arg-type]
+    if origin is Literal:
+        if value not in get_args(tp) or isinstance(value, bool):
+            raise MarkerFormatError(f"{where}: {value!r} is not one of {get_args(tp)}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise MarkerFormatError(f"{where}: expected a list")
+        (item,) = get_args(tp)
+        return [_check(item, v, f"{where}[]") for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise MarkerFormatError(f"{where}: expected an object")
+        _, item = get_args(tp)
+        return {k: _check(item, v, f"{where}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        for option in get_args(tp):
+            try:
+                return _check(option, value, where)
+            except MarkerFormatError:
+                continue
+        raise MarkerFormatError(f"{where}: {value!r} does not match {tp}")
+    if tp is type(None):
+        if value is not None:
+            raise MarkerFormatError(f"{where}: expected null")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise MarkerFormatError(f"{where}: expected a number")
+        return float(value)
+    if tp in (int, str, bool):
+        if isinstance(value, bool) is not (tp is bool) or not isinstance(value, tp):
+            raise MarkerFormatError(f"{where}: expected {tp.__name__}")
+        return value
+    raise MarkerFormatError(f"{where}: unsupported type {tp}")  # pragma: no cover

@@ -10,18 +10,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import TypeAdapter
 
 from artifactd.fingerprint import Fingerprint
 from artifactd.manifest import ArtifactManifest
-from artifactd.marker import RestoreMarker
+from artifactd.marker import RestoreJournal, RestoreMarker
 from artifactd.matrix import Matrix
 
 SCHEMA_BASE = "https://artifactd.dev/schema/"
 
-DOCUMENTS: dict[str, type[BaseModel]] = {
+#: Pydantic models, and the plain dataclasses of the restore state documents.
+DOCUMENTS: dict[str, type] = {
     "artifact-config": ArtifactManifest,
     "fingerprint": Fingerprint,
+    "restore-journal": RestoreJournal,
     "restore-marker": RestoreMarker,
     "warmup-matrix": Matrix,
 }
@@ -31,7 +33,7 @@ def render_schemas() -> dict[str, str]:
     """Return ``{file name: JSON text}`` for every document schema."""
     out = {}
     for name, model in DOCUMENTS.items():
-        schema = model.model_json_schema()
+        schema = TypeAdapter(model).json_schema()
         schema = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": f"{SCHEMA_BASE}{name}.v1.json",

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from conftest import clean_env
 
 from artifactd.cli import cli
+from artifactd.stores import open_store
 
 COMMANDS = {"build", "demo", "diff", "fingerprint", "harvest", "inspect", "ls", "restore"}
 
@@ -156,18 +157,25 @@ def test_restore_miss_json(tmp_path: Path) -> None:
     assert doc["match"] == "miss"
 
 
-def test_restore_require_exits_6(tmp_path: Path) -> None:
-    proc = _run(
-        "restore",
-        "--store",
-        "oci:/nonexistent",
-        "--target",
-        str(tmp_path / "cache"),
-        "--require",
-        cwd=tmp_path,
-    )
+def test_restore_require_exits_6_on_a_miss(tmp_path: Path) -> None:
+    open_store(f"oci:{tmp_path / 'empty'}", create=True)
+    args = ("restore", "--store", f"oci:{tmp_path / 'empty'}", "--target", str(tmp_path / "c"))
+    proc = _run(*args, "--require", cwd=tmp_path)
     assert proc.returncode == 6
     _assert_one_error_line(proc)
+    assert _run(*args, cwd=tmp_path).returncode == 0
+
+
+def test_restore_require_exits_4_for_a_missing_store(tmp_path: Path) -> None:
+    args = ("restore", "--store", "oci:/nonexistent", "--target", str(tmp_path / "cache"))
+    proc = _run(*args, "--require", cwd=tmp_path)
+    assert proc.returncode == 4
+    _assert_one_error_line(proc)
+    assert "restore failed (not_found)" in proc.stderr
+    lenient = _run(*args, cwd=tmp_path)
+    assert lenient.returncode == 0
+    assert "the engine will compile as before" in lenient.stderr
+    assert not (tmp_path / "cache").exists()
 
 
 def test_restore_bad_store_reference_exits_2(tmp_path: Path) -> None:

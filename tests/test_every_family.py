@@ -27,7 +27,8 @@ from cachetrees import (
 from artifactd.families import FAMILIES
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
-from artifactd.restore import execute, plan_restore
+from artifactd.resolve import plan_restore
+from artifactd.restore import restore
 from artifactd.stores import open_store
 
 
@@ -97,7 +98,7 @@ def test_family_harvests_and_restores(family: str, tmp_path: Path, local_fp: Fin
         target = tmp_path / "pod"
         plan = plan_restore(st, local_fp, target, families=[family])
         assert plan.match == "full"
-        done = execute(plan, st)
+        done = restore(plan, st)
     assert done.restored == [family] and done.files == packed.files
     fam = FAMILIES[family]
     # A set: vLLM nests its deep_gemm component inside its cache dir.

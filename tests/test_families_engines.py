@@ -21,7 +21,8 @@ from cachetrees import (
     make_vllm_tree,
 )
 
-from artifactd.archive import PackedLayer, pack_family, unpack_layer
+from artifactd.archive import PackedLayer, pack_family
+from artifactd.unpack import unpack_layer
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily, NinjaFile
 from artifactd.families.sglang import SGLangFamily
@@ -460,7 +461,9 @@ def test_harvest_and_restore_engine_families(
 ) -> None:
     from artifactd.families import FAMILIES
     from artifactd.harvest import harvest
-    from artifactd.restore import execute, plan_restore
+    from artifactd.destination import CacheVolume
+    from artifactd.resolve import noop_plan, plan_restore
+    from artifactd.restore import restore
     from artifactd.stores import open_store
 
     for fam in (FLASHINFER, VLLM, SGLANG):
@@ -477,14 +480,15 @@ def test_harvest_and_restore_engine_families(
     target = tmp_path / "target"
     plan = plan_restore(store, local_fp, target, families=names)
     assert plan.match == "full"
-    execute(plan, store)
+    restore(plan, store)
     # A second, real restore swaps every dir out (the nested deep_gemm included).
     stale = target / "vllm" / "torch_compile_cache" / "stale"
     stale.mkdir()
     shutil.rmtree(target / "sglang-jit")
+    vol = CacheVolume(target)
+    assert noop_plan(store, local_fp.hash, local_fp.flatten(), vol, families=names) is None
     again = plan_restore(store, local_fp, target, families=names)
-    assert not again.noop
-    execute(again, store)
+    restore(again, store)
     assert not stale.exists()
 
     dg = target / "vllm" / "deep_gemm" / "cache" / "kernel.sm90_fp8_gemm_1d2d.0123456789abcdef"

@@ -14,7 +14,8 @@ from cachetrees import (
     make_tilelang_tree,
 )
 
-from artifactd.archive import PackedLayer, pack_family, unpack_layer
+from artifactd.archive import PackedLayer, pack_family
+from artifactd.unpack import unpack_layer
 from artifactd.families.base import Family, Located, sanitize_user
 from artifactd.families.cudajit import CudaJitFamily
 from artifactd.families.cutedsl import CuteDSLFamily

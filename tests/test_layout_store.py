@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from artifactd.archive import unpack_layer
+from artifactd.unpack import unpack_layer
 from artifactd.artifacts import read_artifact
 from artifactd.errors import IntegrityError, NotFoundError, UsageError
 from artifactd.families import FAMILIES

@@ -23,7 +23,9 @@ from registry_server import RegistryServer, start_registry
 from artifactd.errors import ArtifactdError, StoreError, UsageError
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
-from artifactd.restore import STATE_DIR, execute, plan_restore
+from artifactd.destination import STATE_DIR, CacheVolume
+from artifactd.resolve import noop_plan, plan_restore
+from artifactd.restore import restore
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.registry import (
     Credentials,
@@ -173,14 +175,14 @@ def test_push_restore_round_trip_and_resolution_cost(
     # Resolution: the full tag's manifest and its config blob; no tag listing.
     assert len(st.requests) <= 3, st.requests
     assert not any("tags/list" in path for _, path in st.requests)
-    done = execute(plan, st)
+    done = restore(plan, st)
     assert sorted(done.restored) == ["generic", "triton"]
     group = next((target / "triton").glob("*/__grp__*.json"))
     assert str(target / "triton") in group.read_text()
 
     st.requests.clear()
-    again = plan_restore(st, local_fp, target)
-    assert again.noop
+    again = noop_plan(st, local_fp.hash, local_fp.flatten(), CacheVolume(target))
+    assert again is not None and again.noop
     assert all(method == "HEAD" for method, _ in st.requests), st.requests
 
 
@@ -227,7 +229,7 @@ def test_partial_restore_by_family_tags(
     assert plan.match == "partial"
     assert {f.family for f in plan.hits} == {"triton", "generic"}
     assert not any("tags/list" in path for _, path in st.requests)
-    execute(plan, st)
+    restore(plan, st)
     assert (tmp_path / "t" / "generic" / "axpy.sm_90a.cubin").is_file()
 
 
@@ -276,7 +278,7 @@ def test_skopeo_reads_pushed_artifacts_and_its_copy_restores(
     with open_store(f"oci:{layout}") as st:
         plan = plan_restore(st, local_fp, tmp_path / "t")
         assert plan.match == "full"
-        assert sorted(execute(plan, st).restored) == ["generic", "triton"]
+        assert sorted(restore(plan, st).restored) == ["generic", "triton"]
 
 
 def test_copy_between_layout_and_registry(
@@ -364,9 +366,11 @@ def test_stopped_registry_is_a_clean_miss(tmp_path: Path) -> None:
     assert doc["cache_hit"] is False and doc["match"] == "miss"
     assert "cannot reach registry" in doc["error"]
     assert not target.exists()
+    assert doc["failure"]["kind"] == "unreachable" and doc["failure"]["exit_code"] == 3
     required = cli("restore", "--store", ref, "--target", str(target), "--require")
-    assert required.returncode == 6
-    assert "cannot reach registry" in required.stdout
+    assert required.returncode == 3  # unreachable, documented; 6 is for a real miss
+    assert "cannot reach registry" in required.stderr
+    assert "Traceback" not in required.stderr
 
 
 def test_registry_killed_mid_pull_leaves_the_target_untouched(
@@ -391,7 +395,7 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
                 families=["generic"],
             )
             target = tmp_path / "target"
-            execute(plan_restore(st, local_fp, target, families=["generic"]), st)
+            restore(plan_restore(st, local_fp, target, families=["generic"]), st)
             before = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
             newer = local_fp.model_copy(update={"workload": {"model": "newer"}})
             harvest(st, newer, environ=env, families=["generic"])
@@ -416,7 +420,7 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
         plan = plan_restore(st2, newer, target, families=["generic"])
         assert plan.match == "full"
         with pytest.raises(ArtifactdError) as err:
-            execute(plan, st2)
+            restore(plan, st2)
         assert isinstance(err.value, StoreError) or "layer" in err.value.message
         after = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
         assert after == before

@@ -17,7 +17,9 @@ from artifactd.families import FAMILIES, Located
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
 from artifactd.manifest import ArtifactManifest, Provenance, RootFS
-from artifactd.restore import MARKER_NAME, STATE_DIR, execute, plan_restore
+from artifactd.destination import MARKER_NAME, STATE_DIR, CacheVolume
+from artifactd.resolve import noop_plan, plan_restore
+from artifactd.restore import restore
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
 
@@ -60,7 +62,7 @@ def test_full_restore_installs_rewrites_and_marks(
     assert {f.family for f in plan.hits} == {"triton", "generic"}
     assert not target.exists()  # planning writes nothing
 
-    done = execute(plan, store)
+    done = restore(plan, store)
     assert sorted(done.restored) == ["generic", "triton"]
     # Group files now point at the restored root, and every child exists there.
     groups = list((target / "triton").glob("*/__grp__*.json"))
@@ -89,17 +91,17 @@ def test_second_restore_is_a_noop(
 ) -> None:
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
-    execute(plan_restore(store, local_fp, target), store)
+    restore(plan_restore(store, local_fp, target), store)
     before = (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns
-    again = plan_restore(store, local_fp, target)
-    assert again.noop
-    assert execute(again, store).noop
+    again = noop_plan(store, local_fp.hash, local_fp.flatten(), CacheVolume(target))
+    assert again is not None
+    assert restore(again, store).noop
     assert (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns == before
     # Deleting a restored dir invalidates the no-op.
     import shutil
 
     shutil.rmtree(target / "generic")
-    assert not plan_restore(store, local_fp, target).noop
+    assert noop_plan(store, local_fp.hash, local_fp.flatten(), CacheVolume(target)) is None
 
 
 def test_restore_replaces_an_old_cache_atomically(
@@ -109,7 +111,7 @@ def test_restore_replaces_an_old_cache_atomically(
     target = tmp_path / "target"
     (target / "triton" / "stale").mkdir(parents=True)
     (target / "triton" / "stale" / "old.cubin").write_bytes(b"old")
-    execute(plan_restore(store, local_fp, target), store)
+    restore(plan_restore(store, local_fp, target), store)
     assert not (target / "triton" / "stale").exists()
     assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
     leftovers = sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock")
@@ -122,7 +124,7 @@ def test_corrupt_layer_never_replaces_a_good_cache(
     good_fp = _with_workload(local_fp, model="good")
     harvest(store, good_fp, environ=caches)
     target = tmp_path / "target"
-    execute(plan_restore(store, good_fp, target), store)
+    restore(plan_restore(store, good_fp, target), store)
     snapshot = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
 
     # A second artifact whose triton layer is corrupted on disk.
@@ -144,7 +146,7 @@ def test_corrupt_layer_never_replaces_a_good_cache(
 
     plan = plan_restore(store, bad_fp, target)
     with pytest.raises(IntegrityError):
-        execute(plan, store)
+        restore(plan, store)
     after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
     assert after == snapshot
     assert sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock") == [
@@ -165,7 +167,7 @@ def test_partial_restore_by_family_scope(
     }
     assert plan.nearest is not None
     assert {d.path for d in plan.nearest.differing} == {"workload.model", "workload.tp"}
-    execute(plan, store)
+    restore(plan, store)
     assert len(list((tmp_path / "target" / "triton").glob("*/__grp__*.json"))) == 2
 
 
@@ -247,7 +249,7 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     plan = plan_restore(store, local_fp, target, families=["generic"])
     assert plan.match == "full"
     with pytest.raises(UnsafeArtifactError):
-        execute(plan, store)
+        restore(plan, store)
     assert not (tmp_path / "deep" / "escaped.txt").exists()
     assert not (tmp_path / "escaped.txt").exists()
     assert not (target / "generic").exists()
@@ -268,7 +270,7 @@ def test_concurrent_restores_into_one_target_serialize(
     plans = [plan_restore(store, local_fp, target) for _ in range(2)]
     results: list[Any] = []
     threads = [
-        threading.Thread(target=lambda p=p: results.append(execute(p, store))) for p in plans
+        threading.Thread(target=lambda p=p: results.append(restore(p, store))) for p in plans
     ]
     for t in threads:
         t.start()

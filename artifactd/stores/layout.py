@@ -29,6 +29,8 @@ from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_diges
 from artifactd.stores.base import ManifestRef, Progress, Store
 
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}
+#: Registries refuse manifests over 4 MiB; so do we, before reading one whole.
+MAX_MANIFEST_BYTES = 4 << 20
 
 
 class LayoutStore(Store):
@@ -99,13 +101,15 @@ class LayoutStore(Store):
 
     @contextmanager
     def open_blob(self, digest: str, size: int) -> Iterator[BinaryIO]:
-        """Open the blob file for reading."""
+        """Open the blob file for reading; read errors become :class:`StoreError`."""
         try:
             f = self._blob_path(digest).open("rb")
         except FileNotFoundError:
             raise NotFoundError(f"{self.ref} has no blob {digest}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read blob {digest} in {self.ref}: {exc.strerror}") from None
         with f:
-            yield f
+            yield _StoreReader(f, f"{self.ref} blob {digest[:19]}")  # type: ignore[misc]
 
     # -- manifests ---------------------------------------------------------
     def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
@@ -139,29 +143,39 @@ class LayoutStore(Store):
             path = self._blob_path(reference)
             if not path.is_file():
                 return None
-            data = path.read_bytes()
+            data = self._read_manifest(path, reference)
             _verify(data, reference)
             try:
                 media_type = str(json.loads(data).get("mediaType", ""))
             except (ValueError, AttributeError):
                 raise IntegrityError(f"{self.ref}: {reference} is not a JSON manifest") from None
             return ManifestRef(data=data, digest=reference, media_type=media_type)
-        for desc in self._read_index().get("manifests", []):
+        for desc in self._entries():
             if (desc.get("annotations") or {}).get(ANN_REF_NAME) == reference:
                 digest = desc["digest"]
-                try:
-                    data = self._blob_path(digest).read_bytes()
-                except FileNotFoundError:
-                    raise IntegrityError(
-                        f"{self.ref}: tag {reference} points at missing blob {digest}"
-                    ) from None
+                data = self._read_manifest(self._blob_path(digest), reference)
                 _verify(data, digest)
                 return ManifestRef(data=data, digest=digest, media_type=desc.get("mediaType", ""))
         return None
 
+    def _read_manifest(self, path: Path, reference: str) -> bytes:
+        """Read a manifest blob, refusing one too large to be a manifest."""
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_MANIFEST_BYTES + 1)
+        except FileNotFoundError:
+            raise IntegrityError(
+                f"{self.ref}: {reference} points at missing blob {path.name}"
+            ) from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path} in {self.ref}: {exc.strerror}") from None
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise IntegrityError(f"{self.ref}: manifest {reference} is over {MAX_MANIFEST_BYTES} B")
+        return data
+
     def tag_digest(self, tag: str) -> str | None:
         """Read the tag's digest from index.json alone."""
-        for desc in self._read_index().get("manifests", []):
+        for desc in self._entries():
             if (desc.get("annotations") or {}).get(ANN_REF_NAME) == tag:
                 return str(desc["digest"])
         return None
@@ -170,7 +184,7 @@ class LayoutStore(Store):
         """Every ref.name annotation in index.json, sorted."""
         return sorted(
             tag
-            for desc in self._read_index().get("manifests", [])
+            for desc in self._entries()
             if (tag := (desc.get("annotations") or {}).get(ANN_REF_NAME))
         )
 
@@ -185,6 +199,26 @@ class LayoutStore(Store):
         if not isinstance(doc, dict):
             raise StoreError(f"{self.root / 'index.json'} is not a JSON object")
         return doc
+
+    def _entries(self) -> list[dict[str, Any]]:
+        """Return the index's manifest descriptors, each checked for the members we read."""
+        entries = self._read_index().get("manifests", [])
+        where = self.root / "index.json"
+        if not isinstance(entries, list):
+            raise IntegrityError(f"{where}: 'manifests' is not a list")
+        for i, desc in enumerate(entries):
+            ok = (
+                isinstance(desc, dict)
+                and isinstance(desc.get("digest"), str)
+                and DIGEST_RE.match(desc["digest"])
+                and isinstance(desc.get("annotations") or {}, dict)
+            )
+            if not ok:
+                raise IntegrityError(
+                    f"{where}: manifest entry {i} is malformed (no valid digest or annotations)",
+                    hint="the layout was damaged or written by another tool; re-copy the store",
+                )
+        return entries
 
     def _write_index(self, index: dict[str, Any]) -> None:
         atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode())
@@ -204,6 +238,21 @@ class LayoutStore(Store):
     def gc(self) -> int:
         """Not yet: unreferenced blobs are kept (prune is a later feature)."""
         return 0
+
+
+class _StoreReader:
+    """A blob file whose read errors (EIO, a vanished mount) are store errors."""
+
+    def __init__(self, handle: BinaryIO, what: str) -> None:
+        self._handle = handle
+        self._what = what
+
+    def read(self, n: int = -1, /) -> bytes:
+        """Read up to ``n`` bytes."""
+        try:
+            return self._handle.read(n)
+        except OSError as exc:
+            raise StoreError(f"reading {self._what} failed: {exc.strerror}") from None
 
 
 def _verify(data: bytes, digest: str) -> None:

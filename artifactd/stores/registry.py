@@ -51,6 +51,11 @@ TIMEOUT = (5.0, 60.0)
 #: Attempts for requests that fail with a connection error, a timeout or a 5xx.
 ATTEMPTS = 4
 BACKOFF_S = 0.25
+#: Slowest average rate (bytes/s) a blob download may keep after a grace of
+#: ``TIMEOUT[1]`` seconds; a registry that drips bytes slower is given up on,
+#: so a restore always ends in bounded time (a read timeout alone never fires
+#: while a byte arrives now and then).
+MIN_RATE = 64 << 10
 _CHUNK = 1 << 20
 _ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, "application/vnd.oci.image.index.v1+json"])
 _REPO_RE = re.compile(
@@ -265,22 +270,41 @@ class _CountingFile:
 
 
 class _BlobReader:
-    """File-like reading of a streamed response; transport errors become StoreError."""
+    """File-like reading of a streamed response; transport errors become StoreError.
+
+    Also enforces :data:`MIN_RATE`: after a grace period, a transfer whose
+    average rate falls below it is aborted.
+    """
 
     def __init__(self, response: Any, what: str) -> None:
         self._raw = response.raw
         self._raw.decode_content = True
         self._what = what
         self._response = response
+        self._start = time.monotonic()
+        self._done = 0
 
     def read(self, n: int = -1) -> bytes:
+        """Read up to ``n`` bytes of the body."""
         import requests
         import urllib3
 
         try:
-            return bytes(self._raw.read(n if n and n > 0 else None))
+            # read1: whatever one socket read brings, so a dripping registry is
+            # noticed between reads instead of inside one endless read(n).
+            data = bytes(self._raw.read1(n if n and n > 0 else _CHUNK))
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise StoreError(f"transfer of {self._what} failed: {type(exc).__name__}") from None
+        self._done += len(data)
+        elapsed = time.monotonic() - self._start
+        grace = TIMEOUT[1]
+        if elapsed > grace and self._done < MIN_RATE * (elapsed - grace):
+            raise StoreError(
+                f"transfer of {self._what} stalled: {self._done} bytes in {elapsed:.0f} s "
+                f"(slower than {MIN_RATE} B/s)",
+                hint="the registry or the network is too slow; the engine compiles as before",
+            )
+        return data
 
     def close(self) -> None:
         self._response.close()

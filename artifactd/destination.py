@@ -1,0 +1,494 @@
+"""The restore target: a writable cache volume, and every write restore makes to it.
+
+:class:`CacheVolume` owns ``<target>/.artifactd/``:
+
+* ``lock``: an exclusive ``flock`` held for a whole restore (two init
+  containers sharing a node-local volume serialize; the second finds the
+  first one's marker and does nothing);
+* ``staging-<id>/``: where layers are extracted, on the target's filesystem
+  so installing is a rename;
+* ``journal.json``: the intent of an install, written (durably) before the
+  first directory is swapped;
+* ``restored.json``: the marker, written (durably) after the last swap. It
+  is the commit point.
+
+Installing is one transaction over every family of a plan. Each component
+directory is swapped with its staged replacement by ``renameat2(RENAME_EXCHANGE)``
+(a reader sees the old tree or the new one; where the kernel or filesystem
+lacks it, two renames). The old trees stay in staging until the marker is on
+disk. On any error before the marker, every swap already made is undone and
+the marker and env file are left as they were. After a crash (kill -9, power
+cut), the next restore finds the journal under the lock and repairs: when the
+marker on disk is the one the journal announced, the install had committed
+and only the env file and clean-up remain; otherwise every swap is undone.
+Which tree sits at a destination is told by the inode the journal recorded for
+the new one, so repair is correct after a crash at any instruction and can
+itself be interrupted and run again. A no-op check never trusts a marker while
+a journal exists.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from artifactd.errors import ArtifactdError, NoSpaceError, TargetError, UsageError
+from artifactd.fsutil import atomic_write, fsync_dir, write_temp
+from artifactd.marker import (
+    JournalEntry,
+    MarkerFormatError,
+    RestoreJournal,
+    RestoreMarker,
+    dump,
+    load,
+)
+
+STATE_DIR = ".artifactd"
+MARKER_NAME = "restored.json"
+JOURNAL_NAME = "journal.json"
+LOCK_NAME = "lock"
+ENV_FILE_NAME = "artifactd.env"
+ENV_TMP_PREFIX = ".tmp-artifactd-env-"
+#: Seconds a restore waits for another restore's lock on the same target.
+DEFAULT_LOCK_TIMEOUT = 600.0
+#: Space asked for on top of the file bytes: per file (block rounding, inode
+#: and directory entries) and for the volume as a whole (state files).
+PER_FILE_OVERHEAD = 4096
+SPACE_MARGIN = 16 << 20
+
+#: Called with the name of each step boundary of an install; tests inject crashes here.
+StepHook = Callable[[str], None]
+
+
+def no_hook(step: str) -> None:
+    """Do nothing: the default step hook."""
+    del step
+
+
+def os_error(exc: OSError, doing: str) -> ArtifactdError:
+    """Map a filesystem error on the target to the artifactd error a user can act on."""
+    detail = f"{doing}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError(
+            f"no space left on the target filesystem ({detail})",
+            hint="give the cache volume more space, or restore fewer families (--family)",
+        )
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return TargetError(
+            f"the target is not writable ({detail})",
+            hint="mount the cache volume read-write for the user the init container runs as",
+        )
+    return TargetError(f"cannot write the target ({detail})")
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One component directory to install: the staged tree and its live place."""
+
+    family: str
+    staged: Path
+    dest: Path
+
+
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]*$")
+
+
+def render_env_file(env: dict[str, str]) -> str:
+    """Render ``KEY=VALUE`` lines (quoted only when needed), for docker/systemd or ``set -a; .``."""
+    lines = ["# Written by artifactd restore. Load with: set -a; . THIS_FILE; set +a"]
+    for key in sorted(env):
+        value = env[key]
+        if "\n" in value:
+            raise UsageError(f"env value for {key} contains a newline")
+        lines.append(f"{key}={value if _SAFE_VALUE.match(value) else shlex.quote(value)}")
+    return "\n".join(lines) + "\n"
+
+
+class CacheVolume:
+    """A restore target directory and the state restore keeps in it."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        env_file: Path | None = None,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        step_hook: StepHook = no_hook,
+    ) -> None:
+        self.root = root.absolute()
+        self.state = self.root / STATE_DIR
+        self.env_file = (env_file or self.root / ENV_FILE_NAME).absolute()
+        self.lock_timeout = lock_timeout
+        self._hook = step_hook
+
+    @property
+    def marker_path(self) -> Path:
+        """``<target>/.artifactd/restored.json``."""
+        return self.state / MARKER_NAME
+
+    @property
+    def journal_path(self) -> Path:
+        """``<target>/.artifactd/journal.json``."""
+        return self.state / JOURNAL_NAME
+
+    # -- reading -------------------------------------------------------------
+    def read_marker(self) -> RestoreMarker | None:
+        """Return the marker, or None when it is missing or malformed."""
+        try:
+            return load(RestoreMarker, self.marker_path.read_bytes())
+        except (OSError, MarkerFormatError):
+            return None
+
+    def installed(self) -> RestoreMarker | None:
+        """Return the marker only when it describes what is on disk right now.
+
+        No journal (no install in progress or interrupted), every recorded
+        directory present, and the env file holding exactly what the marker
+        says. This is the one check a no-op restore trusts.
+        """
+        if self.journal_path.exists():
+            return None
+        marker = self.read_marker()
+        if marker is None or not all(
+            _is_dir(d) for fam in marker.families.values() for d in fam.dirs.values()
+        ):
+            return None
+        try:
+            if self.env_file.read_text(encoding="utf-8") != render_env_file(marker.env):
+                return None
+        except (OSError, UnicodeError, UsageError):
+            return None
+        return marker
+
+    # -- locking and repair --------------------------------------------------
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the target's exclusive lock; raise :class:`TargetError` if it cannot be had."""
+        import fcntl
+
+        try:
+            self.state.mkdir(parents=True, exist_ok=True)
+            handle = (self.state / LOCK_NAME).open("a")
+        except OSError as exc:
+            raise os_error(exc, f"creating {self.state / LOCK_NAME}") from None
+        with handle:
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TargetError(
+                            f"another restore has held the lock on {self.root} for more than "
+                            f"{self.lock_timeout:.0f} s",
+                            hint="is another init container stuck on this volume?",
+                        ) from None
+                    time.sleep(0.05)
+                except OSError as exc:
+                    raise os_error(exc, f"locking {self.state / LOCK_NAME}") from None
+            yield
+
+    def recover(self) -> str | None:
+        """Repair what an interrupted restore left (call under the lock).
+
+        Returns ``"completed"`` (the install had committed: env file written),
+        ``"rolled back"`` (every swap undone) or None when there was nothing to
+        repair. Leftover staging directories are removed either way.
+        """
+        outcome = None
+        try:
+            journal = load(RestoreJournal, self.journal_path.read_bytes())
+        except FileNotFoundError:
+            journal = None
+        except (OSError, MarkerFormatError):
+            # Unreadable intent: we cannot tell what was swapped. Distrust the
+            # marker so no restore no-ops on top of it, and install afresh.
+            self.marker_path.unlink(missing_ok=True)
+            self.journal_path.unlink(missing_ok=True)
+            outcome = "discarded"
+        if journal is not None:
+            try:
+                committed = (
+                    hashlib.sha256(self.marker_path.read_bytes()).hexdigest()
+                    == journal.marker_sha256
+                )
+            except OSError:
+                committed = False
+            if committed:
+                atomic_write(Path(journal.env_file), journal.env_text.encode(), durable=True)
+                outcome = "completed"
+            else:
+                for entry in reversed(journal.entries):
+                    _undo(entry)
+                outcome = "rolled back"
+            self.journal_path.unlink(missing_ok=True)
+            fsync_dir(self.state)
+        self._clean_leftovers()
+        return outcome
+
+    def _clean_leftovers(self) -> None:
+        if not self.state.is_dir():
+            return
+        for child in self.state.iterdir():
+            if child.name.startswith(("staging-", "trash-")):
+                remove_tree(child)
+            elif child.name.startswith(".tmp-"):
+                child.unlink(missing_ok=True)
+        for tmp in self.env_file.parent.glob(ENV_TMP_PREFIX + "*"):
+            tmp.unlink(missing_ok=True)
+
+    # -- checks before anything is downloaded --------------------------------
+    def check_writable(self) -> None:
+        """Prove the target and the env file's directory take a new file, or raise."""
+        for directory in dict.fromkeys([self.state, self.env_file.parent]):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                write_temp(directory, b"").unlink()
+            except OSError as exc:
+                raise os_error(exc, f"writing in {directory}") from None
+
+    def check_space(self, needs: dict[str, tuple[int, int]], *, max_bytes: int | None) -> int:
+        """Refuse a restore that cannot fit; ``needs`` maps family -> (bytes, files).
+
+        Counts every file rounded up to :data:`PER_FILE_OVERHEAD` plus a margin,
+        and compares with the free space (and free inodes) of the target's
+        filesystem, and with ``max_bytes`` when given. The old caches stay on
+        disk until the new ones are committed, so their space is not counted as
+        free. Returns the bytes needed.
+        """
+        need = SPACE_MARGIN + sum(b + f * PER_FILE_OVERHEAD for b, f in needs.values())
+        files = sum(f for _, f in needs.values())
+        detail = ", ".join(f"{k} {_mib(b)}" for k, (b, _) in sorted(needs.items()))
+        if max_bytes is not None and need - SPACE_MARGIN > max_bytes:
+            raise NoSpaceError(
+                f"the restore would unpack {_mib(need - SPACE_MARGIN)}, over --max-bytes "
+                f"{_mib(max_bytes)} ({detail})",
+                hint="raise --max-bytes or restore fewer families (--family)",
+            )
+        try:
+            vfs = os.statvfs(self.state)
+        except OSError as exc:
+            raise os_error(exc, f"statfs {self.state}") from None
+        free = vfs.f_bavail * vfs.f_frsize
+        if need > free:
+            raise NoSpaceError(
+                f"the restore needs {_mib(need)} on {self.root} and {_mib(free)} are free "
+                f"({detail})",
+                hint="give the cache volume more space, or restore fewer families (--family)",
+            )
+        if vfs.f_files and files > vfs.f_favail:
+            raise NoSpaceError(
+                f"the restore creates {files} files on {self.root} and only {vfs.f_favail} "
+                "inodes are free",
+                hint="give the cache volume more inodes, or restore fewer families",
+            )
+        return need
+
+    def new_staging(self) -> Path:
+        """Create and return a fresh staging directory inside the state dir."""
+        path = self.state / f"staging-{os.urandom(6).hex()}"
+        try:
+            path.mkdir(parents=True)
+        except OSError as exc:
+            raise os_error(exc, f"creating {path}") from None
+        return path
+
+    # -- the transaction -----------------------------------------------------
+    def install(self, staging: Path, swaps: list[Swap], marker: RestoreMarker) -> None:
+        """Swap every staged tree into place, then commit ``marker`` and the env file.
+
+        All or nothing: on any error before the marker is on disk, every swap
+        is undone, and marker and env file are untouched. ``staging`` (which
+        ends up holding the old trees) is removed in every case.
+        """
+        marker_bytes = dump(marker)
+        env_text = render_env_file(marker.env)
+        try:
+            entries = _plan_swaps(swaps)
+            journal = RestoreJournal(
+                run_id=staging.name,
+                staging=str(staging),
+                entries=entries,
+                marker_sha256=hashlib.sha256(marker_bytes).hexdigest(),
+                env_file=str(self.env_file),
+                env_text=env_text,
+                started_at=round(time.time(), 3),
+            )
+            self._hook("before-journal")
+            atomic_write(self.journal_path, dump(journal), durable=True)
+            self._hook("journal")
+            done: list[JournalEntry] = []
+            try:
+                for entry in entries:
+                    _swap_in(entry)
+                    done.append(entry)
+                    self._hook(f"swap:{entry.dest}")
+                # The env file's bytes go to disk before the commit; moving them
+                # into place afterwards is a rename, which a full disk cannot fail.
+                env_tmp = write_temp(
+                    self.env_file.parent, env_text.encode(), durable=True, prefix=ENV_TMP_PREFIX
+                )
+                try:
+                    self._hook("env-staged")
+                    atomic_write(self.marker_path, marker_bytes, durable=True)
+                except BaseException:
+                    env_tmp.unlink(missing_ok=True)
+                    raise
+            except BaseException:
+                for entry in reversed(done):
+                    _undo(entry)
+                self.journal_path.unlink(missing_ok=True)
+                raise
+            self._hook("marker")
+            os.replace(env_tmp, self.env_file)
+            self._hook("env")
+            self.journal_path.unlink(missing_ok=True)
+            fsync_dir(self.state)
+            self._hook("journal-removed")
+        except OSError as exc:
+            raise os_error(exc, "installing the restored caches") from None
+        finally:
+            # With the journal gone, staging holds only trees nobody needs. With
+            # it still there (an undo failed), staging holds the old trees that
+            # the next restore's repair puts back: keep them.
+            if not self.journal_path.exists():
+                remove_tree(staging)
+
+
+def _plan_swaps(swaps: list[Swap]) -> list[JournalEntry]:
+    """Order the swaps outer directories first and say what each will find at its place.
+
+    A component may live inside another one's directory (vLLM keeps
+    ``deep_gemm/`` under its cache root). Once the outer tree is swapped, the
+    inner destination is inside the *new* outer tree, so whether it "had an
+    old" one, and where its parent directories are made, is read from the
+    staged outer tree, before anything moves.
+    """
+    ordered = sorted(swaps, key=lambda s: len(s.dest.parts))
+    entries = []
+    for i, swap in enumerate(ordered):
+        st = os.lstat(swap.staged)
+        if not stat.S_ISDIR(st.st_mode):  # pragma: no cover - the extractor guarantees it
+            raise TargetError(f"staged {swap.staged} is not a directory")
+        outer = next((o for o in reversed(ordered[:i]) if swap.dest.is_relative_to(o.dest)), None)
+        # Where ``dest`` will be resolved at swap time: inside the staged outer tree.
+        future = outer.staged / swap.dest.relative_to(outer.dest) if outer else swap.dest
+        future.parent.mkdir(parents=True, exist_ok=True)
+        entries.append(
+            JournalEntry(
+                family=swap.family,
+                dest=str(swap.dest),
+                staged=str(swap.staged),
+                new_inode=[st.st_dev, st.st_ino],
+                had_old=os.path.lexists(future),
+            )
+        )
+    return entries
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree or a file, whatever is there (errors ignored)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _aside(entry: JournalEntry) -> str:
+    """Where the two-rename fallback parks the old tree."""
+    return entry.staged + ".old"
+
+
+def _holds_new(path: str, entry: JournalEntry) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return [st.st_dev, st.st_ino] == entry.new_inode
+
+
+def _swap_in(entry: JournalEntry) -> None:
+    """Put the staged tree at ``dest``; the old one (if any) ends up in staging."""
+    if not entry.had_old:
+        os.rename(entry.staged, entry.dest)
+    elif not _exchange(entry.staged, entry.dest):
+        os.rename(entry.dest, _aside(entry))
+        os.rename(entry.staged, entry.dest)
+
+
+def _undo(entry: JournalEntry) -> None:
+    """Put the old tree back at ``dest``, from whichever step a swap stopped at.
+
+    Idempotent: running it again after it was interrupted finishes the job.
+    """
+    aside = _aside(entry)
+    if _holds_new(entry.dest, entry):
+        if not entry.had_old:
+            os.rename(entry.dest, entry.staged)
+        elif os.path.lexists(entry.staged):  # exchanged: the old tree is at ``staged``
+            if not _exchange(entry.staged, entry.dest):  # pragma: no cover - exchanged before
+                os.rename(entry.dest, entry.staged + ".new")
+                os.rename(entry.staged, entry.dest)
+        else:  # two renames: the old tree is aside
+            os.rename(entry.dest, entry.staged + ".new")
+            os.rename(aside, entry.dest)
+    elif not os.path.lexists(entry.dest) and os.path.lexists(aside):
+        os.rename(aside, entry.dest)  # stopped between the fallback's two renames
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+@functools.cache
+def _renameat2() -> object:
+    """Return libc's renameat2, or None where libc lacks it (old glibc, musl, macOS)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # the libc this process already loaded
+    except OSError:
+        return None
+    return getattr(libc, "renameat2", None)
+
+
+def _exchange(a: str | Path, b: str | Path) -> bool:
+    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False if unsupported.
+
+    Raises ``OSError`` for real failures (a full disk cannot happen: no bytes move).
+    """
+    fn = _renameat2()
+    if fn is None:
+        return False
+    import ctypes
+
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)  # type: ignore[operator]
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False  # this filesystem or kernel has no exchange
+    raise OSError(err, os.strerror(err), str(b))

@@ -1,0 +1,346 @@
+"""Resolve: which artifact each family of a restore comes from, and whether it already is.
+
+Plan, then execute. :func:`plan_restore` resolves, with a few tag lookups and
+never a scan, the whole artifact tagged ``fp-<local hash>``, else each
+family's ``<family>-<local scope key>`` tag, and says for every family whether
+it will hit and why not; it fetches no layer and writes nothing.
+:func:`noop_plan` is the one no-op check: the target's marker (trusted only
+through :meth:`CacheVolume.installed <artifactd.destination.CacheVolume.installed>`)
+records the resolution that looking up the tags again would give. It reads no
+config and builds no pydantic model, so a restarted pod with a warm volume
+answers in a fraction of a second. :mod:`artifactd.restore` executes plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from artifactd.destination import CacheVolume
+from artifactd.errors import ArtifactdError, StoreError
+from artifactd.families import Family, get_family, select_families
+from artifactd.oci import FULL_TAG_PREFIX, family_tag, full_tag
+from artifactd.probing import scope_key
+from artifactd.stores import Store
+
+if TYPE_CHECKING:
+    # Only planning a miss or executing needs these; a no-op restore never imports them.
+    from artifactd.artifacts import Artifact
+    from artifactd.diff import FieldDiff
+    from artifactd.fingerprint import Fingerprint
+    from artifactd.manifest import LayerRecord
+    from artifactd.marker import RestoreMarker
+
+#: How many whole artifacts a miss reads to name the nearest candidate.
+NEAREST_LIMIT = 16
+
+Verdict = Literal["hit", "miss"]
+
+
+@dataclass
+class FamilyPlan:
+    """What restore will do for one family."""
+
+    family: str
+    verdict: Verdict
+    source: Literal["full", "family"] | None = None
+    artifact: str | None = None
+    layer: LayerRecord | None = None
+    dirs: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None
+    deciding: list[FieldDiff] = field(default_factory=list)
+    tag: str | None = None
+    files: int = 0
+    unpacked: int = 0
+
+    def __post_init__(self) -> None:
+        if self.layer is not None:
+            self.files = len(self.layer.files)
+            self.unpacked = self.layer.unpacked_size
+
+    @property
+    def bytes(self) -> int:
+        """Compressed bytes to fetch."""
+        return self.layer.size if self.layer else 0
+
+
+@dataclass
+class Nearest:
+    """The closest artifact in the store when nothing matched exactly."""
+
+    tag: str
+    digest: str
+    differing: list[FieldDiff]
+    artifact: Artifact | None = field(default=None, repr=False)
+
+
+@dataclass
+class RestorePlan:
+    """The result of resolution: per-family verdicts and where things will go."""
+
+    store: str
+    target: str
+    fingerprint_hash: str
+    match: Literal["full", "partial", "miss"]
+    families: list[FamilyPlan]
+    env: dict[str, str]
+    env_file: str
+    #: The local fingerprint, flattened (scope keys of families that missed).
+    flat: dict[str, Any] = field(default_factory=dict, repr=False)
+    nearest: Nearest | None = None
+    error: str | None = None
+    noop: bool = False
+
+    @property
+    def hits(self) -> list[FamilyPlan]:
+        """Families that will be restored."""
+        return [f for f in self.families if f.verdict == "hit"]
+
+    @property
+    def bytes_to_fetch(self) -> int:
+        """Compressed bytes of every layer that will be fetched."""
+        return sum(f.bytes for f in self.hits)
+
+
+def _family_dirs(fam: Family, target: Path, user: str | None) -> dict[str, str]:
+    return {k: str(v) for k, v in fam.restore_dirs(target, user=user).items()}
+
+
+def plan_restore(
+    store: Store | None,
+    local: Fingerprint,
+    target: Path,
+    *,
+    families: Sequence[str] | None = None,
+    consumer_user: str | None = None,
+    env_file: Path | None = None,
+    store_ref: str | None = None,
+    store_error: str | None = None,
+) -> RestorePlan:
+    """Resolve what to restore for ``local`` into ``target``; fetch no layer, write nothing.
+
+    An unreachable store (``store`` None with ``store_error``, or a
+    :class:`StoreError` while resolving) makes every family a miss that names
+    the error. An artifact that is there but unreadable (corrupt, not ours,
+    schema-invalid) raises its :class:`ArtifactdError`: the caller's policy
+    decides what that means.
+    """
+    target = target.absolute()
+    selected = select_families(families)
+    ref = store.ref if store is not None else (store_ref or "?")
+    plans: list[FamilyPlan] = []
+    match: Literal["full", "partial", "miss"] = "miss"
+    nearest: Nearest | None = None
+    error = store_error
+    if store is not None:
+        try:
+            plans, match = _resolve(store, local, selected, target, consumer_user)
+            if any(p.verdict == "miss" for p in plans) and match != "full":
+                # Only a miss lists tags: resolving itself is tag lookups, never a scan.
+                nearest = _nearest(store, local)
+                _explain_misses(plans, local, nearest)
+        except StoreError as exc:
+            if not exc.kind == "unreachable":
+                raise
+            error = exc.message
+            plans = []
+    if not plans:
+        plans = [
+            FamilyPlan(
+                fam.name,
+                "miss",
+                reason=error or "store unavailable",
+                dirs=_family_dirs(fam, target, consumer_user),
+            )
+            for fam in selected
+        ]
+    env: dict[str, str] = {}
+    for fp in plans:
+        if fp.verdict == "hit":
+            env.update(get_family(fp.family).restore_env(target, user=consumer_user))
+    return RestorePlan(
+        store=ref,
+        target=str(target),
+        fingerprint_hash=local.hash,
+        match=match,
+        families=plans,
+        env=env,
+        env_file=str((env_file or CacheVolume(target).env_file).absolute()),
+        flat=local.flatten(),
+        nearest=nearest,
+        error=error,
+    )
+
+
+def noop_plan(
+    store: Store,
+    fingerprint_hash: str,
+    flat: dict[str, Any],
+    volume: CacheVolume,
+    *,
+    families: Sequence[str] | None = None,
+) -> RestorePlan | None:
+    """Return a no-op plan when the target already holds what resolving would pick.
+
+    The one no-op check, made before planning and again under the target's
+    lock. It trusts the marker only through :meth:`CacheVolume.installed` (no
+    install in progress, every directory there, the env file as recorded),
+    then asks the store whether the same tags still name the same manifests:
+    a few tag lookups, no config parsing. An unreachable store means "resolve
+    again", which reports the miss and leaves the installed caches alone.
+    """
+    marker = volume.installed()
+    names = [f.name for f in select_families(families)]
+    if (
+        marker is None
+        or marker.fingerprint_hash != fingerprint_hash
+        or marker.store != store.ref
+        or marker.selected != names
+    ):
+        return None
+    try:
+        if not _tags_unchanged(store, marker, fingerprint_hash, flat):
+            return None
+    except StoreError:
+        return None
+    plans = [
+        FamilyPlan(
+            name,
+            "hit",
+            fm.source,
+            fm.artifact,
+            None,
+            dict(fm.dirs),
+            tag=fm.tag,
+            files=fm.files,
+            unpacked=fm.bytes,
+        )
+        if (fm := marker.families.get(name)) is not None
+        else FamilyPlan(name, "miss", reason="no matching artifact (unchanged since last restore)")
+        for name in names
+    ]
+    return RestorePlan(
+        store=store.ref,
+        target=str(volume.root),
+        fingerprint_hash=fingerprint_hash,
+        match=marker.match,
+        families=plans,
+        env=dict(marker.env),
+        env_file=str(volume.env_file),
+        flat=flat,
+        noop=True,
+    )
+
+
+def _tags_unchanged(
+    store: Store, marker: RestoreMarker, fingerprint_hash: str, flat: dict[str, Any]
+) -> bool:
+    """Whether resolving now would pick exactly the manifests the marker records."""
+    recorded = marker.families.values()
+    full = store.tag_digest(full_tag(fingerprint_hash))
+    if marker.match == "full":
+        return full is not None and all(f.artifact == full for f in recorded)
+    if full is not None:
+        return False  # a whole artifact appeared since: restore it
+    for fam in recorded:
+        if store.tag_digest(fam.tag) != fam.artifact:
+            return False
+    for name in marker.missed:
+        fam_def = get_family(name)
+        key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
+        if store.tag_digest(family_tag(name, key)) is not None:
+            return False  # a family that missed last time has an artifact now
+    return True
+
+
+def _resolve(
+    store: Store,
+    local: Fingerprint,
+    selected: list[Family],
+    target: Path,
+    user: str | None,
+) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"]]:
+    from artifactd.artifacts import read_artifact
+
+    full = read_artifact(store, full_tag(local.hash))
+    plans: list[FamilyPlan] = []
+    if full is not None:
+        for fam in selected:
+            rec = full.config.layer(fam.name)
+            dirs = _family_dirs(fam, target, user)
+            if rec is None:
+                plans.append(
+                    FamilyPlan(
+                        fam.name,
+                        "miss",
+                        dirs=dirs,
+                        reason="the matching artifact has no such cache",
+                    )
+                )
+            else:
+                plans.append(
+                    FamilyPlan(
+                        fam.name, "hit", "full", full.digest, rec, dirs, tag=full_tag(local.hash)
+                    )
+                )
+        return plans, "full"
+    for fam in selected:
+        key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
+        dirs = _family_dirs(fam, target, user)
+        tag = family_tag(fam.name, key)
+        art = read_artifact(store, tag)
+        rec = art.config.layer(fam.name) if art is not None else None
+        if art is None or rec is None:
+            plans.append(
+                FamilyPlan(
+                    fam.name,
+                    "miss",
+                    dirs=dirs,
+                    reason="no artifact in the store has this family's scope",
+                )
+            )
+        else:
+            plans.append(FamilyPlan(fam.name, "hit", "family", art.digest, rec, dirs, tag=tag))
+    hit = any(p.verdict == "hit" for p in plans)
+    return plans, "partial" if hit else "miss"
+
+
+def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
+    """Read up to :data:`NEAREST_LIMIT` whole artifacts and pick the least different."""
+    from artifactd.artifacts import read_artifact
+    from artifactd.diff import differences
+
+    best: tuple[int, Nearest] | None = None
+    here = local.flatten()
+    for tag in list(store.iter_tags(FULL_TAG_PREFIX))[:NEAREST_LIMIT]:
+        try:
+            art = read_artifact(store, tag)
+        except ArtifactdError:
+            continue
+        if art is None:
+            continue
+        differing = differences(art.config.fingerprint.flatten(), here)
+        if best is None or len(differing) < best[0]:
+            best = (len(differing), Nearest(tag, art.digest, differing, art))
+    return best[1] if best else None
+
+
+def _explain_misses(plans: list[FamilyPlan], local: Fingerprint, nearest: Nearest | None) -> None:
+    from artifactd.diff import family_verdict
+
+    if nearest is None or nearest.artifact is None:
+        return
+    art = nearest.artifact
+    for p in plans:
+        if p.verdict != "miss":
+            continue
+        fam = get_family(p.family)
+        if art.config.layer(fam.name) is None:
+            continue
+        verdict = family_verdict(fam, art.config.fingerprint, local)
+        p.deciding = verdict.deciding
+        if verdict.deciding:
+            names = ", ".join(d.path for d in verdict.deciding)
+            p.reason = f"nearest artifact {nearest.tag[:19]}... differs in {names}"

@@ -1,0 +1,589 @@
+"""Unpack a family layer safely: check the record, then stream the blob into staging.
+
+This is the dangerous half of the layer format, and it fails closed.
+
+:func:`check_layer` runs before a byte is downloaded. It holds the layer's
+record (from the artifact config) to the format's rules, so an artifact that
+is consistent but hostile is refused up front: every component is one the
+family knows; every path is relative, has no ``.`` or ``..``, is at most
+:data:`MAX_PATH_BYTES` long with no part over :data:`MAX_NAME_BYTES`, and is
+not the component root itself; no path is listed twice or lies under another
+file or a symlink; files have mode 0644 or 0755, symlinks stay inside their
+component; files marked for path rewriting are at most
+:data:`MAX_REWRITE_BYTES`; ``unpacked_size`` is the sum of the file sizes and
+the compressed size is plausible for it. It returns the most bytes the tar
+stream may decompress to.
+
+:func:`unpack_layer` then streams the blob: every member is checked before
+anything is written (the same rules, plus no devices, fifos, hard links or
+setuid/setgid/sticky bits, directories mode 0755, nothing the record does not
+list), files are created with ``O_EXCL | O_NOFOLLOW`` under the staging root,
+directories are made one level at a time (never through anything but a real
+directory), symlinks are created last so no member writes through one, and
+the layer digest, its size and every file's sha256 are verified. The
+decompressed stream may not exceed the bound :func:`check_layer` computed and
+zstd's window is capped, so a compression bomb costs neither disk nor memory.
+The tar's ``diff_id`` is not checked: the compressed digest and every file's
+sha256 already pin every byte that is installed. Callers install from staging
+only after :func:`unpack_layer` returns; on error they discard staging, the
+only place anything was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+import zstandard
+
+from artifactd.archive import HashingReader, Readable, link_inside
+from artifactd.errors import IntegrityError, UnsafeArtifactError
+from artifactd.manifest import FileEntry, LayerRecord
+
+#: Longest member path (``component/relative/path``), in UTF-8 bytes.
+MAX_PATH_BYTES = 1024
+#: Longest single path part, in UTF-8 bytes (Linux NAME_MAX).
+MAX_NAME_BYTES = 255
+#: Largest file marked for path rewriting; it is rewritten in memory.
+MAX_REWRITE_BYTES = 16 << 20
+#: Modes a regular file may have; symlinks are 0777, directories 0755.
+FILE_MODES = frozenset({0o644, 0o755})
+#: Directories the record does not imply that a layer may still carry (empty dirs).
+EXTRA_DIRS = 4096
+#: zstd window cap: the packer's level 6 uses a few MiB; a bomb may not ask for GiBs.
+MAX_ZSTD_WINDOW = 128 << 20
+_CHUNK = 1 << 20
+_BLOCK = 512
+
+
+def _round(n: int) -> int:
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _header_bound(name: str, link: str | None = None) -> int:
+    """Most tar bytes one member's headers take: a ustar header plus a PAX header."""
+    return 3 * _BLOCK + 2 * _round(len(name.encode()) + len((link or "").encode()) + 256)
+
+
+def check_member_name(name: str, components: frozenset[str]) -> PurePosixPath:
+    """Return the member's relative path, or raise :class:`UnsafeArtifactError`."""
+    if not name or "\x00" in name or "\\" in name:
+        raise UnsafeArtifactError(f"member name {name!r} is empty or has forbidden characters")
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        raise UnsafeArtifactError(f"member {name!r} has an absolute path")
+    if any(part in ("..", ".") for part in path.parts) or name.startswith("./"):
+        raise UnsafeArtifactError(f"member {name!r} has a '.' or '..' component")
+    if path.parts[0] not in components:
+        raise UnsafeArtifactError(f"member {name!r} is outside the layer's components")
+    encoded = name.encode("utf-8", "surrogateescape")
+    if len(encoded) > MAX_PATH_BYTES:
+        raise UnsafeArtifactError(
+            f"member {name[:60]!r}... is {len(encoded)} bytes long (limit {MAX_PATH_BYTES})"
+        )
+    if any(len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for part in path.parts):
+        raise UnsafeArtifactError(
+            f"member {name[:60]!r}... has a path part over {MAX_NAME_BYTES} bytes"
+        )
+    return path
+
+
+def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePosixPath:
+    """Validate one tar member fully (name, type, mode, link target)."""
+    path = check_member_name(member.name.rstrip("/"), components)
+    if member.isdev() or member.isfifo():
+        raise UnsafeArtifactError(f"member {member.name!r} is a device or fifo")
+    if member.islnk():
+        raise UnsafeArtifactError(f"member {member.name!r} is a hard link")
+    if not (member.isreg() or member.isdir() or member.issym()):
+        raise UnsafeArtifactError(f"member {member.name!r} has unsupported type {member.type!r}")
+    if member.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX):
+        raise UnsafeArtifactError(f"member {member.name!r} has setuid/setgid/sticky bits")
+    if member.isdir():
+        if member.mode & 0o7777 != 0o755:
+            raise UnsafeArtifactError(
+                f"directory {member.name!r} has mode {member.mode & 0o7777:04o}; only 0755"
+            )
+        return path
+    if len(path.parts) < 2:
+        raise UnsafeArtifactError(
+            f"member {member.name!r} replaces its component directory with a non-directory"
+        )
+    if member.issym() and not link_inside(PurePosixPath(*path.parts[1:]), member.linkname):
+        raise UnsafeArtifactError(f"symlink {member.name!r} -> {member.linkname!r} leaves its root")
+    return path
+
+
+def check_layer(record: LayerRecord, known_components: frozenset[str]) -> int:
+    """Hold a layer record to the format's rules; return the most tar bytes it may unpack from.
+
+    Runs before anything is downloaded. Raises :class:`UnsafeArtifactError` for
+    anything the format forbids and :class:`IntegrityError` when the record
+    contradicts itself.
+    """
+    comps = record.components
+    unknown = sorted(set(comps) - known_components)
+    if unknown:
+        raise UnsafeArtifactError(
+            f"layer {record.family} declares component(s) {unknown} the family does not have"
+            f" (it has {sorted(known_components)})"
+        )
+    if len(set(comps)) != len(comps) or not comps:
+        raise IntegrityError(f"layer {record.family}: component list {comps} is empty or repeats")
+    components = frozenset(comps)
+    files: set[PurePosixPath] = set()
+    dirs: set[PurePosixPath] = set()
+    for entry in record.files:
+        path = _check_entry(entry, components)
+        if path in files:
+            raise UnsafeArtifactError(f"{entry.path!r} is listed twice")
+        files.add(path)
+        dirs.update(path.parents[:-1])
+    clash = next((d for d in dirs if d in files), None)
+    if clash is not None:
+        raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
+    bound = tar_bound(record.files, components)
+    total = sum(e.size for e in record.files)
+    if total != record.unpacked_size:
+        raise IntegrityError(
+            f"layer {record.family}: unpacked_size {record.unpacked_size} is not the sum of its "
+            f"file sizes ({total})"
+        )
+    # zstd never grows incompressible data by more than a small fraction.
+    if record.size > bound + bound // 64 + (1 << 20):
+        raise IntegrityError(
+            f"layer {record.family}: {record.size} compressed bytes for at most {bound} of tar"
+        )
+    return bound
+
+
+def tar_bound(entries: list[FileEntry], components: frozenset[str]) -> int:
+    """Return the most bytes an honest tar of these entries can take.
+
+    File data rounded to tar blocks, a ustar and a PAX header per file and per
+    directory the paths imply, :data:`EXTRA_DIRS` more (empty) directories, and
+    the end-of-archive padding.
+    """
+    dirs = {PurePosixPath(c) for c in components}
+    bound = 2 * 10240 + EXTRA_DIRS * _header_bound("x" * MAX_PATH_BYTES)
+    for entry in entries:
+        dirs.update(PurePosixPath(entry.path).parents[:-1])
+        bound += _round(entry.size) + _header_bound(entry.path, entry.link)
+    return bound + sum(_header_bound(str(d)) for d in dirs)
+
+
+def _check_entry(entry: FileEntry, components: frozenset[str]) -> PurePosixPath:
+    """Hold one file entry of a record to the format's rules; return its path."""
+    path = check_member_name(entry.path, components)
+    if len(path.parts) < 2:
+        raise UnsafeArtifactError(f"{entry.path!r} would replace its component directory")
+    if entry.link is not None:
+        if entry.mode != 0o777 or entry.size != 0:
+            raise UnsafeArtifactError(f"symlink {entry.path!r} has mode or size set")
+        if not link_inside(PurePosixPath(*path.parts[1:]), entry.link):
+            raise UnsafeArtifactError(f"symlink {entry.path!r} -> {entry.link!r} leaves root")
+    elif entry.mode not in FILE_MODES:
+        raise UnsafeArtifactError(
+            f"{entry.path!r} has mode {entry.mode:04o}; only 0644 and 0755 are allowed"
+        )
+    if entry.rewrite and entry.size > MAX_REWRITE_BYTES:
+        raise UnsafeArtifactError(
+            f"{entry.path!r} is marked for path rewriting and is {entry.size} bytes "
+            f"(limit {MAX_REWRITE_BYTES})"
+        )
+    return path
+
+
+@dataclass
+class UnpackResult:
+    """What :func:`unpack_layer` wrote under the staging root."""
+
+    files: int
+    bytes: int
+
+
+#: Files up to this size are read whole and written by the writer threads;
+#: larger ones stream to disk on the reading thread.
+_BUFFERED_FILE = 64 << 20
+#: Bytes read ahead of the writer threads, at most.
+_IN_FLIGHT = 256 << 20
+#: Two writers overlap file creation with parsing; more contend on this disk (measured).
+_WRITERS = 2
+#: Writes queued ahead of the writer threads, at most.
+_MAX_QUEUED = 1024
+
+
+class _ByteBudget:
+    """Bounds the bytes handed to writer threads and not yet written."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int) -> None:
+        with self._cond:
+            # A file bigger than the whole budget waits until nothing else is in flight.
+            self._cond.wait_for(lambda: self._used == 0 or self._used + n <= self._limit)
+            self._used += n
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self._used -= n
+            self._cond.notify_all()
+
+
+class _Bounded:
+    """Reads from a decompressed stream, refusing to go past ``limit`` bytes."""
+
+    def __init__(self, source: Readable, limit: int, digest: str) -> None:
+        self._source = source
+        self._left = limit
+        self._digest = digest
+
+    def read(self, n: int = -1) -> bytes:
+        want = self._left + 1 if n is None or n < 0 else min(n, self._left + 1)
+        data = self._source.read(want)
+        self._left -= len(data)
+        if self._left < 0:
+            raise IntegrityError(
+                f"layer {self._digest} decompresses to more than its record allows"
+                " (a compression bomb, or sizes that lie)"
+            )
+        return data
+
+
+class _Extractor:
+    """Per-layer extraction state: what the record expects, what was written.
+
+    The tar stream is read, checked and hashed in order on one thread; small
+    files are then written by a few writer threads, because creating files is
+    what restore time is made of on real disks (open + write + close overlap
+    well, and release the GIL). Large files stream straight to disk. Every
+    write goes under ``staging`` only; any error discards it.
+    """
+
+    def __init__(
+        self,
+        staging: Path,
+        entries: list[FileEntry],
+        relocate: Callable[[str, bytes], bytes] | None,
+        keep_mtimes: bool,
+    ) -> None:
+        self.staging = staging
+        self.expected = {e.path: e for e in entries}
+        self.seen: set[str] = set()
+        self.dirs: set[PurePosixPath] = set()
+        self._dirs_lock = threading.Lock()
+        self.links: list[tuple[Path, str]] = []
+        self.total = 0
+        self.relocate = relocate
+        self.keep_mtimes = keep_mtimes
+        # Read once per extraction (never set: os.umask would race other threads).
+        self.umask = current_umask()
+        self._pool = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="extract")
+        self._budget = _ByteBudget(_IN_FLIGHT)
+        self._slots = threading.BoundedSemaphore(_MAX_QUEUED)
+        self._error: BaseException | None = None
+
+    def abort(self) -> None:
+        """Stop the writers: drop queued writes, wait for running ones."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Wait for the writers; raise the first error any of them hit."""
+        self._pool.shutdown(wait=True)
+        if self._error is not None:
+            raise self._error
+
+    def mkdirs(self, rel: PurePosixPath) -> None:
+        """Create ``rel`` and its parents under staging, one level at a time (any thread)."""
+        if not rel.parts:
+            return
+        missing = []
+        with self._dirs_lock:
+            for d in (rel, *rel.parents[:-1]):
+                if d in self.dirs:
+                    break
+                missing.append(d)
+        for d in reversed(missing):  # parents first; no recursion, whatever the depth
+            _mkdir_checked(self.staging.joinpath(*d.parts), self.umask)
+            with self._dirs_lock:
+                self.dirs.add(d)
+
+    def _submit(self, size: int, fn: Callable[..., None], *args: object) -> None:
+        """Queue a write; raise a writer's earlier error here, on the reading thread."""
+        if self._error is not None:
+            raise self._error
+        self._slots.acquire()
+        self._budget.acquire(size)
+
+        def task() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:
+                if self._error is None:
+                    self._error = exc
+            finally:
+                self._budget.release(size)
+                self._slots.release()
+
+        self._pool.submit(task)
+
+    def _write(self, rel: PurePosixPath, data: bytes, entry: FileEntry) -> None:
+        """Writer-thread task: make the parent dirs, then the file."""
+        self.mkdirs(rel.parent)
+        _write_small(self.staging.joinpath(*rel.parts), data, entry, self.keep_mtimes, self.umask)
+
+    def member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: PurePosixPath) -> None:
+        """Check one member against the record, then queue or stream its write."""
+        if member.isdir():
+            self._submit(0, self.mkdirs, rel)
+            return
+        name = rel.as_posix()
+        entry = self.expected.get(name)
+        if entry is None:
+            raise UnsafeArtifactError(f"member {name!r} is not in the manifest")
+        if name in self.seen:
+            raise UnsafeArtifactError(f"member {name!r} appears twice")
+        self.seen.add(name)
+        dest = self.staging.joinpath(*rel.parts)
+        if member.issym():
+            if entry.link != member.linkname:
+                raise IntegrityError(f"symlink {name!r} differs from the manifest")
+            # Created after every file: no later member can write through a link.
+            self.links.append((dest, member.linkname))
+            return
+        _match_file(member, entry)
+        src = tar.extractfile(member)
+        if src is None:  # pragma: no cover - a regular member always has a data stream
+            raise IntegrityError(f"member {name!r} has no data")
+        self.total += entry.size
+        if entry.size > _BUFFERED_FILE and not entry.rewrite:
+            self.mkdirs(rel.parent)
+            _stream_member(src, dest, entry, self.keep_mtimes, self.umask)
+            return
+        data = src.read()
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise IntegrityError(f"{entry.path}: content does not match its sha256")
+        if entry.rewrite and self.relocate is not None:
+            try:
+                data = self.relocate(entry.path, data)
+            except (ValueError, UnicodeError) as exc:  # JSONDecodeError is a ValueError
+                raise IntegrityError(
+                    f"{entry.path}: marked for path rewriting but cannot be rewritten "
+                    f"({type(exc).__name__}: {str(exc)[:80]})"
+                ) from None
+        self._submit(len(data), self._write, rel, data, entry)
+
+    def finish(self, digest: str, components: frozenset[str]) -> UnpackResult:
+        """Wait for the writers, create the symlinks, and check the staged tree is complete."""
+        self.close()
+        missing = sorted(set(self.expected) - self.seen)
+        if missing:
+            raise IntegrityError(
+                f"layer {digest} lacks {len(missing)} listed file(s), e.g. {missing[0]}"
+            )
+        for dest, target in self.links:
+            self.mkdirs(PurePosixPath(dest.relative_to(self.staging)).parent)
+            try:
+                os.symlink(target, dest)
+            except FileExistsError as exc:
+                raise UnsafeArtifactError(f"symlink {dest.name}: collides with a member") from exc
+        # The lexical check cannot see through links to links (cache/y -> ., then
+        # cache/b -> y/y/../..): resolve every link now that all exist. Nothing was
+        # written through any of them, so refusing here still loses nothing.
+        for dest, target in self.links:
+            component = self.staging / dest.relative_to(self.staging).parts[0]
+            root = os.path.realpath(component)
+            real = os.path.realpath(dest)
+            if real != root and not real.startswith(root + os.sep):
+                raise UnsafeArtifactError(f"symlink {dest.name} -> {target} resolves outside root")
+        for comp in sorted(components):
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(self.staging / comp).st_mode)
+            except FileNotFoundError:
+                is_dir = False
+            if not is_dir:
+                raise IntegrityError(
+                    f"layer {digest} declares component {comp!r} but carries no directory for it",
+                    hint="every packed component has a directory member, even when empty",
+                )
+        return UnpackResult(files=len(self.seen), bytes=self.total)
+
+
+def _match_file(member: tarfile.TarInfo, entry: FileEntry) -> None:
+    """Check a regular-file member's header against its record entry."""
+    if entry.link is not None:
+        raise IntegrityError(f"{entry.path!r} is a symlink in the manifest, a file in the layer")
+    if member.size != entry.size:
+        raise IntegrityError(f"{entry.path}: size {member.size} differs from manifest {entry.size}")
+    if member.mode & 0o7777 != entry.mode:
+        raise IntegrityError(
+            f"{entry.path}: mode {member.mode & 0o7777:04o} differs from manifest {entry.mode:04o}"
+        )
+
+
+def unpack_layer(
+    blob: Readable,
+    *,
+    digest: str,
+    size: int,
+    entries: list[FileEntry],
+    staging: Path,
+    components: frozenset[str],
+    max_tar_bytes: int | None = None,
+    relocate: Callable[[str, bytes], bytes] | None = None,
+    keep_mtimes: bool = False,
+) -> UnpackResult:
+    """Verify and extract one layer stream into ``staging``.
+
+    ``max_tar_bytes`` comes from :func:`check_layer` (default: :func:`tar_bound`
+    of ``entries``). ``relocate(member_path,
+    data)`` rewrites files the record marks with ``rewrite``. Raises
+    :class:`IntegrityError` (digest, size, file hash or record mismatch),
+    :class:`UnsafeArtifactError`, or ``OSError`` from the filesystem (a full
+    disk); on error the caller discards ``staging``, which is the only place
+    anything was written.
+    """
+    extractor = _Extractor(staging, entries, relocate, keep_mtimes)
+    try:
+        return _unpack(
+            blob,
+            extractor,
+            digest=digest,
+            size=size,
+            components=components,
+            max_tar_bytes=tar_bound(entries, components)
+            if max_tar_bytes is None
+            else max_tar_bytes,
+        )
+    finally:
+        # On any error, no writer thread may still be writing when the caller
+        # discards staging; on success this is a no-op (finish already waited).
+        extractor.abort()
+
+
+def _unpack(
+    blob: Readable,
+    extractor: _Extractor,
+    *,
+    digest: str,
+    size: int,
+    components: frozenset[str],
+    max_tar_bytes: int,
+) -> UnpackResult:
+    extractor.staging.mkdir(parents=True, exist_ok=True)
+    compressed = HashingReader(blob)
+    try:
+        dctx = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
+        with dctx.stream_reader(compressed, closefd=False) as zr:  # type: ignore[arg-type]
+            plain = _Bounded(zr, max_tar_bytes, digest)
+            with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
+                for member in tar:
+                    extractor.member(tar, member, check_member(member, components))
+            # tarfile stops at the end-of-archive marker; hash whatever follows too.
+            while plain.read(_CHUNK):
+                pass
+    except tarfile.TarError as exc:
+        raise IntegrityError(f"layer {digest} is not a valid tar stream: {exc}") from exc
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"layer {digest} is not valid zstd data: {exc}") from exc
+    except UnicodeError as exc:
+        raise UnsafeArtifactError(f"layer {digest} has a member name that is not UTF-8") from exc
+    if compressed.size > size:
+        raise IntegrityError(f"layer {digest}: more than the {size} bytes its descriptor says")
+    compressed.drain()
+    if compressed.size != size:
+        raise IntegrityError(f"layer {digest}: expected {size} bytes, got {compressed.size}")
+    actual = "sha256:" + compressed.sha.hexdigest()
+    if actual != digest:
+        raise IntegrityError(f"layer digest mismatch: expected {digest}, got {actual}")
+    return extractor.finish(digest, components)
+
+
+def current_umask() -> int:
+    """Return the process umask without changing it; 0o777 when unknown.
+
+    ``os.umask`` sets while it reads, which would race with our own writer
+    threads. With an unknown umask every mode is set explicitly.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o777
+
+
+def _mkdir_checked(path: Path, umask: int) -> None:
+    """Create one directory, refusing to pass through anything but a real directory."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise UnsafeArtifactError(
+                f"{path.name} collides with a member that is not a directory"
+            ) from None
+    except NotADirectoryError:
+        raise UnsafeArtifactError(
+            f"{path.name}: a parent collides with a member that is not a directory"
+        ) from None
+    else:
+        if umask & 0o755:  # the umask took bits away: put them back
+            os.chmod(path, 0o755)  # noqa: S103 - cache dirs are world-readable by design
+
+
+def _create(dest: Path, entry: FileEntry, umask: int) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    mode = entry.mode & 0o777
+    try:
+        fd = os.open(dest, flags, mode)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
+        raise UnsafeArtifactError(
+            # Writer threads race dir and file creation: whichever side loses
+            # reports the same collision, so the message does not depend on timing.
+            f"{entry.path}: collides with another member (one of them is not a directory)"
+        ) from exc
+    if umask & mode:
+        os.fchmod(fd, mode)  # the manifest's mode, whatever the umask
+    return fd
+
+
+def _write_small(dest: Path, data: bytes, entry: FileEntry, keep_mtimes: bool, umask: int) -> None:
+    """Write an already verified file (runs on a writer thread)."""
+    fd = _create(dest, entry, umask)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    if keep_mtimes and entry.mtime is not None:
+        os.utime(dest, (entry.mtime, entry.mtime))
+
+
+def _stream_member(
+    src: IO[bytes], dest: Path, entry: FileEntry, keep_mtimes: bool, umask: int
+) -> None:
+    """Stream a large file to disk, hashing as it goes."""
+    fd = _create(dest, entry, umask)
+    sha = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out:
+        while chunk := src.read(_CHUNK):
+            sha.update(chunk)
+            out.write(chunk)
+    if sha.hexdigest() != entry.sha256:
+        raise IntegrityError(f"{entry.path}: content does not match its sha256")
+    if keep_mtimes and entry.mtime is not None:
+        os.utime(dest, (entry.mtime, entry.mtime))
