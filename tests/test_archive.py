@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from artifactd.archive import PackedLayer, pack_family
-from artifactd.unpack import UnpackResult, unpack_layer
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Family, Located
 from artifactd.families.base import ROOT_PLACEHOLDER
 from artifactd.manifest import FileEntry
+from artifactd.unpack import UnpackResult, unpack_layer
 
 GENERIC = FAMILIES["generic"]
 TRITON = FAMILIES["triton"]
@@ -577,7 +577,12 @@ def _unsafe_cases(outside: str) -> list[tuple[str, list[Member], list[FileEntry]
             [entry("cache/d/l", link="../../x")],
             "leaves",
         ),
-        ("symlink-component", [sym("cache", outside)], [entry("cache", link=outside)], "replaces its component"),
+        (
+            "symlink-component",
+            [sym("cache", outside)],
+            [entry("cache", link=outside)],
+            "replaces its component",
+        ),
         ("symlink-empty", [sym("cache/l", "")], [entry("cache/l", link="")], "leaves"),
         (
             "hardlink",

@@ -22,7 +22,6 @@ from cachetrees import (
 )
 
 from artifactd.archive import PackedLayer, pack_family
-from artifactd.unpack import unpack_layer
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily, NinjaFile
 from artifactd.families.sglang import SGLangFamily
@@ -37,6 +36,7 @@ from artifactd.families.vllm import (
     volatile_factors,
 )
 from artifactd.fingerprint import Fingerprint, LibraryInfo
+from artifactd.unpack import unpack_layer
 
 FLASHINFER = FlashInferFamily()
 VLLM = VLLMFamily()
@@ -459,9 +459,9 @@ def test_engine_modules_read_only_named_env_vars() -> None:
 def test_harvest_and_restore_engine_families(
     tmp_path: Path, local_fp: Fingerprint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from artifactd.destination import CacheVolume
     from artifactd.families import FAMILIES
     from artifactd.harvest import harvest
-    from artifactd.destination import CacheVolume
     from artifactd.resolve import noop_plan, plan_restore
     from artifactd.restore import restore
     from artifactd.stores import open_store

@@ -15,13 +15,13 @@ from cachetrees import (
 )
 
 from artifactd.archive import PackedLayer, pack_family
-from artifactd.unpack import unpack_layer
 from artifactd.families.base import Family, Located, sanitize_user
 from artifactd.families.cudajit import CudaJitFamily
 from artifactd.families.cutedsl import CuteDSLFamily
 from artifactd.families.deepgemm import PARTIAL_REASON, DeepGEMMFamily
 from artifactd.families.tilelang import TileLangFamily
 from artifactd.fingerprint import Fingerprint, LibraryInfo
+from artifactd.unpack import unpack_layer
 
 DEEPGEMM = DeepGEMMFamily()
 TILELANG = TileLangFamily()

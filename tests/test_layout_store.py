@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from artifactd.unpack import unpack_layer
 from artifactd.artifacts import read_artifact
 from artifactd.errors import IntegrityError, NotFoundError, UsageError
 from artifactd.families import FAMILIES
@@ -20,6 +19,7 @@ from artifactd.harvest import HarvestResult, harvest
 from artifactd.oci import ANN_REF_NAME, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
+from artifactd.unpack import unpack_layer
 
 KEY = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo"
 

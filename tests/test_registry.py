@@ -20,10 +20,10 @@ from cachetrees import make_generic_tree, make_triton_tree
 from conftest import clean_env
 from registry_server import RegistryServer, start_registry
 
+from artifactd.destination import STATE_DIR, CacheVolume
 from artifactd.errors import ArtifactdError, StoreError, UsageError
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
-from artifactd.destination import STATE_DIR, CacheVolume
 from artifactd.resolve import noop_plan, plan_restore
 from artifactd.restore import restore
 from artifactd.stores import open_store, parse_artifact_ref

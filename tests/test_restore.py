@@ -12,12 +12,12 @@ from cachetrees import make_generic_tree, make_triton_tree
 
 from artifactd.archive import pack_family
 from artifactd.artifacts import publish
+from artifactd.destination import MARKER_NAME, STATE_DIR, CacheVolume
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Located
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
 from artifactd.manifest import ArtifactManifest, Provenance, RootFS
-from artifactd.destination import MARKER_NAME, STATE_DIR, CacheVolume
 from artifactd.resolve import noop_plan, plan_restore
 from artifactd.restore import restore
 from artifactd.stores import open_store
