@@ -64,5 +64,5 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
 @pytest.fixture
 def repo(request: pytest.FixtureRequest) -> str:
     """A repository name of its own for each test."""
-    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:60]
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:60].strip("-")
     return f"t/{name}"

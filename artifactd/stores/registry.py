@@ -56,6 +56,8 @@ BACKOFF_S = 0.25
 #: so a restore always ends in bounded time (a read timeout alone never fires
 #: while a byte arrives now and then).
 MIN_RATE = 64 << 10
+#: Largest body a non-blob answer (manifest, tag list, error document) may have.
+MAX_DOCUMENT = 4 << 20
 _CHUNK = 1 << 20
 _ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, "application/vnd.oci.image.index.v1+json"])
 _REPO_RE = re.compile(
@@ -310,6 +312,34 @@ class _BlobReader:
         self._response.close()
 
 
+def _read_document(resp: Any, what: str) -> None:
+    """Read a non-blob answer's body whole, as requests would, bounded in time and size.
+
+    requests' own read has only the per-read timeout: a registry that drips a
+    manifest, or sends an endless one, would hold the restore forever (and
+    fill memory). Transport errors propagate, for the caller to retry.
+    """
+    raw = resp.raw
+    raw.decode_content = True
+    start = time.monotonic()
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := raw.read1(64 << 10):
+        total += len(chunk)
+        if total > MAX_DOCUMENT:
+            raise StoreError(f"{what}: answer larger than {MAX_DOCUMENT} bytes")
+        elapsed = time.monotonic() - start
+        if elapsed > TIMEOUT[1] and total < MIN_RATE * (elapsed - TIMEOUT[1]):
+            raise StoreError(
+                f"{what}: answer stalled: {total} bytes in {elapsed:.0f} s "
+                f"(slower than {MIN_RATE} B/s)"
+            )
+        chunks.append(chunk)
+    # Hand the body to requests as if it had read it: resp.content / resp.json() use it.
+    resp._content = b"".join(chunks)
+    resp._content_consumed = True
+
+
 class RegistryStore(Store):
     """A repository in an OCI registry, spoken to over the distribution API."""
 
@@ -455,18 +485,29 @@ class RegistryStore(Store):
         data: Any = body
         if handle is not None:
             data = _CountingFile(handle, progress) if progress else handle
+        import urllib3
+
+        resp = None
         try:
             resp = client.session.request(
                 method,
                 url,
                 headers=headers,
                 data=data,
-                stream=stream,
+                stream=True,  # small bodies too: read below, under MIN_RATE and a size cap
                 timeout=TIMEOUT,
                 allow_redirects=True,
             )
-        except requests.RequestException as exc:
-            return None, type(exc).__name__
+            if not stream:
+                _read_document(resp, f"{method} {url.rsplit('/', 2)[-2]}")
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            if resp is not None:
+                resp.close()
+            return None, type(exc).__name__  # retried
+        except StoreError:
+            if resp is not None:
+                resp.close()
+            raise  # stalled or oversized: not retried
         finally:
             if handle is not None:
                 handle.close()
