@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifactd.errors import ArtifactdError, NoSpaceError, TargetError, UsageError
-from artifactd.fsutil import atomic_write, fsync_dir, write_temp
+from artifactd.fsutil import atomic_write, fsync_dir, sync_filesystem, write_temp
 from artifactd.marker import (
     JournalEntry,
     MarkerFormatError,
@@ -126,9 +126,9 @@ class CacheVolume:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         step_hook: StepHook = no_hook,
     ) -> None:
-        self.root = root.absolute()
+        self.root = Path(os.path.normpath(root.absolute()))
         self.state = self.root / STATE_DIR
-        self.env_file = (env_file or self.root / ENV_FILE_NAME).absolute()
+        self.env_file = Path(os.path.normpath((env_file or self.root / ENV_FILE_NAME).absolute()))
         self.lock_timeout = lock_timeout
         self._hook = step_hook
 
@@ -204,8 +204,15 @@ class CacheVolume:
         """Repair what an interrupted restore left (call under the lock).
 
         Returns ``"completed"`` (the install had committed: env file written),
-        ``"rolled back"`` (every swap undone) or None when there was nothing to
-        repair. Leftover staging directories are removed either way.
+        ``"rolled back"`` (every swap undone), ``"discarded"`` (a journal that
+        cannot be acted on: the marker is dropped so the next install starts
+        afresh) or None when there was nothing to repair. Leftover staging
+        directories are removed in every case.
+
+        The journal lives on a volume other containers may write, so it is
+        acted on only when every path in it is one this volume's own restore
+        would have written: staging under the state dir, destinations under
+        the target, the env file this volume uses.
         """
         outcome = None
         try:
@@ -213,11 +220,16 @@ class CacheVolume:
         except FileNotFoundError:
             journal = None
         except (OSError, MarkerFormatError):
-            # Unreadable intent: we cannot tell what was swapped. Distrust the
-            # marker so no restore no-ops on top of it, and install afresh.
+            journal = None
+            outcome = "discarded"
+        if journal is not None and not self._plausible(journal):
+            journal = None
+            outcome = "discarded"
+        if outcome == "discarded":
+            # We cannot tell what was swapped. Distrust the marker so no restore
+            # no-ops on top of it, and install afresh.
             self.marker_path.unlink(missing_ok=True)
             self.journal_path.unlink(missing_ok=True)
-            outcome = "discarded"
         if journal is not None:
             try:
                 committed = (
@@ -227,8 +239,15 @@ class CacheVolume:
             except OSError:
                 committed = False
             if committed:
-                atomic_write(Path(journal.env_file), journal.env_text.encode(), durable=True)
-                outcome = "completed"
+                try:
+                    atomic_write(Path(journal.env_file), journal.env_text.encode(), durable=True)
+                    outcome = "completed"
+                except OSError:
+                    # Committed, but its env file cannot be written (any more): the
+                    # marker cannot become true. Distrust it, so the next restore
+                    # installs afresh, rather than failing here on every restore.
+                    self.marker_path.unlink(missing_ok=True)
+                    outcome = "discarded"
             else:
                 for entry in reversed(journal.entries):
                     _undo(entry)
@@ -237,6 +256,24 @@ class CacheVolume:
             fsync_dir(self.state)
         self._clean_leftovers()
         return outcome
+
+    def _plausible(self, journal: RestoreJournal) -> bool:
+        """Whether every path in ``journal`` is one this volume's restore writes."""
+        staging = Path(os.path.normpath(journal.staging))
+        if staging.parent != self.state or not staging.name.startswith("staging-"):
+            return False
+        if Path(os.path.normpath(journal.env_file)) != self.env_file:
+            return False
+        for entry in journal.entries:
+            staged = Path(os.path.normpath(entry.staged))
+            dest = Path(os.path.normpath(entry.dest))
+            if not staged.is_relative_to(staging) or staged == staging:
+                return False
+            if not dest.is_relative_to(self.root) or dest.is_relative_to(self.state):
+                return False
+            if dest == self.root or entry.staged != str(staged) or entry.dest != str(dest):
+                return False
+        return True
 
     def _clean_leftovers(self) -> None:
         if not self.state.is_dir():
@@ -258,6 +295,13 @@ class CacheVolume:
                 write_temp(directory, b"").unlink()
             except OSError as exc:
                 raise os_error(exc, f"writing in {directory}") from None
+        # The env file is renamed into place after the commit point, where a
+        # failure can no longer be undone: refuse what a rename cannot replace.
+        if self.env_file.is_dir() and not self.env_file.is_symlink():
+            raise TargetError(
+                f"the env file {self.env_file} is a directory",
+                hint="point --env-file at a file path (its directory must be writable)",
+            )
 
     def check_space(self, needs: dict[str, tuple[int, int]], *, max_bytes: int | None) -> int:
         """Refuse a restore that cannot fit; ``needs`` maps family -> (bytes, files).
@@ -326,11 +370,17 @@ class CacheVolume:
                 env_text=env_text,
                 started_at=round(time.time(), 3),
             )
+            # The staged files' bytes reach the disk before anything points at
+            # them: after a power cut, a committed marker must not describe
+            # files the page cache never wrote back.
+            sync_filesystem(staging)
             self._hook("before-journal")
-            atomic_write(self.journal_path, dump(journal), durable=True)
-            self._hook("journal")
             done: list[JournalEntry] = []
             try:
+                # Inside the rollback scope: a failure once the journal may be on
+                # disk (its own fsync, the hook) removes it, as for any later step.
+                atomic_write(self.journal_path, dump(journal), durable=True)
+                self._hook("journal")
                 for entry in entries:
                     _swap_in(entry)
                     done.append(entry)

@@ -65,3 +65,16 @@ def fsync_dir(directory: Path) -> None:
         pass  # some filesystems refuse fsync on directories; rename order still holds
     finally:
         os.close(fd)
+
+
+def sync_filesystem(path: Path) -> None:
+    """Flush the dirty data of the filesystem holding ``path`` (syncfs(2); sync(2) without it)."""
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+        if fn is None or fn(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)

@@ -279,3 +279,50 @@ def test_concurrent_restores_into_one_target_serialize(
     assert sorted(r.noop for r in results) == [False, True]
     assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
     assert sorted(p.name for p in (target / STATE_DIR).iterdir()) == ["lock", MARKER_NAME]
+
+
+def test_a_forged_journal_is_discarded_not_followed(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    """The volume is shared with the engine: a journal naming paths outside it is not acted on."""
+    import hashlib
+
+    from artifactd.destination import JOURNAL_NAME
+    from artifactd.marker import JournalEntry, RestoreJournal, dump
+
+    harvest(store, local_fp, environ=caches)
+    target = tmp_path / "target"
+    restore(plan_restore(store, local_fp, target), store)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("precious")
+    state = target / STATE_DIR
+    marker = (state / MARKER_NAME).read_bytes()
+    forged = RestoreJournal(
+        run_id="x",
+        staging=str(state / "staging-x"),
+        entries=[
+            JournalEntry(
+                family="generic",
+                dest=str(victim),
+                staged=str(state / "staging-x" / "g"),
+                new_inode=list(map(int, [victim.stat().st_dev, victim.stat().st_ino])),
+                had_old=False,
+            )
+        ],
+        marker_sha256=hashlib.sha256(marker).hexdigest(),
+        env_file=str(tmp_path / "outside.txt"),
+        env_text="pwned\n",
+    )
+    (state / JOURNAL_NAME).write_bytes(dump(forged))
+    volume = CacheVolume(target)
+    assert volume.installed() is None  # never trusted while a journal exists
+    with volume.locked():
+        assert volume.recover() == "discarded"
+    assert not (tmp_path / "outside.txt").exists()
+    assert (victim / "keep").read_text() == "precious"
+    assert not (state / JOURNAL_NAME).exists()
+    assert not (state / MARKER_NAME).exists()  # distrusted: the next restore installs afresh
+    done = restore(plan_restore(store, local_fp, target), store)
+    assert not done.noop and sorted(done.restored) == ["generic", "triton"]
+    assert CacheVolume(target).installed() is not None
