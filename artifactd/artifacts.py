@@ -217,6 +217,13 @@ def read_artifact(store: Store, reference: str) -> Artifact | None:
                 f"{store.ref} {reference}: config lists layer {rec.digest} for {rec.family} "
                 "that the manifest does not carry"
             )
+    listed = {rec.digest for rec in config.layers}
+    extra = [desc.digest for desc in manifest.layers if desc.digest not in listed]
+    if extra:
+        raise IntegrityError(
+            f"{store.ref} {reference}: the manifest carries layer {extra[0]} "
+            "that the config does not list"
+        )
     return Artifact(digest=ref.digest, manifest=manifest, config=config)
 
 

@@ -65,7 +65,7 @@ DEFAULT_LOCK_TIMEOUT = 600.0
 #: Space asked for on top of the file bytes: per file (block rounding, inode
 #: and directory entries) and for the volume as a whole (state files).
 PER_FILE_OVERHEAD = 4096
-SPACE_MARGIN = 16 << 20
+SPACE_MARGIN = 1 << 20
 
 #: Called with the name of each step boundary of an install; tests inject crashes here.
 StepHook = Callable[[str], None]

@@ -80,8 +80,10 @@ def check_member_name(name: str, components: frozenset[str]) -> PurePosixPath:
     path = PurePosixPath(name)
     if path.is_absolute():
         raise UnsafeArtifactError(f"member {name!r} has an absolute path")
-    if any(part in ("..", ".") for part in path.parts) or name.startswith("./"):
-        raise UnsafeArtifactError(f"member {name!r} has a '.' or '..' component")
+    # PurePosixPath drops "." parts and doubled or trailing slashes: compare the
+    # raw name with its normal form, so ".", "./x", "a//b" and "a/./b" are refused.
+    if not path.parts or ".." in path.parts or str(path) != name:
+        raise UnsafeArtifactError(f"member {name!r} has a '.' or '..' component or is not normal")
     if path.parts[0] not in components:
         raise UnsafeArtifactError(f"member {name!r} is outside the layer's components")
     encoded = name.encode("utf-8", "surrogateescape")

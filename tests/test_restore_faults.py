@@ -454,7 +454,9 @@ def test_dead_registry_fails_open_as_unreachable(scene: Scene) -> None:
 
 def test_full_disk_caught_by_the_preflight_downloads_nothing(scene: Scene) -> None:
     layers = _layers(_publish(scene.registry, scene.repo, scene.trees, scene.fp))
-    with _tmpfs(scene.tmp / "mnt", "8m") as mnt:  # under the preflight's 16 MiB margin alone
+    with _tmpfs(scene.tmp / "mnt", "8m") as mnt:
+        # Leave less than the layers need (their files plus the 1 MiB margin).
+        _fill(mnt / "filler", leave=512 << 10)
         target = mnt / "target"
         docs = _assert_failed(scene.ref, target, kind="no_space", code=EXIT_NO_SPACE, cwd=scene.tmp)
         message = docs[1]["failure"]["message"]
@@ -465,6 +467,7 @@ def test_full_disk_caught_by_the_preflight_downloads_nothing(scene: Scene) -> No
         state = target / STATE_DIR
         assert sorted(p.name for p in state.iterdir()) in ([], [LOCK_NAME])
         assert sorted(p.name for p in target.iterdir()) == [STATE_DIR]
+        assert sorted(p.name for p in mnt.iterdir()) == ["filler", "target"]
 
 
 def test_disk_full_mid_extraction_keeps_the_previous_cache(scene: Scene) -> None:
