@@ -13,78 +13,37 @@ Unpacking, the dangerous half, lives in :mod:`artifactd.unpack`.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Protocol
 
 import zstandard
 
 from artifactd.errors import IntegrityError
 from artifactd.families.base import Family, Located
+from artifactd.families.tree import walk_component
+from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
 from artifactd.manifest import FileEntry, SkippedEntry
 
 #: mtime written for every member of families that do not keep mtimes.
 FIXED_MTIME = 0
 ZSTD_LEVEL = 6
-_CHUNK = 1 << 20
+#: sha256 of no bytes: what a symlink entry records.
+EMPTY_SHA256 = sha256_hex(b"")
 
-
-class Readable(Protocol):
-    """Anything with ``read(n)``: a file, an HTTP body, a progress wrapper."""
-
-    def read(self, n: int = -1, /) -> bytes:
-        """Return up to ``n`` bytes; b"" at the end."""
-        ...
-
-
-class _HashingWriter:
-    """A write-only file object that hashes and counts what passes through."""
-
-    def __init__(self, sink: IO[bytes]) -> None:
-        self._sink = sink
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self._sink.write(data)
-
-    def flush(self) -> None:
-        self._sink.flush()
-
-
-class HashingReader:
-    """A read-only file object that hashes and counts what is read from it."""
-
-    def __init__(self, source: Readable) -> None:
-        self._source = source
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def read(self, n: int = -1) -> bytes:
-        """Read up to ``n`` bytes, hashing and counting them."""
-        data = self._source.read(n)
-        self.sha.update(data)
-        self.size += len(data)
-        return data
-
-    def readinto(self, buf: bytearray | memoryview) -> int:
-        """Read into ``buf``; return the bytes read."""
-        data = self.read(len(buf))
-        buf[: len(data)] = data
-        return len(data)
-
-    def drain(self) -> None:
-        """Read (and hash) whatever is left."""
-        while self.read(_CHUNK):
-            pass
+# Readable is re-exported: the restore code types its layer streams with it.
+__all__ = [
+    "EMPTY_SHA256",
+    "FIXED_MTIME",
+    "ZSTD_LEVEL",
+    "PackedLayer",
+    "Readable",
+    "link_inside",
+    "pack_family",
+]
 
 
 @dataclass
@@ -103,28 +62,6 @@ class PackedLayer:
     def unpacked_size(self) -> int:
         """Sum of the sizes of the files in the layer."""
         return sum(f.size for f in self.files)
-
-
-def _walk(root: Path) -> Iterator[tuple[PurePosixPath, os.stat_result]]:
-    """Yield (relative path, lstat) for everything under ``root``, sorted, dirs first."""
-    stack = [PurePosixPath()]
-    while stack:
-        rel = stack.pop()
-        try:
-            names = sorted(os.listdir(root / rel))
-        except OSError:
-            continue
-        subdirs = []
-        for name in names:
-            child = rel / name
-            try:
-                st = os.lstat(root / child)
-            except OSError:
-                continue  # vanished while we walked: a concurrent writer's temp file
-            yield child, st
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(child)
-        stack.extend(reversed(subdirs))
 
 
 def _norm_mode(st_mode: int) -> int:
@@ -159,17 +96,17 @@ def pack_family(family: Family, located: list[Located], out: Path) -> PackedLaye
     )
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     with out.open("wb") as raw:
-        compressed = _HashingWriter(raw)
+        compressed = HashingWriter(raw)
         with cctx.stream_writer(compressed, closefd=False) as zw:  # type: ignore[arg-type]
-            plain = _HashingWriter(zw)
+            plain = HashingWriter(zw)
             with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
                 for loc in sorted(located, key=lambda item: item.component.name):
                     _pack_component(family, loc, tar, files, skipped)
-        diff_id = "sha256:" + plain.sha.hexdigest()
+        diff_id = plain.hasher.digest
     return PackedLayer(
         path=out,
-        digest="sha256:" + compressed.sha.hexdigest(),
-        size=compressed.size,
+        digest=compressed.hasher.digest,
+        size=compressed.hasher.size,
         diff_id=diff_id,
         files=files,
         skipped=skipped,
@@ -187,27 +124,6 @@ def _tarinfo(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
     return info
 
 
-def _skip_reason(
-    family: Family,
-    comp: str,
-    *,
-    rel: PurePosixPath,
-    is_dir: bool,
-    invalid: dict[PurePosixPath, str],
-    name: str,
-) -> str | None:
-    """Why a path stays out of the layer, or None to pack it."""
-    if rel in invalid:
-        return invalid[rel]
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return "file name is not valid UTF-8"  # not representable in tar or JSON config
-    if family.excluded(comp, rel, is_dir):
-        return "excluded by family"
-    return None
-
-
 def _pack_component(
     family: Family,
     loc: Located,
@@ -219,19 +135,12 @@ def _pack_component(
     root = loc.path
     roots = tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
     tar.addfile(_tarinfo(comp, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
-    pruned: list[PurePosixPath] = []
-    invalid = family.invalid_entries(comp, root)
-    for rel, st in _walk(root):
-        if any(rel.is_relative_to(p) for p in pruned):
-            continue
-        is_dir = stat.S_ISDIR(st.st_mode)
+    for entry in walk_component(family, comp, root):
+        rel, st, is_dir = entry.rel, entry.st, entry.is_dir
         name = f"{comp}/{rel.as_posix()}"
-        reason = _skip_reason(family, comp, rel=rel, is_dir=is_dir, invalid=invalid, name=name)
-        if reason is not None:
-            if is_dir:
-                pruned.append(rel)
+        if entry.skip is not None:
             skipped.append(
-                SkippedEntry(path=name.encode("utf-8", "replace").decode(), reason=reason)
+                SkippedEntry(path=name.encode("utf-8", "replace").decode(), reason=entry.skip)
             )
             continue
         mtime = int(st.st_mtime) if family.keep_mtimes else FIXED_MTIME
@@ -249,7 +158,7 @@ def _pack_component(
                 FileEntry(
                     path=name,
                     size=0,
-                    sha256=hashlib.sha256(b"").hexdigest(),
+                    sha256=EMPTY_SHA256,
                     mode=0o777,
                     mtime=None,
                     link=target,
@@ -291,7 +200,7 @@ def _pack_file(
     if rewrite:
         data = family.normalize(path.read_bytes(), roots)
         info.size = len(data)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = sha256_hex(data)
         tar.addfile(info, io.BytesIO(data))
     else:
         with path.open("rb") as f:
@@ -299,9 +208,9 @@ def _pack_file(
             info.size = size
             reader = HashingReader(f)
             tar.addfile(info, reader)
-            if reader.size != size:
+            if reader.hasher.size != size:
                 raise IntegrityError(f"{path} changed size while it was packed")
-            sha = reader.sha.hexdigest()
+            sha = reader.hasher.hex
     files.append(
         FileEntry(
             path=name,

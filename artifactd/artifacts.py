@@ -11,16 +11,14 @@ shared by digest: the store keeps each one once.
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Callable
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from artifactd.errors import IntegrityError, NotFoundError
 from artifactd.events import EventSink, discard
-from artifactd.hashing import canonical_json
+from artifactd.hashing import canonical_json, copy_hashed, digest_of
 from artifactd.imagemanifest import Descriptor, ImageManifest
 from artifactd.manifest import ArtifactManifest
 from artifactd.oci import (
@@ -38,6 +36,7 @@ from artifactd.oci import (
     full_tag,
 )
 from artifactd.stores import Store
+from artifactd.stores.base import progress_events
 
 if TYPE_CHECKING:
     from artifactd.archive import PackedLayer
@@ -56,9 +55,7 @@ class PublishResult:
 
 
 def _descriptor(data: bytes, media_type: str) -> Descriptor:
-    return Descriptor(
-        media_type=media_type, digest="sha256:" + hashlib.sha256(data).hexdigest(), size=len(data)
-    )
+    return Descriptor(media_type=media_type, digest=digest_of(data), size=len(data))
 
 
 def _put_small(store: Store, data: bytes, result: PublishResult, tmp_dir: Path) -> Descriptor:
@@ -97,27 +94,6 @@ def build_image_manifest(config: Descriptor, art: ArtifactManifest) -> ImageMani
     )
 
 
-def _throttled(on_event: EventSink, family: str, total: int) -> Callable[[int], None]:
-    """Return a progress callback that emits at most one ``progress`` event per 0.25 s."""
-    last = [0.0]
-
-    def progress(sent: int) -> None:
-        now = time.monotonic()
-        if now - last[0] >= 0.25 or sent >= total:
-            last[0] = now
-            on_event(
-                {
-                    "stage": "push",
-                    "event": "progress",
-                    "family": family,
-                    "bytes": sent,
-                    "total": total,
-                }
-            )
-
-    return progress
-
-
 def publish(
     store: Store,
     art: ArtifactManifest,
@@ -140,7 +116,7 @@ def publish(
             layer.path,
             layer.digest,
             layer.size,
-            progress=_throttled(on_event, rec.family, layer.size),
+            progress=progress_events(on_event, stage="push", family=rec.family, total=layer.size),
         )
         result.blobs_uploaded.append(layer.digest)
         on_event({"stage": "push", "event": "done", "family": rec.family, "bytes": layer.size})
@@ -177,18 +153,14 @@ def read_config(store: Store, manifest: ImageManifest, *, max_size: int = 64 << 
     desc = manifest.config
     if desc.size > max_size:
         raise IntegrityError(f"config blob {desc.digest} is implausibly large ({desc.size} B)")
-    h = hashlib.sha256()
-    chunks = []
+    buf = io.BytesIO()
     with store.open_blob(desc.digest, desc.size) as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            chunks.append(chunk)
-            if sum(map(len, chunks)) > desc.size:
-                raise IntegrityError(f"config blob {desc.digest} is longer than its descriptor")
-    data = b"".join(chunks)
-    if "sha256:" + h.hexdigest() != desc.digest or len(data) != desc.size:
+        read = copy_hashed(f, buf, limit=desc.size)
+    if read.size > desc.size:
+        raise IntegrityError(f"config blob {desc.digest} is longer than its descriptor")
+    if not read.matches(desc.digest, desc.size):
         raise IntegrityError(f"config blob {desc.digest} does not match its digest")
-    return data
+    return buf.getvalue()
 
 
 def read_artifact(store: Store, reference: str) -> Artifact | None:
@@ -242,14 +214,9 @@ class CopyResult:
 def _copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
     """Stream one blob through a temp file, verifying it; return bytes uploaded."""
     path = tmp_dir / digest.replace(":", "-")
-    h = hashlib.sha256()
-    n = 0
     with src.open_blob(digest, size) as reader, path.open("wb") as out:
-        while chunk := reader.read(1 << 20):
-            h.update(chunk)
-            n += len(chunk)
-            out.write(chunk)
-    if "sha256:" + h.hexdigest() != digest or n != size:
+        copied = copy_hashed(reader, out)
+    if not copied.matches(digest, size):
         path.unlink(missing_ok=True)
         raise IntegrityError(f"{src.ref}: blob {digest} does not match its digest or size")
     try:
@@ -287,3 +254,41 @@ def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path
         result.tags.append(tag)
     result.tags.sort(key=lambda t: (not t.startswith(FULL_TAG_PREFIX), t))
     return result
+
+
+def open_artifact(ref: str, *, insecure: bool = False) -> Artifact:
+    """Read the artifact ``ref`` names (``STORE:TAG`` or ``STORE@sha256:...``).
+
+    Raises :class:`UsageError` when ``ref`` names a store but no artifact, and
+    :class:`NotFoundError` when the store has no such artifact.
+    """
+    from artifactd.errors import UsageError
+    from artifactd.stores import open_store, parse_artifact_ref
+
+    parsed = parse_artifact_ref(ref)
+    if parsed.reference is None:
+        raise UsageError(
+            f"{ref!r} names a store, not an artifact",
+            hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
+        )
+    with open_store(parsed.store, insecure=insecure) as st:
+        art = read_artifact(st, parsed.reference)
+    if art is None:
+        raise NotFoundError(f"{parsed.store} has no artifact {parsed.reference}")
+    return art
+
+
+def copy_between(
+    source: str, destination: str, tags: list[str] | None, *, insecure: bool = False
+) -> CopyResult:
+    """Open both stores (creating the destination) and copy ``tags`` (None: every artifact)."""
+    import tempfile
+
+    from artifactd.stores import open_store
+
+    with (
+        open_store(source, insecure=insecure) as src,
+        open_store(destination, create=True, insecure=insecure) as dst,
+        tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
+    ):
+        return copy_artifacts(src, dst, tags, Path(tmp))

@@ -20,19 +20,27 @@ from pathlib import Path
 from typing import Any
 
 from artifactd import __version__
-from artifactd.constants import CACHE_ENV_VARS, TMPDIR, TORCHINDUCTOR_CACHE_DIR, current_environ
-from artifactd.errors import BuildError
+from artifactd.constants import (
+    CACHE_ENV_VARS,
+    TEMP,
+    TMP,
+    TMPDIR,
+    TORCHINDUCTOR_CACHE_DIR,
+    TRITON_HOME,
+    current_environ,
+)
+from artifactd.errors import BuildError, LintError
 from artifactd.events import EventSink, discard
 from artifactd.families import select_families
 from artifactd.fingerprint import probe
 from artifactd.harvest import HarvestResult, harvest
-from artifactd.lint import Hazards, LintReport, lint, root_key
+from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
 from artifactd.stores import Store
 
 #: Variables cleared before a cell runs, so no cache of the caller leaks in.
-_INHERITED_CACHE_VARS = (*CACHE_ENV_VARS, TORCHINDUCTOR_CACHE_DIR, "TRITON_HOME", "TEMP", "TMP")
+_INHERITED_CACHE_VARS = (*CACHE_ENV_VARS, TORCHINDUCTOR_CACHE_DIR, TRITON_HOME, TEMP, TMP)
 
 
 @dataclass
@@ -63,9 +71,12 @@ class BuildResult:
 def cell_environ(
     roots: Path, families: Sequence[str], extra: Mapping[str, str], base: Mapping[str, str]
 ) -> dict[str, str]:
-    """Return the environment a cell runs with: fresh roots for every family."""
+    """Return the environment a cell runs with: fresh roots for every family.
+
+    ``families`` empty means every family, as in a matrix without ``families``.
+    """
     env = {k: v for k, v in base.items() if k not in _INHERITED_CACHE_VARS}
-    for fam in select_families(families):
+    for fam in select_families(families or None):
         env.update(fam.restore_env(roots))
     env.update(extra)
     Path(env.get(TMPDIR, roots / "tmp")).mkdir(parents=True, exist_ok=True)
@@ -183,7 +194,7 @@ def build(
         )
         if strict_lint and report.findings:
             first = report.findings[0]
-            raise BuildError(
+            raise LintError(
                 f"lint found {len(report.findings)} hazard(s), e.g. {first.family}/"
                 f"{first.component}/{first.file}: {first.kind} {first.value!r}",
                 hint=f"run `artifactd lint {roots}` for all of them (kept for you), "
@@ -240,12 +251,12 @@ def build(
 
 
 def lint_roots(families: Sequence[str], environ: Mapping[str, str], roots: Path) -> LintReport:
-    """Lint what the cells wrote, as the harvest will find it."""
-    from artifactd.families import select_families
+    """Lint what the cells wrote, as the harvest will find it (``families`` empty: all).
 
-    located = {
-        root_key(fam.name, loc.component.name): loc.path
-        for fam in select_families(families or None)
-        for loc in fam.locate(environ)
-    }
+    The caches are located through the cells' ``environ`` rather than by the
+    restore layout under ``roots``: that is how the harvest finds them, so a
+    component the harvest would not pack (vLLM's ``deep_gemm/`` when the
+    ``deepgemm`` family owns ``DG_JIT_CACHE_DIR``) is not linted either.
+    """
+    located = roots_for_lint(None, families or None, environ)
     return lint(located, hazards=Hazards.from_environ(environ, extra_paths=[roots]))

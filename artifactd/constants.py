@@ -32,6 +32,9 @@ ENV_LOCK_TIMEOUT = "ARTIFACTD_LOCK_TIMEOUT"
 ENV_MEGACACHE_DIR = "ARTIFACTD_MEGACACHE_DIR"
 ENV_REGISTRY_USERNAME = "ARTIFACTD_REGISTRY_USERNAME"
 ENV_REGISTRY_PASSWORD = "ARTIFACTD_REGISTRY_PASSWORD"  # noqa: S105 - a variable name
+#: Where the probe keeps the digests it may reuse (see :mod:`artifactd.probecache`);
+#: default ``$XDG_CACHE_HOME/artifactd``, else ``~/.cache/artifactd``. Safe to delete.
+ENV_CACHE_DIR = "ARTIFACTD_CACHE_DIR"
 
 #: Where the embedded default store lives, relative to the working directory.
 DEFAULT_STORE = "oci:.artifactd/store"
@@ -56,6 +59,14 @@ CUDA_CACHE_PATH = "CUDA_CACHE_PATH"
 #: CuTe DSL names its default cache dir after ``$USER``, then ``$USERNAME``.
 USER = "USER"
 USERNAME = "USERNAME"
+#: The lint looks for the user's name under either.
+LOGNAME = "LOGNAME"
+#: Other temp-dir variables a warm-up cell must not inherit.
+TEMP = "TEMP"
+TMP = "TMP"
+#: Tools the probe asks for their version (Triton's ptxas override, the C compiler).
+TRITON_PTXAS_PATH = "TRITON_PTXAS_PATH"
+CC = "CC"
 
 # --- engine families: FlashInfer, vLLM, SGLang ---
 FLASHINFER_WORKSPACE_BASE = "FLASHINFER_WORKSPACE_BASE"

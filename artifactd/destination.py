@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import os
 import re
 import shlex
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +43,7 @@ from pathlib import Path
 
 from artifactd.errors import ArtifactdError, NoSpaceError, TargetError, UsageError
 from artifactd.fsutil import atomic_write, fsync_dir, sync_filesystem, write_temp
+from artifactd.hashing import sha256_hex
 from artifactd.marker import (
     JournalEntry,
     MarkerFormatError,
@@ -232,10 +231,7 @@ class CacheVolume:
             self.journal_path.unlink(missing_ok=True)
         if journal is not None:
             try:
-                committed = (
-                    hashlib.sha256(self.marker_path.read_bytes()).hexdigest()
-                    == journal.marker_sha256
-                )
+                committed = sha256_hex(self.marker_path.read_bytes()) == journal.marker_sha256
             except OSError:
                 committed = False
             if committed:
@@ -365,7 +361,7 @@ class CacheVolume:
                 run_id=staging.name,
                 staging=str(staging),
                 entries=entries,
-                marker_sha256=hashlib.sha256(marker_bytes).hexdigest(),
+                marker_sha256=sha256_hex(marker_bytes),
                 env_file=str(self.env_file),
                 env_text=env_text,
                 started_at=round(time.time(), 3),
@@ -462,6 +458,8 @@ def _mib(n: int) -> str:
 def remove_tree(path: Path) -> None:
     """Remove a directory tree or a file, whatever is there (errors ignored)."""
     if path.is_dir() and not path.is_symlink():
+        import shutil  # with bz2 and lzma: a no-op restore removes nothing
+
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

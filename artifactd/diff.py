@@ -1,11 +1,20 @@
-"""Explain why two fingerprints differ and which cache families that invalidates."""
+"""Explain why two fingerprints differ and which cache families that invalidates.
+
+A diff compares two *sides*. A side is read from an operand the way an
+operator names it: ``local`` (probe this machine), a JSON file (the output of
+``artifactd fingerprint --json``, a bare fingerprint, or an artifact config),
+or an artifact reference (``oci:DIR:TAG``, ``HOST/REPO:TAG``, ``...@sha256:...``).
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from artifactd.errors import ConfigError, UsageError
 from artifactd.families import Family, select_families
 from artifactd.fingerprint import Fingerprint, flatten
 
@@ -108,3 +117,117 @@ def facts_diff(
                 if fa.get(key) != fb.get(key)
             )
     return out
+
+
+# --------------------------------------------------------------------------
+# Sides: what an operand names
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Side:
+    """One operand of a diff, read: its name, fingerprint and recorded facts.
+
+    ``facts`` are the per-family facts an artifact recorded
+    (``{family: {component: data}}``); empty for ``local`` and fingerprint files.
+    """
+
+    name: str
+    fingerprint: Fingerprint
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def load_side(
+    spec: str,
+    *,
+    gpu_arch: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    insecure: bool = False,
+) -> Side:
+    """Read one diff operand: ``local``, a JSON file, or an artifact reference.
+
+    ``gpu_arch``, ``workload`` and ``overrides`` (``PATH=VALUE``) shape the
+    ``local`` side only. A file is sniffed by its keys: an artifact config has
+    ``fingerprint`` and ``layers``, ``fingerprint --json`` output ``fingerprint``
+    and ``hash``; anything else is read as a bare fingerprint.
+    """
+    if spec == "local":
+        from artifactd.fingerprint import from_raw
+        from artifactd.probing import probe_request
+
+        raw = probe_request(gpu_arch=gpu_arch, workload=workload, overrides=overrides)
+        return Side("local", from_raw(raw))
+    path = Path(spec)
+    if path.is_file():
+        return _side_from_file(spec, path.read_bytes())
+    return _side_from_store(spec, insecure=insecure)
+
+
+def load_sides(
+    a: str,
+    b: str,
+    *,
+    gpu_arch: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    insecure: bool = False,
+) -> tuple[Side, Side]:
+    """Read both operands; ``overrides`` shape B when B is ``local``, else A.
+
+    ``diff local local --set driver.version=X`` thus asks what a driver
+    upgrade here would invalidate: a cache built as things are (A), used after
+    the change (B).
+    """
+    on_b = b == "local"
+    side_a = load_side(
+        a,
+        gpu_arch=gpu_arch,
+        workload=workload,
+        overrides=() if on_b else overrides,
+        insecure=insecure,
+    )
+    side_b = load_side(
+        b,
+        gpu_arch=gpu_arch,
+        workload=workload,
+        overrides=overrides if on_b else (),
+        insecure=insecure,
+    )
+    return side_a, side_b
+
+
+def _side_from_file(spec: str, data: bytes) -> Side:
+    from artifactd.manifest import ArtifactManifest
+
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"{spec} is not JSON: {exc}",
+            hint="save one with `artifactd fingerprint --json > FILE`",
+        ) from None
+    if isinstance(doc, dict) and "fingerprint" in doc and "layers" in doc:
+        config = ArtifactManifest.from_json(data, source=spec)
+        return Side(spec, config.fingerprint, {r.family: r.facts for r in config.layers})
+    if isinstance(doc, dict) and "fingerprint" in doc and "hash" in doc:
+        return Side(spec, Fingerprint.from_json(json.dumps(doc["fingerprint"]), source=spec))
+    return Side(spec, Fingerprint.from_json(data, source=spec))
+
+
+def _side_from_store(spec: str, *, insecure: bool) -> Side:
+    from artifactd.artifacts import read_artifact
+    from artifactd.stores import open_store, parse_artifact_ref
+
+    ref = parse_artifact_ref(spec)
+    if ref.reference is None:
+        raise UsageError(
+            f"cannot read {spec!r} as a fingerprint",
+            hint="use `local`, a JSON file from `artifactd fingerprint --json`, "
+            "or an artifact reference such as oci:DIR:TAG",
+        )
+    with open_store(ref.store, insecure=insecure) as st:
+        art = read_artifact(st, ref.reference)
+    if art is None:
+        raise UsageError(f"{spec}: no such artifact")
+    return Side(spec, art.config.fingerprint, {r.family: r.facts for r in art.config.layers})

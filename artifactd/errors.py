@@ -86,11 +86,14 @@ class BuildError(ArtifactdError):
     kind = "build"
 
 
-class ProbeError(ArtifactdError):
-    """The local environment could not be probed."""
+class LintError(BuildError):
+    """``--strict`` and the hygiene lint found something that ties caches to this machine.
 
-    exit_code = 8
-    kind = "probe"
+    The same findings give the same code from ``lint --strict`` and ``build --strict``.
+    """
+
+    exit_code = 11
+    kind = "lint"
 
 
 class SchemaError(IntegrityError):

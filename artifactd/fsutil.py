@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -39,6 +38,8 @@ def write_temp(
     Used to get the bytes of a later rename onto disk first: the rename itself
     needs no space, so it cannot fail for a full disk.
     """
+    import tempfile  # with random and shutil: a no-op restore writes nothing
+
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -1,14 +1,38 @@
-"""Canonical JSON and content digests: the pure core every key is built from."""
+"""Canonical JSON and content digests: the pure core every key is built from.
+
+One spelling of a content digest (``sha256:<hex>``, :func:`digest_of`), one
+running hash (:class:`Hasher`), and one way to hash bytes while they are copied
+(:func:`copy_hashed`, and :class:`HashingReader` / :class:`HashingWriter` for
+streams that a library pulls or pushes itself), so no module re-reads what it
+has just written to learn its digest.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any, Protocol
 
-_CHUNK = 1 << 20
+#: The algorithm prefix of every content digest we write or accept.
+DIGEST_PREFIX = "sha256:"
+CHUNK = 1 << 20
+
+
+class Readable(Protocol):
+    """Anything with ``read(n)``: a file, an HTTP body, a progress wrapper."""
+
+    def read(self, n: int = -1, /) -> bytes:
+        """Return up to ``n`` bytes; b"" at the end."""
+        ...
+
+
+class Writable(Protocol):
+    """Anything with ``write(data)``: a file, a buffer."""
+
+    def write(self, data: bytes, /) -> int:
+        """Write ``data``; return the bytes written."""
+        ...
 
 
 def canonical_json(value: Any) -> bytes:
@@ -27,23 +51,105 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def digest_of(data: bytes) -> str:
+    """Return the content digest of ``data``: ``sha256:<hex>``, as OCI spells it."""
+    return DIGEST_PREFIX + sha256_hex(data)
+
+
 def canonical_hash(value: Any) -> str:
     """Return the sha256 hex digest of ``canonical_json(value)``."""
     return sha256_hex(canonical_json(value))
 
 
-def sha256_file(path: Path) -> str:
-    """Return the sha256 hex digest of a file, read in chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+class Hasher:
+    """A running sha256 and byte count of data seen chunk by chunk."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def update(self, data: bytes) -> None:
+        """Add ``data`` to the hash and the count."""
+        self._sha.update(data)
+        self.size += len(data)
+
+    @property
+    def hex(self) -> str:
+        """The lowercase hex sha256 so far."""
+        return self._sha.hexdigest()
+
+    @property
+    def digest(self) -> str:
+        """The content digest so far (``sha256:<hex>``)."""
+        return DIGEST_PREFIX + self._sha.hexdigest()
+
+    def matches(self, digest: str, size: int) -> bool:
+        """Whether what was seen is exactly ``size`` bytes with content digest ``digest``."""
+        return self.size == size and self.digest == digest
 
 
-def sha256_chunks(chunks: Iterable[bytes]) -> str:
-    """Return the sha256 hex digest of a stream of chunks."""
-    h = hashlib.sha256()
-    for chunk in chunks:
-        h.update(chunk)
-    return h.hexdigest()
+def copy_hashed(
+    src: Readable,
+    dst: Writable | None = None,
+    *,
+    limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Hasher:
+    """Copy ``src`` to ``dst`` (or just read it) to the end, hashing and counting the bytes.
+
+    With ``limit``, copying stops as soon as more than ``limit`` bytes were
+    read, so a source longer than it claims costs at most one chunk more; the
+    caller sees ``size > limit``. ``progress(done)`` is called after each chunk.
+    """
+    hasher = Hasher()
+    while chunk := src.read(CHUNK):
+        hasher.update(chunk)
+        if dst is not None:
+            dst.write(chunk)
+        if progress is not None:
+            progress(hasher.size)
+        if limit is not None and hasher.size > limit:
+            break
+    return hasher
+
+
+class HashingWriter:
+    """A write-only file object that hashes and counts what passes through to ``sink``."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self._sink = sink
+        self.hasher = Hasher()
+
+    def write(self, data: bytes) -> int:
+        """Hash, count and pass on ``data``."""
+        self.hasher.update(data)
+        return self._sink.write(data)
+
+    def flush(self) -> None:
+        """Flush the sink."""
+        self._sink.flush()
+
+
+class HashingReader:
+    """A read-only file object that hashes and counts what is read from ``source``."""
+
+    def __init__(self, source: Readable) -> None:
+        self._source = source
+        self.hasher = Hasher()
+
+    def read(self, n: int = -1) -> bytes:
+        """Read up to ``n`` bytes, hashing and counting them."""
+        data = self._source.read(n)
+        self.hasher.update(data)
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        """Read into ``buf``; return the bytes read."""
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> None:
+        """Read (and hash) whatever is left."""
+        while self.read(CHUNK):
+            pass

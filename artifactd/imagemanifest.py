@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifactd.errors import SchemaError
 from artifactd.hashing import canonical_json
-from artifactd.oci import ARTIFACT_TYPE
+from artifactd.oci import ARTIFACT_TYPE, DIGEST_PATTERN
 
 
 class _Model(BaseModel):
@@ -20,7 +20,7 @@ class Descriptor(_Model):
     """An OCI content descriptor."""
 
     media_type: str = Field(alias="mediaType")
-    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    digest: str = Field(pattern=DIGEST_PATTERN)
     size: int = Field(ge=0)
     annotations: dict[str, str] | None = None
     artifact_type: str | None = Field(None, alias="artifactType")

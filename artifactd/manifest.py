@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifactd.errors import SchemaError
 from artifactd.fingerprint import Fingerprint
+from artifactd.oci import DIGEST_PATTERN
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -66,9 +67,9 @@ class LayerRecord(_Model):
         default_factory=dict,
         description="Family-specific data for diff, per component (e.g. vLLM hash factors).",
     )
-    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Compressed layer.")
+    digest: str = Field(pattern=DIGEST_PATTERN, description="Compressed layer.")
     size: int = Field(ge=0)
-    diff_id: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="Uncompressed tar.")
+    diff_id: str = Field(pattern=DIGEST_PATTERN, description="Uncompressed tar.")
     unpacked_size: int = Field(ge=0, description="Sum of file sizes.")
 
 

@@ -124,10 +124,21 @@ def dump(obj: object) -> bytes:
     return json.dumps(dataclasses.asdict(obj), indent=2, sort_keys=True).encode()  # type: ignore[call-overload]
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    # Evaluating string annotations is the slow part of a load: once per class.
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    return hints
+
+
 def _build(cls: type[T], doc: Any, where: str) -> T:
     if not isinstance(doc, dict):
         raise MarkerFormatError(f"{where}: expected an object")
-    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = set(doc) - set(fields)
     if unknown:

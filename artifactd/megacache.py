@@ -24,13 +24,13 @@ restore points ``ARTIFACTD_MEGACACHE_DIR`` at the restored copy.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from artifactd.constants import ENV_MEGACACHE_DIR, current_environ
 from artifactd.errors import UsageError
+from artifactd.fsutil import atomic_write
 
 SUFFIX = ".bin"
 
@@ -68,12 +68,8 @@ def save(directory: Path | None = None, *, environ: Mapping[str, str] | None = N
     if result is None:
         return None
     data, _info = result
-    target.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target, prefix=".tmp-", suffix=SUFFIX)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
     final = target / f"megacache-{os.getpid()}{SUFFIX}"
-    Path(tmp).replace(final)
+    atomic_write(final, data)
     return final
 
 

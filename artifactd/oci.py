@@ -25,7 +25,9 @@ ANN_FINGERPRINT = "io.artifactd.fingerprint"
 ANN_KIND = "io.artifactd.kind"
 ANN_FILES = "io.artifactd.files"
 
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: A content digest as OCI spells it; the models validate with the same pattern.
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+DIGEST_RE = re.compile(DIGEST_PATTERN)
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 FULL_TAG_PREFIX = "fp-"
 

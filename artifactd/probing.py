@@ -5,14 +5,17 @@ restore in an init container probes, hashes and compares without building a
 single model. :func:`probe_raw` returns exactly the JSON shape of
 :class:`artifactd.fingerprint.Fingerprint` (every field present), so
 ``raw_hash(probe_raw())`` equals ``Fingerprint.model_validate(raw).hash``; a
-test keeps the two in step.
+test keeps the two in step. :class:`PendingProbe` (and :func:`start_request`)
+start the slow part, subprocesses and NVML (on a thread), and answer later, so
+a command can import what it needs meanwhile.
 
 Where each fact comes from:
 
 * GPU and driver: NVML (``nvidia-ml-py``) when a driver is present, else
   ``/proc/driver/nvidia/version``; a declared ``--gpu-arch`` for GPU-less builds.
 * Library versions and content hashes: ``<name>-<version>.dist-info`` and the
-  sha256 of its ``RECORD`` (torch and Triton hash their own files into keys).
+  sha256 of its ``RECORD`` (torch and Triton hash their own files into keys),
+  kept in the :mod:`probe cache <artifactd.probecache>` while the file is unchanged.
 * Toolchains: ``nvcc --version``, Triton's bundled ``ptxas --version``,
   ``cc --version``, run concurrently.
 * Python ABI, platform, glibc, CPU ISA level (Inductor compiles with ``-march=native``).
@@ -21,24 +24,23 @@ Where each fact comes from:
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import re
-import subprocess
 import sys
-import sysconfig
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd import __version__
-from artifactd.constants import current_environ
+from artifactd.constants import CC, TRITON_PTXAS_PATH, current_environ
 from artifactd.errors import UsageError
 from artifactd.hashing import canonical_hash, sha256_hex
+from artifactd.probecache import ProbeCache, default_path
+
+if TYPE_CHECKING:
+    import threading
 
 #: Distributions whose version and content hash enter the fingerprint.
 TRACKED_LIBRARIES = (
@@ -334,9 +336,12 @@ def probe_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[R
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class InstalledDist:
-    """An installed distribution found by its ``*.dist-info`` directory."""
+class InstalledDist(NamedTuple):
+    """An installed distribution found by its ``*.dist-info`` directory.
+
+    A named tuple, not a dataclass: ``dataclasses`` imports ``inspect``, which
+    would add a third of a bare Python start to every ``fingerprint``.
+    """
 
     name: str
     version: str
@@ -385,24 +390,82 @@ def find_distributions(
     return found
 
 
-def library_info(dist: InstalledDist) -> Raw:
-    """Version, RECORD hash (a cheap content proxy) and whether it is a source install."""
-    record = dist.read_text("RECORD")
+def record_digest(path: Path) -> str | None:
+    """Return the sha256 of a ``RECORD``'s text; None when it is missing, unreadable or empty.
+
+    The text is the file decoded as UTF-8 with universal newlines, encoded again.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if data.isascii() and b"\r" not in data:
+        # Decoding changes nothing here, so the bytes are the text: hash them as
+        # they are (a third of the time for torch's 1.5 MB).
+        return sha256_hex(data) if data else None
+    try:
+        record = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return sha256_hex(record.encode()) if record else None
+
+
+def library_info(dist: InstalledDist, cache: ProbeCache | None = None) -> Raw:
+    """Version, RECORD hash (a cheap content proxy) and whether it is a source install.
+
+    ``cache`` reuses the RECORD's digest while the file is unchanged.
+    """
+    record = dist.dist_info / "RECORD"
     direct_url = dist.read_text("direct_url.json") or ""
     return {
         "version": dist.version,
-        "content_hash": sha256_hex(record.encode()) if record else None,
+        "content_hash": (cache or ProbeCache(None)).digest(record, record_digest),
         "source_install": '"dir_info"' in direct_url or '"vcs_info"' in direct_url,
     }
 
 
+#: Seconds a ``tool --version`` may take before it counts as failed.
+TOOL_TIMEOUT_S = 10.0
+
+
+class _Tool:
+    """A ``tool --version`` started now and read later, so several run side by side.
+
+    Spawned from the calling thread: a thread per tool would cost more to start
+    than the tool takes to answer.
+    """
+
+    def __init__(self, argv: list[str]) -> None:
+        import subprocess  # only a probe spawns: keep it off every other import path
+
+        self._deadline = time.monotonic() + TOOL_TIMEOUT_S
+        self._proc: subprocess.Popen[str] | None
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        except OSError:
+            self._proc = None
+
+    def output(self) -> str | None:
+        """Wait for the tool; its stdout when it exits 0, else None (missing, failed, too slow)."""
+        import subprocess
+
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            out, _ = proc.communicate(timeout=max(0.0, self._deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None
+        return out if proc.returncode == 0 else None
+
+
 def run_version(argv: list[str]) -> str | None:
     """Run ``tool --version``; None when the tool is missing or fails."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    return _Tool(argv).output()
 
 
 _RELEASE_RE = re.compile(r"release [\d.]+, V([\d.]+)")
@@ -417,13 +480,15 @@ def cuda_release(text: str | None) -> str | None:
 
 
 class _Background:
-    """Run a few probes on threads (subprocess waits overlap); collect their results."""
+    """Run a few probes on threads; collect their results."""
 
     def __init__(self) -> None:
         self._threads: list[threading.Thread] = []
         self._results: dict[str, Any] = {}
 
     def start(self, name: str, fn: Callable[[], Any]) -> None:
+        import threading
+
         def run() -> None:
             self._results[name] = fn()
 
@@ -438,6 +503,8 @@ class _Background:
 
 
 def _user() -> str | None:
+    import getpass
+
     try:
         return getpass.getuser()
     except (KeyError, OSError):
@@ -451,85 +518,143 @@ def probe_raw(
     workload: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
     use_nvml: bool = True,
+    cache: ProbeCache | None = None,
 ) -> Raw:
     """Probe this machine; return the fingerprint document as plain JSON data.
 
     ``gpu_arch`` declares the target for builds without a GPU (``sm_90a``); it
-    overrides the architecture NVML reports.
+    overrides the architecture NVML reports. ``cache`` holds the RECORD digests
+    of earlier probes (default: the one :func:`~artifactd.probecache.default_path`
+    names for ``environ``); it changes how fast the answer comes, never the answer.
     """
-    environ = current_environ() if environ is None else environ
-    arch = parse_gpu_arch(gpu_arch) if gpu_arch else None  # bad input fails before any work
-    dists = find_distributions(TRACKED_LIBRARIES)
-    triton = dists.get("triton")
-    ptxas_path = environ.get("TRITON_PTXAS_PATH") or (
-        str(triton.location / "triton" / "backends" / "nvidia" / "bin" / "ptxas")
-        if triton
-        else None
-    )
-    bg = _Background()
-    bg.start("nvcc", lambda: run_version(["nvcc", "--version"]))
-    if ptxas_path:
-        bg.start("ptxas", lambda: run_version([ptxas_path, "--version"]))
-    bg.start("cc", lambda: run_version([environ.get("CC", "cc"), "--version"]))
-    if use_nvml:
-        bg.start("nvml", probe_gpu_nvml)
-    libraries = {name: library_info(dist) for name, dist in sorted(dists.items())}
-    cpu, cpu_model = probe_cpu()
-    found = bg.results()
+    return PendingProbe(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        environ=environ,
+        use_nvml=use_nvml,
+        cache=cache,
+    ).result()
 
-    nvml = found.get("nvml")
-    topology = None
-    if nvml is not None:
-        gpu, driver, topology = nvml
-    else:
-        gpu, driver = empty_gpu(), {"version": proc_driver_version(), "cuda_version": None}
-        if driver["version"] is not None:  # a driver without NVML bindings: ask libcuda
-            driver["cuda_version"] = probe_libcuda(init=False)["cuda_version"]
-    if arch:
-        gpu.update(
-            arch=arch[0],
-            capability=arch[1],
-            source="nvml" if gpu["source"] == "nvml" else "declared",
+
+class PendingProbe:
+    """A probe under way: the toolchains and NVML answer while the caller does other work.
+
+    Creating one checks the arguments (a bad ``gpu_arch`` raises here, before
+    any work) and starts the slow part: the ``nvcc``, ``ptxas`` and ``cc``
+    subprocesses, and the NVML query on a thread. :meth:`result` does the rest and
+    returns the document :func:`probe_raw` returns. A restore imports its own
+    modules in between, so the two overlap. Arguments as :func:`probe_raw`'s;
+    ``overrides`` are applied as :func:`probe_request` applies them.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpu_arch: str | None = None,
+        image_digest: str | None = None,
+        workload: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        use_nvml: bool = True,
+        cache: ProbeCache | None = None,
+        overrides: Sequence[str] = (),
+    ) -> None:
+        environ = current_environ() if environ is None else environ
+        self._arch = parse_gpu_arch(gpu_arch) if gpu_arch else None  # fails before any work
+        self._image_digest = image_digest
+        self._workload = dict(workload or {})
+        self._cache = ProbeCache(default_path(environ)) if cache is None else cache
+        self._overrides = list(overrides)
+        self._dists = find_distributions(TRACKED_LIBRARIES)
+        self._raw: Raw | None = None
+        triton = self._dists.get("triton")
+        ptxas_path = environ.get(TRITON_PTXAS_PATH) or (
+            str(triton.location / "triton" / "backends" / "nvidia" / "bin" / "ptxas")
+            if triton
+            else None
         )
+        self._tools = {"nvcc": _Tool(["nvcc", "--version"])}
+        if ptxas_path:
+            self._tools["ptxas"] = _Tool([ptxas_path, "--version"])
+        self._tools["cc"] = _Tool([environ.get(CC, "cc"), "--version"])
+        self._bg = _Background()
+        if use_nvml:
+            self._bg.start("nvml", probe_gpu_nvml)
 
-    torch = dists.get("torch")
-    torch_cuda = torch.version.split("+", 1)[1] if torch and "+" in torch.version else None
-    site = str(torch.location) if torch is not None else sysconfig.get_paths()["purelib"]
-    glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
-    uname = os.uname()
-    cc_out = found.get("cc")
-    return {
-        "schema_version": 1,
-        "gpu": gpu,
-        "driver": driver,
-        "cuda": {
-            "nvcc": cuda_release(found.get("nvcc")),
-            "ptxas": cuda_release(found.get("ptxas")),
-            "torch_cuda": torch_cuda,
-        },
-        "python": {
-            "implementation": sys.implementation.name,
-            "version": f"{sys.version_info.major}.{sys.version_info.minor}",
-            "cache_tag": sys.implementation.cache_tag,
-            "soabi": sysconfig.get_config_var("SOABI"),
-            "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        },
-        "platform": {"system": uname.sysname, "machine": uname.machine, "glibc": glibc},
-        "cpu": cpu,
-        "compilers": {"cc": cc_out.splitlines()[0].strip() if cc_out else None},
-        "libraries": libraries,
-        "paths": {"site_packages": os.path.realpath(site)},
-        "image": {"digest": image_digest or None},
-        "workload": dict(workload or {}),
-        "info": {
-            "hostname": uname.nodename,
-            "user": _user(),
-            "probed_at": round(time.time(), 3),
-            "cpu_model": cpu_model,
-            "topology": topology,
-            "artifactd_version": __version__,
-        },
-    }
+    def result(self) -> Raw:
+        """Wait for the probe and return its document (the same one on every call)."""
+        if self._raw is None:
+            raw = self._finish()
+            if self._overrides:
+                # The one use of the typed model here: only overrides need its coercion.
+                from artifactd.fingerprint import from_raw
+
+                raw = from_raw(apply_overrides(raw, self._overrides)).model_dump(mode="json")
+            self._raw = raw
+        return self._raw
+
+    def _finish(self) -> Raw:
+        import sysconfig
+
+        dists = self._dists
+        libraries = {name: library_info(d, self._cache) for name, d in sorted(dists.items())}
+        self._cache.save()
+        cpu, cpu_model = probe_cpu()
+        found = self._bg.results() | {name: t.output() for name, t in self._tools.items()}
+
+        nvml = found.get("nvml")
+        topology = None
+        if nvml is not None:
+            gpu, driver, topology = nvml
+        else:
+            gpu, driver = empty_gpu(), {"version": proc_driver_version(), "cuda_version": None}
+            if driver["version"] is not None:  # a driver without NVML bindings: ask libcuda
+                driver["cuda_version"] = probe_libcuda(init=False)["cuda_version"]
+        if self._arch:
+            gpu.update(
+                arch=self._arch[0],
+                capability=self._arch[1],
+                source="nvml" if gpu["source"] == "nvml" else "declared",
+            )
+
+        torch = dists.get("torch")
+        torch_cuda = torch.version.split("+", 1)[1] if torch and "+" in torch.version else None
+        site = str(torch.location) if torch is not None else sysconfig.get_paths()["purelib"]
+        glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+        uname = os.uname()
+        cc_out = found.get("cc")
+        return {
+            "schema_version": 1,
+            "gpu": gpu,
+            "driver": driver,
+            "cuda": {
+                "nvcc": cuda_release(found.get("nvcc")),
+                "ptxas": cuda_release(found.get("ptxas")),
+                "torch_cuda": torch_cuda,
+            },
+            "python": {
+                "implementation": sys.implementation.name,
+                "version": f"{sys.version_info.major}.{sys.version_info.minor}",
+                "cache_tag": sys.implementation.cache_tag,
+                "soabi": sysconfig.get_config_var("SOABI"),
+                "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+            },
+            "platform": {"system": uname.sysname, "machine": uname.machine, "glibc": glibc},
+            "cpu": cpu,
+            "compilers": {"cc": cc_out.splitlines()[0].strip() if cc_out else None},
+            "libraries": libraries,
+            "paths": {"site_packages": os.path.realpath(site)},
+            "image": {"digest": self._image_digest or None},
+            "workload": self._workload,
+            "info": {
+                "hostname": uname.nodename,
+                "user": _user(),
+                "probed_at": round(time.time(), 3),
+                "cpu_model": cpu_model,
+                "topology": topology,
+                "artifactd_version": __version__,
+            },
+        }
 
 
 def parse_pairs(pairs: Sequence[str], *, what: str) -> dict[str, str]:
@@ -604,3 +729,45 @@ def apply_overrides(raw: Raw, assignments: Sequence[str]) -> Raw:
             raise UsageError(f"--set {path}: is a section; set one of its fields")
         node[leaf] = text if keys[0] == "workload" else _parse_value(text)
     return doc
+
+
+def start_request(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+) -> PendingProbe:
+    """Start :func:`probe_request`'s probe and return it under way (see :class:`PendingProbe`).
+
+    Bad ``gpu_arch`` or ``workload`` raise here; bad ``overrides`` at ``result()``.
+    """
+    return PendingProbe(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=parse_pairs(workload, what="--workload"),
+        overrides=overrides,
+    )
+
+
+def probe_request(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+) -> Raw:
+    """Probe this machine as a command asks: flags in, the fingerprint document out.
+
+    ``workload`` holds ``KEY=VALUE`` strings (``--workload``, repeatable or
+    comma-separated); ``overrides`` holds ``PATH=VALUE`` assignments (``--set``).
+    Without overrides the probe's plain document is returned as is: no model
+    is built, which keeps a no-op restore fast. With them, the overridden
+    document is validated by :class:`~artifactd.fingerprint.Fingerprint` and
+    dumped back, so a value like ``"8"`` becomes the number the schema wants
+    and the document hashes as the typed model does; an invalid value raises
+    :class:`UsageError`.
+    """
+    return start_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    ).result()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.destination import CacheVolume
 from artifactd.errors import ArtifactdError, StoreError
-from artifactd.families import Family, get_family, select_families
+from artifactd.families import get_family, select_families, select_names
 from artifactd.oci import FULL_TAG_PREFIX, family_tag, full_tag
 from artifactd.probing import scope_key
 from artifactd.stores import Store
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     # Only planning a miss or executing needs these; a no-op restore never imports them.
     from artifactd.artifacts import Artifact
     from artifactd.diff import FieldDiff
+    from artifactd.families import Family
     from artifactd.fingerprint import Fingerprint
     from artifactd.manifest import LayerRecord
     from artifactd.marker import RestoreMarker
@@ -192,7 +193,7 @@ def noop_plan(
     again", which reports the miss and leaves the installed caches alone.
     """
     marker = volume.installed()
-    names = [f.name for f in select_families(families)]
+    names = select_names(families)
     if (
         marker is None
         or marker.fingerprint_hash != fingerprint_hash

@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.destination import CacheVolume, StepHook, Swap, no_hook, os_error, remove_tree
-from artifactd.errors import ArtifactdError, CacheMissError, ConfigError, ProbeError, UsageError
+from artifactd.errors import ArtifactdError, CacheMissError, ConfigError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
 from artifactd.resolve import FamilyPlan, RestorePlan, noop_plan, plan_restore
 from artifactd.stores import Store
 
 if TYPE_CHECKING:
-    from artifactd.archive import Readable
+    from artifactd.hashing import Readable
     from artifactd.marker import RestoreMarker
 
 
@@ -172,33 +172,19 @@ def _marker(plan: RestorePlan) -> RestoreMarker:
 
 
 class _Progress:
-    """Count bytes read from a layer stream; emit a throttled ``progress`` event."""
-
-    interval_s = 0.25
+    """Count bytes read from a layer stream; report them as throttled ``progress`` events."""
 
     def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
+        from artifactd.stores.base import progress_events
+
         self._source = source
-        self._family = family
-        self._total = total
-        self._on_event = on_event
         self._done = 0
-        self._last = time.monotonic()
+        self._report = progress_events(on_event, stage="fetch", family=family, total=total)
 
     def read(self, n: int = -1, /) -> bytes:
         data = self._source.read(n)
         self._done += len(data)
-        now = time.monotonic()
-        if now - self._last >= self.interval_s:
-            self._last = now
-            self._on_event(
-                {
-                    "stage": "fetch",
-                    "event": "progress",
-                    "family": self._family,
-                    "bytes": self._done,
-                    "total": self._total,
-                }
-            )
+        self._report(self._done)
         return data
 
 
@@ -333,7 +319,7 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
 
     ``raw_fingerprint`` is the probe's plain document (:func:`artifactd.probing.probe_raw`),
     so a no-op answers without building a model. Raises only for the caller's
-    own mistakes (:class:`UsageError`, :class:`ConfigError`, :class:`ProbeError`);
+    own mistakes (:class:`UsageError`, :class:`ConfigError`);
     everything else becomes the outcome's failure.
     """
     from artifactd.probing import flatten, hashed_view, raw_hash
@@ -380,7 +366,7 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
             if not plan.hits:
                 return _miss(plan, request.require)
             result = restore(plan, store, volume, on_event=on_event, max_bytes=request.max_bytes)
-    except (UsageError, ConfigError, ProbeError):
+    except (UsageError, ConfigError):
         raise
     except Exception as exc:  # the fail-open policy: nothing escapes as a crash
         if plan is None:

@@ -31,7 +31,6 @@ only place anything was written.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import tarfile
@@ -44,8 +43,9 @@ from typing import IO
 
 import zstandard
 
-from artifactd.archive import HashingReader, Readable, link_inside
+from artifactd.archive import link_inside
 from artifactd.errors import IntegrityError, UnsafeArtifactError
+from artifactd.hashing import HashingReader, Readable, copy_hashed, sha256_hex
 from artifactd.manifest import FileEntry, LayerRecord
 
 #: Longest member path (``component/relative/path``), in UTF-8 bytes.
@@ -374,7 +374,7 @@ class _Extractor:
             _stream_member(src, dest, entry, self.keep_mtimes, self.umask)
             return
         data = src.read()
-        if hashlib.sha256(data).hexdigest() != entry.sha256:
+        if sha256_hex(data) != entry.sha256:
             raise IntegrityError(f"{entry.path}: content does not match its sha256")
         if entry.rewrite and self.relocate is not None:
             try:
@@ -501,12 +501,13 @@ def _unpack(
         raise IntegrityError(f"layer {digest} is not valid zstd data: {exc}") from exc
     except UnicodeError as exc:
         raise UnsafeArtifactError(f"layer {digest} has a member name that is not UTF-8") from exc
-    if compressed.size > size:
+    read = compressed.hasher
+    if read.size > size:
         raise IntegrityError(f"layer {digest}: more than the {size} bytes its descriptor says")
     compressed.drain()
-    if compressed.size != size:
-        raise IntegrityError(f"layer {digest}: expected {size} bytes, got {compressed.size}")
-    actual = "sha256:" + compressed.sha.hexdigest()
+    if read.size != size:
+        raise IntegrityError(f"layer {digest}: expected {size} bytes, got {read.size}")
+    actual = read.digest
     if actual != digest:
         raise IntegrityError(f"layer digest mismatch: expected {digest}, got {actual}")
     return extractor.finish(digest, components)
@@ -580,12 +581,9 @@ def _stream_member(
 ) -> None:
     """Stream a large file to disk, hashing as it goes."""
     fd = _create(dest, entry, umask)
-    sha = hashlib.sha256()
     with os.fdopen(fd, "wb") as out:
-        while chunk := src.read(_CHUNK):
-            sha.update(chunk)
-            out.write(chunk)
-    if sha.hexdigest() != entry.sha256:
+        copied = copy_hashed(src, out)
+    if copied.hex != entry.sha256:
         raise IntegrityError(f"{entry.path}: content does not match its sha256")
     if keep_mtimes and entry.mtime is not None:
         os.utime(dest, (entry.mtime, entry.mtime))

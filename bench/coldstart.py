@@ -1,15 +1,24 @@
-"""Cold start vs restored start, measured side by side in one run.
+"""Cold start vs restored start, and the start-up cost of the two pod-start commands.
 
 Prints, for the CPU demo matrix:
   cold      warm-up with fresh, empty caches
   restore   `artifactd restore` into a new dir, as a new process
   restored  warm-up with only the restored caches (new TMPDIR, build gone)
   local     warm-up again with the build's own caches left in place
-and the ratios restored/cold and restored/local. Then the wall time of
-`artifactd fingerprint` and of a no-op restore (marker already matches), each
-the median of several runs, and whether either imported torch.
+and the ratios restored/cold and restored/local. Then the start-up table:
+`python -c pass`, `artifactd fingerprint --hash` and a no-op restore (the
+target already holds the matching restore and its marker), run in turn, each
+the median of --runs, with each command's ratio to the bare Python
+start; and which heavy modules either command imported.
 
-Usage: python bench/coldstart.py [--runs 7]
+Python runs with its bytecode cached, as an installed package does (in a
+private cache directory, so the tree gets no __pycache__); one untimed run of
+each command fills it.
+
+Usage: python bench/coldstart.py [--runs 9] [--only startup]
+
+--only startup skips the demo matrix and times the start-up against a store
+holding one small generic cache: it runs in seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +39,14 @@ WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"
 sys.path.insert(0, str(REPO))
 
 from artifactd.build import cell_environ  # noqa: E402
+from artifactd.constants import ENV_CACHE_DIR, ENV_GENERIC_DIR  # noqa: E402
 from artifactd.demo import restored_environ  # noqa: E402
+
+#: Modules neither start-up command may import (torch and engines, pydantic, the
+#: registry client, compression, templating).
+HEAVY = ("torch", "triton", "pydantic", "requests", "oras", "zstandard", "jinja2")
+#: The ratio to a bare Python start both commands must stay within.
+TARGET_RATIO = 2.5
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -46,76 +62,147 @@ def compiled(stdout: str) -> int:
     return int(json.loads(stdout.strip().splitlines()[-1])["compiled"])
 
 
+def bytecode_env(base: dict[str, str], cache: Path) -> dict[str, str]:
+    """``base`` with bytecode written to and read from ``cache``, as an install has it."""
+    env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache)
+    return env
+
+
+def startup(  # noqa: PLR0917 - a benchmark's one call site
+    py: str, store: str, target: Path, base: dict[str, str], runs: int, work: Path
+) -> list[str]:
+    """Time bare Python, fingerprint and a no-op restore in turn; return the report lines."""
+    env = bytecode_env(base, work / "pycache")
+    fresh = work / "fresh-probe-cache"
+    # A new container starts with an empty probe cache: this row clears it before each run.
+    fresh_env = env | {ENV_CACHE_DIR: str(fresh)}
+    restore_argv = [
+        py, "-m", "artifactd", "restore", "--json", "--store", store,
+        "--target", str(target), "--gpu-arch", "sm_90a",
+    ]  # fmt: skip
+    commands = {
+        "python -c pass": ([py, "-c", "pass"], env),
+        "artifactd fingerprint --hash": (
+            [py, "-m", "artifactd", "fingerprint", "--hash", "--gpu-arch", "sm_90a"],
+            env,
+        ),
+        "artifactd restore (no-op)": (restore_argv, env),
+        "  same, empty probe cache": (restore_argv, fresh_env),
+    }
+    _, out = timed(restore_argv, env)  # also fills the bytecode cache
+    if json.loads(out)["status"] != "noop":
+        sys.exit(f"the restore to time is not a no-op: {out[-500:]}")
+    for argv, cmd_env in commands.values():
+        timed(argv, cmd_env)
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(runs):  # interleaved, so machine load weighs on every command alike
+        for name, (argv, cmd_env) in commands.items():
+            shutil.rmtree(fresh, ignore_errors=True)
+            times[name].append(timed(argv, cmd_env)[0])
+    bare = statistics.median(times["python -c pass"])
+    lines = [f"{f'start-up, median of {runs}':32} {'ms':>7} {'x bare':>7}  min-max ms"]
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        lines.append(
+            f"{name:32} {med * 1000:7.1f} {med / bare:7.2f}  "
+            f"{min(ts) * 1000:.1f}-{max(ts) * 1000:.1f}"
+        )
+    lines.append(f"target: each artifactd command within {TARGET_RATIO} x the bare start")
+    for name in ("artifactd fingerprint --hash", "artifactd restore (no-op)"):
+        argv = commands[name][0]
+        lines.append(f"{name} imported: {', '.join(heavy_imports(py, argv[3:], env)) or 'none'}")
+    return lines
+
+
+def heavy_imports(py: str, args: list[str], env: dict[str, str]) -> list[str]:
+    """Run ``artifactd ARGS`` in a Python that then lists the heavy modules it loaded."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['artifactd', *{args!r}]\n"
+        "try:\n"
+        "    runpy.run_module('artifactd', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print('\\nheavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    _, out = timed([py, "-c", code], env)
+    return out.rsplit("\nheavy:", 1)[-1].split()
+
+
+def small_store(py: str, work: Path, base: dict[str, str]) -> tuple[str, Path]:
+    """Harvest one small generic cache into a fresh store and restore it once."""
+    tree = work / "generic"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "kernel.bin").write_bytes(b"\x7fELF" + bytes(4096))
+    (tree / "sub" / "index.json").write_text('{"kernels": 1}\n')
+    env = cell_environ(work / "roots", ["generic"], {ENV_GENERIC_DIR: str(tree)}, base)
+    store = f"oci:{work / 'store'}"
+    fp = ["--gpu-arch", "sm_90a"]
+    timed([py, "-m", "artifactd", "harvest", "--store", store, "--family", "generic", *fp], env)
+    target = work / "pod"
+    timed([py, "-m", "artifactd", "restore", "--store", store, "--target", str(target), *fp], base)
+    return store, target
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9, help="start-up runs per command")
+    parser.add_argument("--only", choices=["startup"], help="run only this part")
     args = parser.parse_args()
     py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="artifactd-bench-"))
     base = dict(os.environ)
+    # The probe cache starts empty and lives with the run, like a new pod's.
+    base[ENV_CACHE_DIR] = str(work / "probe-cache")
     try:
-        roots = work / "build"
-        env = cell_environ(roots, ["inductor", "triton", "generic"], {}, base)
-        warm_argv = [py, str(WARMUP)]
-        cold_s, out = timed(warm_argv, env)
-        cold_n = compiled(out)
-        local_s, out = timed(warm_argv, env)
-        local_n = compiled(out)
-
-        store = f"oci:{work / 'store'}"
-        timed([py, "-m", "artifactd", "harvest", "--store", store, "--gpu-arch", "sm_90a"], env)
-        shutil.rmtree(roots)  # nothing of the build is left for the restored run
-
-        target = work / "pod"
-        restore_argv = [
-            py,
-            "-m",
-            "artifactd",
-            "restore",
-            "--store",
-            store,
-            "--target",
-            str(target),
-            "--gpu-arch",
-            "sm_90a",
-        ]
-        restore_s, _ = timed(restore_argv, base)
-        renv = restored_environ(target / "artifactd.env", base)
-        restored_s, out = timed(warm_argv, renv)
-        restored_n = compiled(out)
-
-        noop = [timed(restore_argv, base)[0] for _ in range(args.runs)]
-        fp = [
-            timed([py, "-m", "artifactd", "fingerprint", "--hash"], base)[0]
-            for _ in range(args.runs)
-        ]
-        probe = (
-            "import sys, artifactd.cli, artifactd.restore, artifactd.fingerprint as f; "
-            "f.probe(); print('torch' in sys.modules, 'triton' in sys.modules)"
-        )
-        imports = subprocess.run(
-            [py, "-c", probe], capture_output=True, text=True, check=True
-        ).stdout.split()
+        if args.only == "startup":
+            store, target = small_store(py, work, base)
+            for line in startup(py, store, target, base, args.runs, work):
+                print(line)
+            return
+        demo_lines = demo(py, work, base)
+        store, target = f"oci:{work / 'store'}", work / "pod"
+        lines = demo_lines + startup(py, store, target, base, args.runs, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for line in lines:
+        print(line)
 
-    print(f"{'stage':40} {'seconds':>8} {'compiled':>9}")
-    print(f"{'cold warm-up (fresh caches)':40} {cold_s:8.2f} {cold_n:9d}")
-    print(f"{'artifactd restore (new process)':40} {restore_s:8.2f} {'-':>9}")
-    print(f"{'warm-up on restored caches':40} {restored_s:8.2f} {restored_n:9d}")
-    print(f"{'warm-up, local caches left in place':40} {local_s:8.2f} {local_n:9d}")
-    print(f"restored/cold  = {restored_s / cold_s:.3f}")
-    print(f"restored/local = {restored_s / local_s:.3f}")
-    print(f"(restore + restored)/cold = {(restore_s + restored_s) / cold_s:.3f}")
-    print(
-        f"artifactd fingerprint --hash: median {statistics.median(fp):.3f} s "
-        f"(min {min(fp):.3f}, max {max(fp):.3f}, n={len(fp)})"
-    )
-    print(
-        f"no-op restore:                median {statistics.median(noop):.3f} s "
-        f"(min {min(noop):.3f}, max {max(noop):.3f}, n={len(noop)})"
-    )
-    print(f"imports torch: {imports[0]}, imports triton: {imports[1]}")
+
+def demo(py: str, work: Path, base: dict[str, str]) -> list[str]:
+    """Cold, restore, restored and local runs of the CPU demo matrix."""
+    roots = work / "build"
+    env = cell_environ(roots, ["inductor", "triton", "generic"], {}, base)
+    warm_argv = [py, str(WARMUP)]
+    cold_s, out = timed(warm_argv, env)
+    cold_n = compiled(out)
+    local_s, out = timed(warm_argv, env)
+    local_n = compiled(out)
+
+    store = f"oci:{work / 'store'}"
+    timed([py, "-m", "artifactd", "harvest", "--store", store, "--gpu-arch", "sm_90a"], env)
+    shutil.rmtree(roots)  # nothing of the build is left for the restored run
+
+    target = work / "pod"
+    restore_argv = [
+        py, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
+        "--gpu-arch", "sm_90a",
+    ]  # fmt: skip
+    restore_s, _ = timed(restore_argv, base)
+    renv = restored_environ(target / "artifactd.env", base)
+    restored_s, out = timed(warm_argv, renv)
+    restored_n = compiled(out)
+    return [
+        f"{'stage':40} {'seconds':>8} {'compiled':>9}",
+        f"{'cold warm-up (fresh caches)':40} {cold_s:8.2f} {cold_n:9d}",
+        f"{'artifactd restore (new process)':40} {restore_s:8.2f} {'-':>9}",
+        f"{'warm-up on restored caches':40} {restored_s:8.2f} {restored_n:9d}",
+        f"{'warm-up, local caches left in place':40} {local_s:8.2f} {local_n:9d}",
+        f"restored/cold  = {restored_s / cold_s:.3f}",
+        f"restored/local = {restored_s / local_s:.3f}",
+        f"(restore + restored)/cold = {(restore_s + restored_s) / cold_s:.3f}",
+    ]
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check artifactd tests bench
-.venv/bin/ruff format --check artifactd tests bench
+.venv/bin/ruff check artifactd tests bench scripts
+.venv/bin/ruff format --check artifactd tests bench scripts
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

@@ -36,6 +36,29 @@ def make_generic_tree(root: Path) -> Path:
     return root
 
 
+def harvest_environ(base: Path, **extra: str) -> dict[str, str]:
+    """The environ a harvest of ``base/triton`` and ``base/generic`` sees, plus ``extra``.
+
+    Every other cache variable points at a missing dir under ``base``, so the
+    machine's own caches (``/tmp/torchinductor_<user>``, ``~/.triton``) stay out.
+    """
+    return {
+        "TRITON_CACHE_DIR": str(base / "triton"),
+        "ARTIFACTD_GENERIC_DIR": str(base / "generic"),
+        "TMPDIR": str(base / "tmp-empty"),
+        "TORCHINDUCTOR_CACHE_DIR": str(base / "no-inductor"),
+        "HOME": str(base / "home"),
+        **extra,
+    }
+
+
+def build_caches(base: Path, **extra: str) -> dict[str, str]:
+    """Write a Triton and a generic cache under ``base``; return :func:`harvest_environ`."""
+    make_triton_tree(base / "triton")
+    make_generic_tree(base / "generic")
+    return harvest_environ(base, **extra)
+
+
 # --- JIT cache families: DeepGEMM, TileLang, CuTe DSL / FA4, CUDA driver JIT ---
 
 

@@ -1,17 +1,23 @@
-"""Shared fixtures: clean environments and synthetic cache trees in real layouts."""
+"""Shared fixtures: clean environments, the CLI runner, cache trees and the ``gpu`` marker."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cachetrees import build_caches
 from registry_server import RegistryServer, start_registry
 
-from artifactd.constants import CACHE_ENV_VARS
+from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
 from artifactd.fingerprint import Fingerprint, probe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,17 +26,157 @@ WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"
 PYTHON = sys.executable
 
 
+# --------------------------------------------------------------------------
+# GPU or not: decided once per session, for the ``gpu`` marker
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """What this machine has: NVIDIA GPUs (through NVML or libcuda) and a driver."""
+
+    gpus: int
+    driver: bool
+    why: str
+
+
+def _nvml_gpus() -> tuple[int | None, str]:
+    try:
+        import pynvml
+    except ImportError:
+        return None, "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded...
+        return None, f"NVML does not initialise ({exc})"
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+    return count, f"NVML sees {count} GPU(s)"
+
+
+def _libcuda_gpus() -> tuple[int | None, str]:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None, "libcuda.so.1 does not load"
+    count = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0, "libcuda loads but cuInit finds no device"
+    return count.value, f"libcuda sees {count.value} GPU(s)"
+
+
+def detect_gpu_host() -> GpuHost:
+    """Ask NVML, then libcuda, whether this machine has an NVIDIA GPU and a driver."""
+    nvml, nvml_why = _nvml_gpus()
+    cuda, cuda_why = _libcuda_gpus()
+    return GpuHost(
+        gpus=max(nvml or 0, cuda or 0),
+        driver=nvml is not None or cuda is not None,
+        why=f"{nvml_why}; {cuda_why}",
+    )
+
+
+GPU_HOST = detect_gpu_host()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` runs only with a GPU; ``gpu(absent=True)`` only without a driver."""
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        if marker.kwargs.get("absent"):
+            if GPU_HOST.driver:
+                item.add_marker(
+                    pytest.mark.skip(f"needs a host without an NVIDIA driver: {GPU_HOST.why}")
+                )
+        elif not GPU_HOST.gpus:
+            item.add_marker(pytest.mark.skip(f"needs an NVIDIA GPU: {GPU_HOST.why}"))
+
+
+# --------------------------------------------------------------------------
+# Environment and the CLI
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _probe_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """artifactd's own cache (library hashes) for the session: not the real home's."""
+    return tmp_path_factory.mktemp("artifactd-cache")
+
+
+@pytest.fixture(autouse=True)
+def _no_artifactd_env(monkeypatch: pytest.MonkeyPatch, _probe_cache_dir: Path) -> None:
+    """No test sees the ARTIFACTD_* settings of the shell that started pytest."""
+    for name in [k for k in os.environ if k.startswith("ARTIFACTD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(ENV_CACHE_DIR, str(_probe_cache_dir))
+
+
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The test process's env without any cache variable, plus ``extra``."""
+    """The test process's env without any cache variable, plus ``extra``.
+
+    ``ARTIFACTD_CACHE_DIR`` (artifactd's own cache, not a command setting) is kept.
+    """
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in CACHE_ENV_VARS
         and k not in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR")
-        and not k.startswith("ARTIFACTD_")
+        and (k == ENV_CACHE_DIR or not k.startswith("ARTIFACTD_"))
     }
     env.update(extra or {})
     return env
+
+
+def run_artifactd(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    prelude: str = "",
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m artifactd ARGS``: the real entry point, errors mapped to exit codes.
+
+    ``env`` defaults to :func:`clean_env`; the caller asserts on the result.
+    ``prelude`` is Python run first in that process (to patch a constant or
+    plant a fault), then the entry point.
+    """
+    argv = ["-m", "artifactd"]
+    if prelude:
+        argv = ["-c", f"{prelude}\nfrom artifactd.cli import main\nmain()\n"]
+    return subprocess.run(
+        [PYTHON, *argv, *args],
+        capture_output=True,
+        text=True,
+        env=dict(clean_env() if env is None else env),
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_artifactd_json(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> dict[str, Any]:
+    """Run ``python -m artifactd ARGS --json``, require exit code 0, parse its JSON line."""
+    proc = run_artifactd(*args, "--json", env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return doc
+
+
+# --------------------------------------------------------------------------
+# Fingerprints, caches and registries
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def caches(tmp_path: Path) -> dict[str, str]:
+    """Triton and generic caches under tmp_path/build and the environ a harvest of them sees."""
+    return build_caches(tmp_path / "build")
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,10 @@
 
 Every restored run happens in a fresh process whose only caches are the
 restored ones (new temp dir, build roots deleted), and the evidence of a hit
-comes from the libraries themselves: Inductor's fxgraph cache counters,
-Triton's compilation listener (``cache_hit``), and the precompiled header's
-mtime.
+comes from the compilers themselves: Inductor's fxgraph cache counters,
+Triton's compilation listener (``cache_hit``), the note ptxas writes into each
+cubin (nvcc keeps no cache, so a cubin that is merely there is no hit), and
+the precompiled header's mtime.
 """
 
 from __future__ import annotations
@@ -17,22 +18,11 @@ from typing import Any
 
 import pytest
 from conftest import DEMO_MATRIX, PYTHON, WARMUP, clean_env
+from conftest import run_artifactd_json as artifactd
 
 from artifactd.demo import parse_env_file
 
 pytestmark = pytest.mark.slow
-
-
-def artifactd(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    proc = subprocess.run(
-        [PYTHON, "-m", "artifactd", *args, "--json"],
-        capture_output=True,
-        text=True,
-        env=env or clean_env(),
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def warmup(parts: str, env: dict[str, str]) -> dict[str, Any]:
@@ -44,7 +34,8 @@ def warmup(parts: str, env: dict[str, str]) -> dict[str, Any]:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return doc
 
 
 def test_triton_cubins_restore_to_another_root_and_hit(tmp_path: Path) -> None:
@@ -133,27 +124,16 @@ def test_build_restore_warm_start_hits_every_family(tmp_path: Path) -> None:
 
 
 def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "artifactd",
-            "demo",
-            "--json",
-            "--matrix",
-            str(DEMO_MATRIX),
-            "--store",
-            f"oci:{tmp_path / 'store'}",
-            "--workdir",
-            str(tmp_path / "demo"),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        check=False,
+    result = artifactd(
+        "demo",
+        "--matrix",
+        str(DEMO_MATRIX),
+        "--store",
+        f"oci:{tmp_path / 'store'}",
+        "--workdir",
+        str(tmp_path / "demo"),
+        timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["cold_compiled"] == 7
     assert result["restored_compiled"] == 0
     assert 0 < result["restored_seconds"] < result["cold_seconds"]
@@ -201,3 +181,28 @@ def test_megacache_restores_graphs_into_an_empty_inductor_dir(tmp_path: Path) ->
     warm = json.loads(proc.stdout.strip().splitlines()[-1])["inductor"]
     assert warm["megacache_loaded"] == 1
     assert warm["hits"] == 3 and warm["compiled"] == 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH")
+def test_nvcc_hit_is_ptxas_record_not_a_file_being_there(tmp_path: Path) -> None:
+    """A cubin counts as a hit only if ptxas's note in it says it built axpy for sm_90a."""
+    env = clean_env({"ARTIFACTD_GENERIC_DIR": str(tmp_path / "gen")})
+
+    def nvcc() -> tuple[int, int]:
+        part = warmup("nvcc", env)["nvcc"]
+        return part["compiled"], part["hits"]
+
+    assert nvcc() == (1, 0)
+    assert nvcc() == (0, 1)
+    [cubin] = (tmp_path / "gen").glob("axpy-*.sm_90a.cubin")
+    good = cubin.read_bytes()
+
+    cubin.write_bytes(good[: len(good) // 2])  # truncated: no readable note
+    assert nvcc() == (1, 0)
+    assert cubin.read_bytes() == good
+
+    # A real cubin of the same kernel for another arch, at the sm_90a name.
+    src = WARMUP.parent / "axpy.cu"
+    subprocess.run(["nvcc", "-cubin", "-arch=sm_80", "-o", str(cubin), str(src)], check=True)
+    assert nvcc() == (1, 0)
+    assert cubin.read_bytes() == good

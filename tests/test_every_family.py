@@ -8,8 +8,9 @@ place, partial entries left out, and the env file pointing the library there.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from cachetrees import (
@@ -24,7 +25,7 @@ from cachetrees import (
     make_vllm_tree,
 )
 
-from artifactd.families import FAMILIES
+from artifactd.families import FAMILIES, Family
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
 from artifactd.resolve import plan_restore
@@ -57,7 +58,9 @@ def _sglang(root: Path) -> dict[str, str]:
     }
 
 
-def _simple(var: str, build: Callable[[Path], object], sub: str) -> Callable[[Path], dict]:
+def _simple(
+    var: str, build: Callable[[Path], object], sub: str
+) -> Callable[[Path], dict[str, str]]:
     def make(root: Path) -> dict[str, str]:
         build(root / sub)
         return {var: str(root / sub)}
@@ -110,16 +113,44 @@ def test_family_harvests_and_restores(family: str, tmp_path: Path, local_fp: Fin
         if p.is_file() or p.is_symlink()
     }
     assert len(restored) == packed.files
+    assert_same_content(fam, environ, target)
     env = (target / "artifactd.env").read_text()
     for var in {k for c in fam.components for k in c.env}:
         assert f"{var}=" in env
+
+
+def assert_same_content(fam: Family, environ: dict[str, str], target: Path) -> None:
+    """Each restored file holds the harvested bytes, or them with the root moved.
+
+    Path-bearing files (group files, vLLM's handles) may differ from the
+    original only by the harvest root's path replaced with the restored one;
+    the expected bytes are computed here by plain substitution, not by the
+    family's own rewrite. Symlinks keep their target the same way.
+    """
+    dirs = fam.restore_dirs(target)
+    checked = 0
+    for loc in fam.locate(environ):
+        src_root, dst_root = loc.path, dirs[loc.component.name]
+        for dst in (p for p in dst_root.rglob("*") if p.is_file() or p.is_symlink()):
+            rel = dst.relative_to(dst_root)
+            src = src_root / rel
+            if dst.is_symlink():
+                link, was = os.readlink(dst), os.readlink(src)
+                assert link in (was, was.replace(str(src_root), str(dst_root))), rel
+            elif fam.path_bearing(loc.component.name, PurePosixPath(rel.as_posix())):
+                want = src.read_bytes().replace(str(src_root).encode(), str(dst_root).encode())
+                assert dst.read_bytes() == want, rel
+            else:
+                assert dst.read_bytes() == src.read_bytes(), rel
+            checked += 1
+    assert checked > 0
 
 
 def test_version_strings_are_not_addresses() -> None:
     from artifactd.families.vllm import volatile_factors
 
     found = volatile_factors({"env": {"CUDNN_VERSION": "9.1.0.70", "VLLM_HOST": "10.1.2.3"}})
-    assert [(k, v) for k, v, _ in found] == [("env.VLLM_HOST", "10.1.2.3")]
+    assert [(f.key, f.value) for f in found] == [("env.VLLM_HOST", "10.1.2.3")]
 
 
 def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
@@ -127,10 +158,8 @@ def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
 ) -> None:
     """Same fingerprint shape, two pods: diff of the artifacts shows the pod IP in the factors."""
     import json
-    import subprocess
-    import sys
 
-    from conftest import clean_env
+    from conftest import run_artifactd
 
     store = f"oci:{tmp_path / 'store'}"
     tags = []
@@ -146,21 +175,7 @@ def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
                 environ={"VLLM_CACHE_ROOT": str(root), "HOME": str(tmp_path)},
             )
         tags.append(res.tags[0])
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "artifactd",
-            "diff",
-            f"{store}:{tags[0]}",
-            f"{store}:{tags[1]}",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        check=False,
-    )
+    proc = run_artifactd("diff", f"{store}:{tags[0]}", f"{store}:{tags[1]}", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert {f["path"] for f in doc["fields"]} == {"workload.pod"}

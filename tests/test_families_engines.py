@@ -23,7 +23,8 @@ from cachetrees import (
 
 from artifactd.archive import PackedLayer, pack_family
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
-from artifactd.families.flashinfer import FlashInferFamily, NinjaFile
+from artifactd.families.flashinfer import FlashInferFamily
+from artifactd.families.ninja import NinjaFile
 from artifactd.families.sglang import SGLangFamily
 from artifactd.families.vllm import (
     WHY_IPV4,
@@ -288,7 +289,7 @@ def test_vllm_read_factors_one_per_hash_dir(tmp_path: Path) -> None:
 def test_vllm_volatile_factors_flag_ips_ports_ray_and_tmp(tmp_path: Path) -> None:
     factors = read_factors(make_vllm_tree(tmp_path / "vllm"))
     found = volatile_factors(factors[VLLM_VOLATILE_HASH])
-    assert {(key, why) for key, _value, why in found} == {
+    assert {(f.key, f.why) for f in found} == {
         ("env.VLLM_NIXL_SIDE_CHANNEL_HOST", WHY_IPV4),
         ("env.VLLM_NIXL_SIDE_CHANNEL_PORT", WHY_PORT),
         ("env.VLLM_RAY_BUNDLE_INDICES", WHY_RAY),
@@ -296,8 +297,8 @@ def test_vllm_volatile_factors_flag_ips_ports_ray_and_tmp(tmp_path: Path) -> Non
         ("config.kv_transfer_config.kv_port", WHY_PORT),
         ("code[1].path", WHY_TMP),
     }
-    values = {key: value for key, value, _why in found}
-    assert values["env.VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    values = {f.key: f.value for f in found}
+    assert values["env.VLLM_NIXL_SIDE_CHANNEL_PORT"] == 5600
     assert values["env.VLLM_RAY_BUNDLE_INDICES"] == "3,4"
     assert volatile_factors(factors[VLLM_CLEAN_HASH]) == []
 
@@ -308,19 +309,23 @@ def test_vllm_volatile_factors_flag_ips_ports_ray_and_tmp(tmp_path: Path) -> Non
         ({"VLLM_SUPPORT_LEVEL": 8080, "VLLM_EXPORT_DIR": "/data/x"}, []),
         ({"VLLM_PORT": True, "VLLM_DP_MASTER_PORT": 0, "VLLM_RPC_PORT": None}, []),
         ({"sig": "std::vector<int>", "t": "12:30:45", "v": "2.14.1", "h": "127.0.0.1"}, []),
-        ({"p": "/var/tmp/x", "q": "/data/tmpfs", "r": "/tmpdir"}, []),
+        ({"p": "/var/tmp/x", "q": "/data/tmpfs", "r": "/tmpdir", "s": "/data//tmp/x"}, []),
         ({"VLLM_RAY_BUNDLE_INDICES": ""}, []),
-        ({"VLLM_RAY_BUNDLE_INDICES": 0}, [("VLLM_RAY_BUNDLE_INDICES", "0", WHY_RAY)]),
+        ({"VLLM_RAY_BUNDLE_INDICES": 0}, [("VLLM_RAY_BUNDLE_INDICES", 0, WHY_RAY)]),
+        ({"RAY_BUNDLE_INDEX": 0}, [("RAY_BUNDLE_INDEX", 0, WHY_RAY)]),
+        ({"VLLM_PORT": 99999, "VLLM_RPC_PORT": 65536}, []),
+        ({"VLLM_PORT": 65535}, [("VLLM_PORT", 65535, WHY_PORT)]),
         ({"ports": {"MASTER_PORT": "29500"}}, [("ports.MASTER_PORT", "29500", WHY_PORT)]),
         ({"url": "tcp://[fe80::1]:8000"}, [("url", "tcp://[fe80::1]:8000", WHY_IPV6)]),
-        ({"u": ["x", "http://10.0.0.5:80"]}, [("u[1]", "http://10.0.0.5:80", WHY_IPV4)]),
+        # A list of scalars is one factor: reported once, under its own key.
+        ({"u": ["x", "http://10.0.0.5:80"]}, [("u", ["x", "http://10.0.0.5:80"], WHY_IPV4)]),
         ({"m": "/tmp"}, [("m", "/tmp", WHY_TMP)]),
     ],
 )
 def test_volatile_factors_edge_cases(
-    factors: Mapping[str, object], expected: list[tuple[str, str, str]]
+    factors: Mapping[str, object], expected: list[tuple[str, object, str]]
 ) -> None:
-    assert volatile_factors(factors) == expected
+    assert [(f.key, f.value, f.why) for f in volatile_factors(factors)] == expected
 
 
 # --------------------------------------------------------------------------
@@ -452,7 +457,7 @@ def test_engine_modules_read_only_named_env_vars() -> None:
 
 
 # --------------------------------------------------------------------------
-# Through harvest and restore (families registered for the test only)
+# Through harvest and restore (the registered families)
 # --------------------------------------------------------------------------
 
 
@@ -467,7 +472,7 @@ def test_harvest_and_restore_engine_families(
     from artifactd.stores import open_store
 
     for fam in (FLASHINFER, VLLM, SGLANG):
-        monkeypatch.setitem(FAMILIES, fam.name, fam)
+        assert type(FAMILIES[fam.name]) is type(fam)
     home = tmp_path / "home"
     make_flashinfer_tree(home)
     make_vllm_tree(home / ".cache" / "vllm")

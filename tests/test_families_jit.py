@@ -377,3 +377,82 @@ def test_scope_keys(local_fp: Fingerprint) -> None:
         assert _changed(fp, fp.model_copy(update={"libraries": libs})) == {fam}
     libs = {**fp.libraries, "nvidia-cutlass-dsl": LibraryInfo(version="4.8.0")}
     assert _changed(fp, fp.model_copy(update={"libraries": libs})) == {"cutedsl"}
+
+
+# --------------------------------------------------------------------------
+# The base every family shares
+# --------------------------------------------------------------------------
+
+
+def test_family_is_abstract() -> None:
+    with pytest.raises(TypeError, match="abstract"):
+        Family()  # type: ignore[abstract]
+
+
+def test_select_families_none_is_all_and_empty_is_none() -> None:
+    from artifactd.errors import UsageError
+    from artifactd.families import FAMILIES, select_families
+
+    assert [f.name for f in select_families(None)] == sorted(FAMILIES)
+    assert select_families([]) == []
+    assert [f.name for f in select_families([" triton", "triton", ""])] == ["triton"]
+    with pytest.raises(UsageError):
+        select_families(["nope"])
+
+
+def test_families_import_only_the_shared_modules() -> None:
+    """A family module imports the base and the shared layouts, never another family."""
+    import ast
+
+    import artifactd.families as pkg
+
+    shared = {"base", "layouts", "ninja", "tree"}
+    families_dir = Path(pkg.__file__).parent
+    for module in sorted(families_dir.glob("*.py")):
+        if module.stem in shared | {"__init__"}:
+            continue
+        tree = ast.parse(module.read_text())
+        imported = {
+            node.module.rsplit(".", 1)[-1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("artifactd.families.")
+        }
+        assert imported <= shared, (module.name, imported - shared)
+        assert "base" in imported, module.name
+
+
+@pytest.mark.parametrize("name", ["triton", "inductor", "sglang", "vllm"])
+def test_group_files_move_with_the_root_in_every_family_that_hosts_them(name: str) -> None:
+    import json
+
+    from artifactd.families import FAMILIES
+    from artifactd.families.base import ROOT_PLACEHOLDER
+
+    fam = FAMILIES[name]
+    rel = PurePosixPath("triton/0/AAAA/__grp__add.json")
+    assert fam.path_bearing("cache", rel)
+    assert not fam.path_bearing("cache", rel.with_name("add.json"))
+    doc = {"child_paths": {"add.cubin": "/build/c/AAAA/add.cubin", "x": "/elsewhere/x"}}
+    stored = json.loads(fam.normalize(json.dumps(doc).encode(), ("/build/c",)))
+    assert stored["child_paths"] == {
+        "add.cubin": f"{ROOT_PLACEHOLDER}/AAAA/add.cubin",
+        "x": "/elsewhere/x",
+    }
+    moved = json.loads(fam.relocate(json.dumps(stored).encode(), "/pod/c"))
+    assert moved["child_paths"] == {"add.cubin": "/pod/c/AAAA/add.cubin", "x": "/elsewhere/x"}
+
+
+def test_packing_and_lint_walk_the_same_tree(tmp_path: Path) -> None:
+    """What pack_family ships is exactly what the shared walk yields as not skipped."""
+    from artifactd.families.tree import walk_component
+
+    root = make_deepgemm_tree(tmp_path / "dg")
+    (root / "cache" / "stray.lock").write_text("held")
+    layer = pack(DEEPGEMM, [Located(DEEPGEMM.components[0], root)], tmp_path)
+    walked = list(walk_component(DEEPGEMM, "cache", root))
+    shipped = {f"cache/{e.rel.as_posix()}" for e in walked if e.skip is None and e.is_file}
+    assert shipped == packed(layer)
+    assert {f"cache/{e.rel.as_posix()}": e.skip for e in walked if e.skip} == skipped(layer)
+    assert skipped(layer)  # the partial entry, tmp/ and the lock are all left out

@@ -1,7 +1,9 @@
-"""Property tests for canonical JSON: the pure core every fingerprint and scope key hashes."""
+"""Property tests for canonical JSON and the digest helpers every key and blob check uses."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import random
 from typing import Any
@@ -9,7 +11,17 @@ from typing import Any
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from artifactd.hashing import canonical_hash, canonical_json, sha256_hex
+from artifactd.hashing import (
+    CHUNK,
+    Hasher,
+    HashingReader,
+    HashingWriter,
+    canonical_hash,
+    canonical_json,
+    copy_hashed,
+    digest_of,
+    sha256_hex,
+)
 
 # Keys and string values without whitespace, so any whitespace byte in the output
 # could only come from the serialiser's own formatting.
@@ -112,3 +124,66 @@ def test_hash_is_lowercase_sha256_hex() -> None:
     assert len(digest) == 64
     assert digest == digest.lower()
     int(digest, 16)
+
+
+@settings(max_examples=50)
+@given(st.lists(st.binary(max_size=300), max_size=8))
+def test_a_running_hash_equals_the_one_shot_digest(parts: list[bytes]) -> None:
+    whole = b"".join(parts)
+    hasher = Hasher()
+    for part in parts:
+        hasher.update(part)
+    assert hasher.digest == digest_of(whole) == "sha256:" + hashlib.sha256(whole).hexdigest()
+    assert hasher.hex == sha256_hex(whole) and hasher.size == len(whole)
+    assert hasher.matches(digest_of(whole), len(whole))
+    assert not hasher.matches(digest_of(whole), len(whole) + 1)
+    assert not hasher.matches(digest_of(whole + b"x"), len(whole))
+
+
+class _Trickle:
+    """A source that gives at most ``step`` bytes per read and counts what it gave."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data = io.BytesIO(data)
+        self._step = step
+        self.given = 0
+
+    def read(self, n: int = -1, /) -> bytes:
+        out = self._data.read(min(n, self._step) if n > 0 else self._step)
+        self.given += len(out)
+        return out
+
+
+def test_copy_hashed_copies_every_byte_and_reports_progress() -> None:
+    data = bytes(range(256)) * 4000  # 1,024,000 bytes
+    out = io.BytesIO()
+    seen: list[int] = []
+    copied = copy_hashed(_Trickle(data, 100_000), out, progress=seen.append)
+    assert out.getvalue() == data
+    assert copied.matches(digest_of(data), len(data))
+    assert seen == [*range(100_000, len(data), 100_000), len(data)]
+
+
+def test_copy_hashed_stops_past_its_limit() -> None:
+    """A source longer than it claims costs at most one chunk more, never all of it."""
+    source = _Trickle(bytes(10 * CHUNK), CHUNK)
+    copied = copy_hashed(source, None, limit=CHUNK + 1)
+    assert copied.size > CHUNK + 1
+    assert source.given == copied.size <= 2 * CHUNK + 1
+    exact = copy_hashed(_Trickle(b"abc", 1), None, limit=3)
+    assert exact.size == 3 and exact.digest == digest_of(b"abc")
+
+
+def test_hashing_reader_and_writer_see_what_passes_through() -> None:
+    data = b"layer bytes " * 1000
+    reader = HashingReader(io.BytesIO(data))
+    buf = bytearray(7)
+    assert reader.readinto(buf) == 7 and bytes(buf) == data[:7]
+    reader.drain()
+    assert reader.hasher.matches(digest_of(data), len(data))
+    sink = io.BytesIO()
+    writer = HashingWriter(sink)
+    writer.write(data[:5])
+    writer.write(data[5:])
+    writer.flush()
+    assert sink.getvalue() == data and writer.hasher.digest == digest_of(data)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 from artifactd.artifacts import read_artifact
 from artifactd.errors import IntegrityError, NotFoundError, UsageError
 from artifactd.families import FAMILIES
+from artifactd.families.base import Family
 from artifactd.fingerprint import Fingerprint, probe
 from artifactd.harvest import HarvestResult, harvest
 from artifactd.oci import ANN_REF_NAME, MANIFEST_MEDIA_TYPE, family_tag, full_tag
@@ -191,7 +193,7 @@ def test_put_manifest_tags_and_retag(tmp_path: Path) -> None:
     assert a.digest == d1
     index = json.loads((store.root / "index.json").read_bytes())
     refs = [(m.get("annotations") or {}).get(ANN_REF_NAME) for m in index["manifests"]]
-    assert sorted(refs) == ["a", "b"]
+    assert sorted(map(str, refs)) == ["a", "b"]
     # Retagging b back: still one descriptor per tag.
     store.put_manifest(one, MANIFEST_MEDIA_TYPE, ["b"])
     b = store.get_manifest("b")
@@ -440,6 +442,11 @@ def test_read_artifact_returns_config(
         assert fam_art.digest == result.publish.family_digests[family]
 
 
+def _relocated(family: Family, member: str, data: bytes) -> bytes:
+    del member
+    return family.relocate(data, "/restored")
+
+
 def test_stored_layers_unpack_and_relocate(
     harvested: tuple[LayoutStore, HarvestResult], caches: Caches, tmp_path: Path
 ) -> None:
@@ -457,7 +464,7 @@ def test_stored_layers_unpack_and_relocate(
                 entries=rec.files,
                 staging=staging,
                 components=frozenset(rec.components),
-                relocate=lambda member, data, fam=fam: fam.relocate(data, "/restored"),
+                relocate=functools.partial(_relocated, fam),
             )
         assert res.files == len(rec.files)
     assert (tmp_path / "stage/generic/cache/bin/tool.so").read_bytes() == b"\x7fELF"

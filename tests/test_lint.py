@@ -13,7 +13,7 @@ import pytest
 from cachetrees import make_triton_tree
 
 from artifactd.errors import UsageError
-from artifactd.families import FAMILIES
+from artifactd.families.vllm import classify_factor, volatile_factors
 from artifactd.lint import (
     KIND_HOST,
     KIND_PATH,
@@ -22,10 +22,10 @@ from artifactd.lint import (
     Finding,
     Hazards,
     LintReport,
-    classify_factor,
     lint,
+    lint_caches,
     root_key,
-    volatile_factors,
+    roots_for_lint,
 )
 
 BUILD_HOME = "/home/builduser"
@@ -279,6 +279,11 @@ def test_no_hazards_configured_finds_only_volatile_factors(tmp_path: Path) -> No
         ("env.VLLM_HOST_IP", "", None),
         ("env.VLLM_HOST_IP", "pod-7.svc", "address"),
         ("env.VLLM_PORT", 8000, "port"),
+        # The three inputs the lint's and the vLLM family's copies disagreed on:
+        ("env.VLLM_PORT", 99999, None),  # not a port: the same value on every pod
+        ("env.RAY_BUNDLE_INDEX", 0, "ray"),  # bundle 0 is a placement, not "unset"
+        ("config.download_dir", "/data//tmp/x", None),  # /data/tmp/x: not under /tmp
+        ("env.VLLM_PORT", 0, None),  # 0 asks the OS for a port: stable
         ("env.VLLM_DP_MASTER_PORT", "29500", "port"),
         ("env.VLLM_PORT", None, None),
         ("env.VLLM_PORT", True, None),
@@ -301,11 +306,32 @@ def test_volatile_factors_walks_nested_documents() -> None:
         "env": {"VLLM_PORT": 8000, "VLLM_USE_V1": True},
         "config": {"parallel": {"placement_group": "pg-1"}, "hosts": [{"ip": "10.9.8.7"}]},
     }
-    assert volatile_factors(doc) == [
+    assert [(f.key, f.value, f.category) for f in volatile_factors(doc)] == [
         ("config.hosts[0].ip", "10.9.8.7", "ip"),
         ("config.parallel.placement_group", "pg-1", "ray"),
         ("env.VLLM_PORT", 8000, "port"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("env", "found"),
+    [
+        ({"VLLM_PORT": 99999}, []),
+        ({"RAY_BUNDLE_INDEX": 0}, [("0", "error", "factor env.RAY_BUNDLE_INDEX (ray)")]),
+        ({"VLLM_CACHE_DIR": "/data//tmp/x"}, []),
+        ({"VLLM_CACHE_DIR": "/tmp/x"}, [("/tmp/x", "warning", "factor env.VLLM_CACHE_DIR (tmp)")]),
+    ],
+)
+def test_lint_reports_what_the_one_classifier_says(
+    tmp_path: Path, env: dict[str, object], found: list[tuple[str, str, str]]
+) -> None:
+    """The lint's volatile findings are the vLLM family's classification, nothing merged in."""
+    path = tmp_path / "vllm" / FACTORS
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"env": env}))
+    report = lint({"vllm": tmp_path / "vllm"}, hazards=Hazards())
+    got = [(f.value, f.severity, f.detail.split(":", 1)[0]) for f in report.findings]
+    assert got == found
 
 
 def test_ipv6_pod_address_in_factors_is_reported(tmp_path: Path) -> None:
@@ -321,19 +347,6 @@ def test_ipv6_pod_address_in_factors_is_reported(tmp_path: Path) -> None:
     )
 
 
-@pytest.fixture
-def vllm_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The vllm family in FAMILIES (the lead registers it; until then, patched in)."""
-    if "vllm" in FAMILIES:
-        return
-    module = pytest.importorskip("artifactd.families.vllm")
-    family = getattr(module, "VLLMFamily", None)
-    if family is None:
-        pytest.skip("artifactd.families.vllm has no VLLMFamily")
-    monkeypatch.setitem(FAMILIES, "vllm", family())
-
-
-@pytest.mark.usefixtures("vllm_registered")
 def test_vllm_handle_file_is_rewritten_so_not_reported(tmp_path: Path) -> None:
     build = tmp_path / "build"
     root = vllm_tree(build / "vllm", leak=False)
@@ -352,7 +365,6 @@ def test_vllm_handle_file_is_rewritten_so_not_reported(tmp_path: Path) -> None:
     assert "outside" in finding.cost
 
 
-@pytest.mark.usefixtures("vllm_registered")
 def test_planted_hazards_with_the_vllm_family_registered(tmp_path: Path) -> None:
     build = tmp_path / "build"
     report = lint(build_trees(build, leak=True), hazards=hazards_for(build))
@@ -415,3 +427,31 @@ def test_build_lint_step_sees_what_harvest_will_pack(tmp_path: Path) -> None:
         ("triton", meta.relative_to(triton).as_posix())
     ]
     assert report.exit_code(strict=True) == 1
+
+
+def test_roots_for_lint_by_directory_or_by_environment(tmp_path: Path) -> None:
+    """A directory is read in the restore layout; without one, caches are found as harvest does."""
+    roots = tmp_path / "roots"
+    make_triton_tree(roots / "triton")
+    (roots / "inductor").mkdir()
+    assert roots_for_lint(roots, ["triton", "inductor"], {}) == {
+        "inductor:cache": roots / "inductor",
+        "triton:cache": roots / "triton",
+    }
+    assert roots_for_lint(roots, [], {}) == {}
+    elsewhere = make_triton_tree(tmp_path / "elsewhere")
+    env = {"HOME": str(tmp_path / "nohome"), "TRITON_CACHE_DIR": str(elsewhere)}
+    assert roots_for_lint(None, ["triton"], env) == {"triton:cache": elsewhere}
+    assert set(roots_for_lint(None, None, env)) == {"triton:cache"}
+
+
+def test_lint_caches_counts_the_directory_as_a_build_path(tmp_path: Path) -> None:
+    roots = tmp_path / "roots"
+    make_triton_tree(roots / "triton")
+    meta = next((roots / "triton").glob("*/add.json"))
+    meta.write_text(json.dumps({"dump": f"{roots}/dump/add.ttir"}))
+    found, report = lint_caches(roots, ["triton"], environ={"HOME": "/nonexistent"})
+    assert found == {"triton:cache": roots / "triton"}
+    assert [(f.file, f.value) for f in report.findings] == [
+        (meta.relative_to(roots / "triton").as_posix(), str(roots))
+    ]

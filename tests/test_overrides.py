@@ -14,7 +14,13 @@ from conftest import clean_env
 
 from artifactd.errors import UsageError
 from artifactd.fingerprint import from_raw
-from artifactd.probing import apply_overrides, probe_raw, raw_hash
+from artifactd.probing import (
+    apply_overrides,
+    probe_raw,
+    probe_request,
+    raw_hash,
+    start_request,
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +69,55 @@ def test_bad_paths_are_usage_errors(raw: dict[str, Any], assignment: str, messag
 def test_type_errors_name_the_field(raw: dict[str, Any]) -> None:
     with pytest.raises(UsageError, match=r"gpu\.count"):
         from_raw(apply_overrides(raw, ["gpu.count=many"]))
+
+
+def test_probe_request_without_overrides_is_the_plain_probe() -> None:
+    raw = probe_request(
+        gpu_arch="sm_90a", image_digest="sha256:0a", workload=["model=m,tp=8", "dtype=bf16"]
+    )
+    assert raw["image"] == {"digest": "sha256:0a"}
+    assert raw["workload"] == {"model": "m", "tp": "8", "dtype": "bf16"}
+    assert raw["gpu"]["arch"] == "sm_90a"
+    assert raw["gpu"]["capability"] == "9.0"
+    assert from_raw(raw).model_dump(mode="json") == raw
+
+
+def test_probe_request_validates_overrides_through_the_schema() -> None:
+    raw = probe_request(overrides=["gpu.count=4", "workload.tp=8", "gpu.arch=sm_100a"])
+    assert raw["gpu"]["count"] == 4  # text became the number the schema wants
+    assert raw["workload"] == {"tp": "8"}  # workload values stay text
+    assert raw["gpu"]["arch"] == "sm_100a"
+    assert raw_hash(raw) == from_raw(raw).hash
+    assert raw_hash(raw) != raw_hash(probe_request(overrides=["gpu.count=5"]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"overrides": ["gpu.count=many"]}, r"gpu\.count"),
+        ({"overrides": ["gpu.nope=1"]}, "no such field"),
+        ({"workload": ["model"]}, "--workload must be KEY=VALUE"),
+        ({"gpu_arch": "hopper"}, "not a GPU architecture"),
+    ],
+)
+def test_probe_request_refuses_bad_flags(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        probe_request(**kwargs)
+
+
+def test_a_started_request_answers_like_probe_request() -> None:
+    """Started early (a restore imports while the tools run), the answer is the same."""
+    pending = start_request(gpu_arch="sm_90a", workload=["tp=8"], overrides=["gpu.count=2"])
+    first = pending.result()
+    assert pending.result() is first
+    assert raw_hash(first) == raw_hash(
+        probe_request(gpu_arch="sm_90a", workload=["tp=8"], overrides=["gpu.count=2"])
+    )
+    with pytest.raises(UsageError, match="not a GPU architecture"):
+        start_request(gpu_arch="sm90")  # before any work starts
+    late = start_request(overrides=["gpu.count=many"])
+    with pytest.raises(UsageError, match=r"gpu\.count"):
+        late.result()
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env
 
+from artifactd import probing
 from artifactd.fingerprint import Fingerprint
+from artifactd.probecache import CACHE_FILE_NAME, ProbeCache
 from artifactd.probing import flatten, hashed_view, probe_raw, raw_hash
 
 
@@ -30,6 +35,11 @@ def test_raw_hash_ignores_info_only() -> None:
     assert raw_hash(other) == raw_hash(raw)
     other["workload"] = {"tp": "8"}
     assert raw_hash(other) != raw_hash(raw)
+
+
+#: What the two pod-start commands must not load: the engines, the typed models,
+#: the registry client (the store here is local), compression and templating.
+HEAVY = ("torch", "triton", "pydantic", "requests", "oras", "zstandard", "jinja2")
 
 
 def test_noop_restore_and_fingerprint_never_import_pydantic(tmp_path: Path) -> None:
@@ -52,7 +62,7 @@ def test_noop_restore_and_fingerprint_never_import_pydantic(tmp_path: Path) -> N
         "sys.argv = ['artifactd', *sys.argv[1:]]\n"
         "try:\n    runpy.run_module('artifactd', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
-        "print('PYDANTIC' if 'pydantic' in sys.modules else 'LEAN', 'torch' in sys.modules)\n"
+        f"print('heavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     for args in (restore, ["fingerprint", "--json"]):
         proc = subprocess.run(
@@ -63,8 +73,63 @@ def test_noop_restore_and_fingerprint_never_import_pydantic(tmp_path: Path) -> N
             text=True,
         )
         lines = proc.stdout.strip().splitlines()
-        assert lines[-1] == "LEAN False", (args, lines)
+        assert lines[-1] == "heavy:", (args, lines)
     noop = json.loads(
         subprocess.run([*run, *restore], env=env, check=True, capture_output=True, text=True).stdout
     )
     assert noop["noop"] is True
+
+
+def test_probe_with_a_warm_cache_hashes_nothing_and_answers_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache" / CACHE_FILE_NAME
+    cold = probe_raw(gpu_arch="sm_90a", use_nvml=False, cache=ProbeCache(cache))
+    if not cold["libraries"]:
+        pytest.skip("no tracked library is installed here")
+    calls: list[Path] = []
+
+    def counted(path: Path) -> str:
+        calls.append(path)
+        return "x"
+
+    monkeypatch.setattr(probing, "record_digest", counted)
+    warm = probe_raw(gpu_arch="sm_90a", use_nvml=False, cache=ProbeCache(cache))
+    assert raw_hash(warm) == raw_hash(cold)
+    assert warm["libraries"] == cold["libraries"]
+    assert calls == []
+    uncached = probe_raw(gpu_arch="sm_90a", use_nvml=False, cache=ProbeCache(None))
+    assert len(calls) == len(cold["libraries"])
+    assert all(lib["content_hash"] == "x" for lib in uncached["libraries"].values())
+
+
+def test_probe_puts_its_cache_where_the_environment_says(tmp_path: Path) -> None:
+    env = {"PATH": os.environ.get("PATH", ""), "ARTIFACTD_CACHE_DIR": str(tmp_path / "c")}
+    raw = probe_raw(use_nvml=False, environ=env)
+    written = tmp_path / "c" / CACHE_FILE_NAME
+    assert written.exists() == any(lib["content_hash"] for lib in raw["libraries"].values())
+
+
+def test_run_version_answers_only_for_a_tool_that_succeeds_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    py = sys.executable
+    assert probing.run_version([py, "-c", "print('tool 1.2')"]) == "tool 1.2\n"
+    assert probing.run_version([py, "-c", "print('tool 1.2'); raise SystemExit(3)"]) is None
+    assert probing.run_version([str(tmp_path / "missing-tool"), "--version"]) is None
+    monkeypatch.setattr(probing, "TOOL_TIMEOUT_S", 0.2)
+    start = time.monotonic()
+    assert probing.run_version([py, "-c", "import time; time.sleep(30)"]) is None
+    assert time.monotonic() - start < 10  # killed at the deadline, not waited for
+
+
+def test_pending_probe_reads_the_tools_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho 'fake-cc (artifactd test) 9.9'\n")
+    cc.chmod(0o755)
+    env = {"PATH": os.environ.get("PATH", ""), "CC": str(cc)}
+    pending = probing.PendingProbe(use_nvml=False, environ=env, cache=ProbeCache(None))
+    assert pending.result()["compilers"]["cc"] == "fake-cc (artifactd test) 9.9"
+    assert pending.result() is pending.result()

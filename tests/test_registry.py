@@ -11,13 +11,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cachetrees import make_generic_tree, make_triton_tree
-from conftest import clean_env
+from cachetrees import build_caches, make_generic_tree
+from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer, start_registry
 
 from artifactd.destination import STATE_DIR, CacheVolume
@@ -27,6 +30,7 @@ from artifactd.harvest import harvest
 from artifactd.resolve import noop_plan, plan_restore
 from artifactd.restore import restore
 from artifactd.stores import open_store, parse_artifact_ref
+from artifactd.stores.base import progress_events
 from artifactd.stores.registry import (
     Credentials,
     RegistryStore,
@@ -38,31 +42,18 @@ from artifactd.stores.registry import (
 
 @pytest.fixture
 def trees(tmp_path: Path) -> dict[str, str]:
-    make_triton_tree(tmp_path / "b" / "triton")
-    make_generic_tree(tmp_path / "b" / "generic")
-    return {
-        "TRITON_CACHE_DIR": str(tmp_path / "b" / "triton"),
-        "ARTIFACTD_GENERIC_DIR": str(tmp_path / "b" / "generic"),
-        "TMPDIR": str(tmp_path / "b" / "tmp"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "b" / "none"),
-        "HOME": str(tmp_path / "home"),
-    }
+    return build_caches(tmp_path / "b")
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "artifactd", *args],
-        capture_output=True,
-        text=True,
-        env=env or clean_env(),
-        check=False,
-    )
+    return run_artifactd(*args, env=env)
 
 
 def cli_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     proc = cli(*args, "--json", env=env)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return doc
 
 
 class CountingStore(RegistryStore):
@@ -348,6 +339,120 @@ def test_basic_auth_accepts_credentials_and_rejects_a_wrong_password(
     anonymous = cli("ls", ref, env=clean_env({"HOME": str(tmp_path / "nohome")}))
     assert anonymous.returncode == 3
     assert "requires authentication" in anonymous.stderr
+
+
+class _TokenStub(BaseHTTPRequestHandler):
+    """A registry that challenges for a Bearer token, and a token service that answers badly."""
+
+    challenge = ""
+    token_body = b""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/token"):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(self.token_body)))
+            self.end_headers()
+            self.wfile.write(self.token_body)
+            return
+        self.send_response(401)
+        self.send_header("Www-Authenticate", self.challenge)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        del format, args
+
+
+@pytest.fixture
+def token_stub() -> Iterator[tuple[ThreadingHTTPServer, type[_TokenStub]]]:
+    handler = type("Handler", (_TokenStub,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+_BEARER = 'Bearer realm="http://127.0.0.1:{port}/token",service="stub",scope="repository:c:pull"'
+
+
+@pytest.mark.parametrize(
+    ("challenge", "token_body", "message"),
+    [
+        (_BEARER, b"<html>not json</html>", "token service answered with no token document"),
+        (_BEARER, b'["a list, not an object"]', "token service answered with no token document"),
+        ('Bearer service="stub"', b"", "the registry requires authentication"),
+    ],
+    ids=["not-json", "not-an-object", "no-realm"],
+)
+def test_a_token_service_that_answers_badly_is_a_store_error(
+    token_stub: tuple[ThreadingHTTPServer, type[_TokenStub]],
+    tmp_path: Path,
+    challenge: str,
+    token_body: bytes,
+    message: str,
+) -> None:
+    server, handler = token_stub
+    handler.challenge = challenge.format(port=server.server_port)
+    handler.token_body = token_body
+    ref = parse_registry_ref(f"127.0.0.1:{server.server_port}/c")
+    with (
+        RegistryStore(ref, environ={"HOME": str(tmp_path)}) as st,
+        pytest.raises(StoreError, match=message),
+    ):
+        st.list_tags()
+
+
+def test_close_closes_the_session_of_every_thread(
+    registry: RegistryServer, repo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restore fetches on a pool: closing from the main thread must close the workers' sessions."""
+    import requests
+
+    closed: set[int] = set()
+    real_close = requests.Session.close
+
+    def close(session: requests.Session) -> None:
+        closed.add(id(session))
+        real_close(session)
+
+    monkeypatch.setattr(requests.Session, "close", close)
+    store = RegistryStore(parse_registry_ref(registry.ref(repo)))
+    together = threading.Barrier(4)
+
+    def lookup(_: int) -> list[str]:
+        together.wait(timeout=10)  # four live threads at once: four sessions
+        return store.list_tags()
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lookup, range(4))) == [[]] * 4
+    store.close()
+    assert len(closed) == 4
+    assert store.list_tags() == []  # a closed store opens a new session when used again
+    store.close()
+    assert len(closed) == 5
+
+
+def test_progress_events_are_throttled_but_start_and_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([100.0, 100.1, 100.2, 100.3, 100.4, 100.45])
+    monkeypatch.setattr("artifactd.stores.base.time.monotonic", lambda: next(clock))
+    events: list[dict[str, Any]] = []
+    report = progress_events(events.append, stage="push", family="triton", total=50)
+    for done in (10, 20, 30, 40, 45, 50):
+        report(done)
+    # 10: first; 20, 30: within 0.25 s of it; 40: 0.3 s later; 45: too soon; 50: the end.
+    assert [e["bytes"] for e in events] == [10, 40, 50]
+    assert events[-1] == {
+        "stage": "push",
+        "event": "progress",
+        "family": "triton",
+        "bytes": 50,
+        "total": 50,
+    }
 
 
 # --------------------------------------------------------------------------

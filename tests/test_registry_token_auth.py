@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 from cachetrees import make_generic_tree, make_triton_tree
-from conftest import clean_env
+from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer
 from token_server import SERVICE, TokenServer, running_token_registry
 
@@ -57,14 +56,7 @@ def env_for(tmp_path: Path, name: str, **extra: str) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "artifactd", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=60,
-    )
+    return run_artifactd(*args, env=env, timeout=60)
 
 
 def cli_json(*args: str, env: dict[str, str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachetrees import make_generic_tree, make_triton_tree
+from cachetrees import make_generic_tree
 
 from artifactd.archive import pack_family
 from artifactd.artifacts import publish
@@ -22,19 +22,6 @@ from artifactd.resolve import noop_plan, plan_restore
 from artifactd.restore import restore
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
-
-
-@pytest.fixture
-def caches(tmp_path: Path) -> dict[str, str]:
-    make_triton_tree(tmp_path / "build" / "triton")
-    make_generic_tree(tmp_path / "build" / "generic")
-    return {
-        "TRITON_CACHE_DIR": str(tmp_path / "build" / "triton"),
-        "ARTIFACTD_GENERIC_DIR": str(tmp_path / "build" / "generic"),
-        "TMPDIR": str(tmp_path / "build" / "tmp-empty"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "build" / "no-inductor"),
-        "HOME": str(tmp_path / "home"),
-    }
 
 
 @pytest.fixture

@@ -45,14 +45,14 @@ from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import HarvestResult, harvest
 from artifactd.restore import RestoreRequest, run_restore
 from artifactd.stores import open_store
-from artifactd.stores.registry import ATTEMPTS
+from artifactd.stores.transport import ATTEMPTS
 
 #: Every restore must end within this many seconds, whatever the fault.
 BOUND = 30.0
 
 # The CLI runs in a subprocess, so module constants are patched there, by a
 # prelude run before artifactd's entry point: short (connect, read) timeouts
-# instead of artifactd.stores.registry.TIMEOUT = (5, 60) and a short retry
+# instead of artifactd.stores.transport.TIMEOUT = (5, 60) and a short retry
 # backoff instead of BACKOFF_S, so that the faults' retries and timeouts take
 # a fraction of the real time. The retry count (ATTEMPTS) stays as shipped.
 FAST = {"TIMEOUT": (2.0, 5.0), "BACKOFF_S": 0.01}
@@ -205,9 +205,9 @@ def _cli(
     patch: dict[str, object] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
     """Run ``artifactd restore --json`` with module constants patched; bounded by BOUND."""
-    prelude = "import artifactd.stores.registry as _r\n"
+    prelude = "import artifactd.stores.transport as _t\n"
     for name, value in (FAST if patch is None else patch).items():
-        prelude += f"_r.{name} = {value!r}\n"
+        prelude += f"_t.{name} = {value!r}\n"
     prelude += "from artifactd.cli import main\nmain()\n"
     args = ["restore", "--store", store_ref, "--target", str(target), "--gpu-arch", "sm_90a"]
     args += ["--json", *extra] + (["--require"] if require else [])

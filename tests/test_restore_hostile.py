@@ -19,7 +19,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import pytest
 from cachetrees import make_generic_tree, make_triton_tree
-from conftest import clean_env
+from conftest import run_artifactd
 from hostile import CASE_NAMES, CASES, PWN, Case, blob_path, get_case, honest
 
 from artifactd.destination import MARKER_NAME, STATE_DIR
@@ -248,28 +247,18 @@ CLI_CASES = [
 
 
 def _cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "artifactd",
-            "restore",
-            "--store",
-            world.ref,
-            "--target",
-            str(world.target),
-            "--gpu-arch",
-            "sm_90a",
-            "--workload",
-            "model=evil",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
+    return run_artifactd(
+        "restore",
+        "--store",
+        world.ref,
+        "--target",
+        str(world.target),
+        "--gpu-arch",
+        "sm_90a",
+        "--workload",
+        "model=evil",
+        *args,
         cwd=world.tmp / "cwd",
-        env=clean_env(),
-        timeout=120,
-        check=False,
     )
 
 

@@ -269,7 +269,8 @@ def _entries(draw: Any, ms: list[Member]) -> list[FileEntry]:
         i = draw(st.integers(0, len(docs) - 1))
         docs[i] = {**docs[i], "link": "a" if docs[i]["link"] is None else None, "mode": 0o644}
     elif how == "random":
-        return draw(st.lists(ENTRY, max_size=4))
+        made_up: list[FileEntry] = draw(st.lists(ENTRY, max_size=4))
+        return made_up
     out = []
     for doc in docs:
         rewrite = draw(st.integers(0, 7)) == 0

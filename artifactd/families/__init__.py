@@ -1,39 +1,92 @@
-"""The cache families artifactd knows, by name."""
+"""The cache families artifactd knows, by name.
+
+:data:`FAMILIES` maps each name to its :class:`Family`. The names are known
+without importing anything; a family's module (and :mod:`the base
+<artifactd.families.base>`) is imported the first time the family is read, so
+a command that needs only names (a no-op restore checks which families it
+selected) never loads the code that harvests them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from artifactd.errors import UsageError
-from artifactd.families.base import Component, Family, Located
-from artifactd.families.cudajit import CudaJitFamily
-from artifactd.families.cutedsl import CuteDSLFamily
-from artifactd.families.deepgemm import DeepGEMMFamily
-from artifactd.families.flashinfer import FlashInferFamily
-from artifactd.families.generic import GenericFamily
-from artifactd.families.inductor import InductorFamily
-from artifactd.families.sglang import SGLangFamily
-from artifactd.families.tilelang import TileLangFamily
-from artifactd.families.triton import TritonFamily
-from artifactd.families.vllm import VLLMFamily
 
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        TritonFamily(),
-        InductorFamily(),
-        GenericFamily(),
-        DeepGEMMFamily(),
-        TileLangFamily(),
-        CuteDSLFamily(),
-        CudaJitFamily(),
-        FlashInferFamily(),
-        VLLMFamily(),
-        SGLangFamily(),
-    )
+if TYPE_CHECKING:
+    from artifactd.families.base import Component, Family, Located
+
+#: Every family's name, module and class, in the order :data:`FAMILIES` lists them.
+_DEFINED_IN: dict[str, tuple[str, str]] = {
+    "triton": ("triton", "TritonFamily"),
+    "inductor": ("inductor", "InductorFamily"),
+    "generic": ("generic", "GenericFamily"),
+    "deepgemm": ("deepgemm", "DeepGEMMFamily"),
+    "tilelang": ("tilelang", "TileLangFamily"),
+    "cutedsl": ("cutedsl", "CuteDSLFamily"),
+    "cuda-jit": ("cudajit", "CudaJitFamily"),
+    "flashinfer": ("flashinfer", "FlashInferFamily"),
+    "vllm": ("vllm", "VLLMFamily"),
+    "sglang": ("sglang", "SGLangFamily"),
 }
 
-__all__ = ["FAMILIES", "Component", "Family", "Located", "get_family", "select_families"]
+
+class _Registry(Mapping[str, "Family"]):
+    """A read-only mapping of names to families that imports each family on first read."""
+
+    def __init__(self, defined_in: Mapping[str, tuple[str, str]]) -> None:
+        self._defined_in = defined_in
+        self._loaded: dict[str, Family] = {}
+
+    def __getitem__(self, name: str) -> Family:
+        family = self._loaded.get(name)
+        if family is None:
+            module, cls = self._defined_in[name]
+            new = getattr(importlib.import_module(f"artifactd.families.{module}"), cls)()
+            # Restore's fetch threads may race here: the first instance stored wins.
+            family = self._loaded.setdefault(name, new)
+        return family
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._defined_in)
+
+    def __len__(self) -> int:
+        return len(self._defined_in)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._defined_in
+
+
+FAMILIES: Mapping[str, Family] = _Registry(_DEFINED_IN)
+_BASE_NAMES = frozenset({"Component", "Family", "Located"})
+
+__all__ = [
+    "FAMILIES",
+    "Component",
+    "Family",
+    "Located",
+    "get_family",
+    "select_families",
+    "select_names",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The base classes load with the first family read: a no-op restore needs neither.
+    if name in _BASE_NAMES:
+        from artifactd.families import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _unknown(name: str) -> UsageError:
+    return UsageError(
+        f"unknown cache family {name!r}",
+        hint=f"known families: {', '.join(sorted(FAMILIES))}",
+    )
 
 
 def get_family(name: str) -> Family:
@@ -41,18 +94,32 @@ def get_family(name: str) -> Family:
     try:
         return FAMILIES[name]
     except KeyError:
-        raise UsageError(
-            f"unknown cache family {name!r}",
-            hint=f"known families: {', '.join(sorted(FAMILIES))}",
-        ) from None
+        raise _unknown(name) from None
+
+
+def select_names(names: Iterable[str] | None) -> list[str]:
+    """Return the names :func:`select_families` selects, importing no family.
+
+    Every name when ``names`` is None; an empty ``names`` selects none. Blank
+    names are ignored; an unknown one raises :class:`UsageError`.
+    """
+    if names is None:
+        return sorted(FAMILIES)
+    wanted = sorted({n.strip() for n in names if n.strip()})
+    for name in wanted:
+        if name not in FAMILIES:
+            raise _unknown(name)
+    return wanted
 
 
 def select_families(names: Iterable[str] | None) -> list[Family]:
-    """Return the named families (all when ``names`` is empty or None), in a stable order."""
-    wanted = [n.strip() for n in (names or ()) if n.strip()]
-    if not wanted:
-        return [FAMILIES[n] for n in sorted(FAMILIES)]
-    return [get_family(n) for n in sorted(set(wanted))]
+    """Return the named families in a stable order: every family when ``names`` is None.
+
+    An empty ``names`` selects none: a caller whose empty list means "all"
+    (a matrix without ``families``) says so by passing None. Blank names are
+    ignored; an unknown one raises :class:`UsageError`.
+    """
+    return [FAMILIES[n] for n in select_names(names)]
 
 
 def scope_table() -> str:

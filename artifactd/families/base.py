@@ -12,15 +12,18 @@ A family is one library's compile cache. It names:
   moves, and whether **mtimes** matter.
 
 Adding a family means writing one small module with a subclass of
-:class:`Family` and listing it in :mod:`artifactd.families`.
+:class:`Family` and listing it in :mod:`artifactd.families`. A family module
+imports this base (and the layouts several families host,
+:mod:`artifactd.families.layouts`), never another family. What each family
+caches, and the library sources that was read from, is in ``docs/families.md``.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -54,8 +57,14 @@ class Located:
     path: Path
 
 
-class Family:
-    """Base class of a cache family; subclasses set the class attributes."""
+class Family(ABC):
+    """Base class of a cache family; subclasses set the class attributes and :meth:`locate`.
+
+    The lint texts say what a hazard costs with this library: ``library`` names
+    it in a sentence, ``path_cost`` is the cost of a build-machine path left in
+    a file restore does not rewrite, ``python_path_cost`` that of the build
+    machine's Python install path; None falls back to the lint's generic text.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -74,10 +83,15 @@ class Family:
         re.compile(r".*\.tmp$"),
         re.compile(r"^tmp\.pid_\d+_.*"),
     )
+    #: Components whose Triton group files (``__grp__*.json``) are rewritten on restore.
+    triton_group_components: ClassVar[frozenset[str]] = frozenset()
+    library: ClassVar[str] = "The library"
+    path_cost: ClassVar[str | None] = None
+    python_path_cost: ClassVar[str | None] = None
 
+    @abstractmethod
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Return the component directories that exist on this machine."""
-        raise NotImplementedError
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Whether a path (relative to its component root) is left out of the layer."""
@@ -117,19 +131,29 @@ class Family:
         return {}
 
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
-        """Whether this file holds absolute paths to its own root (rewritten on restore)."""
-        del component, rel
-        return False
+        """Whether this file holds absolute paths to its own root (rewritten on restore).
+
+        By default: the Triton group files of :attr:`triton_group_components`.
+        """
+        return component in self.triton_group_components and is_group_file(rel)
 
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
-        """Replace the harvest root in a path-bearing file with the placeholder."""
+        """Replace the harvest root in a path-bearing file with the placeholder.
+
+        A Triton group file has its child paths rewritten; any other file has
+        every ``<root>/`` replaced in its text.
+        """
+        if is_group_json(data):
+            return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
         text = data.decode("utf-8")
         for root in roots:
             text = text.replace(root.rstrip("/") + "/", ROOT_PLACEHOLDER + "/")
         return text.encode("utf-8")
 
     def relocate(self, data: bytes, root: str) -> bytes:
-        """Replace the placeholder with the restored root."""
+        """Replace the placeholder with the restored root (in a group file's child paths)."""
+        if is_group_json(data):
+            return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)
         return data.decode("utf-8").replace(ROOT_PLACEHOLDER, root.rstrip("/")).encode("utf-8")
 
     def restore_dirs(self, target: Path, *, user: str | None = None) -> dict[str, Path]:
@@ -145,6 +169,20 @@ class Family:
             for key, template in comp.env.items():
                 env[key] = template.format(dir=dirs[comp.name], target=target)
         return env
+
+
+def is_group_file(rel: PurePosixPath) -> bool:
+    """Whether ``rel`` is a Triton group file (``__grp__<name>.json``)."""
+    return rel.name.startswith("__grp__") and rel.suffix == ".json"
+
+
+def is_group_json(data: bytes) -> bool:
+    """Whether ``data`` is a Triton group file's JSON (an object with ``child_paths``)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "child_paths" in doc
 
 
 def rewrite_group_json(data: bytes, old: tuple[str, ...], new: str) -> bytes:
@@ -183,9 +221,18 @@ def home(environ: Mapping[str, str]) -> Path:
     return Path(value) if value else Path.home()
 
 
+def expanduser(value: str, environ: Mapping[str, str]) -> Path:
+    """``os.path.expanduser`` with the HOME of ``environ``."""
+    if value == "~" or value.startswith("~/"):
+        return home(environ) / value[2:]
+    return Path(os.path.expanduser(value))
+
+
 def sanitize_user(user: str | None) -> str:
     """Return the user name as torch puts it into ``torchinductor_<user>``."""
     if user is None:
+        import getpass  # loads termios: only when no user was given
+
         try:
             user = getpass.getuser()
         except (KeyError, OSError):

@@ -3,8 +3,8 @@
 The driver compiles PTX to SASS when a binary carries no SASS for the GPU it
 runs on (a fatbin with only PTX for a newer arch, Triton/NVRTC PTX loaded with
 ``cuModuleLoadData``), and keeps the result here (size capped by
-``CUDA_CACHE_MAXSIZE``). Facts from ``CACHE-LAYOUTS.md`` only: the cache is
-the closed-source driver's, so there is no source to check them against.
+``CUDA_CACHE_MAXSIZE``). The cache is the closed-source driver's: there is
+no source to check these facts against (see ``docs/families.md``).
 
 * The layout is opaque (an index file and hashed subdirs): shipped byte for
   byte, nothing excluded beyond the usual locks and temp files, no entry-level
@@ -31,6 +31,7 @@ class CudaJitFamily(Family):
     description = "CUDA driver PTX JIT cache (CUDA_CACHE_PATH)"
     scope = ("driver.version", "gpu.arch", "gpu.name", "platform.machine")
     components = (Component("cache", "cuda-jit", {CUDA_CACHE_PATH: "{dir}"}),)
+    library = "The CUDA driver"
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way the driver does: CUDA_CACHE_PATH, else ~/.nv/ComputeCache."""

@@ -108,6 +108,7 @@ class CuteDSLFamily(Family):
             },
         ),
     )
+    library = "CuTe DSL"
     exclude_patterns = (
         *Family.exclude_patterns,
         re.compile(r"^\..+\.tmp\.o$"),  # FA4's export temp files

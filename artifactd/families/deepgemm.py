@@ -2,14 +2,13 @@
 
 Facts, read from DeepGEMM's C++ JIT (``csrc/jit/compiler.hpp`` and
 ``csrc/jit/kernel_runtime.hpp`` at deepseek-ai/DeepGEMM main 54e2261, June
-2026, version 2.6.1) and matching ``CACHE-LAYOUTS.md``:
+2026, version 2.6.1; summed up in ``docs/families.md``):
 
 * Layout: ``cache/kernel.<name>.<digest>/{kernel.cu,kernel.cubin}`` (plus
   ``kernel.ptx`` / ``kernel.sass`` when ``DG_JIT_DUMP_*`` is set). An entry is
   compiled in ``tmp/<uuid>/`` and renamed into ``cache/`` whole; ``tmp/`` is
-  also nvcc's working directory. ``tmp/`` is never shipped. CACHE-LAYOUTS.md
-  also names a ``locks/`` dir: that source has none, but it is excluded anyway
-  (older releases).
+  also nvcc's working directory. ``tmp/`` is never shipped. A ``locks/`` dir,
+  which that source does not write, is excluded anyway (older releases).
 * ``KernelRuntime::check_validity``: an entry dir that exists without BOTH
   ``kernel.cu`` and ``kernel.cubin`` is a hard "Corrupted JIT cache directory"
   assertion, not a miss. Such dirs are skipped at harvest.
@@ -34,10 +33,16 @@ from pathlib import Path, PurePosixPath
 
 from artifactd.constants import DG_JIT_CACHE_DIR
 from artifactd.families.base import Component, Family, Located, home
+from artifactd.families.layouts import (
+    DEEPGEMM_ENTRY_FILES,
+    DEEPGEMM_PARTIAL_REASON,
+    deepgemm_excluded,
+    deepgemm_partial_entries,
+)
 
 #: Files every entry needs; with either missing DeepGEMM aborts the process.
-ENTRY_FILES = ("kernel.cu", "kernel.cubin")
-PARTIAL_REASON = "partial DeepGEMM entry: a hard 'Corrupted JIT cache' error at load"
+ENTRY_FILES = DEEPGEMM_ENTRY_FILES
+PARTIAL_REASON = DEEPGEMM_PARTIAL_REASON
 
 
 def find_package_parent(package: str, paths: Sequence[str] | None = None) -> str | None:
@@ -67,6 +72,16 @@ class DeepGEMMFamily(Family):
         "platform.machine",
     )
     components = (Component("cache", "deepgemm", {DG_JIT_CACHE_DIR: "{dir}"}),)
+    library = "DeepGEMM"
+    path_cost = (
+        "DeepGEMM keys each kernel on its flags and code: a pod where this path differs"
+        " recompiles every kernel it appears in"
+    )
+    python_path_cost = (
+        "DeepGEMM hashes its absolute -I include flag into every kernel key: a pod whose"
+        " site-packages lives elsewhere recompiles everything (93 s of a 170 s boot in one"
+        " report)"
+    )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way DeepGEMM does: DG_JIT_CACHE_DIR, else $HOME/.deep_gemm."""
@@ -76,24 +91,12 @@ class DeepGEMMFamily(Family):
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip the top-level ``tmp/`` staging dir, plus the base exclusions (locks)."""
-        if is_dir and rel == PurePosixPath("tmp"):
-            return True
-        return super().excluded(component, rel, is_dir)
+        return deepgemm_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Entry dirs under ``cache/`` missing ``kernel.cu`` or ``kernel.cubin``."""
-        bad: dict[PurePosixPath, str] = {}
-        try:
-            entries = sorted(os.scandir(root / "cache"), key=lambda e: e.name)
-        except OSError:
-            return bad
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            present = set(os.listdir(entry.path))
-            if not all(name in present for name in ENTRY_FILES):
-                bad[PurePosixPath("cache", entry.name)] = PARTIAL_REASON
-        return bad
+        del component
+        return deepgemm_partial_entries(root)
 
     def pinned_paths(self, component: str, root: Path) -> list[str]:
         """Return the site-packages dir holding ``deep_gemm``: its include dir is in every key.

@@ -1,6 +1,6 @@
 """torch.compile / Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) and its PCH.
 
-Two components:
+Three components:
 
 * ``cache``: FX graphs, AOTAutograd entries, generated code and CPU kernel
   ``.so`` files. It relocates freely (torch makes the dir absolute at run time),
@@ -25,16 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from artifactd.constants import ENV_MEGACACHE_DIR, TMPDIR, TORCHINDUCTOR_CACHE_DIR
-from artifactd.families.base import (
-    ROOT_PLACEHOLDER,
-    Component,
-    Family,
-    Located,
-    gettempdir,
-    rewrite_group_json,
-    sanitize_user,
-)
-from artifactd.families.triton import is_group_file
+from artifactd.families.base import Component, Family, Located, gettempdir, sanitize_user
 
 PCH_DIRNAME = "precompiled_headers"
 
@@ -70,6 +61,17 @@ class InductorFamily(Family):
         ),
         Component("megacache", "inductor-megacache", {ENV_MEGACACHE_DIR: "{dir}"}),
     )
+    #: A ``triton/`` subdir written when ``TRITON_CACHE_DIR`` is unset.
+    triton_group_components = frozenset({"cache"})
+    library = "Inductor"
+    path_cost = (
+        "Inductor reads this path as written: on a pod where it does not exist the"
+        " graph or kernel recompiles, or its load fails"
+    )
+    python_path_cost = (
+        "Inductor's C++ kernel keys hold torch's install path: a pod with the venv"
+        " elsewhere hits graphs but recompiles every CPU kernel"
+    )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache dir (env var or default) and the PCH under the temp dir."""
@@ -91,15 +93,3 @@ class InductorFamily(Family):
         if component == "cache" and is_dir and rel == PurePosixPath(PCH_DIRNAME):
             return True
         return super().excluded(component, rel, is_dir)
-
-    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
-        """Triton group files written under the Inductor dir carry absolute paths."""
-        return component == "cache" and is_group_file(rel)
-
-    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
-        """Store Triton child paths relative to the placeholder root."""
-        return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
-
-    def relocate(self, data: bytes, root: str) -> bytes:
-        """Point Triton child paths at the restored root."""
-        return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)

@@ -5,8 +5,7 @@ Facts, read from sgl-project/sglang main of mid-2026
 ``third_party_cache_defaults``, ``redirect_third_party_caches``,
 ``SGLANG_DG_CACHE_DIR``, ``SGLANG_CUTE_AOT_CACHE_DIR``;
 ``python/sglang/kernels/jit/utils/compile/cache.py``; the FlashInfer autotune
-path in the model runner), matching the SGLang section of ``CACHE-LAYOUTS.md``
-except where noted:
+path in the model runner; summed up in ``docs/families.md``):
 
 * ``SGLANG_CACHE_DIR``, default ``~/.cache/sglang`` (HOME, not XDG), holds
   ``triton/`` (``TRITON_CACHE_DIR``), ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``),
@@ -49,28 +48,21 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 from artifactd.constants import SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR
-from artifactd.families.base import (
-    ROOT_PLACEHOLDER,
-    Component,
-    Family,
-    Located,
-    rewrite_group_json,
+from artifactd.families.base import Component, Family, Located, expanduser
+from artifactd.families.layouts import (
+    DEEP_GEMM_DIR,
+    FLASHINFER_SUBDIR,
+    TRITON_DIR,
+    deepgemm_excluded,
+    deepgemm_partial_entries,
+    flashinfer_excluded,
+    triton_partial_entries,
 )
-from artifactd.families.deepgemm import DeepGEMMFamily
-from artifactd.families.flashinfer import (
-    CACHE_SUBDIR,
-    excluded_in_tree,
-    ninja_invalid_entries,
-    ninja_pinned_paths,
-)
-from artifactd.families.triton import TritonFamily, is_group_file
-from artifactd.families.vllm import expanduser
+from artifactd.families.ninja import ninja_invalid_entries, ninja_pinned_paths
 
 DEFAULT_CACHE = "~/.cache/sglang"
 DEFAULT_JIT = "~/.cache/sglang/jit"
 JIT_DEPS_FILE = "sgl_deps.json"
-_TRITON = PurePosixPath("triton")
-_DEEP_GEMM = PurePosixPath("deep_gemm")
 _NESTED_JIT = PurePosixPath("jit")
 
 
@@ -90,6 +82,14 @@ def _prefixed(
 def _under(rel: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:
     """``rel`` relative to ``top`` when it lies strictly below it, else None."""
     return rel.relative_to(top) if rel != top and rel.is_relative_to(top) else None
+
+
+def _tenant_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
+    """Whether the DeepGEMM or FlashInfer tree inside the cache dir leaves ``rel`` out."""
+    if (inner := _under(rel, DEEP_GEMM_DIR)) is not None:
+        return deepgemm_excluded(inner, is_dir)
+    inner = _under(rel, FLASHINFER_SUBDIR)
+    return inner is not None and flashinfer_excluded(inner, is_dir)
 
 
 def _jit_leaves(root: Path) -> Iterable[tuple[PurePosixPath, Path, str]]:
@@ -147,6 +147,9 @@ class SGLangFamily(Family):
     )
     #: The FlashInfer tree inside is ninja-driven; JIT leaves are ordered by mtime.
     keep_mtimes = True
+    #: Triton group files under ``triton/``, or ``inductor/`` when Triton went there.
+    triton_group_components = frozenset({"cache"})
+    library = "SGLang"
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find both dirs the way SGLang resolves them (each only if it exists)."""
@@ -159,15 +162,10 @@ class SGLangFamily(Family):
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip the nested ``jit/``, staging and tmp dirs of each tenant, locks, temp files."""
         if component == "jit":
-            if is_dir and rel.name.startswith(".staging-"):
-                return True
-        elif rel == _NESTED_JIT:
-            return True
-        elif (inner := _under(rel, _DEEP_GEMM)) is not None:
-            return DeepGEMMFamily().excluded("cache", inner, is_dir)
-        elif (inner := _under(rel, CACHE_SUBDIR)) is not None and excluded_in_tree(inner, is_dir):
-            return True
-        return super().excluded(component, rel, is_dir)
+            own = is_dir and rel.name.startswith(".staging-")
+        else:
+            own = rel == _NESTED_JIT or _tenant_excluded(rel, is_dir)
+        return own or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Report partial Triton/DeepGEMM entries, modules ninja would rebuild, bad JIT leaves."""
@@ -178,15 +176,15 @@ class SGLangFamily(Family):
                     bad[rel] = f"SGLang JIT leaf without {module}.so: never a hit"
             return bad
         return {
-            **_prefixed(_TRITON, TritonFamily().invalid_entries("cache", root / _TRITON)),
-            **_prefixed(_DEEP_GEMM, DeepGEMMFamily().invalid_entries("cache", root / _DEEP_GEMM)),
-            **ninja_invalid_entries(root / CACHE_SUBDIR, CACHE_SUBDIR),
+            **_prefixed(TRITON_DIR, triton_partial_entries(root / TRITON_DIR)),
+            **_prefixed(DEEP_GEMM_DIR, deepgemm_partial_entries(root / DEEP_GEMM_DIR)),
+            **ninja_invalid_entries(root / FLASHINFER_SUBDIR, FLASHINFER_SUBDIR),
         }
 
     def pinned_paths(self, component: str, root: Path) -> list[str]:
         """FlashInfer's ``build.ninja`` paths, and JIT dependencies outside every anchor root."""
         if component == "cache":
-            return ninja_pinned_paths(root / CACHE_SUBDIR)
+            return ninja_pinned_paths(root / FLASHINFER_SUBDIR)
         pinned: set[str] = set()
         for _rel, leaf, _module in _jit_leaves(root):
             try:
@@ -197,15 +195,3 @@ class SGLangFamily(Family):
                 if isinstance(entry, list) and len(entry) == 3 and entry[0] == "abs":
                     pinned.add(os.path.dirname(str(entry[1])))
         return sorted(p for p in pinned if p.startswith("/"))
-
-    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
-        """Triton group files (under ``triton/``, or ``inductor/`` when Triton went there)."""
-        return component == "cache" and is_group_file(rel)
-
-    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
-        """Store Triton child paths relative to the placeholder root."""
-        return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
-
-    def relocate(self, data: bytes, root: str) -> bytes:
-        """Point Triton child paths at the restored root."""
-        return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)

@@ -9,8 +9,7 @@ Facts, read from the tilelang 0.1.15 wheel (``tilelang/cache/kernel_cache.py``,
   ``host_kernel.cu``, ``params.json``, ``manifest.json`` always, plus
   ``kernel_lib.so`` (cython), ``executable.so`` (tvm_ffi), ``kernel.cubin`` +
   ``kernel.py`` (nvrtc) or ``kernel.py``/``launcher_lib.so``/... (cutedsl),
-  and an optional ``resource_usage.json``. CACHE-LAYOUTS.md lists only the
-  cython set.
+  and an optional ``resource_usage.json``.
 * ``manifest.json`` is ``{"version": 1, "files": {<name>: {"size": int,
   "sha256": hex}}}``, written over every file of the staged entry. At load
   every listed file must have its size and the required binaries (``params.json``
@@ -43,7 +42,6 @@ recompile).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -53,21 +51,18 @@ from typing import Any
 
 from artifactd.constants import TILELANG_CACHE_DIR
 from artifactd.families.base import Component, Family, Located, home
+from artifactd.hashing import copy_hashed
 
 MANIFEST = "manifest.json"
 PARAMS = "params.json"
 LEGACY_PARAMS = "params.pkl"
 BINARY_METADATA = "metadata.json"
 BINARY_FORMAT = "tilelang.cuda-binary-cache.v1"
-_CHUNK = 1 << 20
 
 
 def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return copy_hashed(f).hex
 
 
 def _load_json(path: str) -> Any:
@@ -159,6 +154,11 @@ class TileLangFamily(Family):
         *Family.exclude_patterns,
         # TileLang's atomic-write temp siblings: .<name>.<pid>_<hex>.tmp[<suffix>]
         re.compile(r"^\..+\.\d+_[0-9a-f]+\.tmp(\.[^.]+)?$"),
+    )
+    library = "TileLang"
+    path_cost = (
+        "TileLang entries are meant to relocate: this absolute path will not resolve on"
+        " a pod laid out differently, and the entry is recompiled or fails to load"
     )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:

@@ -11,24 +11,12 @@ Triton's own content hash, the bundled ptxas version and the target capability
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from artifactd.constants import TRITON_CACHE_DIR, TRITON_HOME
-from artifactd.families.base import (
-    ROOT_PLACEHOLDER,
-    Component,
-    Family,
-    Located,
-    home,
-    rewrite_group_json,
-)
-
-
-def is_group_file(rel: PurePosixPath) -> bool:
-    """Whether ``rel`` is a Triton group file (``__grp__<name>.json``)."""
-    return rel.name.startswith("__grp__") and rel.suffix == ".json"
+from artifactd.families.base import Component, Family, Located, home
+from artifactd.families.layouts import triton_partial_entries
 
 
 class TritonFamily(Family):
@@ -45,6 +33,16 @@ class TritonFamily(Family):
         "platform.glibc",
     )
     components = (Component("cache", "triton", {TRITON_CACHE_DIR: "{dir}"}),)
+    triton_group_components = frozenset({"cache"})
+    library = "Triton"
+    path_cost = (
+        "Triton silently recompiles when restored anywhere else: this file holds an"
+        " absolute build path that restore does not rewrite"
+    )
+    python_path_cost = (
+        "Triton's launcher key hashes absolute library and include dirs: a pod whose"
+        " Python install lives elsewhere rebuilds the launcher"
+    )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way Triton does: TRITON_CACHE_DIR, else TRITON_HOME/.triton/cache."""
@@ -57,36 +55,6 @@ class TritonFamily(Family):
         return [Located(self.components[0], path)] if path.is_dir() else []
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
-        """Kernel dirs without their group file: an interrupted write, never shipped.
-
-        Triton writes the group file last, so its presence means a complete
-        entry. Dirs holding only a compiled launcher (``cuda_utils*.so``) have
-        no group file by design.
-        """
-        bad: dict[PurePosixPath, str] = {}
-        try:
-            entries = sorted(os.scandir(root), key=lambda e: e.name)
-        except OSError:
-            return bad
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False) or entry.name.startswith("tmp."):
-                continue
-            names = os.listdir(entry.path)
-            if not names or any(is_group_file(PurePosixPath(n)) for n in names):
-                continue
-            if all(n.endswith(".so") for n in names):
-                continue  # a launcher module (cuda_utils / __triton_launcher)
-            bad[PurePosixPath(entry.name)] = "partial Triton entry: no __grp__*.json group file"
-        return bad
-
-    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
-        """Group files carry absolute child paths."""
-        return is_group_file(rel)
-
-    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
-        """Store child paths relative to the placeholder root."""
-        return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
-
-    def relocate(self, data: bytes, root: str) -> bytes:
-        """Point child paths at the restored root."""
-        return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)
+        """Kernel dirs without their group file: an interrupted write, never shipped."""
+        del component
+        return triton_partial_entries(root)

@@ -2,8 +2,8 @@
 
 Facts, read from vllm-project/vllm main of mid-2026 (``vllm/envs.py``,
 ``vllm/compilation/backends.py``, ``compilation/compiler_interface.py``,
-``compilation/decorators.py``, ``vllm/utils/deep_gemm.py``), matching the vLLM
-section of ``CACHE-LAYOUTS.md`` except where noted:
+``compilation/decorators.py``, ``vllm/utils/deep_gemm.py``; summed up in
+``docs/families.md``):
 
 * Root: ``VLLM_CACHE_ROOT``, default ``$XDG_CACHE_HOME/vllm`` or
   ``~/.cache/vllm``, passed through ``os.path.expanduser``.
@@ -26,7 +26,9 @@ section of ``CACHE-LAYOUTS.md`` except where noted:
   path AND content of every traced source file (a different site-packages gives
   a new dir) and Inductor's system factors (GPU name, torch CUDA version).
   Values vLLM does not ignore can still be volatile (a Ray bundle index, a
-  side-channel port, a ``/tmp`` model path): :func:`volatile_factors` flags them.
+  side-channel port, a ``/tmp`` model path): :func:`volatile_factors` flags
+  them. It is the one classifier of volatile factors; the lint reports what it
+  returns.
 * DeepGEMM: before importing it vLLM sets ``DG_JIT_CACHE_DIR`` to
   ``$VLLM_CACHE_ROOT/deep_gemm`` when it is unset or empty. That dir sits next
   to ``torch_compile_cache/``, not under it.
@@ -45,15 +47,12 @@ Other top-level dirs (``modelinfos/`` and the like) are not harvested.
 
 from __future__ import annotations
 
-import ast
-import ipaddress
 import json
-import os
-import pprint
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from artifactd.constants import DG_JIT_CACHE_DIR, VLLM_CACHE_ROOT, XDG_CACHE_HOME
 from artifactd.families.base import (
@@ -61,28 +60,30 @@ from artifactd.families.base import (
     Component,
     Family,
     Located,
+    expanduser,
     home,
-    rewrite_group_json,
+    is_group_json,
 )
-from artifactd.families.deepgemm import DeepGEMMFamily
-from artifactd.families.triton import is_group_file
+from artifactd.families.layouts import (
+    DEEP_GEMM_DIR as _DEEP_GEMM_PATH,
+)
+from artifactd.families.layouts import (
+    deepgemm_excluded,
+    deepgemm_partial_entries,
+)
+
+if TYPE_CHECKING:
+    import ipaddress
+
+    _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 COMPILE_DIR = "torch_compile_cache"
 AOT_DIR = "torch_aot_compile"
-DEEP_GEMM_DIR = "deep_gemm"
+DEEP_GEMM_DIR = _DEEP_GEMM_PATH.as_posix()
 FACTORS_FILE = "cache_key_factors.json"
 HANDLES_FILE = "vllm_compile_cache.py"
 #: Top-level entries of VLLM_CACHE_ROOT the ``cache`` component ships.
 HARVESTED = frozenset({COMPILE_DIR})
-
-_DEEP_GEMM = DeepGEMMFamily()
-
-
-def expanduser(value: str, environ: Mapping[str, str]) -> Path:
-    """``os.path.expanduser`` with the HOME of ``environ``."""
-    if value == "~" or value.startswith("~/"):
-        return home(environ) / value[2:]
-    return Path(os.path.expanduser(value))
 
 
 def cache_root(environ: Mapping[str, str]) -> Path:
@@ -98,14 +99,6 @@ def cache_root(environ: Mapping[str, str]) -> Path:
 # --------------------------------------------------------------------------
 # Path-bearing files: Triton group JSON and vLLM's handle file
 # --------------------------------------------------------------------------
-
-
-def _is_group_json(data: bytes) -> bool:
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and "child_paths" in doc
 
 
 def _swap_str(value: str, old: tuple[str, ...], new: str) -> str:
@@ -136,6 +129,9 @@ def rewrite_handles(data: bytes, old: tuple[str, ...], new: str) -> bytes | None
     vLLM writes it (``pprint`` with ``indent=4``), so a path pprint wrapped
     across string literals (it splits at blanks) is still found.
     """
+    import ast  # with pprint, only for a vLLM cache's handle file
+    import pprint
+
     try:
         doc = ast.literal_eval(data.decode("utf-8"))
     except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
@@ -176,89 +172,253 @@ def read_factors(root: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-_PORT_KEY = re.compile(r"(?:^|[^A-Za-z])PORTS?(?:$|[^A-Za-z])", re.IGNORECASE)
-_RAY_KEY = re.compile(r"BUNDLE|PLACEMENT_?GROUP", re.IGNORECASE)
-_IPV4 = re.compile(r"(?<![\d.])(\d{1,3}(?:\.\d{1,3}){3})(?![\d.])")
-_IPV6 = re.compile(r"(?<![\w:.])([0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*)(?![\w:])")
-_TMP_PATH = re.compile(r"(?<![\w.~-])/tmp(?=/|$|[\s,;:'\")\]])")
-
 WHY_PORT = "a port number: assigned per run or per pod when picked dynamically"
 WHY_RAY = "a Ray bundle index or placement group: assigned per Ray job"
 WHY_IPV4 = "an IPv4 address: a pod or host IP changes on every reschedule"
 WHY_IPV6 = "an IPv6 address: a pod or host IP changes on every reschedule"
+WHY_ADDRESS = "a host name under an address key: names this pod or a peer"
+WHY_MODEL = "a local model path: pods may mount the model elsewhere"
 WHY_TMP = "an absolute path under /tmp: often a per-run temp dir"
 
 
-def _leaves(value: Any, key: str = "", leaf: str = "") -> Iterator[tuple[str, str, Any]]:
-    """Yield (dotted key, innermost dict key, value) for every scalar in ``value``."""
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _leaves(v, f"{key}.{k}" if key else str(k), str(k))
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            yield from _leaves(v, f"{key}[{i}]", leaf)
-    else:
-        yield key, leaf, value
+@dataclass(frozen=True)
+class FactorCategory:
+    """A kind of volatile hash factor: how sure the rule is, and what it costs on a pod.
+
+    ``certain`` is False for values that are often, not always, per pod (a
+    local model path, a ``/tmp`` path): the lint reports those as warnings.
+    """
+
+    name: str
+    certain: bool
+    cost: str
 
 
-def _is_port(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return 0 < value <= 65535
-    return isinstance(value, str) and value.isdigit() and 0 < int(value) <= 65535
+def _dir_cost(what: str) -> str:
+    return f"vLLM hashes this value into its cache dir name: {what} gets a new dir and recompiles"
+
+
+#: Every category :func:`classify_factor` returns, by name.
+FACTOR_CATEGORIES: dict[str, FactorCategory] = {
+    c.name: c
+    for c in (
+        FactorCategory(
+            "ray",
+            True,
+            _dir_cost("every placement with another Ray bundle index or placement group"),
+        ),
+        FactorCategory("ip", True, _dir_cost("every pod with another IP")),
+        FactorCategory("port", True, _dir_cost("every pod given another port")),
+        FactorCategory("address", True, _dir_cost("every pod with another address")),
+        FactorCategory(
+            "model",
+            False,
+            "vLLM hashes the model string into its cache dir name: a pod that mounts the model"
+            " at another path (or names it by its hub id) gets a new dir and recompiles",
+        ),
+        FactorCategory(
+            "tmp",
+            False,
+            "vLLM hashes this value into its cache dir name: a per-run temp path gives every"
+            " run a new dir and a recompile",
+        ),
+    )
+}
+
+#: The cost of a build-machine path inside the factors file.
+FACTORS_PATH_COST = (
+    "vLLM hashes this path into its cache dir name: a pod where it differs gets a new dir"
+    " and recompiles"
+)
+
+_PORT_KEY = re.compile(r"(?:^|[^A-Z])PORTS?(?:$|[^A-Z])")
+_RAY_KEY = re.compile(r"BUNDLE|PLACEMENT_?GROUP")
+_ADDRESS_KEY = re.compile(r"(^|_)(HOST_?IP|NODE_?IP|MASTER_?(ADDR|IP)|HOST_?ADDR(ESS)?)$")
+_MODEL_KEYS = frozenset({"model", "tokenizer", "model_path", "served_model_path"})
+_IPV4 = re.compile(r"(?<![\d.])(\d{1,3}(?:\.\d{1,3}){3})(?![\d.])")
+_IPV6 = re.compile(r"(?<![\w:.])([0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*)(?![\w:])")
+# A "/tmp" component at the start of a path: "/data//tmp/x" is /data/tmp/x, not under /tmp.
+_TMP_PATH = re.compile(r"(?<![\w.~/-])/tmp(?=/|$|[\s,;:'\")\]])")
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def _strings(value: Any) -> list[str]:
+    """Return the strings of a scalar factor or of a list of scalars (nested containers: none)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _scalars(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
 
 
 def _is_set(value: Any) -> bool:
-    """Whether a factor holds a value (0 counts: it is a bundle index)."""
-    return value is not None and value is not False and value != ""
+    """Whether a factor holds a value: 0 counts (it is a bundle index), False does not."""
+    if value is None or value is False:
+        return False
+    return not (isinstance(value, str | list | dict) and not value)
 
 
-def _addresses(text: str) -> list[str]:
-    """Return why ``text`` looks volatile for the IP addresses it names (loopback is stable)."""
-    reasons: list[str] = []
+def _is_port(value: Any) -> bool:
+    """Whether ``value`` is a port, 1 to 65535 (0 asks the OS for one: the same on every pod)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return isinstance(value, int) and 0 < value <= 65535
+
+
+def _address_why(text: str) -> str | None:
+    """Why ``text`` names a pod's address (loopback and unspecified are the same everywhere)."""
+    import ipaddress  # only classifying hash factors needs it, never a restore
+
     for m in _IPV4.finditer(text):
         try:
             addr4 = ipaddress.IPv4Address(m.group(1))
         except ValueError:
             continue
         if not (addr4.is_loopback or addr4.is_unspecified):
-            reasons.append(WHY_IPV4)
-            break
+            return WHY_IPV4
     for m in _IPV6.finditer(text):
         try:
             addr6 = ipaddress.IPv6Address(m.group(1).split("%", 1)[0])
         except ValueError:
             continue
         if not (addr6.is_loopback or addr6.is_unspecified):
-            reasons.append(WHY_IPV6)
-            break
-    return reasons
+            return WHY_IPV6
+    return None
 
 
-def volatile_factors(factors: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """Return ``(dotted key, value, why)`` for factor values that look run- or pod-specific.
+def _ip_literal(text: str) -> _Address | None:
+    """Parse ``10.1.2.3``, ``10.1.2.3:8000``, ``[fd00::1]:80``, ``tcp://host:port/x``."""
+    import ipaddress  # only classifying hash factors needs it, never a restore
 
-    Flags IPv4/IPv6 addresses (not loopback), ports (a key naming ``PORT``
-    with a numeric value), Ray bundle indices and placement groups (keys
-    naming ``BUNDLE``/``PLACEMENT_GROUP`` with a value set), and absolute paths
-    under ``/tmp``. Any one of them in vLLM's factors gives a new cache dir
-    whenever it changes. Keys are dotted (``env.VLLM_PORT``, ``code[3]``).
+    s = _SCHEME.sub("", text.strip()).split("/", 1)[0]
+    if s.startswith("["):
+        s = s[1:].split("]", 1)[0]
+    elif s.count(":") == 1:
+        s = s.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(s)
+    except ValueError:
+        return None
+
+
+def _ip_why(_upper: str, _name: str, value: Any) -> str | None:
+    return next((w for t in _strings(value) if (w := _address_why(t)) is not None), None)
+
+
+def _port_why(upper: str, _name: str, value: Any) -> str | None:
+    hit = _PORT_KEY.search(upper) and any(_is_port(v) for v in _scalars(value))
+    return WHY_PORT if hit else None
+
+
+def _address_key_why(upper: str, _name: str, value: Any) -> str | None:
+    hit = _ADDRESS_KEY.search(upper) and isinstance(value, str) and _ip_literal(value) is None
+    return WHY_ADDRESS if hit else None
+
+
+def _model_why(_upper: str, name: str, value: Any) -> str | None:
+    hit = name in _MODEL_KEYS and isinstance(value, str) and value.startswith("/")
+    return WHY_MODEL if hit else None
+
+
+def _tmp_why(_upper: str, _name: str, value: Any) -> str | None:
+    return WHY_TMP if any(_TMP_PATH.search(t) for t in _strings(value)) else None
+
+
+#: ``(category, why(NAME_IN_UPPER_CASE, name, value))``, first match wins.
+_RULES: tuple[tuple[str, Callable[[str, str, Any], str | None]], ...] = (
+    ("ray", lambda upper, _name, _value: WHY_RAY if _RAY_KEY.search(upper) else None),
+    ("ip", _ip_why),
+    ("port", _port_why),
+    ("address", _address_key_why),
+    ("model", _model_why),
+    ("tmp", _tmp_why),
+)
+
+
+def _classify(name: str, value: Any) -> tuple[str, str] | None:
+    """Return ``(category, why)`` by the first rule that matches; None when the factor is stable."""
+    upper = name.upper()
+    if not _is_set(value) or "VERSION" in upper:
+        return None  # a four-part version ("9.1.0.70", cuDNN) is not an address
+    for category, rule in _RULES:
+        if (why := rule(upper, name, value)) is not None:
+            return category, why
+    return None
+
+
+def classify_factor(key: str, value: Any) -> str | None:
+    """Say why a vLLM hash factor changes between pods: a :data:`FACTOR_CATEGORIES` name, or None.
+
+    ``key`` is the factor's dotted path in ``cache_key_factors.json``
+    (``env.VLLM_HOST_IP``); only its last part is looked at. ``value`` is a
+    scalar or a list of scalars. Categories, first match wins: ``ray`` (a key
+    naming a Ray bundle or placement group, with a value set: 0 is a bundle
+    index), ``ip`` (an IPv4/IPv6 address other than loopback or unspecified,
+    anywhere in a string: alone, in a URL, ``host:port``, a list),
+    ``port`` (a key naming ``PORT`` with a port number, 1 to 65535: 0 and
+    out-of-range numbers are the same on every pod), ``address`` (a host or
+    master address key holding a host name), ``model`` (a local model path:
+    mounts differ between pods), ``tmp`` (a path whose first component is
+    ``/tmp``; ``/data//tmp/x`` is ``/data/tmp/x``, not under it). Keys naming
+    ``VERSION`` are never volatile.
     """
-    found: list[tuple[str, str, str]] = []
-    for key, leaf, value in _leaves(factors):
-        text = value if isinstance(value, str) else json.dumps(value)
-        reasons: list[str] = []
-        if _PORT_KEY.search(leaf) and _is_port(value):
-            reasons.append(WHY_PORT)
-        if _RAY_KEY.search(leaf) and _is_set(value):
-            reasons.append(WHY_RAY)
-        if isinstance(value, str) and "VERSION" not in leaf.upper():
-            # A four-part version ("9.1.0.70", cuDNN) is not an address.
-            reasons.extend(_addresses(value))
-            if _TMP_PATH.search(value):
-                reasons.append(WHY_TMP)
-        found.extend((key, text, why) for why in reasons)
+    found = _classify(key.rsplit(".", 1)[-1], value)
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class VolatileFactor:
+    """A hash factor whose value changes from pod to pod.
+
+    ``key`` is its dotted path (``env.VLLM_PORT``, ``code[1].path``),
+    ``value`` the value as stored, ``category`` a :data:`FACTOR_CATEGORIES`
+    name and ``why`` one phrase saying why it changes.
+    """
+
+    key: str
+    value: Any
+    category: str
+    why: str
+
+
+def _entries(node: Any, prefix: str) -> Iterator[tuple[str, str, Any]]:
+    """Yield ``(dotted key, dict key, value)`` for every dict entry, containers included."""
+    if isinstance(node, Mapping):
+        for name in sorted(node, key=str):
+            key = f"{prefix}.{name}" if prefix else str(name)
+            value = node[name]
+            yield key, str(name), value
+            if isinstance(value, Mapping | list):
+                yield from _entries(value, key)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if isinstance(value, Mapping | list):
+                yield from _entries(value, f"{prefix}[{i}]")
+
+
+def volatile_factors(factors: Mapping[str, Any]) -> list[VolatileFactor]:
+    """Return the factors of a ``cache_key_factors.json`` document that look run- or pod-specific.
+
+    One per dict entry, in sorted key order, classified by :func:`classify_factor`
+    (a list of scalars is classified as one value); the entries inside a flagged
+    one are not reported again. Any one of them in vLLM's factors gives a new
+    cache dir whenever it changes.
+    """
+    found: list[VolatileFactor] = []
+    flagged: list[str] = []
+    for key, name, value in _entries(factors, ""):
+        if any(key.startswith((f + ".", f + "[")) for f in flagged):
+            continue
+        hit = _classify(name, value)
+        if hit is not None:
+            found.append(VolatileFactor(key, value, *hit))
+            flagged.append(key)
     return found
 
 
@@ -287,6 +447,16 @@ class VLLMFamily(Family):
         Component("cache", "vllm", {VLLM_CACHE_ROOT: "{dir}"}),
         Component("deep_gemm", f"vllm/{DEEP_GEMM_DIR}", {}),
     )
+    triton_group_components = frozenset({"cache"})
+    library = "vLLM"
+    path_cost = (
+        "vLLM hashes paths and keeps absolute artifact handles: a pod where this path"
+        " differs gets a new cache dir (or misses the artifact) and recompiles"
+    )
+    python_path_cost = (
+        "vLLM hashes the path of every traced source file: a pod whose site-packages"
+        " lives elsewhere gets a new cache dir and recompiles"
+    )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the root, and its ``deep_gemm/`` when DG_JIT_CACHE_DIR is unset (vLLM's default)."""
@@ -302,31 +472,33 @@ class VLLMFamily(Family):
         """Ship only ``torch_compile_cache/`` from the root; DeepGEMM's staging dir never."""
         if component == "cache" and len(rel.parts) == 1 and rel.name not in HARVESTED:
             return True
-        if component == "deep_gemm":
-            return _DEEP_GEMM.excluded("cache", rel, is_dir)
+        if component == "deep_gemm" and deepgemm_excluded(rel, is_dir):
+            return True
         return super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """DeepGEMM entries without both ``kernel.cu`` and ``kernel.cubin`` (a hard error)."""
         if component == "deep_gemm":
-            return _DEEP_GEMM.invalid_entries("cache", root)
+            return deepgemm_partial_entries(root)
         return {}
 
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
         """Triton group files and ``vllm_compile_cache.py`` hold absolute paths."""
-        return component == "cache" and (is_group_file(rel) or rel.name == HANDLES_FILE)
+        return super().path_bearing(component, rel) or (
+            component == "cache" and rel.name == HANDLES_FILE
+        )
 
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
-        """Store paths under the root relative to the placeholder."""
-        if _is_group_json(data):
-            return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
+        """Store paths under the root relative to the placeholder (group files as the base does)."""
+        if is_group_json(data):
+            return super().normalize(data, roots)
         rewritten = rewrite_handles(data, roots, ROOT_PLACEHOLDER)
         return super().normalize(data, roots) if rewritten is None else rewritten
 
     def relocate(self, data: bytes, root: str) -> bytes:
         """Point stored paths at the restored root."""
-        if _is_group_json(data):
-            return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)
+        if is_group_json(data):
+            return super().relocate(data, root)
         rewritten = rewrite_handles(data, (ROOT_PLACEHOLDER,), root)
         return super().relocate(data, root) if rewritten is None else rewritten
 

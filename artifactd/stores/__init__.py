@@ -33,10 +33,10 @@ def open_store(ref: str, *, create: bool = False, insecure: bool = False) -> Sto
         if not path:
             raise UsageError("empty path in store reference 'oci:'", hint="use oci:PATH")
         return LayoutStore(Path(path), ref=ref, create=create)
-    from artifactd.stores.registry import looks_like_registry, parse_registry_ref
+    from artifactd.stores.reference import RegistryRef, looks_like_registry, parse_registry_ref
 
     if looks_like_registry(ref):
-        from artifactd.stores.registry import RegistryRef, RegistryStore
+        from artifactd.stores.registry import RegistryStore  # requests: only when used
 
         parsed = parse_registry_ref(ref)
         if parsed.reference is not None:
@@ -62,7 +62,7 @@ class ArtifactRef:
 
 def parse_artifact_ref(text: str) -> ArtifactRef:
     """Split ``oci:PATH:TAG``, ``HOST/REPO:TAG`` or ``...@sha256:..`` into store and reference."""
-    from artifactd.stores.registry import looks_like_registry, parse_registry_ref
+    from artifactd.stores.reference import looks_like_registry, parse_registry_ref
 
     if not text.startswith("oci:") and looks_like_registry(text):
         parsed = parse_registry_ref(text)

@@ -10,14 +10,46 @@ written once against :class:`Store`.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from artifactd.events import EventSink
+
 #: Called with the bytes transferred so far.
 Progress = Callable[[int], None]
+#: Least time between two ``progress`` events of one transfer.
+PROGRESS_INTERVAL_S = 0.25
+
+
+def progress_events(on_event: EventSink, *, stage: str, family: str, total: int) -> Progress:
+    """Return a :data:`Progress` that reports as ``progress`` events, throttled.
+
+    An event goes out on the first call, then at most once per
+    :data:`PROGRESS_INTERVAL_S`, and always when ``total`` bytes are done, so a
+    display starts at once and ends at 100 %.
+    """
+    last: float | None = None
+
+    def progress(done: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if last is None or now - last >= PROGRESS_INTERVAL_S or done >= total:
+            last = now
+            on_event(
+                {
+                    "stage": stage,
+                    "event": "progress",
+                    "family": family,
+                    "bytes": done,
+                    "total": total,
+                }
+            )
+
+    return progress
 
 
 @dataclass(frozen=True)

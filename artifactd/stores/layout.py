@@ -13,11 +13,8 @@ concurrent harvests into one directory never lose a tag.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +22,7 @@ from typing import Any, BinaryIO
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
 from artifactd.fsutil import atomic_write
+from artifactd.hashing import copy_hashed, digest_of
 from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
 from artifactd.stores.base import ManifestRef, Progress, Store
 
@@ -71,18 +69,13 @@ class LayoutStore(Store):
         dest = self._blob_path(digest)
         if dest.is_file() and dest.stat().st_size == size:
             return 0
+        import tempfile  # only writing a blob needs it, never reading the store
+
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
         try:
-            h = hashlib.sha256()
-            n = 0
             with os.fdopen(fd, "wb") as out, path.open("rb") as src:
-                while chunk := src.read(1 << 20):
-                    h.update(chunk)
-                    n += len(chunk)
-                    out.write(chunk)
-                    if progress is not None:
-                        progress(n)
-            if f"sha256:{h.hexdigest()}" != digest or n != size:
+                copied = copy_hashed(src, out, progress=progress)
+            if not copied.matches(digest, size):
                 raise IntegrityError(f"{path} does not match {digest} ({size} bytes)")
             os.chmod(tmp, 0o644)
             os.replace(tmp, dest)
@@ -93,7 +86,7 @@ class LayoutStore(Store):
 
     def put_blob_bytes(self, data: bytes) -> str:
         """Store small in-memory content (configs, manifests); return its digest."""
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        digest = digest_of(data)
         dest = self._blob_path(digest)
         if not dest.is_file():
             atomic_write(dest, data)
@@ -235,10 +228,6 @@ class LayoutStore(Store):
             yield index
             self._write_index(index)
 
-    def gc(self) -> int:
-        """Not yet: unreferenced blobs are kept (prune is a later feature)."""
-        return 0
-
 
 class _StoreReader:
     """A blob file whose read errors (EIO, a vanished mount) are store errors."""
@@ -256,11 +245,6 @@ class _StoreReader:
 
 
 def _verify(data: bytes, digest: str) -> None:
-    actual = "sha256:" + hashlib.sha256(data).hexdigest()
+    actual = digest_of(data)
     if actual != digest:
         raise IntegrityError(f"manifest {digest} is corrupt (content hashes to {actual})")
-
-
-def remove_layout(root: Path) -> None:
-    """Delete a layout directory (tests and demo clean-up)."""
-    shutil.rmtree(root, ignore_errors=True)

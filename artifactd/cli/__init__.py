@@ -1,0 +1,54 @@
+"""The ``artifactd`` command line: parse, call one library function, render.
+
+Layout: :mod:`~artifactd.cli.main` is the entry point (errors to exit codes);
+:mod:`~artifactd.cli.app` holds the click group; :mod:`~artifactd.cli.specs`
+declares the pod-start commands' options as data, :mod:`~artifactd.cli.options`
+turns them (and the other shared options) into click options, and
+:mod:`~artifactd.cli.fast` parses the ordinary ``fingerprint`` and ``restore``
+command lines without importing click; :mod:`~artifactd.cli.render` is how
+results look to people (``--json`` documents are built in
+:mod:`artifactd.reports`); one module per command group:
+:mod:`~artifactd.cli.fingerprints` (``fingerprint``, ``diff``),
+:mod:`~artifactd.cli.builds` (``harvest``, ``build``, ``demo``, ``lint``),
+:mod:`~artifactd.cli.restores` (``restore``), :mod:`~artifactd.cli.stores`
+(``inspect``, ``ls``, ``copy``), :mod:`~artifactd.cli.schemas` (``schema``);
+what ``fingerprint`` and ``restore`` do lives in :mod:`~artifactd.cli.podstart`.
+Commands import the library inside each command, so that a command loads only
+what it uses.
+
+Every command has ``--json``; errors become one line on stderr (plus a hint)
+and a documented exit code:
+
+====  =====================================================
+code  meaning
+====  =====================================================
+0     success; also any restore failure without ``--require``
+1     unexpected error (a bug)
+2     bad usage, bad matrix or fingerprint file
+3     store unreachable or unreadable
+4     artifact, tag or blob not found
+5     integrity: digest mismatch, hostile or schema-invalid artifact
+6     restore miss with ``--require``
+7     a warm-up cell failed or there was nothing to harvest
+9     not enough space on the restore target
+10    restore target not writable, or its lock not taken in time
+11    ``lint --strict`` or ``build --strict``: the hygiene lint found something
+====  =====================================================
+
+Set ``ARTIFACTD_TRACEBACK=1`` to see Python tracebacks.
+"""
+
+from typing import Any
+
+from artifactd.cli.main import main
+
+__all__ = ["cli", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    """``artifactd.cli.cli``, the click group, imported (with click) on first use."""
+    if name == "cli":
+        from artifactd.cli.app import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,193 @@
+"""``harvest``, ``build``, ``demo`` and ``lint``: the CI image pipeline's side."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from artifactd.cli import render
+from artifactd.cli.app import cli
+from artifactd.cli.options import (
+    family_option,
+    fingerprint_options,
+    gpu_arch_option,
+    image_digest_option,
+    json_option,
+    set_option,
+    store_option,
+)
+from artifactd.cli.specs import family_names
+from artifactd.errors import LintError
+
+
+@cli.command()
+@store_option
+@family_option
+@fingerprint_options
+@json_option
+def harvest(
+    *,
+    store: str,
+    insecure: bool,
+    families: tuple[str, ...],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: tuple[str, ...],
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Pack the caches a warm-up already wrote and publish them to the store.
+
+    Caches are found where the libraries look: TRITON_CACHE_DIR,
+    TORCHINDUCTOR_CACHE_DIR (+ the precompiled header under TMPDIR),
+    ARTIFACTD_GENERIC_DIR, or their defaults. Run it right after your own
+    warm-up, with the same environment.
+    """
+    from artifactd.fingerprint import from_raw
+    from artifactd.harvest import harvest as do_harvest
+    from artifactd.probing import probe_request
+    from artifactd.stores import open_store
+
+    fp = from_raw(
+        probe_request(
+            gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+        )
+    )
+    with open_store(store, create=True, insecure=insecure) as st:
+        result = do_harvest(
+            st, fp, families=family_names(families), on_event=render.event_printer(as_json)
+        )
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+    else:
+        render.harvest(result)
+
+
+@cli.command()
+@click.argument("matrix", type=click.Path(path_type=Path))
+@store_option
+@gpu_arch_option("Override the matrix's declared target (sm_90a).")
+@image_digest_option("Override the matrix's base image digest.")
+@click.option(
+    "--keep-roots",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Build into this (empty) directory and keep it, instead of a temp dir.",
+)
+@set_option
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail (exit 11) when the hygiene lint finds anything (default: report warnings).",
+)
+@json_option
+def build(
+    *,
+    matrix: Path,
+    store: str,
+    insecure: bool,
+    gpu_arch: str | None,
+    image_digest: str | None,
+    keep_roots: Path | None,
+    overrides: tuple[str, ...],
+    strict: bool,
+    as_json: bool,
+) -> None:
+    """Run a warm-up matrix with fresh cache roots, then harvest into the store."""
+    from artifactd.build import build as do_build
+    from artifactd.stores import open_store
+
+    with open_store(store, create=True, insecure=insecure) as st:
+        result = do_build(
+            matrix,
+            st,
+            gpu_arch=gpu_arch,
+            image_digest=image_digest,
+            roots=keep_roots,
+            keep_roots=keep_roots is not None,
+            on_event=render.event_printer(as_json),
+            overrides=overrides,
+            strict_lint=strict,
+        )
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+    else:
+        render.build(result)
+
+
+@cli.command()
+@store_option
+@click.option(
+    "--matrix",
+    type=click.Path(path_type=Path),
+    default=Path("warmup_matrices/cpu-demo.yaml"),
+    show_default=True,
+)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    default=Path(".artifactd/demo"),
+    show_default=True,
+    help="Where restored caches go.",
+)
+@json_option
+def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bool) -> None:
+    """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
+    from artifactd.demo import run_demo
+    from artifactd.stores import open_store
+
+    if not as_json:
+        click.echo(f"building {matrix} cold (fresh caches; about a minute on 2 cores)...", err=True)
+    with open_store(store, create=True, insecure=insecure) as st:
+        result = run_demo(
+            matrix,
+            st,
+            workdir=workdir,
+            on_event=render.event_printer(as_json),
+            environ=os.environ,
+            insecure=insecure,
+        )
+    if as_json:
+        from artifactd.reports import demo_report
+
+        render.emit_json(demo_report(result))
+    else:
+        render.demo(result)
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@family_option
+@click.option("--strict", is_flag=True, help="Exit 11 when there is any finding.")
+@json_option
+def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_json: bool) -> None:
+    """Find what will make a harvested cache miss elsewhere, before it ships.
+
+    Scans each family's cache for this machine's absolute paths (outside the
+    files artifactd rewrites), user and host names in paths, and volatile values
+    in vLLM's hash factors (IPs, ports, Ray bundle indices). Each finding names
+    the file, the value and what it will cost.
+
+    DIRECTORY is a build-roots or restore-target directory (each family in its
+    subdirectory); without it, caches are found as `harvest` finds them.
+    """
+    from artifactd.lint import lint_caches
+
+    roots, report = lint_caches(directory, family_names(families))
+    if as_json:
+        from artifactd.reports import lint_report
+
+        render.emit_json(lint_report(roots, report))
+    else:
+        render.lint(roots, report)
+    if strict and report.findings:
+        raise LintError(
+            f"--strict: {len(report.findings)} finding(s) tie these caches to this machine",
+            hint="fix them (each names its cost), or run without --strict",
+        )

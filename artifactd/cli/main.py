@@ -1,0 +1,73 @@
+"""The entry point: run a command and map every error to one line and an exit code.
+
+Click is imported only when it is needed: the ordinary command lines of the
+pod-start commands (``fingerprint``, ``restore``) are parsed by
+:mod:`artifactd.cli.fast` without it; everything else, ``--help`` and every
+command line the fast parser does not fully understand go through click.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from artifactd import constants as C  # noqa: N812
+from artifactd.cli.render import echo
+from artifactd.cli.specs import env_flag
+from artifactd.errors import ArtifactdError, UsageError
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI, mapping every error to one line on stderr and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        traceback = env_flag(C.ENV_TRACEBACK)
+    except UsageError as exc:
+        echo(f"artifactd: error: {exc.diagnostics()}", err=True)
+        sys.exit(exc.exit_code)
+    try:
+        from artifactd.cli.fast import parse
+
+        invocation = parse(args)
+        if invocation is not None:
+            invocation()
+        else:
+            _run_click(args)
+    except ArtifactdError as exc:
+        if traceback:
+            raise
+        echo(f"artifactd: error: {exc.diagnostics()}", err=True)
+        sys.exit(exc.exit_code)
+    except OSError as exc:
+        if traceback:
+            raise
+        echo(f"artifactd: error: {exc.strerror or exc}: {exc.filename or ''}", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        if traceback:
+            raise
+        echo(
+            f"artifactd: internal error: {type(exc).__name__}: {str(exc)[:200]}\n"
+            "  hint: this is a bug; set ARTIFACTD_TRACEBACK=1 and report the traceback",
+            err=True,
+        )
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _run_click(args: list[str]) -> None:
+    """Run ``args`` through the click group; click's own outcomes become exit codes."""
+    import click
+
+    from artifactd.cli.app import cli
+
+    try:
+        cli.main(args=args, prog_name="artifactd", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)

@@ -1,0 +1,93 @@
+"""Options shared by several commands, as click options, and their parsing.
+
+The options themselves are declared as data in :mod:`artifactd.cli.specs`.
+Every option of the init-container commands also reads an ``ARTIFACTD_*``
+environment variable, so a Kubernetes pod spec configures them through ``env``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from artifactd.cli import specs as S  # noqa: N812
+from artifactd.cli.specs import Opt
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option(spec: Opt) -> Callable[[F], F]:
+    """Return the click option an :class:`~artifactd.cli.specs.Opt` declares."""
+    extra: dict[str, Any] = {}
+    if spec.is_flag:
+        extra["is_flag"] = True
+    if spec.multiple:
+        extra["multiple"] = True
+    if spec.kind != "str":
+        extra["type"] = click.Path(path_type=Path) if spec.kind == "path" else float
+    if spec.default is not None:
+        extra.update(default=spec.default, show_default=spec.show_default)
+    if spec.required:
+        extra["required"] = True
+    return click.option(
+        spec.flag, spec.dest, help=spec.help, envvar=spec.envvar, metavar=spec.metavar, **extra
+    )
+
+
+def options(specs: Sequence[Opt]) -> Callable[[F], F]:
+    """Add ``specs`` as click options, listed in ``--help`` in their order."""
+
+    def add(f: F) -> F:
+        for spec in reversed(specs):
+            f = option(spec)(f)
+        return f
+
+    return add
+
+
+def json_option(f: F) -> F:
+    """Add ``--json``."""
+    return option(S.JSON)(f)
+
+
+def insecure_option(f: F) -> F:
+    """Add ``--insecure``."""
+    return option(S.INSECURE)(f)
+
+
+def store_option(f: F) -> F:
+    """Add ``--store`` and ``--insecure``."""
+    return options((S.STORE, S.INSECURE))(f)
+
+
+def family_option(f: F) -> F:
+    """Add ``--family`` (repeatable or comma-separated; ``ARTIFACTD_FAMILIES``)."""
+    return option(S.FAMILY)(f)
+
+
+def gpu_arch_option(help: str) -> Callable[[F], F]:
+    """Add ``--gpu-arch`` (``ARTIFACTD_GPU_ARCH``) with a command's own help text."""
+    return option(S.GPU_ARCH._replace(help=help))
+
+
+def image_digest_option(help: str) -> Callable[[F], F]:
+    """Add ``--image-digest`` (``ARTIFACTD_IMAGE_DIGEST``) with a command's own help text."""
+    return option(S.IMAGE_DIGEST._replace(help=help))
+
+
+def workload_option(help: str, *, envvar: bool = True) -> Callable[[F], F]:
+    """Add ``--workload KEY=VALUE`` (repeatable), from ``ARTIFACTD_WORKLOAD`` if ``envvar``."""
+    return option(S.WORKLOAD._replace(help=help, envvar=S.WORKLOAD.envvar if envvar else None))
+
+
+def set_option(f: F) -> F:
+    """Add ``--set PATH=VALUE`` (fingerprint overrides)."""
+    return option(S.SET)(f)
+
+
+def fingerprint_options(f: F) -> F:
+    """Add the options that shape the probed fingerprint."""
+    return options(S.FINGERPRINT)(f)

@@ -1,0 +1,291 @@
+"""How results look to people: tables, verdict lines, progress; and JSON output.
+
+The command modules decide nothing about presentation; the library decides
+nothing else. ``--json`` documents come from :mod:`artifactd.reports`. No click
+here: the pod-start commands print without importing it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from artifactd.artifacts import Artifact, CopyResult
+    from artifactd.build import BuildResult
+    from artifactd.demo import DemoResult
+    from artifactd.diff import FactDiff, FingerprintDiff, Side
+    from artifactd.harvest import HarvestResult
+    from artifactd.lint import LintReport
+    from artifactd.resolve import RestorePlan
+    from artifactd.restore import RestoreOutcome, RestoreResult
+
+
+def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """Write a line to stdout (or stderr) and flush: click.echo without importing click."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n" if nl else text)
+    stream.flush()
+
+
+def emit_json(document: Mapping[str, Any]) -> None:
+    """Print one JSON document (a report from :mod:`artifactd.reports`) on stdout."""
+    echo(json.dumps(document, sort_keys=True))
+
+
+def human_bytes(n: float) -> str:
+    """Format a byte count for people."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Format rows as left-aligned columns, two spaces apart, indented by two."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    )
+
+
+def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
+    """Show library events: JSON lines on stderr with --json, progress on a terminal.
+
+    Progress events are for people: they appear only on a TTY and never in JSON.
+    """
+    tty = sys.stderr.isatty()
+
+    def show(event: dict[str, Any]) -> None:
+        progress = event.get("event") == "progress"
+        if as_json:
+            if not progress:
+                echo(json.dumps(event, sort_keys=True), err=True)
+            return
+        if not tty:
+            return
+        if progress:
+            done, total = event.get("bytes", 0), event.get("total", 0)
+            pct = f" {100 * done / total:3.0f}%" if total else ""
+            echo(
+                f"\r[{event.get('stage')}] {event.get('family', '')} "
+                f"{human_bytes(done)} / {human_bytes(total)}{pct}   ",
+                err=True,
+                nl=False,
+            )
+            return
+        detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
+        echo(f"\r[{event.get('stage')}] {event.get('event')} {detail}", err=True)
+
+    return show
+
+
+def fingerprint(raw: Mapping[str, Any], digest: str) -> None:
+    """Print the hash, then every hashed field, then the informational ones."""
+    from artifactd.probing import flatten, hashed_view
+
+    echo(f"fingerprint {digest}")
+    for key, value in flatten(hashed_view(raw)).items():
+        echo(f"  {key:32} {value}")
+    for key, value in flatten(raw["info"], "info.").items():
+        echo(f"  {key:32} {value}  (not hashed)")
+
+
+def harvest(result: HarvestResult) -> None:
+    """Print per-family files and sizes, the artifact digest, its tag and the transfer."""
+    rows = [("family", "files", "size", "layer", "skipped")]
+    for fam in result.families:
+        rows.append(
+            (
+                fam.family,
+                str(fam.files),
+                human_bytes(fam.bytes),
+                human_bytes(fam.layer_size),
+                str(fam.skipped),
+            )
+        )
+    echo(f"harvested into {result.store}")
+    echo(table(rows))
+    if result.not_found:
+        echo(f"  not found: {', '.join(result.not_found)}")
+    echo(f"artifact {result.digest}")
+    echo(f"  tag fp-{result.fingerprint_hash}")
+    echo(
+        f"  uploaded {human_bytes(result.bytes_uploaded)}, "
+        f"already present {human_bytes(result.bytes_skipped)}, {result.seconds:.2f} s"
+    )
+
+
+def build(result: BuildResult) -> None:
+    """Print each cell's time, the lint summary, then the harvest."""
+    for cell in result.cells:
+        echo(f"cell {cell.id}: {cell.seconds:.1f} s")
+    if result.lint is not None and result.lint.findings:
+        echo(
+            f"lint: {result.lint.errors} error(s), {result.lint.warnings} warning(s) tie these "
+            "caches to the build machine; see them with --keep-roots DIR, then "
+            "`artifactd lint DIR`"
+        )
+    harvest(result.harvest)
+
+
+def traceback(error: BaseException) -> None:
+    """Print an exception's traceback on stderr (``ARTIFACTD_TRACEBACK=1``)."""
+    import traceback as tb
+
+    tb.print_exception(error)
+
+
+def restore(outcome: RestoreOutcome) -> None:
+    """Print the plan table and a verdict line; a failure as one line (and hint) on stderr."""
+    plan, failure = outcome.plan, outcome.failure
+    _plan(plan, outcome.result, outcome.status == "dry_run")
+    if failure is None:
+        return
+    message = failure.message
+    if failure.kind != "miss":
+        message = f"restore failed ({failure.kind}), nothing changed in {plan.target}: {message}"
+    if outcome.exit_code:
+        head = f"artifactd: error: {message}"
+    else:
+        head = f"artifactd: {message}; the engine will compile as before"
+    echo(head + (f"\n  hint: {failure.hint}" if failure.hint else ""), err=True)
+
+
+def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> None:
+    head = {"full": "full match", "partial": "partial match (by family scope)", "miss": "MISS"}
+    echo(
+        f"restore: {head[plan.match]} for fingerprint {plan.fingerprint_hash[:16]}... "
+        f"from {plan.store}"
+    )
+    if plan.error:
+        echo(f"  store: {plan.error}")
+    rows = [("family", "verdict", "via", "files", "size", "where / why")]
+    for f in plan.families:
+        if f.verdict == "hit":
+            where = ", ".join(f.dirs.values())
+            rows.append(
+                (f.family, "hit", f.source or "", str(f.files), human_bytes(f.unpacked), where)
+            )
+        else:
+            rows.append((f.family, "miss", "-", "-", "-", f.reason or ""))
+    echo(table(rows))
+    for f in plan.families:
+        for d in f.deciding:
+            echo(f"    {f.family}: {d.path}: artifact={d.a!r} local={d.b!r}")
+    if plan.nearest is not None and plan.match != "full":
+        echo(
+            f"  nearest artifact: {plan.nearest.tag} "
+            f"({len(plan.nearest.differing)} field(s) differ)"
+        )
+    if dry_run:
+        echo(f"dry run: would fetch {human_bytes(plan.bytes_to_fetch)}; nothing written")
+    elif plan.noop:
+        echo(f"already restored (marker matches); nothing to do. env file: {plan.env_file}")
+    elif result is not None:
+        echo(
+            f"restored {len(result.restored)} families, {result.files} files, "
+            f"{human_bytes(result.bytes)} in {result.seconds:.2f} s"
+        )
+        echo(f"env file: {plan.env_file}  (load: set -a; . {plan.env_file}; set +a)")
+    elif not plan.hits and not plan.error:
+        echo("nothing restored: the engine will compile as before")
+
+
+def diff(a: Side, b: Side, result: FingerprintDiff, facts: Sequence[FactDiff]) -> None:
+    """Print both hashes, the differing fields, per-family verdicts and differing facts."""
+    echo(f"A {a.name}: {result.a_hash[:16]}...")
+    echo(f"B {b.name}: {result.b_hash[:16]}...")
+    if result.identical:
+        echo("identical fingerprints: every family's cache is valid on B")
+    else:
+        rows = [("field", "A", "B")] + [(d.path, repr(d.a), repr(d.b)) for d in result.fields]
+        echo(f"{len(result.fields)} field(s) differ:")
+        echo(table(rows))
+    rows = [("family", "verdict", "deciding fields")]
+    for v in result.families:
+        rows.append((v.family, v.verdict, ", ".join(d.path for d in v.deciding)))
+    echo("per family (a cache built on A, used on B):")
+    echo(table(rows))
+    if facts:
+        echo(f"{len(facts)} recorded cache fact(s) differ (e.g. vLLM hash factors):")
+        echo(
+            table(
+                [("family", "fact", "A", "B")]
+                + [(f.family, f"{f.component}:{f.path}", repr(f.a), repr(f.b)) for f in facts]
+            )
+        )
+
+
+def inspect(art: Artifact, *, show_files: bool) -> None:
+    """Print the artifact's digest, fingerprint, provenance, families (and files)."""
+    cfg = art.config
+    echo(f"artifact {art.digest} ({cfg.kind})")
+    echo(f"  fingerprint {cfg.fingerprint_hash}")
+    echo(
+        f"  built by artifactd {cfg.provenance.builder} ({cfg.provenance.source}"
+        + (f", matrix {cfg.provenance.matrix}" if cfg.provenance.matrix else "")
+        + ")"
+    )
+    rows = [("family", "files", "size", "layer", "scope key")]
+    for rec in cfg.layers:
+        rows.append(
+            (
+                rec.family,
+                str(len(rec.files)),
+                human_bytes(rec.unpacked_size),
+                human_bytes(rec.size),
+                rec.scope_key[:16] + "...",
+            )
+        )
+    echo(table(rows))
+    if show_files:
+        for rec in cfg.layers:
+            for f in rec.files:
+                echo(f"  {rec.family}: {f.path} {f.size} {f.sha256[:12]}")
+
+
+def demo(result: DemoResult) -> None:
+    """Print the three stages' times and compile counts, and the time saved per start."""
+    echo(f"artifact {result.artifact} in {result.store}")
+    echo(f"restored into {result.target}")
+    rows = [
+        ("stage", "seconds", "compiled"),
+        ("cold warm-up (fresh caches)", f"{result.cold_seconds:.1f}", str(result.cold_compiled)),
+        ("artifactd restore (new process)", f"{result.restore_seconds:.2f}", "-"),
+        (
+            "warm-up on restored caches",
+            f"{result.restored_seconds:.1f}",
+            str(result.restored_compiled),
+        ),
+    ]
+    echo(table(rows))
+    saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
+    echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+
+
+def lint(roots: Mapping[str, object], report: LintReport) -> None:
+    """Print the number of roots and files, then each finding with its cost."""
+    echo(f"lint: {len(roots)} cache root(s), {report.files_scanned} files scanned")
+    for f in report.findings:
+        echo(
+            f"  {f.severity}: {f.family}/{f.component}/{f.file}: {f.kind} {f.value!r}\n"
+            f"      {f.cost}"
+        )
+    if not report.findings:
+        echo("  clean: nothing ties these caches to this machine")
+
+
+def copy(result: CopyResult) -> None:
+    """Print how many manifests went where, their tags, and the transfer."""
+    echo(f"copied {result.manifests} manifest(s) from {result.source} to {result.destination}")
+    for tag in result.tags:
+        echo(f"  {tag}")
+    echo(
+        f"  uploaded {human_bytes(result.bytes_uploaded)}, already present "
+        f"{human_bytes(result.bytes_skipped)}"
+    )

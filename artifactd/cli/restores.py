@@ -1,0 +1,69 @@
+"""``restore``: the init container's one job (what it does: :mod:`artifactd.cli.podstart`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from artifactd.cli import podstart
+from artifactd.cli import specs as S  # noqa: N812
+from artifactd.cli.app import cli
+from artifactd.cli.options import options
+
+
+@cli.command()
+@options(S.COMMANDS["restore"])
+def restore(
+    *,
+    store: str,
+    insecure: bool,
+    target: Path,
+    families: tuple[str, ...],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: tuple[str, ...],
+    overrides: tuple[str, ...],
+    env_file: Path | None,
+    consumer_user: str | None,
+    require: bool,
+    dry_run: bool,
+    max_bytes: str | None,
+    lock_timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Install the caches that match this machine into TARGET (the init container's job).
+
+    Looks up the artifact tagged with the local fingerprint; failing that, each
+    family's own scope tag (so a model or TP change still restores kernels).
+    Before downloading, every layer's file list is checked against the format's
+    rules and the restore's size against TARGET's free space. Layers are then
+    verified while they stream, staged next to TARGET and installed in one
+    transaction: every family or none.
+
+    A miss, an unreachable store, a corrupt or hostile artifact, a full disk
+    or an unwritable target prints the error, leaves TARGET as it was and
+    exits 0 (the engine compiles as before), unless --require.
+
+    \b
+    Every flag also reads an environment variable (for Kubernetes):
+      ARTIFACTD_STORE, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES, ARTIFACTD_WORKLOAD,
+      ARTIFACTD_SET, ARTIFACTD_GPU_ARCH, ARTIFACTD_IMAGE_DIGEST, ARTIFACTD_ENV_FILE,
+      ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
+      ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.
+    """
+    podstart.restore(
+        store=store,
+        insecure=insecure,
+        target=target,
+        families=families,
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        overrides=overrides,
+        env_file=env_file,
+        consumer_user=consumer_user,
+        require=require,
+        dry_run=dry_run,
+        max_bytes=max_bytes,
+        lock_timeout=lock_timeout,
+        as_json=as_json,
+    )

@@ -1,0 +1,225 @@
+"""The options of the pod-start commands, declared once as data (no click here).
+
+``fingerprint`` and ``restore`` run at every pod start and in probes, so they
+must start fast, and importing click alone costs about as much as starting
+Python. Their options are therefore declared here, as plain data, and read by
+two parsers: :mod:`artifactd.cli.options` turns each :class:`Opt` into a click
+option (the ``--help`` text, errors, and every unusual command line), and
+:mod:`artifactd.cli.fast` parses the ordinary command lines of those two
+commands without importing click, handing anything else to click. A test runs
+both parsers over the same command lines and environments and requires the
+same answers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+from artifactd import constants as C  # noqa: N812
+from artifactd.errors import UsageError
+
+#: Values a boolean may take, as click reads a flag's environment variable.
+TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+FALSE = frozenset({"", "0", "false", "f", "no", "n", "off"})
+
+
+class Opt(NamedTuple):
+    """One long option: its flag, parameter name, help and how its value is read.
+
+    ``kind`` is how a value is converted (``path``: a :class:`pathlib.Path`);
+    ``multiple`` options collect every occurrence, and their environment
+    variable holds several values separated by whitespace (as click reads it).
+    """
+
+    flag: str
+    dest: str
+    help: str
+    envvar: str | None = None
+    metavar: str | None = None
+    is_flag: bool = False
+    multiple: bool = False
+    kind: Literal["str", "path", "float"] = "str"
+    default: str | None = None
+    show_default: bool = False
+    required: bool = False
+
+
+JSON = Opt(
+    "--json", "as_json", "Print one JSON document instead of text.", C.ENV_JSON, is_flag=True
+)
+INSECURE = Opt(
+    "--insecure",
+    "insecure",
+    "Allow plain HTTP to a registry off loopback (loopback registries always use it).",
+    C.ENV_INSECURE,
+    is_flag=True,
+)
+STORE = Opt(
+    "--store",
+    "store",
+    "Store: oci:PATH (local OCI layout directory) or HOST[:PORT]/REPO (registry).",
+    C.ENV_STORE,
+    default=C.DEFAULT_STORE,
+    show_default=True,
+)
+FAMILY = Opt(
+    "--family",
+    "families",
+    "Only these families (repeatable or comma-separated). Default: all.",
+    C.ENV_FAMILIES,
+    metavar="NAME",
+    multiple=True,
+)
+GPU_ARCH = Opt(
+    "--gpu-arch",
+    "gpu_arch",
+    "Declared GPU target (sm_90a) for machines without that GPU.",
+    C.ENV_GPU_ARCH,
+    metavar="ARCH",
+)
+IMAGE_DIGEST = Opt(
+    "--image-digest",
+    "image_digest",
+    "Digest of the runtime image the caches are for.",
+    C.ENV_IMAGE_DIGEST,
+    metavar="DIGEST",
+)
+SET = Opt(
+    "--set",
+    "overrides",
+    "Override a fingerprint field, dotted as in the JSON Schema "
+    "(gpu.arch=sm_100a, driver.version=575.51). Repeatable.",
+    C.ENV_SET,
+    metavar="PATH=VALUE",
+    multiple=True,
+)
+WORKLOAD = Opt(
+    "--workload",
+    "workload",
+    "Workload field (model, revision, dtype, tp...). Repeatable or comma-separated.",
+    C.ENV_WORKLOAD,
+    metavar="KEY=VALUE",
+    multiple=True,
+)
+#: The options that shape the probed fingerprint, in ``--help`` order.
+FINGERPRINT = (WORKLOAD, SET, IMAGE_DIGEST, GPU_ARCH)
+
+HASH = Opt("--hash", "hash_only", "Print only the fingerprint hash.", is_flag=True)
+
+TARGET = Opt(
+    "--target",
+    "target",
+    "Cache volume to restore into; each family gets a subdirectory.",
+    C.ENV_TARGET,
+    kind="path",
+    required=True,
+)
+ENV_FILE = Opt(
+    "--env-file",
+    "env_file",
+    "Where to write KEY=VALUE lines for the engine [TARGET/artifactd.env].",
+    C.ENV_ENV_FILE,
+    kind="path",
+)
+CONSUMER_USER = Opt(
+    "--consumer-user",
+    "consumer_user",
+    "User the engine runs as (names Inductor's header dir). Default: this user.",
+    C.ENV_CONSUMER_USER,
+    metavar="USER",
+)
+REQUIRE = Opt(
+    "--require",
+    "require",
+    "Fail (exit 6 on a miss, or the failure's code) instead of exiting 0.",
+    C.ENV_REQUIRE,
+    is_flag=True,
+)
+DRY_RUN = Opt(
+    "--dry-run",
+    "dry_run",
+    "Print the plan (per-family verdicts, bytes, dirs) and change nothing.",
+    C.ENV_DRY_RUN,
+    is_flag=True,
+)
+MAX_BYTES = Opt(
+    "--max-bytes",
+    "max_bytes",
+    "Refuse to unpack more than SIZE (bytes, or 500M, 20G) into TARGET.",
+    C.ENV_MAX_BYTES,
+    metavar="SIZE",
+)
+LOCK_TIMEOUT = Opt(
+    "--lock-timeout",
+    "lock_timeout",
+    "How long to wait for another restore into TARGET to finish [600].",
+    C.ENV_LOCK_TIMEOUT,
+    metavar="SECONDS",
+    kind="float",
+)
+
+#: Every option of each pod-start command, in ``--help`` order.
+COMMANDS: dict[str, tuple[Opt, ...]] = {
+    "fingerprint": (*FINGERPRINT, JSON, HASH),
+    "restore": (
+        STORE,
+        INSECURE,
+        TARGET,
+        FAMILY,
+        *FINGERPRINT,
+        ENV_FILE,
+        CONSUMER_USER,
+        REQUIRE,
+        DRY_RUN,
+        MAX_BYTES,
+        LOCK_TIMEOUT,
+        JSON,
+    ),
+}
+
+
+# --------------------------------------------------------------------------
+# Reading values
+# --------------------------------------------------------------------------
+
+
+def env_flag(name: str) -> bool:
+    """Read a boolean environment variable strictly, as click reads ``--flag`` variables.
+
+    Unset, empty, ``0``, ``false``, ``no``, ``off`` (and ``f``, ``n``) are off;
+    ``1``, ``true``, ``yes``, ``on`` (and ``t``, ``y``) are on; anything else is
+    a :class:`UsageError`.
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise UsageError(
+        f"{name}={os.environ[name]!r} is not a boolean",
+        hint="use 1/true/yes/on or 0/false/no/off",
+    )
+
+
+def family_names(values: Sequence[str]) -> list[str] | None:
+    """``--family`` values as a list of names, or None (every family) when none were given."""
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    return names or None
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, *, option: str = "--max-bytes") -> int:
+    """Read a size given as bytes or with a binary unit: ``500M``, ``20G``, ``1.5GiB``."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
+    number = value[: len(value) - len(unit)]
+    try:
+        return int(float(number) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise UsageError(
+            f"{option} {text!r} is not a size", hint="use bytes or a unit: 500M, 20G"
+        ) from None

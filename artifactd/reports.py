@@ -1,0 +1,176 @@
+"""The JSON documents the command line prints with ``--json``.
+
+Each command's ``--json`` output is one of the reports below, built here from
+the library's typed results so that scripts (a CI stage, an init-container
+wrapper, a readiness probe) read one stable shape that tests can reach without
+the command line. Every document carries ``schema_version``: a change that
+removes, renames or retypes a key raises :data:`REPORT_SCHEMA_VERSION`; adding a
+key does not.
+
+Rendering rules, shared by every report: dataclasses become objects of their
+``repr`` fields, pydantic models their JSON dump, paths strings, tuples lists.
+Keys are printed sorted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from artifactd.artifacts import Artifact
+    from artifactd.demo import DemoResult
+    from artifactd.diff import FactDiff, FingerprintDiff, Side
+    from artifactd.lint import LintReport
+    from artifactd.restore import RestoreOutcome
+
+#: Version of every ``--json`` document (the ``schema_version`` key).
+REPORT_SCHEMA_VERSION = 1
+
+
+def jsonable(value: Any) -> Any:
+    """Turn library results (dataclasses, models, paths) into plain JSON data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr
+        }
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def versioned(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``body`` as plain data with ``schema_version`` added."""
+    return {"schema_version": REPORT_SCHEMA_VERSION, **jsonable(dict(body))}
+
+
+def result_report(result: Any) -> dict[str, Any]:
+    """Return the document of a command that prints a library result as it is.
+
+    ``harvest`` (:class:`~artifactd.harvest.HarvestResult`), ``build``
+    (:class:`~artifactd.build.BuildResult`) and ``copy``
+    (:class:`~artifactd.artifacts.CopyResult`): their fields, plus ``schema_version``.
+    """
+    return versioned(jsonable(result))
+
+
+def fingerprint_report(raw: Mapping[str, Any], digest: str) -> dict[str, Any]:
+    """``fingerprint --json``: ``hash`` and the probed ``fingerprint`` document."""
+    return versioned({"hash": digest, "fingerprint": raw})
+
+
+def restore_report(outcome: RestoreOutcome) -> dict[str, Any]:
+    """``restore --json``: the status, the plan, the failure class and the exit code.
+
+    ``restored``, ``files``, ``bytes``, ``elapsed_ms`` and ``recovered`` are
+    present only when an install ran.
+    """
+    plan, result, failure = outcome.plan, outcome.result, outcome.failure
+    doc: dict[str, Any] = {
+        "stage": "restore",
+        "status": outcome.status,
+        "cache_hit": outcome.cache_hit,
+        "match": plan.match,
+        "dry_run": outcome.status == "dry_run",
+        "noop": plan.noop,
+        "plan": plan,
+        "bytes_to_fetch": plan.bytes_to_fetch,
+        "error": failure.message if failure else plan.error,
+        "failure": None
+        if failure is None
+        else {
+            "kind": failure.kind,
+            "message": failure.message,
+            "hint": failure.hint,
+            "exit_code": failure.exit_code,
+        },
+        "exit_code": outcome.exit_code,
+    }
+    if result is not None:
+        doc.update(
+            restored=result.restored,
+            files=result.files,
+            bytes=result.bytes,
+            elapsed_ms=round(result.seconds * 1000, 1),
+            recovered=result.recovered,
+        )
+    return versioned(doc)
+
+
+def diff_report(
+    a: Side, b: Side, result: FingerprintDiff, facts: Sequence[FactDiff]
+) -> dict[str, Any]:
+    """``diff --json``: both sides' names and hashes, differing fields, verdicts, facts."""
+    return versioned(
+        {
+            "a": a.name,
+            "b": b.name,
+            "identical": result.identical,
+            "a_hash": result.a_hash,
+            "b_hash": result.b_hash,
+            "fields": result.fields,
+            "informational": result.informational,
+            "families": result.families,
+            "facts": list(facts),
+        }
+    )
+
+
+def inspect_report(art: Artifact) -> dict[str, Any]:
+    """``inspect --json``: the manifest digest, the manifest and the artifact config."""
+    return versioned(
+        {
+            "digest": art.digest,
+            "manifest": art.manifest.model_dump(by_alias=True, exclude_none=True, mode="json"),
+            "config": art.config,
+        }
+    )
+
+
+def tags_report(store: str, tags: Sequence[str]) -> dict[str, Any]:
+    """``ls --json``: the store and its tags."""
+    return versioned({"store": store, "tags": list(tags)})
+
+
+def demo_report(result: DemoResult) -> dict[str, Any]:
+    """``demo --json``: the timings of the three stages and what each compiled."""
+    return versioned(
+        {
+            "store": result.store,
+            "artifact": result.artifact,
+            "target": result.target,
+            "cold_seconds": result.cold_seconds,
+            "cold_compiled": result.cold_compiled,
+            "restore_seconds": result.restore_seconds,
+            "restored_seconds": result.restored_seconds,
+            "restored_compiled": result.restored_compiled,
+            "ratio": round(result.ratio, 3),
+        }
+    )
+
+
+def lint_report(roots: Mapping[str, Path], report: LintReport) -> dict[str, Any]:
+    """``lint --json``: the roots scanned, every finding and the counts."""
+    return versioned(
+        {
+            "roots": {k: str(v) for k, v in roots.items()},
+            "findings": report.findings,
+            "files_scanned": report.files_scanned,
+            "errors": report.errors,
+            "warnings": report.warnings,
+            "unreadable": report.unreadable,
+        }
+    )
+
+
+def schemas_report(out: Path, written: Sequence[Path]) -> dict[str, Any]:
+    """Return ``schema --json``: the directory and the JSON Schema files written into it."""
+    return versioned({"out": str(out), "written": [str(p) for p in written]})

@@ -1,0 +1,257 @@
+"""The command line's contract, end to end through the real entry point.
+
+Every command is listed and has ``--json``; every ``--json`` document carries
+``schema_version``; the documented exit codes (1, 2, 5, 7, 11) are what a
+process actually exits with; ``lint``, ``schema``, ``copy`` and
+``restore --dry-run`` run through the CLI; boolean environment variables are
+read strictly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachetrees import make_generic_tree
+from conftest import clean_env, run_artifactd
+
+from artifactd.cli import cli
+from artifactd.reports import REPORT_SCHEMA_VERSION
+
+COMMANDS = {
+    "build",
+    "copy",
+    "demo",
+    "diff",
+    "fingerprint",
+    "harvest",
+    "inspect",
+    "lint",
+    "ls",
+    "restore",
+    "schema",
+}
+
+
+def run(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, prelude: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``artifactd ARGS`` as a new process in ``cwd`` (HOME there too, unless ``env``)."""
+    env = env if env is not None else clean_env({"HOME": str(cwd)})
+    return run_artifactd(*args, cwd=cwd, env=env, prelude=prelude)
+
+
+def document(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The one JSON document a ``--json`` run printed, with its schema version checked."""
+    doc = json.loads(proc.stdout)
+    assert doc["schema_version"] == REPORT_SCHEMA_VERSION, doc
+    return doc  # type: ignore[no-any-return]
+
+
+def one_error(proc: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    """Exit ``code``, one ``artifactd: error:`` line naming ``text`` (plus hints), no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("artifactd: error:"), proc.stderr
+    assert text in lines[0], proc.stderr
+    assert all(line.startswith("  hint:") for line in lines[1:]), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> tuple[str, Path]:
+    """A local store holding one harvested generic cache: (store ref, the tree)."""
+    tree = make_generic_tree(tmp_path / "gen")
+    store = f"oci:{tmp_path / 'store'}"
+    proc = run(
+        "harvest",
+        "--store",
+        store,
+        "--family",
+        "generic",
+        "--json",
+        cwd=tmp_path,
+        env=clean_env({"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(tree)}),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert document(proc)["families"][0]["family"] == "generic"
+    return store, tree
+
+
+def test_every_command_is_listed_with_json() -> None:
+    assert set(cli.commands) == COMMANDS
+    for name, command in cli.commands.items():
+        assert any("--json" in p.opts for p in command.params), name
+
+
+def test_every_json_document_is_versioned(tmp_path: Path, published: tuple[str, Path]) -> None:
+    store, _ = published
+    tag = document(run("ls", store, "--json", cwd=tmp_path))["tags"][0]
+    docs = {
+        "fingerprint": run("fingerprint", "--gpu-arch", "sm_90a", "--json", cwd=tmp_path),
+        "diff": run("diff", "local", "local", "--json", cwd=tmp_path),
+        "inspect": run("inspect", f"{store}:{tag}", "--json", cwd=tmp_path),
+        "restore": run(
+            "restore",
+            "--store",
+            store,
+            "--target",
+            "t",
+            "--family",
+            "generic",
+            "--json",
+            cwd=tmp_path,
+        ),
+        "lint": run("lint", str(tmp_path / "t"), "--json", cwd=tmp_path),
+        "copy": run("copy", store, f"oci:{tmp_path / 'copy'}", "--json", cwd=tmp_path),
+        "schema": run("schema", "--out", str(tmp_path / "schemas"), "--json", cwd=tmp_path),
+    }
+    for name, proc in docs.items():
+        assert proc.returncode == 0, (name, proc.stderr)
+        document(proc)
+    assert document(docs["restore"])["restored"] == ["generic"]
+    assert document(docs["diff"])["identical"] is True
+
+
+def test_schema_writes_and_lists_the_schemas(tmp_path: Path) -> None:
+    out = tmp_path / "schemas"
+    doc = document(run("schema", "--out", str(out), "--json", cwd=tmp_path))
+    written = sorted(Path(p).name for p in doc["written"])
+    assert "fingerprint.schema.json" in written
+    assert written == sorted(p.name for p in out.iterdir())
+    for path in out.iterdir():
+        assert json.loads(path.read_text())["$schema"]
+    plain = run("schema", "--out", str(out), cwd=tmp_path)
+    assert sorted(Path(line).name for line in plain.stdout.splitlines()) == written
+
+
+def test_copy_then_ls_shows_the_same_tags(tmp_path: Path, published: tuple[str, Path]) -> None:
+    store, _ = published
+    dest = f"oci:{tmp_path / 'copy'}"
+    doc = document(run("copy", store, dest, "--json", cwd=tmp_path))
+    assert doc["manifests"] >= 1
+    assert doc["bytes_uploaded"] > 0
+    src_tags = document(run("ls", store, "--json", cwd=tmp_path))["tags"]
+    assert document(run("ls", dest, "--json", cwd=tmp_path))["tags"] == src_tags
+    again = document(run("copy", store, dest, "--json", cwd=tmp_path))
+    assert again["bytes_uploaded"] == 0
+
+
+def test_restore_dry_run_changes_nothing(tmp_path: Path, published: tuple[str, Path]) -> None:
+    store, _ = published
+    target = tmp_path / "target"
+    proc = run(
+        "restore", "--store", store, "--target", str(target), "--dry-run", "--json", cwd=tmp_path
+    )
+    doc = document(proc)
+    assert proc.returncode == 0, proc.stderr
+    assert doc["status"] == "dry_run"
+    assert doc["bytes_to_fetch"] > 0
+    assert not target.exists()
+    text = run("restore", "--store", store, "--target", str(target), "--dry-run", cwd=tmp_path)
+    assert "dry run: would fetch" in text.stdout
+    assert not target.exists()
+
+
+def test_restore_of_a_corrupt_layer_exits_5_only_with_require(
+    tmp_path: Path, published: tuple[str, Path]
+) -> None:
+    store, _ = published
+    tag = document(run("ls", store, "--json", cwd=tmp_path))["tags"][0]
+    manifest = document(run("inspect", f"{store}:{tag}", "--json", cwd=tmp_path))["manifest"]
+    digest = manifest["layers"][0]["digest"].removeprefix("sha256:")
+    layer = Path(store.removeprefix("oci:")) / "blobs" / "sha256" / digest
+    data = bytearray(layer.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    layer.write_bytes(bytes(data))
+    args = ("restore", "--store", store, "--target", str(tmp_path / "t"))
+    plain = run(*args, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "restore failed (corrupt)" in plain.stderr
+    one_error(run(*args, "--require", cwd=tmp_path), 5, "restore failed (corrupt)")
+    assert not (tmp_path / "t" / "generic").exists()
+
+
+def test_harvest_with_nothing_to_harvest_exits_7(tmp_path: Path) -> None:
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(tmp_path / "none")})
+    proc = run(
+        "harvest", "--store", f"oci:{tmp_path / 's'}", "--family", "generic", cwd=tmp_path, env=env
+    )
+    one_error(proc, 7, "")
+
+
+def _dirty_target(root: Path) -> Path:
+    """A restore-target layout whose generic cache names this directory: one lint finding."""
+    gen = root / "generic"
+    gen.mkdir(parents=True)
+    (gen / "kernel.cubin").write_bytes(b"\x7fELF built in " + str(root).encode() + b"/x\0")
+    return root
+
+
+def test_lint_strict_exits_11_and_plain_lint_exits_0(tmp_path: Path) -> None:
+    target = _dirty_target(tmp_path / "vol")
+    plain = run("lint", str(target), "--json", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    findings = document(plain)["findings"]
+    assert findings and findings[0]["family"] == "generic"
+    strict = run("lint", str(target), "--strict", cwd=tmp_path)
+    one_error(strict, 11, "--strict")
+    assert "generic/" in strict.stdout
+    clean = tmp_path / "clean"
+    make_generic_tree(clean / "generic")
+    assert run("lint", str(clean), "--strict", cwd=tmp_path).returncode == 0
+
+
+def test_build_strict_gives_the_same_code_as_lint_strict(tmp_path: Path) -> None:
+    writes_its_path = (
+        "import os, pathlib; d = pathlib.Path(os.environ['ARTIFACTD_GENERIC_DIR']); "
+        "d.mkdir(parents=True, exist_ok=True); "
+        "(d / 'k.cubin').write_bytes(b'ELF ' + str(d).encode() + b'/k.cu')"
+    )
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(
+        "schema_version: 1\nname: strict\ntarget: {gpu_arch: sm_90a}\nfamilies: [generic]\n"
+        f"command: {json.dumps(sys.executable + ' -c ' + json.dumps(writes_its_path))}\n"
+    )
+    args = ("build", str(matrix), "--store", f"oci:{tmp_path / 's'}")
+    assert run(*args, cwd=tmp_path).returncode == 0
+    one_error(run(*args, "--strict", cwd=tmp_path), 11, "lint found")
+
+
+BOOM = (
+    "import artifactd.probing as _p\n"
+    "def _boom(**kw):\n    raise RuntimeError('boom')\n"
+    "_p.probe_request = _boom\n"
+)
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "no", "off"])
+def test_an_internal_error_is_one_line_and_exit_1(tmp_path: Path, value: str) -> None:
+    """A bug (a library function raising RuntimeError) is exit 1 without a traceback."""
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_TRACEBACK": value})
+    proc = run("fingerprint", cwd=tmp_path, env=env, prelude=BOOM)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("artifactd: internal error: RuntimeError: boom")
+    assert "Traceback" not in proc.stderr
+
+
+def test_traceback_on_request(tmp_path: Path) -> None:
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_TRACEBACK": "1"})
+    proc = run("fingerprint", cwd=tmp_path, env=env, prelude=BOOM)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "RuntimeError: boom" in proc.stderr
+
+
+def test_a_boolean_variable_that_is_not_a_boolean_is_a_usage_error(tmp_path: Path) -> None:
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_TRACEBACK": "maybe"})
+    one_error(run("fingerprint", cwd=tmp_path, env=env), 2, "ARTIFACTD_TRACEBACK")
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_REQUIRE": "maybe"})
+    proc = run("restore", "--target", "t", cwd=tmp_path, env=env)
+    assert proc.returncode == 2
+    assert "not a valid boolean" in proc.stderr
+    assert not os.path.exists(tmp_path / "t")
