@@ -1,7 +1,7 @@
 """Publish and read artifacts over any :class:`~artifactd.stores.Store`.
 
 One artifact per fingerprint: an OCI image manifest with ``artifactType``
-:data:`~artifactd.oci.ARTIFACT_TYPE`, the :class:`ArtifactManifest` as config
+:data:`~artifactd.oci.ARTIFACT_TYPE`, the :class:`ArtifactConfig` as config
 blob, and one tar.zst layer per family. It is tagged ``fp-<fingerprint hash>``.
 Each family layer is also published as a one-layer manifest tagged
 ``<family>-<scope key>``, so a restore whose whole fingerprint differs (another
@@ -20,7 +20,7 @@ from artifactd.errors import IntegrityError, NotFoundError
 from artifactd.events import EventSink, discard
 from artifactd.hashing import canonical_json, copy_hashed, digest_of
 from artifactd.imagemanifest import Descriptor, ImageManifest
-from artifactd.manifest import ArtifactManifest
+from artifactd.manifest import ArtifactConfig
 from artifactd.oci import (
     ANN_FAMILY,
     ANN_FILES,
@@ -70,7 +70,7 @@ def _put_small(store: Store, data: bytes, result: PublishResult, tmp_dir: Path) 
     return desc
 
 
-def build_image_manifest(config: Descriptor, art: ArtifactManifest) -> ImageManifest:
+def build_image_manifest(config: Descriptor, art: ArtifactConfig) -> ImageManifest:
     """Return the OCI image manifest for an artifact config and its layers."""
     layers = [
         Descriptor(
@@ -96,7 +96,7 @@ def build_image_manifest(config: Descriptor, art: ArtifactManifest) -> ImageMani
 
 def publish(
     store: Store,
-    art: ArtifactManifest,
+    art: ArtifactConfig,
     packed: dict[str, PackedLayer],
     tmp_dir: Path,
     *,
@@ -145,7 +145,7 @@ class Artifact:
 
     digest: str
     manifest: ImageManifest
-    config: ArtifactManifest
+    config: ArtifactConfig
 
 
 def read_config(store: Store, manifest: ImageManifest, *, max_size: int = 64 << 20) -> bytes:
@@ -178,7 +178,7 @@ def read_artifact(store: Store, reference: str) -> Artifact | None:
             f"{store.ref} {reference} is not an artifactd artifact "
             f"(artifactType {manifest.artifact_type!r})"
         )
-    config = ArtifactManifest.from_json(
+    config = ArtifactConfig.from_json(
         read_config(store, manifest), source=f"config of {store.ref} {reference}"
     )
     by_digest = {layer.digest: layer for layer in manifest.layers}

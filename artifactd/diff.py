@@ -198,7 +198,7 @@ def load_sides(
 
 
 def _side_from_file(spec: str, data: bytes) -> Side:
-    from artifactd.manifest import ArtifactManifest
+    from artifactd.manifest import ArtifactConfig
 
     try:
         doc = json.loads(data)
@@ -208,7 +208,7 @@ def _side_from_file(spec: str, data: bytes) -> Side:
             hint="save one with `artifactd fingerprint --json > FILE`",
         ) from None
     if isinstance(doc, dict) and "fingerprint" in doc and "layers" in doc:
-        config = ArtifactManifest.from_json(data, source=spec)
+        config = ArtifactConfig.from_json(data, source=spec)
         return Side(spec, config.fingerprint, {r.family: r.facts for r in config.layers})
     if isinstance(doc, dict) and "fingerprint" in doc and "hash" in doc:
         return Side(spec, Fingerprint.from_json(json.dumps(doc["fingerprint"]), source=spec))

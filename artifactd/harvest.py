@@ -21,7 +21,7 @@ from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.families import select_families
 from artifactd.fingerprint import Fingerprint
-from artifactd.manifest import ArtifactManifest, LayerRecord, Provenance, RootFS, goarch
+from artifactd.manifest import ArtifactConfig, LayerRecord, Provenance, RootFS, goarch
 from artifactd.stores import Store
 
 
@@ -144,7 +144,7 @@ def harvest(
                 hint="run the warm-up first, with the same TRITON_CACHE_DIR / "
                 "TORCHINDUCTOR_CACHE_DIR / ARTIFACTD_GENERIC_DIR as this command sees",
             )
-        art = ArtifactManifest(
+        art = ArtifactConfig(
             architecture=goarch(fingerprint.platform.machine),
             rootfs=RootFS(diff_ids=[r.diff_id for r in records]),
             fingerprint=fingerprint,
@@ -165,3 +165,33 @@ def harvest(
         seconds=round(time.monotonic() - start, 3),
         publish=pub,
     )
+
+
+def harvest_here(
+    store_ref: str,
+    *,
+    insecure: bool = False,
+    families: Sequence[str] | None = None,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    on_event: EventSink = discard,
+) -> HarvestResult:
+    """Probe this machine, then harvest its caches into the store ``store_ref``.
+
+    What ``artifactd harvest`` does: ``workload`` holds ``KEY=VALUE`` strings and
+    ``overrides`` ``PATH=VALUE`` assignments, as :func:`artifactd.probing.probe_request`
+    reads them; the store is created when it does not exist.
+    """
+    from artifactd.fingerprint import from_raw
+    from artifactd.probing import probe_request
+    from artifactd.stores import open_store
+
+    fingerprint = from_raw(
+        probe_request(
+            gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+        )
+    )
+    with open_store(store_ref, create=True, insecure=insecure) as store:
+        return harvest(store, fingerprint, families=families, on_event=on_event)

@@ -93,7 +93,7 @@ class Provenance(_Model):
     )
 
 
-class ArtifactManifest(_Model):
+class ArtifactConfig(_Model):
     """The config document of an artifactd artifact (also a valid OCI image config)."""
 
     # OCI image-config members: present so standard clients accept the artifact.
@@ -114,7 +114,7 @@ class ArtifactManifest(_Model):
         """Return the record of one family, if the artifact carries it."""
         return next((rec for rec in self.layers if rec.family == family), None)
 
-    def for_family(self, family: str) -> ArtifactManifest:
+    def for_family(self, family: str) -> ArtifactConfig:
         """Return the single-family manifest that the family's scope tag points at."""
         rec = self.layer(family)
         if rec is None:
@@ -124,7 +124,7 @@ class ArtifactManifest(_Model):
         )
 
     @classmethod
-    def from_json(cls, data: bytes | str, *, source: str = "artifact config") -> ArtifactManifest:
+    def from_json(cls, data: bytes | str, *, source: str = "artifact config") -> ArtifactConfig:
         """Parse and validate; raise :class:`IntegrityError` on anything unexpected."""
         try:
             return cls.model_validate_json(data)

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from artifactd.manifest import LayerRecord
     from artifactd.marker import RestoreMarker
 
-#: How many whole artifacts a miss reads to name the nearest candidate.
-NEAREST_LIMIT = 16
+#: How many whole artifacts a miss reads, at most, to find the closest one.
+SAMPLE_SIZE = 16
 
 Verdict = Literal["hit", "miss"]
 
@@ -68,12 +68,20 @@ class FamilyPlan:
 
 
 @dataclass
-class Nearest:
-    """The closest artifact in the store when nothing matched exactly."""
+class ClosestSampled:
+    """The closest of the artifacts a miss read, a hint for the operator.
+
+    Not the nearest in the store: a miss reads at most :data:`SAMPLE_SIZE`
+    artifacts (``compared`` of them), in tag order, which is the order of
+    fingerprint hashes and so arbitrary; reading every artifact of a large
+    registry at each pod start would cost more than the hint is worth.
+    ``diff`` compares any two exactly.
+    """
 
     tag: str
     digest: str
     differing: list[FieldDiff]
+    compared: int = 1
     artifact: Artifact | None = field(default=None, repr=False)
 
 
@@ -90,7 +98,7 @@ class RestorePlan:
     env_file: str
     #: The local fingerprint, flattened (scope keys of families that missed).
     flat: dict[str, Any] = field(default_factory=dict, repr=False)
-    nearest: Nearest | None = None
+    nearest: ClosestSampled | None = None
     error: str | None = None
     noop: bool = False
 
@@ -133,14 +141,14 @@ def plan_restore(
     ref = store.ref if store is not None else (store_ref or "?")
     plans: list[FamilyPlan] = []
     match: Literal["full", "partial", "miss"] = "miss"
-    nearest: Nearest | None = None
+    nearest: ClosestSampled | None = None
     error = store_error
     if store is not None:
         try:
             plans, match = _resolve(store, local, selected, target, consumer_user)
             if any(p.verdict == "miss" for p in plans) and match != "full":
                 # Only a miss lists tags: resolving itself is tag lookups, never a scan.
-                nearest = _nearest(store, local)
+                nearest = _closest_sampled(store, local)
                 _explain_misses(plans, local, nearest)
         except StoreError as exc:
             if not exc.kind == "unreachable":
@@ -308,14 +316,15 @@ def _resolve(
     return plans, "partial" if hit else "miss"
 
 
-def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
-    """Read up to :data:`NEAREST_LIMIT` whole artifacts and pick the least different."""
+def _closest_sampled(store: Store, local: Fingerprint) -> ClosestSampled | None:
+    """Read up to :data:`SAMPLE_SIZE` whole artifacts and pick the least different."""
     from artifactd.artifacts import read_artifact
     from artifactd.diff import differences
 
-    best: tuple[int, Nearest] | None = None
+    best: tuple[int, ClosestSampled] | None = None
+    compared = 0
     here = local.flatten()
-    for tag in list(store.iter_tags(FULL_TAG_PREFIX))[:NEAREST_LIMIT]:
+    for tag in list(store.iter_tags(FULL_TAG_PREFIX))[:SAMPLE_SIZE]:
         try:
             art = read_artifact(store, tag)
         except ArtifactdError:
@@ -324,11 +333,17 @@ def _nearest(store: Store, local: Fingerprint) -> Nearest | None:
             continue
         differing = differences(art.config.fingerprint.flatten(), here)
         if best is None or len(differing) < best[0]:
-            best = (len(differing), Nearest(tag, art.digest, differing, art))
-    return best[1] if best else None
+            best = (len(differing), ClosestSampled(tag, art.digest, differing, 0, art))
+        compared += 1
+    if best is None:
+        return None
+    best[1].compared = compared
+    return best[1]
 
 
-def _explain_misses(plans: list[FamilyPlan], local: Fingerprint, nearest: Nearest | None) -> None:
+def _explain_misses(
+    plans: list[FamilyPlan], local: Fingerprint, nearest: ClosestSampled | None
+) -> None:
     from artifactd.diff import family_verdict
 
     if nearest is None or nearest.artifact is None:
@@ -344,4 +359,4 @@ def _explain_misses(plans: list[FamilyPlan], local: Fingerprint, nearest: Neares
         p.deciding = verdict.deciding
         if verdict.deciding:
             names = ", ".join(d.path for d in verdict.deciding)
-            p.reason = f"nearest artifact {nearest.tag[:19]}... differs in {names}"
+            p.reason = f"closest artifact read {nearest.tag[:19]}... differs in {names}"

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from artifactd.fingerprint import Fingerprint
-from artifactd.manifest import ArtifactManifest
+from artifactd.manifest import ArtifactConfig
 from artifactd.marker import RestoreJournal, RestoreMarker
 from artifactd.matrix import Matrix
 
@@ -21,7 +21,7 @@ SCHEMA_BASE = "https://artifactd.dev/schema/"
 
 #: Pydantic models, and the plain dataclasses of the restore state documents.
 DOCUMENTS: dict[str, type] = {
-    "artifact-config": ArtifactManifest,
+    "artifact-config": ArtifactConfig,
     "fingerprint": Fingerprint,
     "restore-journal": RestoreJournal,
     "restore-marker": RestoreMarker,

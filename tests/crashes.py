@@ -105,7 +105,7 @@ def make_trees(src: Path, version: str, *, big: tuple[int, int] | None = None) -
     The two versions differ in every family: another Triton kernel and
     different bytes in a kept file, other random cubins in the generic tree.
     """
-    from cachetrees import make_generic_tree, make_triton_tree
+    from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
 
     kernels = ("add", "softmax") if version == "old" else ("add", "softmax", "gelu")
     triton = make_triton_tree(src / "triton", kernels)
@@ -117,13 +117,7 @@ def make_trees(src: Path, version: str, *, big: tuple[int, int] | None = None) -
     (generic / "version.txt").write_text(version)
     if big is not None:
         make_big_tree(generic / "big", files=big[0], total_bytes=big[1])
-    return {
-        "TRITON_CACHE_DIR": str(triton),
-        "ARTIFACTD_GENERIC_DIR": str(generic),
-        "TMPDIR": str(src / "tmp-empty"),
-        "TORCHINDUCTOR_CACHE_DIR": str(src / "no-inductor"),
-        "HOME": str(src / "home"),
-    }
+    return harvest_environ(src)
 
 
 def tree_manifest(root: Path, target: Path) -> Manifest:

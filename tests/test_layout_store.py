@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cachetrees import harvest_environ
 
 from artifactd.artifacts import read_artifact
 from artifactd.errors import IntegrityError, NotFoundError, UsageError
@@ -338,15 +339,7 @@ def make_caches(base: Path) -> Caches:
     (tri / KEY / "k.json").write_bytes(b'{"name": "k"}')
     group = {"child_paths": {"k.cubin": f"{tri}/{KEY}/k.cubin", "k.json": f"{tri}/{KEY}/k.json"}}
     (tri / KEY / "__grp__k.json").write_text(json.dumps(group))
-    environ = {
-        "ARTIFACTD_GENERIC_DIR": str(gen),
-        "TRITON_CACHE_DIR": str(tri),
-        # Keep the real machine's defaults (e.g. /tmp/torchinductor_<user>) out of it.
-        "TMPDIR": str(base / "tmp"),
-        "HOME": str(base / "home"),
-        "TORCHINDUCTOR_CACHE_DIR": str(base / "no-inductor"),
-    }
-    return Caches(gen, tri, environ)
+    return Caches(gen, tri, harvest_environ(base))
 
 
 @pytest.fixture

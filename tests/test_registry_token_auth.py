@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import requests
-from cachetrees import make_generic_tree, make_triton_tree
+from cachetrees import build_caches
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer
 from token_server import SERVICE, TokenServer, running_token_registry
@@ -40,19 +40,7 @@ def token_registry(
 
 def env_for(tmp_path: Path, name: str, **extra: str) -> dict[str, str]:
     """Synthetic cache trees, HOME and TMPDIR of their own, plus ``extra``."""
-    base = tmp_path / name
-    make_triton_tree(base / "triton")
-    make_generic_tree(base / "generic")
-    return clean_env(
-        {
-            "TRITON_CACHE_DIR": str(base / "triton"),
-            "ARTIFACTD_GENERIC_DIR": str(base / "generic"),
-            "TORCHINDUCTOR_CACHE_DIR": str(base / "none"),
-            "TMPDIR": str(base / "tmp"),
-            "HOME": str(base / "home"),
-            **extra,
-        }
-    )
+    return clean_env(build_caches(tmp_path / name, **extra))
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Located
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
-from artifactd.manifest import ArtifactManifest, Provenance, RootFS
+from artifactd.manifest import ArtifactConfig, Provenance, RootFS
 from artifactd.resolve import noop_plan, plan_restore
 from artifactd.restore import restore
 from artifactd.stores import open_store
@@ -154,6 +154,7 @@ def test_partial_restore_by_family_scope(
     }
     assert plan.nearest is not None
     assert {d.path for d in plan.nearest.differing} == {"workload.model", "workload.tp"}
+    assert plan.nearest.compared == len(list(store.iter_tags("fp-"))) == 1
     restore(plan, store)
     assert len(list((tmp_path / "target" / "triton").glob("*/__grp__*.json"))) == 2
 
@@ -223,7 +224,7 @@ def test_hostile_artifact_writes_nothing_outside_staging(
         diff_id=packed.diff_id,
         unpacked_size=packed.unpacked_size,
     )
-    art = ArtifactManifest(
+    art = ArtifactConfig(
         architecture="amd64",
         rootfs=RootFS(diff_ids=[rec.diff_id]),
         fingerprint=local_fp,

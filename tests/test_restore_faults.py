@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachetrees import make_generic_tree, make_triton_tree
+from cachetrees import build_caches
 from conftest import clean_env
 from faultproxy import FaultProxy
 from registry_server import RegistryServer, free_port
@@ -76,17 +76,9 @@ EXIT_TARGET = 10
 @pytest.fixture
 def trees(tmp_path: Path) -> dict[str, str]:
     """Triton and generic caches; generic holds a 256 KiB incompressible file."""
-    build = tmp_path / "build"
-    make_triton_tree(build / "triton")
-    make_generic_tree(build / "generic")
-    (build / "generic" / "big.bin").write_bytes(os.urandom(256 << 10))
-    return {
-        "TRITON_CACHE_DIR": str(build / "triton"),
-        "ARTIFACTD_GENERIC_DIR": str(build / "generic"),
-        "TMPDIR": str(build / "tmp-empty"),
-        "TORCHINDUCTOR_CACHE_DIR": str(build / "no-inductor"),
-        "HOME": str(tmp_path / "home"),
-    }
+    environ = build_caches(tmp_path / "build")
+    (Path(environ["ARTIFACTD_GENERIC_DIR"]) / "big.bin").write_bytes(os.urandom(256 << 10))
+    return environ
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachetrees import make_generic_tree, make_triton_tree
+from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
 from conftest import run_artifactd
 from hostile import CASE_NAMES, CASES, PWN, Case, blob_path, get_case, honest
 
@@ -52,13 +52,7 @@ def _with_workload(fp: Fingerprint, model: str) -> Fingerprint:
 
 
 def _caches_env(root: Path) -> dict[str, str]:
-    return {
-        "TRITON_CACHE_DIR": str(root / "triton"),
-        "ARTIFACTD_GENERIC_DIR": str(root / "generic"),
-        "TMPDIR": str(root / "tmp-empty"),
-        "TORCHINDUCTOR_CACHE_DIR": str(root / "no-inductor"),
-        "HOME": str(root / "home"),
-    }
+    return harvest_environ(root)
 
 
 @pytest.fixture(scope="module")

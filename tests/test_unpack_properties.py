@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from artifactd.errors import ArtifactdError
 from artifactd.fingerprint import Fingerprint
 from artifactd.hashing import canonical_json
-from artifactd.manifest import ArtifactManifest, FileEntry, LayerRecord
+from artifactd.manifest import ArtifactConfig, FileEntry, LayerRecord
 from artifactd.unpack import MAX_REWRITE_BYTES, check_layer, unpack_layer
 
 COMPONENTS = frozenset({"cache", "jit"})
@@ -66,7 +66,7 @@ def valid_doc(local_fp: Fingerprint) -> dict[str, Any]:
 
     members = [d("cache"), f("cache/a", b"x" * 10), f("cache/sub/b.so", b"\x7fELF", 0o755)]
     doc = config_doc(local_fp, [layer(members)])
-    ArtifactManifest.from_json(canonical_json(doc))  # the base document is valid
+    ArtifactConfig.from_json(canonical_json(doc))  # the base document is valid
     return doc
 
 
@@ -74,7 +74,7 @@ def valid_doc(local_fp: Fingerprint) -> dict[str, Any]:
 @given(data=st.binary(max_size=512))
 def test_config_from_random_bytes(data: bytes) -> None:
     with contextlib.suppress(ArtifactdError):
-        ArtifactManifest.from_json(data)
+        ArtifactConfig.from_json(data)
 
 
 JSON = st.recursive(
@@ -114,7 +114,7 @@ def test_mutated_config_parses_or_is_refused(valid_doc: dict[str, Any], data: An
             parent = parent[key]
         parent[path[-1]] = data.draw(JSON)
     try:
-        model = ArtifactManifest.from_json(json.dumps(doc).encode())
+        model = ArtifactConfig.from_json(json.dumps(doc).encode())
     except ArtifactdError:
         return
     for rec in model.layers:

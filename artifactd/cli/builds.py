@@ -45,20 +45,18 @@ def harvest(
     ARTIFACTD_GENERIC_DIR, or their defaults. Run it right after your own
     warm-up, with the same environment.
     """
-    from artifactd.fingerprint import from_raw
-    from artifactd.harvest import harvest as do_harvest
-    from artifactd.probing import probe_request
-    from artifactd.stores import open_store
+    from artifactd.harvest import harvest_here
 
-    fp = from_raw(
-        probe_request(
-            gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
-        )
+    result = harvest_here(
+        store,
+        insecure=insecure,
+        families=family_names(families),
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        overrides=overrides,
+        on_event=render.event_printer(as_json),
     )
-    with open_store(store, create=True, insecure=insecure) as st:
-        result = do_harvest(
-            st, fp, families=family_names(families), on_event=render.event_printer(as_json)
-        )
     if as_json:
         from artifactd.reports import result_report
 

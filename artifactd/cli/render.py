@@ -179,7 +179,7 @@ def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> Non
             echo(f"    {f.family}: {d.path}: artifact={d.a!r} local={d.b!r}")
     if plan.nearest is not None and plan.match != "full":
         echo(
-            f"  nearest artifact: {plan.nearest.tag} "
+            f"  closest of {plan.nearest.compared} artifact(s) read: {plan.nearest.tag} "
             f"({len(plan.nearest.differing)} field(s) differ)"
         )
     if dry_run:
