@@ -38,20 +38,16 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.errors import ArtifactdError, NoSpaceError, TargetError, UsageError
 from artifactd.fsutil import atomic_write, fsync_dir, sync_filesystem, write_temp
 from artifactd.hashing import sha256_hex
-from artifactd.marker import (
-    JournalEntry,
-    MarkerFormatError,
-    RestoreJournal,
-    RestoreMarker,
-    dump,
-    load,
-)
+from artifactd.marker import MarkerFormatError, RestoreMarker, dump, load
+
+if TYPE_CHECKING:
+    from artifactd.journal import JournalEntry, RestoreJournal
 
 STATE_DIR = ".artifactd"
 MARKER_NAME = "restored.json"
@@ -91,8 +87,7 @@ def os_error(exc: OSError, doing: str) -> ArtifactdError:
     return TargetError(f"cannot write the target ({detail})")
 
 
-@dataclass(frozen=True)
-class Swap:
+class Swap(NamedTuple):
     """One component directory to install: the staged tree and its live place."""
 
     family: str
@@ -214,13 +209,20 @@ class CacheVolume:
         the target, the env file this volume uses.
         """
         outcome = None
+        journal = None
         try:
-            journal = load(RestoreJournal, self.journal_path.read_bytes())
+            data: bytes | None = self.journal_path.read_bytes()
         except FileNotFoundError:
-            journal = None
-        except (OSError, MarkerFormatError):
-            journal = None
-            outcome = "discarded"
+            data = None
+        except OSError:
+            data, outcome = None, "discarded"
+        if data is not None:
+            from artifactd.journal import RestoreJournal  # only a crashed install leaves one
+
+            try:
+                journal = load(RestoreJournal, data)
+            except MarkerFormatError:
+                outcome = "discarded"
         if journal is not None and not self._plausible(journal):
             journal = None
             outcome = "discarded"
@@ -353,6 +355,8 @@ class CacheVolume:
         is undone, and marker and env file are untouched. ``staging`` (which
         ends up holding the old trees) is removed in every case.
         """
+        from artifactd.journal import RestoreJournal
+
         marker_bytes = dump(marker)
         env_text = render_env_file(marker.env)
         try:
@@ -422,6 +426,8 @@ def _plan_swaps(swaps: list[Swap]) -> list[JournalEntry]:
     old" one, and where its parent directories are made, is read from the
     staged outer tree, before anything moves.
     """
+    from artifactd.journal import JournalEntry
+
     ordered = sorted(swaps, key=lambda s: len(s.dest.parts))
     entries = []
     for i, swap in enumerate(ordered):

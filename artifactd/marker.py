@@ -1,12 +1,9 @@
-"""The two state documents restore keeps in ``<target>/.artifactd/``.
+"""The restore marker, and how restore's state documents are read and written.
 
-``restored.json`` (:class:`RestoreMarker`) says what is installed: written
-last, after every directory is in place, and the commit point of a restore.
-``journal.json`` (:class:`RestoreJournal`) says what a restore is about to do:
-written before the first directory is swapped and removed after the marker,
-so a restore that was killed in between is repaired (rolled back, or finished
-when the new marker had already been written) by the next one, and a no-op
-check never trusts a marker while a journal exists.
+``<target>/.artifactd/restored.json`` (:class:`RestoreMarker`) says what is
+installed: written last, after every directory is in place, and the commit
+point of a restore. Its companion, the journal of an install in progress,
+lives in :mod:`artifactd.journal` (only an install or a repair needs it).
 
 Both are plain frozen dataclasses, read back through :func:`load` which checks
 every field against its annotation: a no-op restore reads the marker without
@@ -21,20 +18,20 @@ import json
 import sys
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 SCHEMA_VERSION = 1
 
 #: Pydantic reads this when it generates the JSON Schema: unknown keys are refused.
-_STRICT = {"extra": "forbid"}
+STRICT = {"extra": "forbid"}
 
 
 @dataclass(frozen=True)
 class FamilyMarker:
     """Marker record of one installed family."""
 
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
+    __pydantic_config__: typing.ClassVar[dict[str, str]] = STRICT
 
     artifact: str
     tag: str
@@ -50,7 +47,7 @@ class FamilyMarker:
 class RestoreMarker:
     """``<target>/.artifactd/restored.json``: what is installed, written after every swap."""
 
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
+    __pydantic_config__: typing.ClassVar[dict[str, str]] = STRICT
 
     fingerprint_hash: str
     store: str
@@ -61,42 +58,6 @@ class RestoreMarker:
     restored_at: float
     env: dict[str, str]
     schema_version: Literal[1] = 1
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One directory swap a restore is about to make.
-
-    ``dest`` is the live directory; ``staged`` the new tree, which after the
-    swap holds the old one (or nothing, when ``dest`` did not exist before).
-    ``new_inode`` identifies the new tree, so recovery can tell, after a crash,
-    whether ``dest`` already holds it.
-    """
-
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
-
-    family: str
-    dest: str
-    staged: str
-    new_inode: list[int]
-    had_old: bool
-
-
-@dataclass(frozen=True)
-class RestoreJournal:
-    """``<target>/.artifactd/journal.json``: the intent of an install in progress."""
-
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = _STRICT
-
-    run_id: str
-    staging: str
-    entries: list[JournalEntry]
-    #: sha256 of the exact bytes of the marker this install commits with.
-    marker_sha256: str
-    env_file: str
-    env_text: str
-    schema_version: Literal[1] = 1
-    started_at: float = field(default=0.0)
 
 
 class MarkerFormatError(ValueError):

@@ -13,8 +13,9 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from artifactd.fingerprint import Fingerprint
+from artifactd.journal import RestoreJournal
 from artifactd.manifest import ArtifactConfig
-from artifactd.marker import RestoreJournal, RestoreMarker
+from artifactd.marker import RestoreMarker
 from artifactd.matrix import Matrix
 
 SCHEMA_BASE = "https://artifactd.dev/schema/"

@@ -276,7 +276,8 @@ def test_a_forged_journal_is_discarded_not_followed(
     import hashlib
 
     from artifactd.destination import JOURNAL_NAME
-    from artifactd.marker import JournalEntry, RestoreJournal, dump
+    from artifactd.journal import JournalEntry, RestoreJournal
+    from artifactd.marker import dump
 
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"

@@ -59,6 +59,7 @@ RESTORE_WORK = {
     "artifactd.unpack",
     "artifactd.diff",
     "artifactd.fingerprint",
+    "artifactd.journal",
 }
 
 

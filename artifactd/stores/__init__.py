@@ -11,8 +11,8 @@ Artifact references add a tag or digest: ``oci:PATH:TAG``, ``oci:PATH@sha256:...
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from artifactd.errors import UsageError
 from artifactd.stores.base import ManifestRef, Store
@@ -52,8 +52,7 @@ def open_store(ref: str, *, create: bool = False, insecure: bool = False) -> Sto
     )
 
 
-@dataclass(frozen=True)
-class ArtifactRef:
+class ArtifactRef(NamedTuple):
     """A store plus a tag or digest inside it."""
 
     store: str

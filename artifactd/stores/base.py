@@ -13,9 +13,8 @@ import abc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from artifactd.events import EventSink
 
@@ -52,8 +51,7 @@ def progress_events(on_event: EventSink, *, stage: str, family: str, total: int)
     return progress
 
 
-@dataclass(frozen=True)
-class ManifestRef:
+class ManifestRef(NamedTuple):
     """A manifest fetched from a store, with the digest of its exact bytes."""
 
     data: bytes
