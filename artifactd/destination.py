@@ -155,11 +155,11 @@ class CacheVolume:
             return None
         marker = self.read_marker()
         if marker is None or not all(
-            _is_dir(d) for fam in marker.families.values() for d in fam.dirs.values()
+            _is_dir(d) for fam in marker["families"].values() for d in fam["dirs"].values()
         ):
             return None
         try:
-            if self.env_file.read_text(encoding="utf-8") != render_env_file(marker.env):
+            if self.env_file.read_text(encoding="utf-8") != render_env_file(marker["env"]):
                 return None
         except (OSError, UnicodeError, UsageError):
             return None
@@ -358,7 +358,7 @@ class CacheVolume:
         from artifactd.journal import RestoreJournal
 
         marker_bytes = dump(marker)
-        env_text = render_env_file(marker.env)
+        env_text = render_env_file(marker["env"])
         try:
             entries = _plan_swaps(swaps)
             journal = RestoreJournal(

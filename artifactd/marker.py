@@ -5,21 +5,21 @@ installed: written last, after every directory is in place, and the commit
 point of a restore. Its companion, the journal of an install in progress,
 lives in :mod:`artifactd.journal` (only an install or a repair needs it).
 
-Both are plain frozen dataclasses, read back through :func:`load` which checks
-every field against its annotation: a no-op restore reads the marker without
-importing pydantic (the init container's fast path). Their JSON Schemas are
-generated from these classes (``registry-schema/``).
+The marker is a typed dictionary (:class:`RestoreMarker`), the journal a frozen
+dataclass; both are read back through :func:`load`, which checks every field
+against its annotation, and written by :func:`dump`. A no-op restore reads the
+marker without importing pydantic or even :mod:`dataclasses` (the init
+container's fast path). Their JSON Schemas are generated from these classes
+(``registry-schema/``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import types
 import typing
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypedDict, TypeVar, get_args, get_origin, is_typeddict
 
 SCHEMA_VERSION = 1
 
@@ -27,11 +27,8 @@ SCHEMA_VERSION = 1
 STRICT = {"extra": "forbid"}
 
 
-@dataclass(frozen=True)
-class FamilyMarker:
+class FamilyMarker(TypedDict):
     """Marker record of one installed family."""
-
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = STRICT
 
     artifact: str
     tag: str
@@ -43,12 +40,10 @@ class FamilyMarker:
     bytes: int
 
 
-@dataclass(frozen=True)
-class RestoreMarker:
+class RestoreMarker(TypedDict):
     """``<target>/.artifactd/restored.json``: what is installed, written after every swap."""
 
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = STRICT
-
+    schema_version: Literal[1]
     fingerprint_hash: str
     store: str
     match: Literal["full", "partial"]
@@ -57,7 +52,11 @@ class RestoreMarker:
     families: dict[str, FamilyMarker]
     restored_at: float
     env: dict[str, str]
-    schema_version: Literal[1] = 1
+
+
+# A typed dict's body holds only keys; pydantic reads its config from here.
+FamilyMarker.__pydantic_config__ = STRICT  # type: ignore[attr-defined]
+RestoreMarker.__pydantic_config__ = STRICT  # type: ignore[attr-defined]
 
 
 class MarkerFormatError(ValueError):
@@ -82,7 +81,11 @@ def load(cls: type[T], data: bytes) -> T:
 
 def dump(obj: object) -> bytes:
     """Serialise a state document (stable key order, so equal documents are equal bytes)."""
-    return json.dumps(dataclasses.asdict(obj), indent=2, sort_keys=True).encode()  # type: ignore[call-overload]
+    if not isinstance(obj, dict):
+        import dataclasses  # the journal; a no-op restore never writes
+
+        obj = dataclasses.asdict(obj)  # type: ignore[call-overload]
+    return json.dumps(obj, indent=2, sort_keys=True).encode()
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -96,28 +99,49 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
+def _keys(cls: type) -> tuple[set[str], set[str]]:
+    """(every key, the keys that may be left out) of a typed dict or dataclass."""
+    if is_typeddict(cls):
+        return set(cls.__annotations__), set(cls.__optional_keys__)  # type: ignore[attr-defined]
+    import dataclasses  # the journal's documents; the marker needs no dataclasses
+
+    fields = dataclasses.fields(cls)
+    optional = {
+        f.name
+        for f in fields
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    return {f.name for f in fields}, optional
+
+
 def _build(cls: type[T], doc: Any, where: str) -> T:
     if not isinstance(doc, dict):
         raise MarkerFormatError(f"{where}: expected an object")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(doc) - set(fields)
+    names, optional = _keys(cls)
+    unknown = set(doc) - names
     if unknown:
         raise MarkerFormatError(f"{where}: unknown keys {sorted(unknown)}")
     values = {}
-    for name, f in fields.items():
+    for name in hints:
+        if name not in names:
+            continue  # a class variable
         if name not in doc:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if name not in optional:
                 raise MarkerFormatError(f"{where}: missing {name}")
             continue
         values[name] = _check(hints[name], doc[name], f"{where}.{name}")
     return cls(**values)
 
 
+def _is_document(tp: Any) -> bool:
+    return isinstance(tp, type) and (is_typeddict(tp) or hasattr(tp, "__dataclass_fields__"))
+
+
 def _check(tp: Any, value: Any, where: str) -> Any:  # noqa: PLR0911, PLR0912 - one branch per type form
     origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)  # type: ignore[arg-type]
+    if _is_document(tp):
+        return _build(tp, value, where)
     if origin is Literal:
         if value not in get_args(tp) or isinstance(value, bool):
             raise MarkerFormatError(f"{where}: {value!r} is not one of {get_args(tp)}")

@@ -8,7 +8,8 @@ removes, renames or retypes a key raises :data:`REPORT_SCHEMA_VERSION`; adding a
 key does not.
 
 Rendering rules, shared by every report: dataclasses become objects of their
-``repr`` fields, pydantic models their JSON dump, paths strings, tuples lists.
+``repr`` fields, named tuples objects of their fields but those they name in
+``json_hidden``, pydantic models their JSON dump, paths strings, tuples lists.
 Keys are printed sorted.
 """
 
@@ -30,15 +31,18 @@ if TYPE_CHECKING:
 REPORT_SCHEMA_VERSION = 1
 
 
-def jsonable(value: Any) -> Any:
-    """Turn library results (dataclasses, models, paths) into plain JSON data."""
+def jsonable(value: Any) -> Any:  # noqa: PLR0911 - one return per kind of value
+    """Turn library results (dataclasses, named tuples, models, paths) into plain JSON data."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
             f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr
         }
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        hidden = getattr(value, "json_hidden", ())
+        return {k: jsonable(v) for k, v in value._asdict().items() if k not in hidden}
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]

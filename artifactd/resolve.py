@@ -13,10 +13,10 @@ answers in a fraction of a second. :mod:`artifactd.restore` executes plans.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.destination import CacheVolume
 from artifactd.errors import ArtifactdError, StoreError
@@ -40,26 +40,48 @@ SAMPLE_SIZE = 16
 Verdict = Literal["hit", "miss"]
 
 
-@dataclass
-class FamilyPlan:
-    """What restore will do for one family."""
+#: The empty mapping a field defaults to (shared, so never to be mutated).
+_NONE: Mapping[str, Any] = MappingProxyType({})
+
+
+class FamilyPlan(NamedTuple):
+    """What restore will do for one family (:meth:`hit` fills in a hit's sizes)."""
 
     family: str
     verdict: Verdict
     source: Literal["full", "family"] | None = None
     artifact: str | None = None
     layer: LayerRecord | None = None
-    dirs: dict[str, str] = field(default_factory=dict)
+    dirs: Mapping[str, str] = _NONE
     reason: str | None = None
-    deciding: list[FieldDiff] = field(default_factory=list)
+    deciding: Sequence[FieldDiff] = ()
     tag: str | None = None
     files: int = 0
     unpacked: int = 0
 
-    def __post_init__(self) -> None:
-        if self.layer is not None:
-            self.files = len(self.layer.files)
-            self.unpacked = self.layer.unpacked_size
+    @classmethod
+    def hit(
+        cls,
+        family: str,
+        source: Literal["full", "family"],
+        artifact: str,
+        layer: LayerRecord,
+        *,
+        dirs: Mapping[str, str],
+        tag: str,
+    ) -> FamilyPlan:
+        """Return a hit from ``layer`` of ``artifact``, with the layer's file count and size."""
+        return cls(
+            family,
+            "hit",
+            source,
+            artifact,
+            layer,
+            dirs,
+            tag=tag,
+            files=len(layer.files),
+            unpacked=layer.unpacked_size,
+        )
 
     @property
     def bytes(self) -> int:
@@ -67,8 +89,7 @@ class FamilyPlan:
         return self.layer.size if self.layer else 0
 
 
-@dataclass
-class ClosestSampled:
+class ClosestSampled(NamedTuple):
     """The closest of the artifacts a miss read, a hint for the operator.
 
     Not the nearest in the store: a miss reads at most :data:`SAMPLE_SIZE`
@@ -80,27 +101,36 @@ class ClosestSampled:
 
     tag: str
     digest: str
-    differing: list[FieldDiff]
+    differing: Sequence[FieldDiff]
     compared: int = 1
-    artifact: Artifact | None = field(default=None, repr=False)
+    artifact: Artifact | None = None
+
+    @property
+    def json_hidden(self) -> tuple[str, ...]:
+        """Fields ``--json`` leaves out: the whole artifact read."""
+        return ("artifact",)
 
 
-@dataclass
-class RestorePlan:
+class RestorePlan(NamedTuple):
     """The result of resolution: per-family verdicts and where things will go."""
 
     store: str
     target: str
     fingerprint_hash: str
     match: Literal["full", "partial", "miss"]
-    families: list[FamilyPlan]
-    env: dict[str, str]
+    families: Sequence[FamilyPlan]
+    env: Mapping[str, str]
     env_file: str
     #: The local fingerprint, flattened (scope keys of families that missed).
-    flat: dict[str, Any] = field(default_factory=dict, repr=False)
+    flat: Mapping[str, Any] = _NONE
     nearest: ClosestSampled | None = None
     error: str | None = None
     noop: bool = False
+
+    @property
+    def json_hidden(self) -> tuple[str, ...]:
+        """Fields ``--json`` leaves out: the flattened fingerprint."""
+        return ("flat",)
 
     @property
     def hits(self) -> list[FamilyPlan]:
@@ -149,7 +179,7 @@ def plan_restore(
             if any(p.verdict == "miss" for p in plans) and match != "full":
                 # Only a miss lists tags: resolving itself is tag lookups, never a scan.
                 nearest = _closest_sampled(store, local)
-                _explain_misses(plans, local, nearest)
+                plans = _explain_misses(plans, local, nearest)
         except StoreError as exc:
             if not exc.kind == "unreachable":
                 raise
@@ -186,7 +216,7 @@ def plan_restore(
 def noop_plan(
     store: Store,
     fingerprint_hash: str,
-    flat: dict[str, Any],
+    flat: Mapping[str, Any],
     volume: CacheVolume,
     *,
     families: Sequence[str] | None = None,
@@ -204,9 +234,9 @@ def noop_plan(
     names = select_names(families)
     if (
         marker is None
-        or marker.fingerprint_hash != fingerprint_hash
-        or marker.store != store.ref
-        or marker.selected != names
+        or marker["fingerprint_hash"] != fingerprint_hash
+        or marker["store"] != store.ref
+        or marker["selected"] != names
     ):
         return None
     try:
@@ -218,15 +248,15 @@ def noop_plan(
         FamilyPlan(
             name,
             "hit",
-            fm.source,
-            fm.artifact,
+            fm["source"],
+            fm["artifact"],
             None,
-            dict(fm.dirs),
-            tag=fm.tag,
-            files=fm.files,
-            unpacked=fm.bytes,
+            dict(fm["dirs"]),
+            tag=fm["tag"],
+            files=fm["files"],
+            unpacked=fm["bytes"],
         )
-        if (fm := marker.families.get(name)) is not None
+        if (fm := marker["families"].get(name)) is not None
         else FamilyPlan(name, "miss", reason="no matching artifact (unchanged since last restore)")
         for name in names
     ]
@@ -234,9 +264,9 @@ def noop_plan(
         store=store.ref,
         target=str(volume.root),
         fingerprint_hash=fingerprint_hash,
-        match=marker.match,
+        match=marker["match"],
         families=plans,
-        env=dict(marker.env),
+        env=dict(marker["env"]),
         env_file=str(volume.env_file),
         flat=flat,
         noop=True,
@@ -244,19 +274,19 @@ def noop_plan(
 
 
 def _tags_unchanged(
-    store: Store, marker: RestoreMarker, fingerprint_hash: str, flat: dict[str, Any]
+    store: Store, marker: RestoreMarker, fingerprint_hash: str, flat: Mapping[str, Any]
 ) -> bool:
     """Whether resolving now would pick exactly the manifests the marker records."""
-    recorded = marker.families.values()
+    recorded = marker["families"].values()
     full = store.tag_digest(full_tag(fingerprint_hash))
-    if marker.match == "full":
-        return full is not None and all(f.artifact == full for f in recorded)
+    if marker["match"] == "full":
+        return full is not None and all(f["artifact"] == full for f in recorded)
     if full is not None:
         return False  # a whole artifact appeared since: restore it
     for fam in recorded:
-        if store.tag_digest(fam.tag) != fam.artifact:
+        if store.tag_digest(fam["tag"]) != fam["artifact"]:
             return False
-    for name in marker.missed:
+    for name in marker["missed"]:
         fam_def = get_family(name)
         key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
         if store.tag_digest(family_tag(name, key)) is not None:
@@ -290,8 +320,8 @@ def _resolve(
                 )
             else:
                 plans.append(
-                    FamilyPlan(
-                        fam.name, "hit", "full", full.digest, rec, dirs, tag=full_tag(local.hash)
+                    FamilyPlan.hit(
+                        fam.name, "full", full.digest, rec, dirs=dirs, tag=full_tag(local.hash)
                     )
                 )
         return plans, "full"
@@ -311,7 +341,7 @@ def _resolve(
                 )
             )
         else:
-            plans.append(FamilyPlan(fam.name, "hit", "family", art.digest, rec, dirs, tag=tag))
+            plans.append(FamilyPlan.hit(fam.name, "family", art.digest, rec, dirs=dirs, tag=tag))
     hit = any(p.verdict == "hit" for p in plans)
     return plans, "partial" if hit else "miss"
 
@@ -335,28 +365,27 @@ def _closest_sampled(store: Store, local: Fingerprint) -> ClosestSampled | None:
         if best is None or len(differing) < best[0]:
             best = (len(differing), ClosestSampled(tag, art.digest, differing, 0, art))
         compared += 1
-    if best is None:
-        return None
-    best[1].compared = compared
-    return best[1]
+    return None if best is None else best[1]._replace(compared=compared)
 
 
 def _explain_misses(
     plans: list[FamilyPlan], local: Fingerprint, nearest: ClosestSampled | None
-) -> None:
+) -> list[FamilyPlan]:
+    """Return ``plans`` with each miss the closest artifact explains: its deciding fields."""
     from artifactd.diff import family_verdict
 
     if nearest is None or nearest.artifact is None:
-        return
+        return plans
     art = nearest.artifact
-    for p in plans:
-        if p.verdict != "miss":
-            continue
-        fam = get_family(p.family)
-        if art.config.layer(fam.name) is None:
-            continue
-        verdict = family_verdict(fam, art.config.fingerprint, local)
-        p.deciding = verdict.deciding
-        if verdict.deciding:
-            names = ", ".join(d.path for d in verdict.deciding)
-            p.reason = f"closest artifact read {nearest.tag[:19]}... differs in {names}"
+    out = []
+    for plan in plans:
+        explained = plan
+        if plan.verdict == "miss" and art.config.layer(plan.family) is not None:
+            verdict = family_verdict(get_family(plan.family), art.config.fingerprint, local)
+            explained = plan._replace(deciding=verdict.deciding)
+            if verdict.deciding:
+                names = ", ".join(d.path for d in verdict.deciding)
+                why = f"closest artifact read {nearest.tag[:19]}... differs in {names}"
+                explained = explained._replace(reason=why)
+        out.append(explained)
+    return out

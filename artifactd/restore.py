@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.destination import CacheVolume, StepHook, Swap, no_hook, os_error, remove_tree
 from artifactd.errors import ArtifactdError, CacheMissError, ConfigError, UsageError
@@ -40,8 +39,7 @@ if TYPE_CHECKING:
     from artifactd.marker import RestoreMarker
 
 
-@dataclass
-class RestoreResult:
+class RestoreResult(NamedTuple):
     """What :func:`restore` did."""
 
     plan: RestorePlan
@@ -147,6 +145,7 @@ def _marker(plan: RestorePlan) -> RestoreMarker:
     from artifactd.marker import FamilyMarker, RestoreMarker
 
     return RestoreMarker(
+        schema_version=1,
         fingerprint_hash=plan.fingerprint_hash,
         store=plan.store,
         match="full" if plan.match == "full" else "partial",
@@ -167,7 +166,7 @@ def _marker(plan: RestorePlan) -> RestoreMarker:
             if fp.layer is not None
         },
         restored_at=round(time.time(), 3),
-        env=plan.env,
+        env=dict(plan.env),
     )
 
 
@@ -247,8 +246,7 @@ def _stage_all(
 # --------------------------------------------------------------------------
 
 
-@dataclass
-class RestoreRequest:
+class RestoreRequest(NamedTuple):
     """Everything the init container is told (flags or ``ARTIFACTD_*`` variables)."""
 
     store: str
@@ -263,22 +261,20 @@ class RestoreRequest:
     lock_timeout: float | None = None
 
 
-@dataclass
-class Failure:
+class Failure(NamedTuple):
     """Why a restore changed nothing: the error's class, message and advice."""
 
     kind: str
     message: str
     hint: str | None
     exit_code: int
-    error: BaseException = field(repr=False)
+    error: BaseException
 
 
 Status = Literal["restored", "noop", "miss", "failed", "dry_run"]
 
 
-@dataclass
-class RestoreOutcome:
+class RestoreOutcome(NamedTuple):
     """What :func:`run_restore` did, and the exit code the policy gives it."""
 
     status: Status
@@ -395,7 +391,7 @@ def _unresolved(
 
 def _failed(plan: RestorePlan, exc: BaseException, require: bool) -> RestoreOutcome:
     failure = failure_of(exc)
-    plan.error = failure.message
+    plan = plan._replace(error=failure.message)
     return RestoreOutcome("failed", plan, None, failure, failure.exit_code if require else 0)
 
 

@@ -315,11 +315,11 @@ def marker_version(marker: RestoreMarker | None, pair: Pair) -> Version | None:
     """The version a marker names, when it names exactly one version's artifact and layers."""
     if marker is None:
         return None
-    v = pair.by_hash(marker.fingerprint_hash)
-    if v is None or set(marker.families) != set(FAMILIES):
+    v = pair.by_hash(marker["fingerprint_hash"])
+    if v is None or set(marker["families"]) != set(FAMILIES):
         return None
-    for fam, fm in marker.families.items():
-        if fm.artifact != v.digest or fm.layer != v.layers[fam]:
+    for fam, fm in marker["families"].items():
+        if fm["artifact"] != v.digest or fm["layer"] != v.layers[fam]:
             return None
     return v
 
@@ -346,11 +346,11 @@ def check_installed(
         )
     if marker is not None:
         env = vol.env_file.read_text(encoding="utf-8")
-        if env != render_env_file(marker.env):
+        if env != render_env_file(marker["env"]):
             problems.append("env file differs from the marker's env")
         for fam, comps in family_dirs(target).items():
             for d in comps.values():
-                if str(d) not in marker.families[fam].dirs.values():
+                if str(d) not in marker["families"][fam]["dirs"].values():
                     problems.append(f"marker does not record {d}")
     left = leftovers(target)
     if left:

@@ -216,8 +216,9 @@ def test_refused_before_any_layer_is_downloaded(
     for digest in built.layer_digests:
         blob_path(store, digest).unlink(missing_ok=True)
     target = tmp_path / "target"
-    request = RestoreRequest(store=f"oci:{tmp_path / 'store'}", target=target, require=True)
-    request.max_bytes = case.max_bytes
+    request = RestoreRequest(
+        store=f"oci:{tmp_path / 'store'}", target=target, require=True, max_bytes=case.max_bytes
+    )
     out = run_restore(request, evil.model_dump(mode="json"))
     _assert_failed(out, case, require=True)
     assert not list(target.glob(f"{STATE_DIR}/staging-*"))
