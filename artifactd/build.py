@@ -37,7 +37,7 @@ from artifactd.harvest import HarvestResult, harvest
 from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
-from artifactd.stores import Store
+from artifactd.stores import Store, opened
 
 #: Variables cleared before a cell runs, so no cache of the caller leaks in.
 _INHERITED_CACHE_VARS = (*CACHE_ENV_VARS, TORCHINDUCTOR_CACHE_DIR, TRITON_HOME, TEMP, TMP)
@@ -133,8 +133,9 @@ def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log_dir: Path) 
 
 def build(
     matrix_path: Path,
-    store: Store,
+    store: Store | str,
     *,
+    insecure: bool = False,
     gpu_arch: str | None = None,
     image_digest: str | None = None,
     roots: Path | None = None,
@@ -144,7 +145,7 @@ def build(
     overrides: Sequence[str] = (),
     strict_lint: bool = False,
 ) -> BuildResult:
-    """Run every cell of the matrix, then harvest into ``store``.
+    """Run every cell of the matrix, then harvest into ``store`` (a store, or its reference).
 
     ``overrides`` (``--set PATH=VALUE``) adjust the probed fingerprint, e.g. to
     build on one machine for another target.
@@ -217,14 +218,15 @@ def build(
             cells=[c.id for c in cells],
             timings=timings,
         )
-        harvested = harvest(
-            store,
-            fingerprint,
-            families=matrix.families or None,
-            environ=env,
-            provenance=provenance,
-            on_event=on_event,
-        )
+        with opened(store, create=True, insecure=insecure) as st:
+            harvested = harvest(
+                st,
+                fingerprint,
+                families=matrix.families or None,
+                environ=env,
+                provenance=provenance,
+                on_event=on_event,
+            )
         timings["harvest"] = harvested.seconds
         on_event(
             {

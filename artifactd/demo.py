@@ -24,7 +24,7 @@ from artifactd.build import BuildResult, build, cell_environ
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.matrix import expand, load_matrix
-from artifactd.stores import Store
+from artifactd.stores import Store, opened
 
 
 @dataclass
@@ -71,14 +71,32 @@ def restored_environ(env_file: Path, base: Mapping[str, str]) -> dict[str, str]:
 
 def run_demo(
     matrix_path: Path,
-    store: Store,
+    store: Store | str,
     *,
     workdir: Path,
     on_event: EventSink = discard,
     environ: Mapping[str, str],
     insecure: bool = False,
 ) -> DemoResult:
-    """Run build, restore and a restored warm-up; return their timings."""
+    """Run build, restore and a restored warm-up; return their timings.
+
+    ``store`` is a store or its reference (created when missing).
+    """
+    with opened(store, create=True, insecure=insecure) as st:
+        return _run_demo(
+            matrix_path, st, workdir=workdir, on_event=on_event, environ=environ, insecure=insecure
+        )
+
+
+def _run_demo(
+    matrix_path: Path,
+    store: Store,
+    *,
+    workdir: Path,
+    on_event: EventSink,
+    environ: Mapping[str, str],
+    insecure: bool,
+) -> DemoResult:
     matrix = load_matrix(matrix_path)
     built = build(matrix_path, store, on_event=on_event, environ=environ)
     cold = sum(c.seconds for c in built.cells)

@@ -231,3 +231,39 @@ def _side_from_store(spec: str, *, insecure: bool) -> Side:
     if art is None:
         raise UsageError(f"{spec}: no such artifact")
     return Side(spec, art.config.fingerprint, {r.family: r.facts for r in art.config.layers})
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Two sides read, their field-by-field diff and the recorded facts that differ."""
+
+    a: Side
+    b: Side
+    result: FingerprintDiff
+    facts: list[FactDiff]
+
+
+def explain(
+    a: str,
+    b: str,
+    *,
+    gpu_arch: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    families: Sequence[str] | None = None,
+    insecure: bool = False,
+) -> Explanation:
+    """Read operands ``a`` and ``b`` (:func:`load_sides`) and explain what differs.
+
+    What ``artifactd diff`` does: a cache built on A is judged for use on B,
+    for ``families`` (None: all).
+    """
+    side_a, side_b = load_sides(
+        a, b, gpu_arch=gpu_arch, workload=workload, overrides=overrides, insecure=insecure
+    )
+    return Explanation(
+        side_a,
+        side_b,
+        diff(side_a.fingerprint, side_b.fingerprint, families),
+        facts_diff(side_a.facts, side_b.facts),
+    )

@@ -431,36 +431,62 @@ TOOL_TIMEOUT_S = 10.0
 class _Tool:
     """A ``tool --version`` started now and read later, so several run side by side.
 
-    Spawned from the calling thread: a thread per tool would cost more to start
-    than the tool takes to answer.
+    Spawned from the calling thread with ``posix_spawn``: a thread per tool
+    would cost more to start than the tool takes to answer, and the
+    :mod:`subprocess` module alone (with ``locale``, ``signal`` and
+    ``selectors``) costs about 3.5 ms of every pod start. stdin and stderr are
+    ``/dev/null``; stdout is read through a pipe until the tool closes it or
+    the deadline passes (then the tool is killed).
     """
 
     def __init__(self, argv: list[str]) -> None:
-        import subprocess  # only a probe spawns: keep it off every other import path
-
         self._deadline = time.monotonic() + TOOL_TIMEOUT_S
-        self._proc: subprocess.Popen[str] | None
+        self._pid: int | None = None
+        read, write = os.pipe()
+        devnull = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
         try:
-            self._proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            self._pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=[
+                    devnull,
+                    (os.POSIX_SPAWN_DUP2, write, 1),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_CLOSE, read),
+                    (os.POSIX_SPAWN_CLOSE, write),
+                ],
             )
         except OSError:
-            self._proc = None
+            os.close(read)
+            read = -1
+        os.close(write)
+        self._read = read
 
     def output(self) -> str | None:
         """Wait for the tool; its stdout when it exits 0, else None (missing, failed, too slow)."""
-        import subprocess
+        if self._pid is None:
+            return None
+        import select  # a C module: cheap
 
-        proc = self._proc
-        if proc is None:
-            return None
+        chunks: list[bytes] = []
         try:
-            out, _ = proc.communicate(timeout=max(0.0, self._deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+            while True:
+                left = self._deadline - time.monotonic()
+                if left <= 0 or not select.select([self._read], [], [], left)[0]:
+                    os.kill(self._pid, 9)  # SIGKILL, without importing signal
+                    os.waitpid(self._pid, 0)
+                    return None
+                chunk = os.read(self._read, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(self._read)
+        _, status = os.waitpid(self._pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
             return None
-        return out if proc.returncode == 0 else None
+        return b"".join(chunks).decode("utf-8", "replace")
 
 
 def run_version(argv: list[str]) -> str | None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import random
 from typing import Any
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from artifactd.hashing import (
     CHUNK,
+    SMALL,
     Hasher,
     HashingReader,
     HashingWriter,
@@ -187,3 +190,10 @@ def test_hashing_reader_and_writer_see_what_passes_through() -> None:
     writer.write(data[5:])
     writer.flush()
     assert sink.getvalue() == data and writer.hasher.digest == digest_of(data)
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL])
+def test_sha256_hex_is_sha256_on_both_sides_of_the_small_cutoff(size: int) -> None:
+    """Small inputs skip OpenSSL (CPython's own sha256), large ones use hashlib: same digest."""
+    data = os.urandom(size)
+    assert sha256_hex(data) == hashlib.sha256(data).hexdigest()

@@ -108,10 +108,13 @@ def test_fingerprint_loads_no_dataclasses_family_or_write_helper(tmp_path: Path)
     _run("fingerprint", "-", tmp_path)  # fills the probe cache, as an earlier start did
     doc = _run("fingerprint", "-", tmp_path)
     assert len(doc["status"]) == 64
-    # dataclasses imports inspect (and ast, dis, tokenize): a third of a bare start.
-    heavy = {"dataclasses", "inspect", "ast", *FAMILY_MODULES, *WRITE_HELPERS, *RESTORE_WORK}
-    assert _forbidden(doc["loaded"], heavy) == set()
-    assert "subprocess" in doc["loaded"]  # the probe did run its tools
+    # dataclasses imports inspect (and ast, dis, tokenize): a third of a bare start;
+    # subprocess (with locale, signal, selectors) another sixth: tools are posix_spawned.
+    # hashlib loads OpenSSL (about 2 ms): a fingerprint is small, CPython's sha256 hashes it.
+    heavy = {"dataclasses", "inspect", "ast", "subprocess", "_hashlib"}
+    heavy |= {*FAMILY_MODULES, *WRITE_HELPERS}
+    assert _forbidden(doc["loaded"], heavy | RESTORE_WORK) == set()
+    assert "select" in doc["loaded"]  # the probe did wait for its tools
 
 
 def test_full_match_noop_restore_loads_no_family(store: str, tmp_path: Path) -> None:
@@ -120,7 +123,14 @@ def test_full_match_noop_restore_loads_no_family(store: str, tmp_path: Path) -> 
     assert doc["status"] == "noop"
     # Nor ``dataclasses`` (with inspect, about 5 ms): the marker is a typed dict and
     # the plan and outcome types are named tuples.
-    heavy = {*FAMILY_MODULES, *WRITE_HELPERS, *VLLM_PARSERS, *RESTORE_WORK, "dataclasses"}
+    heavy = {
+        *FAMILY_MODULES,
+        *WRITE_HELPERS,
+        *VLLM_PARSERS,
+        *RESTORE_WORK,
+        "dataclasses",
+        "_hashlib",
+    }
     assert _forbidden(doc["loaded"], heavy) == set()
     assert "artifactd.marker" in doc["loaded"]  # the no-op did read the marker
 

@@ -97,20 +97,19 @@ def build(
 ) -> None:
     """Run a warm-up matrix with fresh cache roots, then harvest into the store."""
     from artifactd.build import build as do_build
-    from artifactd.stores import open_store
 
-    with open_store(store, create=True, insecure=insecure) as st:
-        result = do_build(
-            matrix,
-            st,
-            gpu_arch=gpu_arch,
-            image_digest=image_digest,
-            roots=keep_roots,
-            keep_roots=keep_roots is not None,
-            on_event=render.event_printer(as_json),
-            overrides=overrides,
-            strict_lint=strict,
-        )
+    result = do_build(
+        matrix,
+        store,
+        insecure=insecure,
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        roots=keep_roots,
+        keep_roots=keep_roots is not None,
+        on_event=render.event_printer(as_json),
+        overrides=overrides,
+        strict_lint=strict,
+    )
     if as_json:
         from artifactd.reports import result_report
 
@@ -138,19 +137,17 @@ def build(
 def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bool) -> None:
     """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
     from artifactd.demo import run_demo
-    from artifactd.stores import open_store
 
     if not as_json:
         click.echo(f"building {matrix} cold (fresh caches; about a minute on 2 cores)...", err=True)
-    with open_store(store, create=True, insecure=insecure) as st:
-        result = run_demo(
-            matrix,
-            st,
-            workdir=workdir,
-            on_event=render.event_printer(as_json),
-            environ=os.environ,
-            insecure=insecure,
-        )
+    result = run_demo(
+        matrix,
+        store,
+        workdir=workdir,
+        on_event=render.event_printer(as_json),
+        environ=os.environ,
+        insecure=insecure,
+    )
     if as_json:
         from artifactd.reports import demo_report
 

@@ -75,17 +75,20 @@ def diff(
     asks what a driver upgrade would invalidate). A cache built on A
     is judged for use on B.
     """
-    from artifactd.diff import diff as do_diff
-    from artifactd.diff import facts_diff, load_sides
+    from artifactd.diff import explain
 
-    side_a, side_b = load_sides(
-        a, b, gpu_arch=gpu_arch, workload=workload, overrides=overrides, insecure=insecure
+    ex = explain(
+        a,
+        b,
+        gpu_arch=gpu_arch,
+        workload=workload,
+        overrides=overrides,
+        families=family_names(families),
+        insecure=insecure,
     )
-    result = do_diff(side_a.fingerprint, side_b.fingerprint, family_names(families))
-    facts = facts_diff(side_a.facts, side_b.facts)
     if as_json:
         from artifactd.reports import diff_report
 
-        render.emit_json(diff_report(side_a, side_b, result, facts))
+        render.emit_json(diff_report(ex.a, ex.b, ex.result, ex.facts))
     else:
-        render.diff(side_a, side_b, result, facts)
+        render.diff(ex.a, ex.b, ex.result, ex.facts)

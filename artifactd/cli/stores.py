@@ -40,11 +40,10 @@ def inspect(*, ref: str, show_files: bool, insecure: bool, as_json: bool) -> Non
 @json_option
 def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
     """List the tags in a store (default: ARTIFACTD_STORE or oci:.artifactd/store)."""
-    from artifactd.stores import open_store
+    from artifactd.stores import list_tags
 
     ref = store or os.environ.get(C.ENV_STORE, C.DEFAULT_STORE)
-    with open_store(ref, insecure=insecure) as st:
-        tags = st.list_tags()
+    tags = list_tags(ref, insecure=insecure)
     if as_json:
         from artifactd.reports import tags_report
 

@@ -11,6 +11,8 @@ Artifact references add a tag or digest: ``oci:PATH:TAG``, ``oci:PATH@sha256:...
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,7 +20,15 @@ from artifactd.errors import UsageError
 from artifactd.stores.base import ManifestRef, Store
 from artifactd.stores.layout import LayoutStore
 
-__all__ = ["ArtifactRef", "ManifestRef", "Store", "open_store", "parse_artifact_ref"]
+__all__ = [
+    "ArtifactRef",
+    "ManifestRef",
+    "Store",
+    "list_tags",
+    "open_store",
+    "opened",
+    "parse_artifact_ref",
+]
 
 
 def open_store(ref: str, *, create: bool = False, insecure: bool = False) -> Store:
@@ -76,3 +86,23 @@ def parse_artifact_ref(text: str) -> ArtifactRef:
             return ArtifactRef("oci:" + path, tag)
         return ArtifactRef(text, None)
     return ArtifactRef(text, None)
+
+
+@contextmanager
+def opened(store: Store | str, *, create: bool = False, insecure: bool = False) -> Iterator[Store]:
+    """Yield ``store`` itself, or the store a reference names, open for the block.
+
+    Library entry points take either, so a command passes the reference it was
+    given and a caller that already holds a store passes that (it stays open).
+    """
+    if not isinstance(store, str):
+        yield store
+        return
+    with open_store(store, create=create, insecure=insecure) as st:
+        yield st
+
+
+def list_tags(ref: str, *, insecure: bool = False) -> list[str]:
+    """Return every tag in the store ``ref`` names (``artifactd ls``)."""
+    with open_store(ref, insecure=insecure) as st:
+        return st.list_tags()
