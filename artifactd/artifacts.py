@@ -211,7 +211,7 @@ class CopyResult:
     bytes_skipped: int = 0
 
 
-def _copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
+def copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
     """Stream one blob through a temp file, verifying it; return bytes uploaded."""
     path = tmp_dir / digest.replace(":", "-")
     with src.open_blob(digest, size) as reader, path.open("wb") as out:
@@ -247,7 +247,7 @@ def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path
             if desc.digest in done or dst.has_blob(desc.digest):
                 result.bytes_skipped += desc.size
             else:
-                result.bytes_uploaded += _copy_blob(src, dst, desc.digest, desc.size, tmp_dir)
+                result.bytes_uploaded += copy_blob(src, dst, desc.digest, desc.size, tmp_dir)
             done.add(desc.digest)
         dst.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
         result.manifests += 1

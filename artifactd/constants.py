@@ -35,6 +35,9 @@ ENV_REGISTRY_PASSWORD = "ARTIFACTD_REGISTRY_PASSWORD"  # noqa: S105 - a variable
 #: Where the probe keeps the digests it may reuse (see :mod:`artifactd.probecache`);
 #: default ``$XDG_CACHE_HOME/artifactd``, else ``~/.cache/artifactd``. Safe to delete.
 ENV_CACHE_DIR = "ARTIFACTD_CACHE_DIR"
+#: Where a runtime image carries baked stores (``<dir>/<fingerprint hash>/``).
+ENV_PREBUILT = "ARTIFACTD_PREBUILT"
+DEFAULT_PREBUILT = "/opt/prebuilt-cache"
 
 #: Where the embedded default store lives, relative to the working directory.
 DEFAULT_STORE = "oci:.artifactd/store"

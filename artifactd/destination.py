@@ -167,8 +167,12 @@ class CacheVolume:
 
     # -- locking and repair --------------------------------------------------
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the target's exclusive lock; raise :class:`TargetError` if it cannot be had."""
+    def locked(self, *, timeout: float | None = None) -> Iterator[None]:
+        """Hold the target's exclusive lock; raise :class:`TargetError` if it cannot be had.
+
+        Waits up to ``timeout`` seconds (default: the volume's lock timeout; 0:
+        one try).
+        """
         import fcntl
 
         try:
@@ -177,7 +181,8 @@ class CacheVolume:
         except OSError as exc:
             raise os_error(exc, f"creating {self.state / LOCK_NAME}") from None
         with handle:
-            deadline = time.monotonic() + self.lock_timeout
+            wait = self.lock_timeout if timeout is None else timeout
+            deadline = time.monotonic() + wait
             while True:
                 try:
                     fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -186,13 +191,34 @@ class CacheVolume:
                     if time.monotonic() >= deadline:
                         raise TargetError(
                             f"another restore has held the lock on {self.root} for more than "
-                            f"{self.lock_timeout:.0f} s",
+                            f"{wait:.0f} s",
                             hint="is another init container stuck on this volume?",
                         ) from None
                     time.sleep(0.05)
                 except OSError as exc:
                     raise os_error(exc, f"locking {self.state / LOCK_NAME}") from None
             yield
+
+    def tidy(self) -> bool:
+        """Remove what a restore killed after its commit left in staging (the old trees).
+
+        For the no-op path, which trusts the marker without the lock: when the
+        state dir holds staging leftovers, the lock is tried once and, if no
+        restore holds it, :meth:`recover` removes them. Never waits; returns
+        whether it tidied.
+        """
+        try:
+            names = os.listdir(self.state)
+        except OSError:
+            return False
+        if not any(n.startswith(("staging-", "trash-")) for n in names):
+            return False
+        try:
+            with self.locked(timeout=0):
+                self.recover()
+        except TargetError:
+            return False  # a restore is running: its own repair step cleans up
+        return True
 
     def recover(self) -> str | None:
         """Repair what an interrupted restore left (call under the lock).

@@ -340,6 +340,7 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
             quick = noop_plan(store, raw_hash(raw_fingerprint), flat, volume, families=fams)
             if quick is not None:
                 if not request.dry_run:
+                    volume.tidy()  # a restore killed after its commit left the old trees
                     on_event({"stage": "restore", "event": "noop", "target": quick.target})
                 status: Status = "dry_run" if request.dry_run else "noop"
                 return RestoreOutcome(status, quick, None, None, 0)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
@@ -30,6 +31,7 @@ COMMANDS = {
     "diff",
     "fingerprint",
     "harvest",
+    "image append",
     "inspect",
     "lint",
     "ls",
@@ -83,9 +85,21 @@ def published(tmp_path: Path) -> tuple[str, Path]:
     return store, tree
 
 
+def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
+    """Every leaf command, named as typed (``image append``)."""
+    out: dict[str, click.Command] = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            out.update(_commands(command, f"{prefix}{name} "))
+        else:
+            out[prefix + name] = command
+    return out
+
+
 def test_every_command_is_listed_with_json() -> None:
-    assert set(cli.commands) == COMMANDS
-    for name, command in cli.commands.items():
+    commands = _commands(cli)
+    assert set(commands) == COMMANDS
+    for name, command in commands.items():
         assert any("--json" in p.opts for p in command.params), name
 
 

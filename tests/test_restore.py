@@ -315,3 +315,34 @@ def test_a_forged_journal_is_discarded_not_followed(
     done = restore(plan_restore(store, local_fp, target), store)
     assert not done.noop and sorted(done.restored) == ["generic", "triton"]
     assert CacheVolume(target).installed() is not None
+
+
+def test_a_noop_removes_what_a_restore_killed_after_its_commit_left(
+    tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
+) -> None:
+    """Killed between the journal's removal and staging's: the old trees stay in staging.
+
+    The next restore is a no-op (the marker is true); it must still remove them,
+    without waiting for the lock when another restore holds it.
+    """
+    import fcntl
+
+    from artifactd.destination import LOCK_NAME
+    from artifactd.restore import RestoreRequest, run_restore
+
+    harvest(store, local_fp, environ=caches)
+    target = tmp_path / "target"
+    request = RestoreRequest(store=store.ref, target=target)
+    raw = local_fp.model_dump(mode="json")
+    assert run_restore(request, raw).status == "restored"
+    left = target / STATE_DIR / "staging-0123456789ab"
+    (left / "triton").mkdir(parents=True)
+    (left / "triton" / "old.cubin").write_bytes(b"old tree")
+
+    with (target / STATE_DIR / LOCK_NAME).open("a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        assert run_restore(request, raw).status == "noop"
+        assert left.is_dir()  # a restore is running: not ours to touch, and no waiting
+    assert run_restore(request, raw).status == "noop"
+    assert not left.exists()
+    assert CacheVolume(target).installed() is not None

@@ -24,6 +24,6 @@ def cli() -> None:
 
 
 # The command modules decorate ``cli``; importing them here registers them.
-from artifactd.cli import builds, fingerprints, restores, schemas, stores  # noqa: E402
+from artifactd.cli import builds, fingerprints, images, restores, schemas, stores  # noqa: E402
 
-__all__ = ["builds", "cli", "fingerprints", "restores", "schemas", "stores"]
+__all__ = ["builds", "cli", "fingerprints", "images", "restores", "schemas", "stores"]

@@ -47,6 +47,15 @@ __all__ = [
 ]
 
 _ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, "application/vnd.oci.image.index.v1+json"])
+#: What an image manifest lookup accepts: OCI and Docker schema 2 manifests and indexes.
+IMAGE_ACCEPT = ", ".join(
+    [
+        MANIFEST_MEDIA_TYPE,
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+    ]
+)
 
 
 class RegistryStore(Store):
@@ -112,6 +121,35 @@ class RegistryStore(Store):
         done.close()
         return size
 
+    def mount_blob(self, digest: str, from_repo: str) -> bool:
+        """Link a blob of repository ``from_repo`` (same registry) into this one, uploading nothing.
+
+        True when the blob is here afterwards: mounted (201), or already
+        present. A registry that declines the mount opens an upload session
+        instead (202); it is cancelled and the blob is looked up.
+        """
+        check_digest(digest)
+        resp = self._send(
+            "POST",
+            f"{self.base}/blobs/uploads/?mount={digest}&from={from_repo}",
+            ok=(201, 202),
+            headers={"Content-Length": "0"},
+            what="blob mount",
+        )
+        location = resp.headers.get("Location")
+        resp.close()
+        if resp.status_code == 201:
+            return True
+        if location:
+            self._send(
+                "DELETE",
+                urljoin(f"{self.base}/", location),
+                ok=(204,),
+                missing=(404,),
+                what="upload cancel",
+            ).close()
+        return self.has_blob(digest)
+
     @contextmanager
     def open_blob(self, digest: str, size: int) -> Iterator[BinaryIO]:
         """Stream a blob; the caller verifies digest and size while reading."""
@@ -149,15 +187,19 @@ class RegistryStore(Store):
                 )
         return digest
 
-    def get_manifest(self, reference: str) -> ManifestRef | None:
-        """GET a manifest by tag or digest; verify its digest."""
+    def get_manifest(self, reference: str, *, accept: str = _ACCEPT) -> ManifestRef | None:
+        """GET a manifest by tag or digest; verify its digest.
+
+        ``accept`` widens the media types asked for (:data:`IMAGE_ACCEPT`: any
+        runnable image, Docker's formats included).
+        """
         if not DIGEST_RE.match(reference):
             check_tag(reference)
         resp = self._send(
             "GET",
             f"{self.base}/manifests/{reference}",
             missing=(404,),
-            headers={"Accept": _ACCEPT},
+            headers={"Accept": accept},
             what="manifest lookup",
         )
         if resp.status_code == 404:

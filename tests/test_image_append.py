@@ -1,0 +1,231 @@
+"""``artifactd image append`` against a real registry, checked with skopeo.
+
+The base images are written here as plain OCI layouts (one gzip layer holding
+a file, a config with a history) and pushed with skopeo, in OCI and in Docker
+schema 2 form; the appended image is read back with skopeo and its new layer
+unpacked with Python's own tarfile, as a runtime would, then restored from.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachetrees import make_generic_tree
+from conftest import clean_env, run_artifactd
+from registry_server import RegistryServer
+
+SKOPEO = shutil.which("skopeo")
+pytestmark = pytest.mark.skipif(SKOPEO is None, reason="skopeo not installed (scripts/setup.sh)")
+
+
+def _blob(layout: Path, data: bytes) -> dict[str, Any]:
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def make_base(tmp: Path) -> Path:
+    """An OCI layout with one image, tag ``base``: a gzip layer with ``/app/hello``."""
+    layout = tmp / "base-layout"
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        payload = b"#!/bin/sh\necho hello\n"
+        info = tarfile.TarInfo("app/hello")
+        info.size, info.mode = len(payload), 0o755
+        tar.addfile(info, io.BytesIO(payload))
+    diff_id = "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()
+    layer = _blob(layout, gzip.compress(raw.getvalue(), mtime=0))
+    config = _blob(
+        layout,
+        json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Env": ["PATH=/usr/bin:/bin"], "Labels": {"base": "yes"}},
+                "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                "history": [{"created_by": "test base layer"}],
+            }
+        ).encode(),
+    )
+    manifest = _blob(
+        layout,
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}],
+            }
+        ).encode(),
+    )
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                **manifest,
+                "annotations": {"org.opencontainers.image.ref.name": "base"},
+            }
+        ],
+    }
+    (layout / "index.json").write_text(json.dumps(index))
+    return layout
+
+
+def skopeo(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run skopeo against the plain-HTTP loopback registry."""
+    assert SKOPEO is not None
+    proc = subprocess.run([SKOPEO, *args], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def push_base(layout: Path, registry: RegistryServer, repo: str, docker: bool) -> str:
+    """Push the layout's image to ``repo:1`` (Docker schema 2 when ``docker``); its ref."""
+    ref = registry.ref(f"{repo}:1")
+    fmt = ["--format", "v2s2"] if docker else ["--format", "oci"]
+    skopeo("copy", *fmt, "--dest-tls-verify=false", f"oci:{layout}:base", f"docker://{ref}")
+    return ref
+
+
+@pytest.fixture
+def artifact(tmp_path: Path, registry: RegistryServer, repo: str) -> tuple[str, dict[str, str]]:
+    """A harvested generic cache in the registry: (artifact ref, the env it was built with)."""
+    env = clean_env(
+        {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
+    )
+    store = registry.ref(f"{repo}-caches")
+    proc = run_artifactd("harvest", "--store", store, "--family", "generic", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    tag = "fp-" + json.loads(proc.stdout)["fingerprint_hash"]
+    return f"{store}:{tag}", env
+
+
+def append(*args: str, env: dict[str, str]) -> dict[str, Any]:
+    proc = run_artifactd("image", "append", *args, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def _stored_blobs(registry: RegistryServer) -> set[str]:
+    root = registry.root / "docker/registry/v2/blobs/sha256"
+    return {p.name for p in root.glob("*/*")} if root.is_dir() else set()
+
+
+@pytest.mark.parametrize("docker", [False, True], ids=["oci-base", "docker-base"])
+def test_append_bakes_a_store_that_restores_without_any_registry(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    artifact: tuple[str, dict[str, str]],
+    docker: bool,
+) -> None:
+    art_ref, env = artifact
+    base = push_base(make_base(tmp_path), registry, repo, docker)
+    to = registry.ref(f"{repo}-app:1")
+    before = _stored_blobs(registry)
+    doc = append("--base", base, "--artifact", art_ref, "--to", to, env=env)
+    fp_hash = doc["fingerprint_hash"]
+    assert doc["schema_version"] == 1
+    assert doc["platforms"] == ["amd64"]
+
+    # Only the new layer, the new config and the manifest were stored; the base's
+    # layer was mounted, not sent again.
+    raw_manifest = skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{to}").stdout
+    manifest = json.loads(raw_manifest)
+    config_raw = skopeo("inspect", "--config", "--raw", "--tls-verify=false", f"docker://{to}")
+    assert doc["bytes_uploaded"] == doc["layer_size"] + len(config_raw.stdout.encode())
+    assert len(_stored_blobs(registry) - before) == 3
+    base_layer = json.loads(
+        skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{base}").stdout
+    )["layers"][0]
+    assert manifest["layers"][0]["digest"] == base_layer["digest"]
+    assert doc["bytes_reused"] == base_layer["size"]
+    assert manifest["layers"][-1]["digest"] == doc["layer_digest"]
+    expected_type = "docker.image.rootfs.diff.tar.gzip" if docker else "oci.image.layer.v1.tar+gzip"
+    assert manifest["layers"][-1]["mediaType"].endswith(expected_type)
+
+    # The config: the new diff_id, a history entry, the labels and the env.
+    config = json.loads(config_raw.stdout)
+    assert len(config["rootfs"]["diff_ids"]) == 2
+    assert config["history"][-1]["created_by"].startswith("artifactd image append")
+    assert config["config"]["Labels"]["io.artifactd.fingerprint"] == fp_hash
+    assert config["config"]["Labels"]["base"] == "yes"
+    assert config["config"]["Labels"]["io.artifactd.families"] == "generic"
+    assert "ARTIFACTD_PREBUILT=/opt/prebuilt-cache" in config["config"]["Env"]
+
+    # Pull it with skopeo, unpack the new layer as a runtime would, restore from it.
+    out = tmp_path / "pulled"
+    skopeo("copy", "--src-tls-verify=false", f"docker://{to}", f"oci:{out}:app")
+    layer_path = out / "blobs" / "sha256" / doc["layer_digest"].removeprefix("sha256:")
+    data = gzip.decompress(layer_path.read_bytes())
+    assert "sha256:" + hashlib.sha256(data).hexdigest() == config["rootfs"]["diff_ids"][-1]
+    rootfs = tmp_path / "rootfs"
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(rootfs, filter="data")
+    baked = rootfs / "opt" / "prebuilt-cache" / fp_hash
+    assert (baked / "oci-layout").is_file()
+    target = tmp_path / "volume"
+    proc = run_artifactd(
+        "restore", "--store", f"oci:{baked}", "--target", str(target), "--json", "--require",
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["restored"] == ["generic"]
+    assert (target / "generic" / "axpy.sm_90a.cubin").is_file()
+
+
+def test_append_twice_writes_the_same_image_and_uploads_nothing(
+    tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
+) -> None:
+    art_ref, env = artifact
+    base = push_base(make_base(tmp_path), registry, repo, docker=False)
+    to = registry.ref(f"{repo}-app:1")
+    first = append("--base", base, "--artifact", art_ref, "--to", to, env=env)
+    again = append("--base", base, "--artifact", art_ref, "--to", to, env=env)
+    assert again["digest"] == first["digest"]
+    assert again["layer_digest"] == first["layer_digest"]
+    assert first["bytes_uploaded"] > 0
+    assert again["bytes_uploaded"] == 0
+
+
+def test_zstd_needs_an_oci_base(
+    tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
+) -> None:
+    art_ref, env = artifact
+    layout = make_base(tmp_path)
+    docker = push_base(layout, registry, repo, docker=True)
+    to = registry.ref(f"{repo}-app:z")
+    proc = run_artifactd(
+        "image", "append", "--base", docker, "--artifact", art_ref, "--to", to,
+        "--compression", "zstd", env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "no zstd layer type" in proc.stderr
+    oci = push_base(layout, registry, f"{repo}-oci", docker=False)
+    doc = append("--base", oci, "--artifact", art_ref, "--to", to, "--compression", "zstd", env=env)
+    manifest = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{to}").stdout)
+    assert manifest["layers"][-1]["mediaType"] == "application/vnd.oci.image.layer.v1.tar+zstd"
+    assert doc["digest"] != ""
+
+
+def test_base_in_another_registry_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    proc = run_artifactd(
+        "image", "append", "--base", "127.0.0.1:1/base:1", "--artifact", "oci:nowhere:x",
+        "--to", "127.0.0.1:2/app:1", env=clean_env({"HOME": str(tmp_path)}),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "different registries" in proc.stderr
+    assert "Traceback" not in proc.stderr
