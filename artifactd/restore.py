@@ -247,9 +247,13 @@ def _stage_all(
 
 
 class RestoreRequest(NamedTuple):
-    """Everything the init container is told (flags or ``ARTIFACTD_*`` variables)."""
+    """Everything the init container is told (flags or ``ARTIFACTD_*`` variables).
 
-    store: str
+    ``store`` None means the default: the store baked into this image for this
+    fingerprint, if there is one, else the local one (:func:`default_store`).
+    """
+
+    store: str | None
     target: Path
     families: Sequence[str] | None = None
     consumer_user: str | None = None
@@ -319,8 +323,11 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
     everything else becomes the outcome's failure.
     """
     from artifactd.probing import flatten, hashed_view, raw_hash
-    from artifactd.stores import open_store
+    from artifactd.stores import default_store, open_store
 
+    if request.store is None:
+        request = request._replace(store=default_store(raw_hash(raw_fingerprint)))
+    assert request.store is not None  # noqa: S101 - for the type checker: just set
     kwargs: dict[str, Any] = {"env_file": request.env_file, "step_hook": step_hook}
     if request.lock_timeout is not None:
         kwargs["lock_timeout"] = request.lock_timeout

@@ -177,13 +177,14 @@ def test_append_bakes_a_store_that_restores_without_any_registry(
         tar.extractall(rootfs, filter="data")
     baked = rootfs / "opt" / "prebuilt-cache" / fp_hash
     assert (baked / "oci-layout").is_file()
+    # No --store: the image's own baked store for this fingerprint, no registry.
     target = tmp_path / "volume"
-    proc = run_artifactd(
-        "restore", "--store", f"oci:{baked}", "--target", str(target), "--json", "--require",
-        env=env,
-    )  # fmt: skip
+    pod = {**env, "ARTIFACTD_PREBUILT": str(rootfs / "opt" / "prebuilt-cache")}
+    proc = run_artifactd("restore", "--target", str(target), "--json", "--require", env=pod)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["restored"] == ["generic"]
+    restored = json.loads(proc.stdout)
+    assert restored["restored"] == ["generic"]
+    assert restored["plan"]["store"] == f"oci:{baked}"
     assert (target / "generic" / "axpy.sm_90a.cubin").is_file()
 
 
@@ -229,3 +230,32 @@ def test_base_in_another_registry_is_refused_before_anything_moves(tmp_path: Pat
     assert proc.returncode == 2
     assert "different registries" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_restore_prefers_the_baked_store_only_for_its_own_fingerprint(tmp_path: Path) -> None:
+    """Without --store: the baked store for this fingerprint, else the local default."""
+    env = clean_env(
+        {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
+    )
+    store = f"oci:{tmp_path / 'store'}"
+    done = run_artifactd("harvest", "--store", store, "--family", "generic", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    fp_hash = json.loads(done.stdout)["fingerprint_hash"]
+    prebuilt = tmp_path / "prebuilt"
+    copied = run_artifactd("copy", store, f"oci:{prebuilt / fp_hash}", "--json", env=env)
+    assert copied.returncode == 0, copied.stderr
+    pod = {**env, "ARTIFACTD_PREBUILT": str(prebuilt)}
+
+    def restore(*args: str) -> dict[str, Any]:
+        proc = run_artifactd("restore", "--json", *args, env=pod, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc
+
+    assert restore("--target", "a")["plan"]["store"] == f"oci:{prebuilt / fp_hash}"
+    # Another fingerprint: the baked store is not for it; the local default is used.
+    other = restore("--target", "b", "--workload", "model=other")
+    assert other["plan"]["store"] == "oci:.artifactd/store"
+    assert other["status"] == "failed"  # no local store here: fails open
+    # An explicit store wins over the baked one.
+    assert restore("--target", "c", "--store", store)["plan"]["store"] == store

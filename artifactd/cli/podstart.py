@@ -45,7 +45,7 @@ def fingerprint(
 
 def restore(
     *,
-    store: str,
+    store: str | None,
     insecure: bool,
     target: Path,
     families: Sequence[str],

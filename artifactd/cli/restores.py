@@ -14,7 +14,7 @@ from artifactd.cli.options import options
 @options(S.COMMANDS["restore"])
 def restore(
     *,
-    store: str,
+    store: str | None,
     insecure: bool,
     target: Path,
     families: tuple[str, ...],

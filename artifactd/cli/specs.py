@@ -64,6 +64,15 @@ STORE = Opt(
     default=C.DEFAULT_STORE,
     show_default=True,
 )
+#: ``restore --store``: unset means the baked store for this fingerprint, else the local one.
+RESTORE_STORE = Opt(
+    "--store",
+    "store",
+    "Store: oci:PATH (local OCI layout directory) or HOST[:PORT]/REPO (registry). "
+    "Default: the store baked into this image for this fingerprint "
+    "(ARTIFACTD_PREBUILT/<hash>, /opt/prebuilt-cache/<hash>), else oci:.artifactd/store.",
+    C.ENV_STORE,
+)
 FAMILY = Opt(
     "--family",
     "families",
@@ -164,7 +173,7 @@ LOCK_TIMEOUT = Opt(
 COMMANDS: dict[str, tuple[Opt, ...]] = {
     "fingerprint": (*FINGERPRINT, JSON, HASH),
     "restore": (
-        STORE,
+        RESTORE_STORE,
         INSECURE,
         TARGET,
         FAMILY,

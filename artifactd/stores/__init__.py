@@ -11,7 +11,7 @@ Artifact references add a tag or digest: ``oci:PATH:TAG``, ``oci:PATH@sha256:...
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +24,7 @@ __all__ = [
     "ArtifactRef",
     "ManifestRef",
     "Store",
+    "default_store",
     "list_tags",
     "open_store",
     "opened",
@@ -106,3 +107,20 @@ def list_tags(ref: str, *, insecure: bool = False) -> list[str]:
     """Return every tag in the store ``ref`` names (``artifactd ls``)."""
     with open_store(ref, insecure=insecure) as st:
         return st.list_tags()
+
+
+def default_store(fingerprint_hash: str, environ: Mapping[str, str] | None = None) -> str:
+    """Return the store a restore without ``--store`` uses.
+
+    The store baked into a runtime image for exactly this fingerprint
+    (``$ARTIFACTD_PREBUILT/<hash>/``, default ``/opt/prebuilt-cache/<hash>/``,
+    as ``image append`` writes it) when it is there: no network needed. Else
+    the local default, ``oci:.artifactd/store``.
+    """
+    from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
+
+    env = current_environ() if environ is None else environ
+    baked = Path(env.get(ENV_PREBUILT) or DEFAULT_PREBUILT) / fingerprint_hash
+    if (baked / "oci-layout").is_file():
+        return f"oci:{baked}"
+    return DEFAULT_STORE
