@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import platform
 import shutil
 import subprocess
 import tarfile
@@ -23,7 +24,12 @@ from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer
 
+from artifactd.manifest import goarch
+
 SKOPEO = shutil.which("skopeo")
+#: This machine's architecture, as OCI names it: the artifacts built here are for it.
+ARCH = goarch(platform.machine())
+OTHER = "arm64" if ARCH != "arm64" else "amd64"
 pytestmark = pytest.mark.skipif(SKOPEO is None, reason="skopeo not installed (scripts/setup.sh)")
 
 
@@ -50,7 +56,7 @@ def make_base(tmp: Path) -> Path:
         layout,
         json.dumps(
             {
-                "architecture": "amd64",
+                "architecture": ARCH,
                 "os": "linux",
                 "config": {"Env": ["PATH=/usr/bin:/bin"], "Labels": {"base": "yes"}},
                 "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -139,7 +145,7 @@ def test_append_bakes_a_store_that_restores_without_any_registry(
     doc = append("--base", base, "--artifact", art_ref, "--to", to, env=env)
     fp_hash = doc["fingerprint_hash"]
     assert doc["schema_version"] == 1
-    assert doc["platforms"] == ["amd64"]
+    assert doc["platforms"] == [ARCH]
 
     # Only the new layer, the new config and the manifest were stored; the base's
     # layer was mounted, not sent again.
@@ -259,3 +265,104 @@ def test_restore_prefers_the_baked_store_only_for_its_own_fingerprint(tmp_path: 
     assert other["status"] == "failed"  # no local store here: fails open
     # An explicit store wins over the baked one.
     assert restore("--target", "c", "--store", store)["plan"]["store"] == store
+
+
+def make_index_base(tmp: Path) -> Path:
+    """An OCI layout whose tag ``base`` is an index: linux/amd64 and linux/arm64 images."""
+    layout = make_base(tmp)
+    index = json.loads((layout / "index.json").read_text())
+    amd64 = index["manifests"][0]
+    amd64_manifest = json.loads(
+        (layout / "blobs" / "sha256" / amd64["digest"].removeprefix("sha256:")).read_bytes()
+    )
+    config = json.loads(
+        (
+            layout / "blobs" / "sha256" / amd64_manifest["config"]["digest"].removeprefix("sha256:")
+        ).read_bytes()
+    )
+    arm_config = _blob(layout, json.dumps({**config, "architecture": OTHER}).encode())
+    arm_manifest = _blob(
+        layout,
+        json.dumps(
+            {**amd64_manifest, "config": {**amd64_manifest["config"], **arm_config}}
+        ).encode(),
+    )
+    media = "application/vnd.oci.image.manifest.v1+json"
+    entries = [
+        {"mediaType": media, "digest": amd64["digest"], "size": amd64["size"],
+         "platform": {"os": "linux", "architecture": ARCH}},
+        {"mediaType": media, **arm_manifest, "platform": {"os": "linux", "architecture": OTHER}},
+    ]  # fmt: skip
+    top = _blob(
+        layout,
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": entries,
+            }
+        ).encode(),
+    )
+    (layout / "index.json").write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "manifests": [
+                    {
+                        "mediaType": "application/vnd.oci.image.index.v1+json",
+                        **top,
+                        "annotations": {"org.opencontainers.image.ref.name": "base"},
+                    }
+                ],
+            }
+        )
+    )
+    return layout
+
+
+def test_an_index_base_gets_the_layer_on_the_matching_platform_only(
+    tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
+) -> None:
+    art_ref, env = artifact
+    layout = make_index_base(tmp_path)
+    base = registry.ref(f"{repo}:1")
+    skopeo("copy", "--all", "--dest-tls-verify=false", f"oci:{layout}:base", f"docker://{base}")
+    to = registry.ref(f"{repo}-app:1")
+    doc = append("--base", base, "--artifact", art_ref, "--to", to, env=env)
+    assert doc["platforms"] == [ARCH]
+    assert doc["media_type"] == "application/vnd.oci.image.index.v1+json"
+    index = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{to}").stdout)
+    old = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{base}").stdout)
+    by_arch = {m["platform"]["architecture"]: m for m in index["manifests"]}
+    old_by_arch = {m["platform"]["architecture"]: m for m in old["manifests"]}
+    assert by_arch[OTHER] == old_by_arch[OTHER]  # carried over untouched
+    assert by_arch[ARCH]["digest"] != old_by_arch[ARCH]["digest"]
+    for arch, layers in ((ARCH, 2), (OTHER, 1)):
+        ref = f"docker://{registry.ref(repo + '-app')}@{by_arch[arch]['digest']}"
+        manifest = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", ref).stdout)
+        assert len(manifest["layers"]) == layers
+    # Every platform of the result pulls (its blobs are all in the target repository).
+    skopeo("copy", "--all", "--src-tls-verify=false", f"docker://{to}", f"oci:{tmp_path / 'out'}:x")
+
+
+def test_a_base_of_another_architecture_is_refused(
+    tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
+) -> None:
+    art_ref, env = artifact
+    layout = make_index_base(tmp_path)
+    index = json.loads((layout / "index.json").read_text())["manifests"][0]
+    top = json.loads(
+        (layout / "blobs/sha256" / index["digest"].removeprefix("sha256:")).read_text()
+    )
+    other = next(m for m in top["manifests"] if m["platform"]["architecture"] == OTHER)
+    (layout / "index.json").write_text(
+        json.dumps({"schemaVersion": 2, "manifests": [{**other, "annotations": {
+            "org.opencontainers.image.ref.name": "base"}}]})
+    )  # fmt: skip
+    base = push_base(layout, registry, repo, docker=False)
+    proc = run_artifactd(
+        "image", "append", "--base", base, "--artifact", art_ref,
+        "--to", registry.ref(f"{repo}-app:1"), env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"a {OTHER} image" in proc.stderr

@@ -336,6 +336,12 @@ class _Append:
         if not hasher.matches(desc["digest"], desc["size"]):
             raise IntegrityError(f"{self.src.ref}: config {desc['digest']} does not match")
         cfg = json.loads(b"".join(chunks))
+        arch = self.art.config.architecture
+        if cfg.get("architecture", arch) != arch:
+            raise UsageError(
+                f"the base is a {cfg['architecture']} image and the caches were built on {arch}",
+                hint="append to an image of the architecture the caches were built on",
+            )
         cfg.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"].append(
             self.layer.diff_id
         )
