@@ -45,6 +45,7 @@ from artifactd.events import EventSink, discard
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
 from artifactd.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, full_tag
 from artifactd.stores import open_store, parse_artifact_ref
+from artifactd.stores.base import progress_events
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
 
 Compression = Literal["gzip", "zstd"]
@@ -124,7 +125,15 @@ def append_image(
             top = src.get_manifest(base_ref.reference, accept=IMAGE_ACCEPT)
             if top is None:
                 raise NotFoundError(f"{src.ref} has no image {base_ref.reference}")
-            job = _Append(src, dst, base_repo=base_ref.repo, art=art, layer=layer, work=Path(tmp))
+            job = _Append(
+                src,
+                dst,
+                base_repo=base_ref.repo,
+                art=art,
+                layer=layer,
+                work=Path(tmp),
+                on_event=on_event,
+            )
             media_type = top.media_type or json.loads(top.data).get("mediaType", "")
             if media_type in (INDEX_MEDIA_TYPE, DOCKER_INDEX):
                 data = job.index(top.data)
@@ -263,9 +272,10 @@ class _Append:
         art: Artifact,
         layer: BakedLayer,
         work: Path,
+        on_event: EventSink,
     ) -> None:
         self.src, self.dst, self.base_repo = src, dst, base_repo
-        self.art, self.layer, self.work = art, layer, work
+        self.art, self.layer, self.work, self.on_event = art, layer, work, on_event
         self.uploaded = 0
         self.reused = 0
         self.platforms: list[str] = []
@@ -314,7 +324,12 @@ class _Append:
         path = self.work / "config.json"
         path.write_bytes(config)
         self.uploaded += self.dst.put_blob(path, config_digest, len(config))
-        self.uploaded += self.dst.put_blob(self.layer.path, self.layer.digest, self.layer.size)
+        progress = progress_events(
+            self.on_event, stage="append", family="layer", total=self.layer.size
+        )
+        self.uploaded += self.dst.put_blob(
+            self.layer.path, self.layer.digest, self.layer.size, progress
+        )
         doc["config"] = {**doc["config"], "digest": config_digest, "size": len(config)}
         doc["layers"] = [
             *doc.get("layers", []),
