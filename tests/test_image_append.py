@@ -12,7 +12,6 @@ import gzip
 import hashlib
 import io
 import json
-import platform
 import shutil
 import subprocess
 import tarfile
@@ -22,71 +21,13 @@ from typing import Any
 import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
+from images import ARCH, make_base
+from images import blob as _blob
 from registry_server import RegistryServer
 
-from artifactd.manifest import goarch
-
 SKOPEO = shutil.which("skopeo")
-#: This machine's architecture, as OCI names it: the artifacts built here are for it.
-ARCH = goarch(platform.machine())
 OTHER = "arm64" if ARCH != "arm64" else "amd64"
 pytestmark = pytest.mark.skipif(SKOPEO is None, reason="skopeo not installed (scripts/setup.sh)")
-
-
-def _blob(layout: Path, data: bytes) -> dict[str, Any]:
-    digest = hashlib.sha256(data).hexdigest()
-    (layout / "blobs" / "sha256" / digest).write_bytes(data)
-    return {"digest": f"sha256:{digest}", "size": len(data)}
-
-
-def make_base(tmp: Path) -> Path:
-    """An OCI layout with one image, tag ``base``: a gzip layer with ``/app/hello``."""
-    layout = tmp / "base-layout"
-    (layout / "blobs" / "sha256").mkdir(parents=True)
-    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        payload = b"#!/bin/sh\necho hello\n"
-        info = tarfile.TarInfo("app/hello")
-        info.size, info.mode = len(payload), 0o755
-        tar.addfile(info, io.BytesIO(payload))
-    diff_id = "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()
-    layer = _blob(layout, gzip.compress(raw.getvalue(), mtime=0))
-    config = _blob(
-        layout,
-        json.dumps(
-            {
-                "architecture": ARCH,
-                "os": "linux",
-                "config": {"Env": ["PATH=/usr/bin:/bin"], "Labels": {"base": "yes"}},
-                "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-                "history": [{"created_by": "test base layer"}],
-            }
-        ).encode(),
-    )
-    manifest = _blob(
-        layout,
-        json.dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}],
-            }
-        ).encode(),
-    )
-    index = {
-        "schemaVersion": 2,
-        "manifests": [
-            {
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                **manifest,
-                "annotations": {"org.opencontainers.image.ref.name": "base"},
-            }
-        ],
-    }
-    (layout / "index.json").write_text(json.dumps(index))
-    return layout
 
 
 def skopeo(*args: str) -> subprocess.CompletedProcess[str]:
