@@ -218,6 +218,8 @@ class CacheVolume:
                 self.recover()
         except TargetError:
             return False  # a restore is running: its own repair step cleans up
+        except (ArtifactdError, OSError):
+            return False  # best effort: the caches in place are intact, the no-op stands
         return True
 
     def recover(self) -> str | None:

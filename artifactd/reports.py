@@ -63,7 +63,7 @@ def result_report(result: Any) -> dict[str, Any]:
     (:class:`~artifactd.build.BuildResult`) and ``copy``
     (:class:`~artifactd.artifacts.CopyResult`): their fields, plus ``schema_version``.
     """
-    return versioned(jsonable(result))
+    return {"schema_version": REPORT_SCHEMA_VERSION, **jsonable(result)}
 
 
 def fingerprint_report(raw: Mapping[str, Any], digest: str) -> dict[str, Any]:

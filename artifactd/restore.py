@@ -325,8 +325,9 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
     from artifactd.probing import flatten, hashed_view, raw_hash
     from artifactd.stores import default_store, open_store
 
+    fp_hash = raw_hash(raw_fingerprint)
     if request.store is None:
-        request = request._replace(store=default_store(raw_hash(raw_fingerprint)))
+        request = request._replace(store=default_store(fp_hash))
     assert request.store is not None  # noqa: S101 - for the type checker: just set
     kwargs: dict[str, Any] = {"env_file": request.env_file, "step_hook": step_hook}
     if request.lock_timeout is not None:
@@ -344,7 +345,7 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
             return _failed(plan, exc, request.require)
         with store:
             flat = flatten(hashed_view(raw_fingerprint))
-            quick = noop_plan(store, raw_hash(raw_fingerprint), flat, volume, families=fams)
+            quick = noop_plan(store, fp_hash, flat, volume, families=fams)
             if quick is not None:
                 if not request.dry_run:
                     volume.tidy()  # a restore killed after its commit left the old trees

@@ -307,3 +307,26 @@ def test_a_base_of_another_architecture_is_refused(
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert f"a {OTHER} image" in proc.stderr
+
+
+def test_a_base_whose_config_claims_gigabytes_is_refused_before_reading_it(
+    tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
+) -> None:
+    """A consistent-looking manifest that claims a 4 GiB config: nothing is read whole."""
+    from artifactd.stores import open_store
+
+    art_ref, env = artifact
+    base = push_base(make_base(tmp_path), registry, repo, docker=False)
+    manifest = json.loads(
+        skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{base}").stdout
+    )
+    manifest["config"]["size"] = 4 << 30
+    with open_store(registry.ref(repo)) as st:
+        st.put_manifest(json.dumps(manifest).encode(), manifest["mediaType"], ["huge"])
+    proc = run_artifactd(
+        "image", "append", "--base", registry.ref(f"{repo}:huge"), "--artifact", art_ref,
+        "--to", registry.ref(f"{repo}-app:1"), env=env,
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr
+    assert "not an image config" in proc.stderr
+    assert "Traceback" not in proc.stderr

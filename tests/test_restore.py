@@ -346,3 +346,30 @@ def test_a_noop_removes_what_a_restore_killed_after_its_commit_left(
     assert run_restore(request, raw).status == "noop"
     assert not left.exists()
     assert CacheVolume(target).installed() is not None
+
+
+def test_a_noop_stands_when_removing_leftovers_fails(
+    tmp_path: Path,
+    caches: dict[str, str],
+    store: LayoutStore,
+    local_fp: Fingerprint,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tidying is best effort: the caches in place are intact, so the no-op stands."""
+    from artifactd.restore import RestoreRequest, run_restore
+
+    harvest(store, local_fp, environ=caches)
+    target = tmp_path / "target"
+    request = RestoreRequest(store=store.ref, target=target)
+    raw = local_fp.model_dump(mode="json")
+    assert run_restore(request, raw).status == "restored"
+    left = target / STATE_DIR / "staging-0123456789ab"
+    left.mkdir()
+
+    def broken(self: CacheVolume) -> str | None:  # a fault planted in our own code
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(CacheVolume, "recover", broken)
+    out = run_restore(request, raw)
+    assert (out.status, out.exit_code, out.failure) == ("noop", 0, None)
+    assert left.is_dir()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from artifactd.cli import podstart, render
@@ -21,15 +23,7 @@ from artifactd.cli.specs import family_names
 
 @cli.command()
 @options(S.COMMANDS["fingerprint"])
-def fingerprint(
-    *,
-    gpu_arch: str | None,
-    image_digest: str | None,
-    workload: tuple[str, ...],
-    overrides: tuple[str, ...],
-    as_json: bool,
-    hash_only: bool,
-) -> None:
+def fingerprint(**options: Any) -> None:
     """Print this environment's compatibility fingerprint.
 
     Probes without importing torch: GPU and driver through NVML when present,
@@ -37,14 +31,7 @@ def fingerprint(
     platform, CPU ISA, compilers. Informational fields (hostname, time) are
     shown but never hashed.
     """
-    podstart.fingerprint(
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        workload=workload,
-        overrides=overrides,
-        as_json=as_json,
-        hash_only=hash_only,
-    )
+    podstart.fingerprint(**options)
 
 
 @cli.command()

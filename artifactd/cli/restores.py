@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 from artifactd.cli import podstart
 from artifactd.cli import specs as S  # noqa: N812
@@ -12,24 +12,7 @@ from artifactd.cli.options import options
 
 @cli.command()
 @options(S.COMMANDS["restore"])
-def restore(
-    *,
-    store: str | None,
-    insecure: bool,
-    target: Path,
-    families: tuple[str, ...],
-    gpu_arch: str | None,
-    image_digest: str | None,
-    workload: tuple[str, ...],
-    overrides: tuple[str, ...],
-    env_file: Path | None,
-    consumer_user: str | None,
-    require: bool,
-    dry_run: bool,
-    max_bytes: str | None,
-    lock_timeout: float | None,
-    as_json: bool,
-) -> None:
+def restore(**options: Any) -> None:
     """Install the caches that match this machine into TARGET (the init container's job).
 
     Looks up the artifact tagged with the local fingerprint; failing that, each
@@ -50,20 +33,4 @@ def restore(
       ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
       ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.
     """
-    podstart.restore(
-        store=store,
-        insecure=insecure,
-        target=target,
-        families=families,
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        workload=workload,
-        overrides=overrides,
-        env_file=env_file,
-        consumer_user=consumer_user,
-        require=require,
-        dry_run=dry_run,
-        max_bytes=max_bytes,
-        lock_timeout=lock_timeout,
-        as_json=as_json,
-    )
+    podstart.restore(**options)

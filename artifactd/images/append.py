@@ -57,6 +57,8 @@ _LAYER_TYPES = {
     (MANIFEST_MEDIA_TYPE, "zstd"): "application/vnd.oci.image.layer.v1.tar+zstd",
     (DOCKER_MANIFEST, "gzip"): "application/vnd.docker.image.rootfs.diff.tar.gzip",
 }
+#: An image config is read whole to be edited: refuse one claiming more than this.
+MAX_CONFIG = 4 << 20
 #: Labels the appended image carries.
 LABEL_FINGERPRINT = "io.artifactd.fingerprint"
 LABEL_ARTIFACT = "io.artifactd.artifact"
@@ -340,6 +342,11 @@ class _Append:
 
     def _config(self, desc: dict[str, Any]) -> bytes:
         """Return the base config with the diff_id, a history entry, labels and env added."""
+        if desc["size"] > MAX_CONFIG:
+            raise IntegrityError(
+                f"{self.src.ref}: config {desc['digest']} claims {desc['size']} bytes "
+                f"(over {MAX_CONFIG >> 20} MiB): not an image config"
+            )
         hasher = Hasher()
         chunks = []
         with self.src.open_blob(desc["digest"], desc["size"]) as reader:
