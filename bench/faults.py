@@ -36,7 +36,6 @@ Usage: python bench/faults.py [--quick] [--kill-iterations 20] [--kill-mb 300]
 from __future__ import annotations
 
 import argparse
-import errno
 import fcntl
 import hashlib
 import json
@@ -78,8 +77,9 @@ from crashes import (  # noqa: E402
     run_killed_at,
 )
 from crashes import snapshot as target_snapshot  # noqa: E402
+from diskfaults import fill, free_bytes, mount_tmpfs, unmount  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
-from hostile import CASES, PWN, Case  # noqa: E402
+from hostile import CASES, EXIT, PWN, Case  # noqa: E402
 from registry_server import RegistryServer, free_port, start_registry  # noqa: E402
 
 from artifactd.destination import LOCK_NAME, MARKER_NAME, STATE_DIR, CacheVolume  # noqa: E402
@@ -89,16 +89,6 @@ from artifactd.restore import RestoreOutcome, RestoreRequest, run_restore  # noq
 from artifactd.stores import open_store  # noqa: E402
 from artifactd.stores.transport import ATTEMPTS  # noqa: E402
 
-#: The documented exit code of each failure kind under --require.
-EXIT = {
-    "unreachable": 3,
-    "not_found": 4,
-    "corrupt": 5,
-    "hostile": 5,
-    "schema": 5,
-    "no_space": 9,
-    "target": 10,
-}
 #: Every faulted CLI restore must end within this many seconds.
 BOUND = 30.0
 #: Transport constants patched in the CLI subprocess (as tests/test_restore_faults.py
@@ -254,67 +244,6 @@ def measure(row: Row, watch: Watch) -> None:
     row.outside = nbytes
     if paths:
         row.problems.append(f"{len(paths)} paths changed outside staging: {paths[:3]}")
-
-
-# --------------------------------------------------------------------------
-# Filesystems
-# --------------------------------------------------------------------------
-
-
-def mount_tmpfs(path: Path, options: str) -> str | None:
-    """Mount a tmpfs at ``path``; return why not, or None."""
-    path.mkdir(parents=True, exist_ok=True)
-    if shutil.which("mount") is None:
-        return "no mount(8) here"
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return None if proc.returncode == 0 else f"mount not permitted: {proc.stderr.strip()}"
-
-
-def umount(path: Path) -> None:
-    if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-@contextmanager
-def tmpfs(path: Path, options: str) -> Iterator[str | None]:
-    """A mounted tmpfs (yields None), or the reason it could not be (yields it)."""
-    why = mount_tmpfs(path, options)
-    try:
-        yield why
-    finally:
-        if why is None:
-            umount(path)
-
-
-def free_bytes(path: Path) -> int:
-    vfs = os.statvfs(path)
-    return vfs.f_bavail * vfs.f_frsize
-
-
-def fill(filler: Path, leave: int = 0) -> None:
-    """Take the free space of ``filler``'s filesystem, all of it or all but ``leave`` bytes."""
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        if leave:
-            grow = free_bytes(filler.parent) - leave
-            if grow > 0:
-                os.posix_fallocate(fd, os.fstat(fd).st_size, grow)
-            return
-        for size in (1 << 20, 4096, 1):
-            block = bytes(size)
-            try:
-                while os.write(fd, block) == size:
-                    pass
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------
@@ -762,10 +691,13 @@ class Skip(Exception):  # noqa: N818 - a reason, not an error
 
 @contextmanager
 def mounted(path: Path, size: str) -> Iterator[Path]:
-    with tmpfs(path, f"size={size},mode=0755") as why:
-        if why is not None:
-            raise Skip(why)
+    why = mount_tmpfs(path, size)
+    if why is not None:
+        raise Skip(why)
+    try:
         yield path
+    finally:
+        unmount(path)
 
 
 def case_full_preflight(sc: Scene, row: Row) -> None:

@@ -60,6 +60,17 @@ from artifactd.oci import (
 from artifactd.stores import Store
 from artifactd.stores.layout import LayoutStore
 
+#: The documented exit code of each failure kind under --require (the README's
+#: table, written out by hand so that the tests check the code against it).
+EXIT = {
+    "unreachable": 3,
+    "not_found": 4,
+    "corrupt": 5,
+    "hostile": 5,
+    "schema": 5,
+    "no_space": 9,
+    "target": 10,
+}
 #: File name every escaping member aims at.
 PWN = "artifactd-hostile-pwn"
 #: From a member's component dir in staging (<target>/.artifactd/staging-x/<family>/<comp>)

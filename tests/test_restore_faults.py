@@ -16,13 +16,11 @@ marker, env file) with no staging dir, journal or temp file left behind.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -37,6 +35,7 @@ from typing import Any
 import pytest
 from cachetrees import build_caches
 from conftest import clean_env
+from diskfaults import fill, free_bytes, mount_tmpfs, unmount
 from faultproxy import FaultProxy
 from registry_server import RegistryServer, free_port
 
@@ -260,51 +259,13 @@ def _assert_failed(
 @contextmanager
 def _tmpfs(path: Path, size: str) -> Iterator[Path]:
     """Mount a tmpfs of ``size`` at ``path``; skip when mounting is not permitted."""
-    path.mkdir(parents=True)
-    if shutil.which("mount") is None:
-        pytest.skip("no mount(8) on this machine: the tmpfs target cannot be made")
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here (needs root): {proc.stderr.strip()}")
+    why = mount_tmpfs(path, size)
+    if why is not None:
+        pytest.skip(why)
     try:
         yield path
     finally:
-        done = subprocess.run(["umount", str(path)], capture_output=True, check=False)
-        if done.returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-def _free(path: Path) -> int:
-    vfs = os.statvfs(path)
-    return vfs.f_bavail * vfs.f_frsize
-
-
-def _fill(filler: Path, leave: int = 0) -> None:
-    """Grow ``filler`` until only ``leave`` bytes are free (0: until ENOSPC)."""
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        if leave:
-            want = _free(filler.parent) - leave
-            if want > 0:
-                os.posix_fallocate(fd, os.fstat(fd).st_size, want)
-            return
-        for chunk in (1 << 20, 4096, 1):
-            block = b"\0" * chunk
-            while True:
-                try:
-                    if os.write(fd, block) < chunk:
-                        break
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-    finally:
-        os.close(fd)
+        unmount(path)
 
 
 # --------------------------------------------------------------------------
@@ -448,7 +409,7 @@ def test_full_disk_caught_by_the_preflight_downloads_nothing(scene: Scene) -> No
     layers = _layers(_publish(scene.registry, scene.repo, scene.trees, scene.fp))
     with _tmpfs(scene.tmp / "mnt", "8m") as mnt:
         # Leave less than the layers need (their files plus the 1 MiB margin).
-        _fill(mnt / "filler", leave=512 << 10)
+        fill(mnt / "filler", leave=512 << 10)
         target = mnt / "target"
         docs = _assert_failed(scene.ref, target, kind="no_space", code=EXIT_NO_SPACE, cwd=scene.tmp)
         message = docs[1]["failure"]["message"]
@@ -477,8 +438,8 @@ def test_disk_full_mid_extraction_keeps_the_previous_cache(scene: Scene) -> None
             # the preflight has passed; leave 64 KiB, less than the 256 KiB file.
             with lock:
                 if digest in v2.values() and not filler.exists():
-                    _fill(filler, leave=64 << 10)
-                    fills.append(_free(mnt))
+                    fill(filler, leave=64 << 10)
+                    fills.append(free_bytes(mnt))
 
         scene.proxy.on_blob_get = fill_disk
         for require in (False, True):
@@ -505,7 +466,7 @@ def test_enospc_at_the_marker_write_rolls_the_install_back(scene: Scene) -> None
         def hook(step: str) -> None:
             steps.append(step)
             if step == "env-staged":
-                _fill(filler)  # completely: the marker's write gets ENOSPC
+                fill(filler)  # completely: the marker's write gets ENOSPC
 
         for require in (False, True):
             steps.clear()

@@ -27,24 +27,13 @@ from typing import Any
 import pytest
 from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
 from conftest import run_artifactd
-from hostile import CASE_NAMES, CASES, PWN, Case, blob_path, get_case, honest
+from hostile import CASE_NAMES, CASES, EXIT, PWN, Case, blob_path, get_case, honest
 
 from artifactd.destination import MARKER_NAME, STATE_DIR
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
 from artifactd.restore import RestoreOutcome, RestoreRequest, run_restore
 from artifactd.stores import Store, open_store
-
-#: The documented exit code of each failure kind under --require.
-EXIT = {
-    "unreachable": 3,
-    "not_found": 4,
-    "corrupt": 5,
-    "hostile": 5,
-    "schema": 5,
-    "no_space": 9,
-    "target": 10,
-}
 
 
 def _with_workload(fp: Fingerprint, model: str) -> Fingerprint:
