@@ -8,6 +8,13 @@ Each file is hashed while it is copied into the tar.
 
 Every component root is written as a directory member first, even when it is
 empty: restore refuses a layer that declares a component it does not carry.
+
+Given the family's scope, the layer is written in format 2: every member sits
+under ``<family>/`` and the layer ends with the family's tree document
+(:class:`~artifactd.manifest.FamilyTree` at ``<family>/.artifactd-layer.json``),
+so a runtime that merges several layers gives one self-describing directory
+per family. Without it, format 1 (members ``<component>/...``), which only
+tests still write, to prove that restore reads old artifacts.
 Unpacking, the dangerous half, lives in :mod:`artifactd.unpack`.
 """
 
@@ -17,8 +24,10 @@ import io
 import os
 import stat
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import zstandard
 
@@ -26,7 +35,7 @@ from artifactd.errors import IntegrityError
 from artifactd.families.base import Family, Located
 from artifactd.families.tree import walk_component
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
-from artifactd.manifest import FileEntry, SkippedEntry
+from artifactd.manifest import TREE_DOC, FamilyTree, FileEntry, SkippedEntry
 
 #: mtime written for every member of families that do not keep mtimes.
 FIXED_MTIME = 0
@@ -57,6 +66,8 @@ class PackedLayer:
     files: list[FileEntry]
     skipped: list[SkippedEntry] = field(default_factory=list)
     pinned: list[str] = field(default_factory=list)
+    #: Format 2 only: the tree document the layer ends with.
+    tree: FamilyTree | None = None
 
     @property
     def unpacked_size(self) -> int:
@@ -83,12 +94,24 @@ def link_inside(rel: PurePosixPath, target: str) -> bool:
     return True
 
 
-def pack_family(family: Family, located: list[Located], out: Path) -> PackedLayer:
+def pack_family(
+    family: Family,
+    located: list[Located],
+    out: Path,
+    *,
+    scope_key: str | None = None,
+    scope: Mapping[str, Any] | None = None,
+) -> PackedLayer:
     """Pack the located components of ``family`` into ``out`` (a .tar.zst file).
 
-    Members are named ``<component>/<relative path>``. Files the family marks as
-    path-bearing are stored with their root replaced by a placeholder.
+    With ``scope_key`` (and the ``scope`` fields it hashes), format 2: members
+    are ``<family>/<component>/<relative path>``, then ``<family>/`` plus
+    :data:`~artifactd.manifest.TREE_DOC`. Without, format 1: members are
+    ``<component>/<relative path>``. Files the family marks as path-bearing are
+    stored with their root replaced by a placeholder.
     """
+    prefix = f"{family.name}/" if scope_key is not None else ""
+    tree: FamilyTree | None = None
     files: list[FileEntry] = []
     skipped: list[SkippedEntry] = []
     pinned = sorted(
@@ -100,8 +123,23 @@ def pack_family(family: Family, located: list[Located], out: Path) -> PackedLaye
         with cctx.stream_writer(compressed, closefd=False) as zw:  # type: ignore[arg-type]
             plain = HashingWriter(zw)
             with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                if prefix:
+                    tar.addfile(_tarinfo(family.name, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
                 for loc in sorted(located, key=lambda item: item.component.name):
-                    _pack_component(family, loc, tar, files, skipped)
+                    _pack_component(family, loc, tar, files, skipped, prefix=prefix)
+                if scope_key is not None:
+                    tree = FamilyTree(
+                        family=family.name,
+                        scope_key=scope_key,
+                        scope=dict(scope or {}),
+                        components=sorted({loc.component.name for loc in located}),
+                        files=files,
+                        unpacked_size=sum(f.size for f in files),
+                    )
+                    doc = tree.canonical()
+                    info = _tarinfo(prefix + TREE_DOC, tarfile.REGTYPE, 0o644, FIXED_MTIME)
+                    info.size = len(doc)
+                    tar.addfile(info, io.BytesIO(doc))
         diff_id = plain.hasher.digest
     return PackedLayer(
         path=out,
@@ -111,6 +149,7 @@ def pack_family(family: Family, located: list[Located], out: Path) -> PackedLaye
         files=files,
         skipped=skipped,
         pinned=pinned,
+        tree=tree,
     )
 
 
@@ -130,11 +169,13 @@ def _pack_component(
     tar: tarfile.TarFile,
     files: list[FileEntry],
     skipped: list[SkippedEntry],
+    *,
+    prefix: str,
 ) -> None:
     comp = loc.component.name
     root = loc.path
     roots = tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
-    tar.addfile(_tarinfo(comp, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
+    tar.addfile(_tarinfo(prefix + comp, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
     for entry in walk_component(family, comp, root):
         rel, st, is_dir = entry.rel, entry.st, entry.is_dir
         name = f"{comp}/{rel.as_posix()}"
@@ -145,13 +186,13 @@ def _pack_component(
             continue
         mtime = int(st.st_mtime) if family.keep_mtimes else FIXED_MTIME
         if is_dir:
-            tar.addfile(_tarinfo(name, tarfile.DIRTYPE, 0o755, mtime))
+            tar.addfile(_tarinfo(prefix + name, tarfile.DIRTYPE, 0o755, mtime))
         elif stat.S_ISLNK(st.st_mode):
             target = os.readlink(root / rel)
             if not link_inside(rel, target):
                 skipped.append(SkippedEntry(path=name, reason=f"symlink leaves root: {target}"))
                 continue
-            info = _tarinfo(name, tarfile.SYMTYPE, 0o777, mtime)
+            info = _tarinfo(prefix + name, tarfile.SYMTYPE, 0o777, mtime)
             info.linkname = target
             tar.addfile(info)
             files.append(
@@ -174,6 +215,7 @@ def _pack_component(
                 roots=roots,
                 mtime=mtime,
                 name=name,
+                member=prefix + name,
                 tar=tar,
                 files=files,
             )
@@ -191,12 +233,13 @@ def _pack_file(
     roots: tuple[str, ...],
     mtime: int,
     name: str,
+    member: str,
     tar: tarfile.TarFile,
     files: list[FileEntry],
 ) -> None:
     mode = _norm_mode(st.st_mode)
     rewrite = family.path_bearing(comp, rel)
-    info = _tarinfo(name, tarfile.REGTYPE, mode, mtime)
+    info = _tarinfo(member, tarfile.REGTYPE, mode, mtime)
     if rewrite:
         data = family.normalize(path.read_bytes(), roots)
         info.size = len(data)

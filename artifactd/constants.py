@@ -14,6 +14,7 @@ from collections.abc import Mapping
 # also takes one of these, so Kubernetes users configure through env) ---------
 ENV_STORE = "ARTIFACTD_STORE"
 ENV_TARGET = "ARTIFACTD_TARGET"
+ENV_FROM_DIR = "ARTIFACTD_FROM_DIR"
 ENV_ENV_FILE = "ARTIFACTD_ENV_FILE"
 ENV_REQUIRE = "ARTIFACTD_REQUIRE"
 ENV_DRY_RUN = "ARTIFACTD_DRY_RUN"

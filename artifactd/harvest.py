@@ -72,16 +72,17 @@ def collect(
         if not located:
             not_found.append(fam.name)
             continue
-        layer = pack_family(fam, located, work / f"{fam.name}.tar.zst")
+        key = fingerprint.scope_key(fam.name, fam.scope, fam.scope_revision)
+        scope = fingerprint.select(fam.scope)
+        layer = pack_family(fam, located, work / f"{fam.name}.tar.zst", scope_key=key, scope=scope)
         if not layer.files:
             not_found.append(fam.name)
             continue
-        key = fingerprint.scope_key(fam.name, fam.scope, fam.scope_revision)
         records.append(
             LayerRecord(
                 family=fam.name,
                 scope_key=key,
-                scope=fingerprint.select(fam.scope),
+                scope=scope,
                 components=sorted({loc.component.name for loc in located}),
                 files=layer.files,
                 skipped=layer.skipped,

@@ -9,6 +9,7 @@ Schema is generated into ``registry-schema/`` from these models.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,7 +18,16 @@ from artifactd.errors import SchemaError
 from artifactd.fingerprint import Fingerprint
 from artifactd.oci import DIGEST_PATTERN
 
-SCHEMA_VERSION: Literal[1] = 1
+#: The format version artifactd writes. 1: layer members are ``<component>/<path>``.
+#: 2: members are ``<family>/<component>/<path>`` and each layer carries its
+#: :class:`FamilyTree` at ``<family>/`` :data:`TREE_DOC`, so that layers merged
+#: as a container runtime merges them give one self-describing directory per
+#: family (a Kubernetes image volume, a derived image's tree).
+SCHEMA_VERSION: Literal[2] = 2
+#: Every format version this reader restores.
+READABLE_VERSIONS = (1, 2)
+#: A format-2 family directory's description of itself, beside its components.
+TREE_DOC = ".artifactd-layer.json"
 
 _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
@@ -72,6 +82,68 @@ class LayerRecord(_Model):
     diff_id: str = Field(pattern=DIGEST_PATTERN, description="Uncompressed tar.")
     unpacked_size: int = Field(ge=0, description="Sum of file sizes.")
 
+    def tree(self) -> FamilyTree:
+        """Return the tree document a format-2 layer of this record carries."""
+        return FamilyTree(
+            family=self.family,
+            scope_key=self.scope_key,
+            scope=self.scope,
+            components=self.components,
+            files=self.files,
+            unpacked_size=self.unpacked_size,
+        )
+
+
+class FamilyTree(_Model):
+    """A format-2 family directory's description of itself (``<family>/.artifactd-layer.json``).
+
+    Everything a restore from an unpacked tree needs to verify and relocate
+    the family's files, and nothing about the compressed layer (whose digest
+    cannot be inside itself): the family, its scope key and the fields it
+    hashes, its components and every file with size, sha256 and mode. In a
+    layer it must be byte for byte :meth:`canonical` of the config's record.
+    """
+
+    schema_version: Literal[2] = 2
+    family: str
+    scope_key: str = Field(pattern=r"^[0-9a-f]{64}$")
+    scope: dict[str, Any]
+    components: list[str]
+    files: list[FileEntry]
+    unpacked_size: int = Field(ge=0)
+
+    def canonical(self) -> bytes:
+        """Return the document's bytes: canonical JSON (sorted keys, no whitespace, UTF-8)."""
+        return json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode()
+
+    def record(self, digest: str) -> LayerRecord:
+        """Return a layer record for these files, named by ``digest`` (of the document itself)."""
+        return LayerRecord(
+            family=self.family,
+            scope_key=self.scope_key,
+            scope=self.scope,
+            components=self.components,
+            files=self.files,
+            digest=digest,
+            size=0,
+            diff_id=digest,
+            unpacked_size=self.unpacked_size,
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes, *, source: str) -> FamilyTree:
+        """Parse and validate; raise :class:`SchemaError` on anything unexpected."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise SchemaError(
+                f"{source} is not an artifactd family tree: {first['loc']}: {first['msg']}",
+                hint="was it written by a newer artifactd, or by another tool?",
+            ) from exc
+
 
 class RootFS(_Model):
     """The OCI image-config ``rootfs`` member (diff_ids of the layers)."""
@@ -101,7 +173,10 @@ class ArtifactConfig(_Model):
     os: Literal["linux"] = "linux"
     rootfs: RootFS
     # artifactd's own members.
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = Field(
+        SCHEMA_VERSION,
+        description="Format: 1 names members '<component>/...', 2 '<family>/<component>/...'.",
+    )
     kind: Literal["full", "family"] = Field(
         "full", description="'full': every family; 'family': one family, found by its scope tag."
     )
@@ -109,6 +184,10 @@ class ArtifactConfig(_Model):
     fingerprint_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     layers: list[LayerRecord]
     provenance: Provenance
+
+    def member_prefix(self, family: str) -> str | None:
+        """Return the directory ``family``'s layer members sit under (format 2), or None."""
+        return family if self.schema_version >= 2 else None
 
     def layer(self, family: str) -> LayerRecord | None:
         """Return the record of one family, if the artifact carries it."""

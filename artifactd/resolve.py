@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint import Fingerprint
     from artifactd.manifest import LayerRecord
     from artifactd.marker import RestoreMarker
+    from artifactd.trees import MountedTree
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
@@ -58,6 +59,8 @@ class FamilyPlan(NamedTuple):
     tag: str | None = None
     files: int = 0
     unpacked: int = 0
+    #: The artifact's format version: 2 puts the layer's members under ``<family>/``.
+    version: int = 1
 
     @classmethod
     def hit(
@@ -69,6 +72,7 @@ class FamilyPlan(NamedTuple):
         *,
         dirs: Mapping[str, str],
         tag: str,
+        version: int,
     ) -> FamilyPlan:
         """Return a hit from ``layer`` of ``artifact``, with the layer's file count and size."""
         return cls(
@@ -81,7 +85,13 @@ class FamilyPlan(NamedTuple):
             tag=tag,
             files=len(layer.files),
             unpacked=layer.unpacked_size,
+            version=version,
         )
+
+    @property
+    def member_prefix(self) -> str | None:
+        """The directory the layer's members sit under (format 2), or None."""
+        return self.family if self.version >= 2 else None
 
     @property
     def bytes(self) -> int:
@@ -214,7 +224,7 @@ def plan_restore(
 
 
 def noop_plan(
-    store: Store,
+    store: Store | MountedTree,
     fingerprint_hash: str,
     flat: Mapping[str, Any],
     volume: CacheVolume,
@@ -227,7 +237,8 @@ def noop_plan(
     lock. It trusts the marker only through :meth:`CacheVolume.installed` (no
     install in progress, every directory there, the env file as recorded),
     then asks the store whether the same tags still name the same manifests:
-    a few tag lookups, no config parsing. An unreachable store means "resolve
+    a few tag lookups, no config parsing (a mounted tree: whether its family
+    documents are the ones installed). An unreachable store means "resolve
     again", which reports the miss and leaves the installed caches alone.
     """
     marker = volume.installed()
@@ -240,7 +251,10 @@ def noop_plan(
     ):
         return None
     try:
-        if not _tags_unchanged(store, marker, fingerprint_hash, flat):
+        if isinstance(store, Store):
+            if not _tags_unchanged(store, marker, fingerprint_hash, flat):
+                return None
+        elif not store.unchanged(marker, flat):
             return None
     except StoreError:
         return None
@@ -321,7 +335,13 @@ def _resolve(
             else:
                 plans.append(
                     FamilyPlan.hit(
-                        fam.name, "full", full.digest, rec, dirs=dirs, tag=full_tag(local.hash)
+                        fam.name,
+                        "full",
+                        full.digest,
+                        rec,
+                        dirs=dirs,
+                        tag=full_tag(local.hash),
+                        version=full.config.schema_version,
                     )
                 )
         return plans, "full"
@@ -341,7 +361,17 @@ def _resolve(
                 )
             )
         else:
-            plans.append(FamilyPlan.hit(fam.name, "family", art.digest, rec, dirs=dirs, tag=tag))
+            plans.append(
+                FamilyPlan.hit(
+                    fam.name,
+                    "family",
+                    art.digest,
+                    rec,
+                    dirs=dirs,
+                    tag=tag,
+                    version=art.config.schema_version,
+                )
+            )
     hit = any(p.verdict == "hit" for p in plans)
     return plans, "partial" if hit else "miss"
 

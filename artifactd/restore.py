@@ -37,6 +37,7 @@ from artifactd.stores import Store
 if TYPE_CHECKING:
     from artifactd.hashing import Readable
     from artifactd.marker import RestoreMarker
+    from artifactd.trees import MountedTree
 
 
 class RestoreResult(NamedTuple):
@@ -59,7 +60,7 @@ class RestoreResult(NamedTuple):
 
 def restore(
     plan: RestorePlan,
-    store: Store,
+    store: Store | MountedTree,
     volume: CacheVolume | None = None,
     *,
     on_event: EventSink = discard,
@@ -68,7 +69,8 @@ def restore(
 ) -> RestoreResult:
     """Install every family the plan hits into ``volume``, or change nothing and raise.
 
-    ``volume`` defaults to the plan's target and env file. Raises
+    ``store`` is where the plan's layers come from: a store, or a mounted tree
+    (:mod:`artifactd.trees`). ``volume`` defaults to the plan's target and env file. Raises
     :class:`ArtifactdError` subclasses only: filesystem errors on the target
     become :class:`NoSpaceError` or :class:`TargetError`.
     """
@@ -107,7 +109,7 @@ def restore(
 
 def _restore_locked(
     plan: RestorePlan,
-    store: Store,
+    store: Store | MountedTree,
     volume: CacheVolume,
     *,
     on_event: EventSink,
@@ -121,7 +123,7 @@ def _restore_locked(
     for fp in hits:
         assert fp.layer is not None  # noqa: S101 - a hit always carries its layer record
         known = frozenset(get_family(fp.family).restore_dirs(volume.root))
-        bounds[fp.family] = check_layer(fp.layer, known)
+        bounds[fp.family] = check_layer(fp.layer, known, prefix=fp.member_prefix)
     volume.check_writable()
     volume.check_space({fp.family: (fp.unpacked, fp.files) for fp in hits}, max_bytes=max_bytes)
     staging = volume.new_staging()
@@ -189,7 +191,7 @@ class _Progress:
 
 def _stage_all(
     hits: list[FamilyPlan],
-    store: Store,
+    store: Store | MountedTree,
     staging: Path,
     bounds: dict[str, int],
     *,
@@ -209,17 +211,24 @@ def _stage_all(
             comp = member.split("/", 1)[0]
             return fam.relocate(data, fp.dirs[comp])
 
-        with store.open_blob(layer.digest, layer.size) as blob:
-            res = unpack_layer(
-                _Progress(blob, fp.family, layer.size, on_event),
-                digest=layer.digest,
-                size=layer.size,
-                entries=layer.files,
-                staging=staging / fp.family,
-                components=frozenset(layer.components),
-                max_tar_bytes=bounds[fp.family],
-                relocate=relocate,
-                keep_mtimes=fam.keep_mtimes,
+        if isinstance(store, Store):
+            with store.open_blob(layer.digest, layer.size) as blob:
+                res = unpack_layer(
+                    _Progress(blob, fp.family, layer.size, on_event),
+                    digest=layer.digest,
+                    size=layer.size,
+                    entries=layer.files,
+                    staging=staging / fp.family,
+                    components=frozenset(layer.components),
+                    max_tar_bytes=bounds[fp.family],
+                    relocate=relocate,
+                    keep_mtimes=fam.keep_mtimes,
+                    record=layer,
+                    prefix=fp.member_prefix,
+                )
+        else:  # a mounted tree: the same checks, file by file
+            res = store.stage(
+                fp, staging / fp.family, relocate=relocate, keep_mtimes=fam.keep_mtimes
             )
         on_event(
             {
@@ -250,12 +259,15 @@ class RestoreRequest(NamedTuple):
     """Everything the init container is told (flags or ``ARTIFACTD_*`` variables).
 
     ``store`` None means the default: the store baked into this image for this
-    fingerprint, if there is one, else the local one (:func:`default_store`).
+    fingerprint, if there is one, else the local one (:func:`default_store`),
+    unless ``from_dir`` names a directory to restore from.
     """
 
     store: str | None
     target: Path
     families: Sequence[str] | None = None
+    #: An unpacked artifact or image to restore from instead of a store (:mod:`artifactd.trees`).
+    from_dir: Path | None = None
     consumer_user: str | None = None
     env_file: Path | None = None
     require: bool = False
@@ -323,12 +335,9 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
     everything else becomes the outcome's failure.
     """
     from artifactd.probing import flatten, hashed_view, raw_hash
-    from artifactd.stores import default_store, open_store
 
     fp_hash = raw_hash(raw_fingerprint)
-    if request.store is None:
-        request = request._replace(store=default_store(fp_hash))
-    assert request.store is not None  # noqa: S101 - for the type checker: just set
+    request = _with_source(request, fp_hash)
     kwargs: dict[str, Any] = {"env_file": request.env_file, "step_hook": step_hook}
     if request.lock_timeout is not None:
         kwargs["lock_timeout"] = request.lock_timeout
@@ -337,7 +346,7 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
     plan: RestorePlan | None = None
     try:
         try:
-            store = open_store(request.store, insecure=request.insecure)
+            store = _open_source(request, fp_hash)
         except (UsageError, ConfigError):
             raise
         except ArtifactdError as exc:
@@ -352,16 +361,7 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
                     on_event({"stage": "restore", "event": "noop", "target": quick.target})
                 status: Status = "dry_run" if request.dry_run else "noop"
                 return RestoreOutcome(status, quick, None, None, 0)
-            from artifactd.fingerprint import from_raw
-
-            plan = plan_restore(
-                store,
-                from_raw(raw_fingerprint),
-                volume.root,
-                families=fams,
-                consumer_user=request.consumer_user,
-                env_file=volume.env_file,
-            )
+            plan = _plan(store, raw_fingerprint, volume, request)
             if plan.error is not None:  # the store became unreachable while resolving
                 from artifactd.errors import StoreError
 
@@ -381,6 +381,54 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
     return RestoreOutcome(status, plan, result, None, 0)
 
 
+def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:
+    """Check the request names one source at most; fill in the default store when it names none."""
+    from artifactd.stores import default_store
+
+    if request.from_dir is not None and request.store is not None:
+        raise UsageError(
+            "--from-dir and --store name two sources to restore from",
+            hint="pass one of them",
+        )
+    if request.store is None and request.from_dir is None:
+        return request._replace(store=default_store(fp_hash))
+    return request
+
+
+def _plan(
+    store: Store | MountedTree, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
+) -> RestorePlan:
+    """Resolve the request against a store or a mounted tree."""
+    from artifactd.fingerprint import from_raw
+
+    fams = list(request.families) if request.families else None
+    local = from_raw(raw)
+    options: dict[str, Any] = {
+        "families": fams,
+        "consumer_user": request.consumer_user,
+        "env_file": volume.env_file,
+    }
+    if isinstance(store, Store):
+        return plan_restore(store, local, volume.root, **options)
+    return store.plan(local, volume.root, **options)
+
+
+def _open_source(request: RestoreRequest, fp_hash: str) -> Store | MountedTree:
+    """Open the store the request names, or what its ``from_dir`` holds."""
+    from artifactd.stores import open_store
+
+    ref = request.store
+    if request.from_dir is not None:
+        from artifactd.trees import open_dir
+
+        found = open_dir(request.from_dir, fp_hash)
+        if not isinstance(found, str):
+            return found
+        ref = found
+    assert ref is not None  # noqa: S101 - run_restore set the default
+    return open_store(ref, insecure=request.insecure)
+
+
 def _unresolved(
     request: RestoreRequest, raw: dict[str, Any], volume: CacheVolume, exc: BaseException
 ) -> RestorePlan:
@@ -393,7 +441,7 @@ def _unresolved(
         families=list(request.families) if request.families else None,
         consumer_user=request.consumer_user,
         env_file=volume.env_file,
-        store_ref=request.store,
+        store_ref=request.store or f"dir:{request.from_dir}",
         store_error=failure_of(exc).message,
     )
 

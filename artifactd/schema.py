@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from artifactd.fingerprint import Fingerprint
 from artifactd.journal import RestoreJournal
-from artifactd.manifest import ArtifactConfig
+from artifactd.manifest import ArtifactConfig, FamilyTree
 from artifactd.marker import RestoreMarker
 from artifactd.matrix import Matrix
 
@@ -25,6 +25,7 @@ SCHEMA_BASE = "https://artifactd.dev/schema/"
 #: Pydantic models, and the plain typed dict and dataclass of the restore state documents.
 DOCUMENTS: dict[str, type] = {
     "artifact-config": ArtifactConfig,
+    "family-tree": FamilyTree,
     "fingerprint": Fingerprint,
     "restore-journal": RestoreJournal,
     "restore-marker": RestoreMarker,

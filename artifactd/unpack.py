@@ -24,9 +24,12 @@ the layer digest, its size and every file's sha256 are verified. The
 decompressed stream may not exceed the bound :func:`check_layer` computed and
 zstd's window is capped, so a compression bomb costs neither disk nor memory.
 The tar's ``diff_id`` is not checked: the compressed digest and every file's
-sha256 already pin every byte that is installed. Callers install from staging
-only after :func:`unpack_layer` returns; on error they discard staging, the
-only place anything was written.
+sha256 already pin every byte that is installed. A format-2 layer (members
+under ``<family>/``) must also carry its tree document, equal to the record.
+:func:`stage_tree` holds a family directory that a container runtime unpacked
+(an image volume) to the same rules. Callers install from staging only after
+:func:`unpack_layer` returns; on error they discard staging, the only place
+anything was written.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import zstandard
 from artifactd.archive import link_inside
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.hashing import HashingReader, Readable, copy_hashed, sha256_hex
-from artifactd.manifest import FileEntry, LayerRecord
+from artifactd.manifest import TREE_DOC, FamilyTree, FileEntry, LayerRecord
 
 #: Longest member path (``component/relative/path``), in UTF-8 bytes.
 MAX_PATH_BYTES = 1024
@@ -124,10 +127,19 @@ def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePos
     return path
 
 
-def check_layer(record: LayerRecord, known_components: frozenset[str]) -> int:
+def tree_doc_limit(record: LayerRecord) -> int:
+    """Return the most bytes a format-2 layer's tree document may take (2x canonical)."""
+    return 2 * len(record.tree().canonical()) + (64 << 10)
+
+
+def check_layer(
+    record: LayerRecord, known_components: frozenset[str], *, prefix: str | None = None
+) -> int:
     """Hold a layer record to the format's rules; return the most tar bytes it may unpack from.
 
-    Runs before anything is downloaded. Raises :class:`UnsafeArtifactError` for
+    ``prefix`` is the family directory of a format-2 layer (its members are
+    ``<prefix>/<component>/...``, plus the tree document). Runs before anything
+    is downloaded. Raises :class:`UnsafeArtifactError` for
     anything the format forbids and :class:`IntegrityError` when the record
     contradicts itself.
     """
@@ -152,7 +164,9 @@ def check_layer(record: LayerRecord, known_components: frozenset[str]) -> int:
     clash = next((d for d in dirs if d in files), None)
     if clash is not None:
         raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
-    bound = tar_bound(record.files, components)
+    bound = tar_bound(record.files, components, prefix=prefix)
+    if prefix is not None:
+        bound += _round(tree_doc_limit(record)) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
     total = sum(e.size for e in record.files)
     if total != record.unpacked_size:
         raise IntegrityError(
@@ -167,19 +181,26 @@ def check_layer(record: LayerRecord, known_components: frozenset[str]) -> int:
     return bound
 
 
-def tar_bound(entries: list[FileEntry], components: frozenset[str]) -> int:
+def tar_bound(
+    entries: list[FileEntry], components: frozenset[str], *, prefix: str | None = None
+) -> int:
     """Return the most bytes an honest tar of these entries can take.
 
     File data rounded to tar blocks, a ustar and a PAX header per file and per
-    directory the paths imply, :data:`EXTRA_DIRS` more (empty) directories, and
-    the end-of-archive padding.
+    directory the paths imply (named under ``prefix/`` when given, plus the
+    prefix directory itself), :data:`EXTRA_DIRS` more (empty) directories, and
+    the end-of-archive padding. A format-2 layer's tree document is not
+    included (:func:`check_layer` adds it).
     """
+    lead = f"{prefix}/" if prefix else ""
     dirs = {PurePosixPath(c) for c in components}
-    bound = 2 * 10240 + EXTRA_DIRS * _header_bound("x" * MAX_PATH_BYTES)
+    bound = 2 * 10240 + EXTRA_DIRS * _header_bound("x" * (MAX_PATH_BYTES + len(lead)))
+    if prefix:
+        bound += _header_bound(prefix)
     for entry in entries:
         dirs.update(PurePosixPath(entry.path).parents[:-1])
-        bound += _round(entry.size) + _header_bound(entry.path, entry.link)
-    return bound + sum(_header_bound(str(d)) for d in dirs)
+        bound += _round(entry.size) + _header_bound(lead + entry.path, entry.link)
+    return bound + sum(_header_bound(lead + str(d)) for d in dirs)
 
 
 def _check_entry(entry: FileEntry, components: frozenset[str]) -> PurePosixPath:
@@ -279,8 +300,15 @@ class _Extractor:
         entries: list[FileEntry],
         relocate: Callable[[str, bytes], bytes] | None,
         keep_mtimes: bool,
+        *,
+        tree: FamilyTree | None = None,
+        tree_limit: int = 0,
     ) -> None:
         self.staging = staging
+        #: Format 2: the tree document the layer must carry, and its size limit.
+        self.tree = tree
+        self.tree_limit = tree_limit
+        self.tree_seen = False
         self.expected = {e.path: e for e in entries}
         self.seen: set[str] = set()
         self.dirs: set[PurePosixPath] = set()
@@ -345,11 +373,66 @@ class _Extractor:
         self.mkdirs(rel.parent)
         _write_small(self.staging.joinpath(*rel.parts), data, entry, self.keep_mtimes, self.umask)
 
+    def unprefixed(
+        self, tar: tarfile.TarFile, member: tarfile.TarInfo, prefix: str
+    ) -> tarfile.TarInfo | None:
+        """Format 2: strip ``prefix/`` from a member's name; None for the prefix dir and the doc.
+
+        Anything outside the family directory is refused; the tree document is
+        read (at most its limit), parsed and compared with the record.
+        """
+        name = member.name.rstrip("/")
+        if name == prefix:
+            if not member.isdir() or member.mode & 0o7777 != 0o755:
+                raise UnsafeArtifactError(
+                    f"member {name!r} (the family directory) is not a directory of mode 0755"
+                )
+            return None
+        if name == f"{prefix}/{TREE_DOC}":
+            self._tree_member(tar, member, name)
+            return None
+        if not name.startswith(prefix + "/"):
+            raise UnsafeArtifactError(
+                f"member {name!r} is outside the layer's family directory {prefix}/"
+            )
+        member.name = name[len(prefix) + 1 :]
+        return member
+
+    def _tree_member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
+        if self.tree is None or self.tree_seen:
+            raise UnsafeArtifactError(f"member {name!r} appears twice or is not expected")
+        if not member.isreg() or member.mode & 0o7777 != 0o644:
+            raise UnsafeArtifactError(f"member {name!r} is not a regular file of mode 0644")
+        if member.size > self.tree_limit:
+            raise IntegrityError(f"{name}: {member.size} bytes, more than its record allows")
+        src = tar.extractfile(member)
+        if src is None:  # pragma: no cover - a regular member always has a data stream
+            raise IntegrityError(f"member {name!r} has no data")
+        found = FamilyTree.from_json(src.read(), source=name)
+        if found != self.tree:
+            raise IntegrityError(
+                f"{name} differs from the artifact config's record of the layer",
+                hint="the layer and its config were not written together",
+            )
+        self.tree_seen = True
+
     def member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: PurePosixPath) -> None:
         """Check one member against the record, then queue or stream its write."""
         if member.isdir():
             self._submit(0, self.mkdirs, rel)
             return
+        entry = self.claim(rel)
+        if member.issym():
+            self.link(rel, entry, member.linkname)
+            return
+        _match_file(member, entry)
+        src = tar.extractfile(member)
+        if src is None:  # pragma: no cover - a regular member always has a data stream
+            raise IntegrityError(f"member {entry.path!r} has no data")
+        self.file(rel, entry, src)
+
+    def claim(self, rel: PurePosixPath) -> FileEntry:
+        """Return the record's entry for ``rel``; refuse unlisted and repeated paths."""
         name = rel.as_posix()
         entry = self.expected.get(name)
         if entry is None:
@@ -357,24 +440,25 @@ class _Extractor:
         if name in self.seen:
             raise UnsafeArtifactError(f"member {name!r} appears twice")
         self.seen.add(name)
+        return entry
+
+    def link(self, rel: PurePosixPath, entry: FileEntry, target: str) -> None:
+        """Record a symlink to create once every file is written."""
+        if entry.link != target:
+            raise IntegrityError(f"symlink {entry.path!r} differs from the manifest")
+        # Created after every file: no later member can write through a link.
+        self.links.append((self.staging.joinpath(*rel.parts), target))
+
+    def file(self, rel: PurePosixPath, entry: FileEntry, src: IO[bytes]) -> None:
+        """Verify a file's bytes (of the size its entry says) and queue or stream its write."""
         dest = self.staging.joinpath(*rel.parts)
-        if member.issym():
-            if entry.link != member.linkname:
-                raise IntegrityError(f"symlink {name!r} differs from the manifest")
-            # Created after every file: no later member can write through a link.
-            self.links.append((dest, member.linkname))
-            return
-        _match_file(member, entry)
-        src = tar.extractfile(member)
-        if src is None:  # pragma: no cover - a regular member always has a data stream
-            raise IntegrityError(f"member {name!r} has no data")
         self.total += entry.size
         if entry.size > _BUFFERED_FILE and not entry.rewrite:
             self.mkdirs(rel.parent)
             _stream_member(src, dest, entry, self.keep_mtimes, self.umask)
             return
-        data = src.read()
-        if sha256_hex(data) != entry.sha256:
+        data = src.read(entry.size + 1)
+        if len(data) != entry.size or sha256_hex(data) != entry.sha256:
             raise IntegrityError(f"{entry.path}: content does not match its sha256")
         if entry.rewrite and self.relocate is not None:
             try:
@@ -389,6 +473,10 @@ class _Extractor:
     def finish(self, digest: str, components: frozenset[str]) -> UnpackResult:
         """Wait for the writers, create the symlinks, and check the staged tree is complete."""
         self.close()
+        if self.tree is not None and not self.tree_seen:
+            raise IntegrityError(
+                f"layer {digest} lacks its tree document ({self.tree.family}/{TREE_DOC})"
+            )
         missing = sorted(set(self.expected) - self.seen)
         if missing:
             raise IntegrityError(
@@ -445,18 +533,30 @@ def unpack_layer(
     max_tar_bytes: int | None = None,
     relocate: Callable[[str, bytes], bytes] | None = None,
     keep_mtimes: bool = False,
+    record: LayerRecord | None = None,
+    prefix: str | None = None,
 ) -> UnpackResult:
     """Verify and extract one layer stream into ``staging``.
 
-    ``max_tar_bytes`` comes from :func:`check_layer` (default: :func:`tar_bound`
-    of ``entries``). ``relocate(member_path,
+    A format-2 layer gives its family directory as ``prefix`` and its
+    ``record``: members must lie under ``prefix/`` (which is stripped) and the
+    tree document must equal ``record.tree()``. ``max_tar_bytes`` comes from
+    :func:`check_layer` (default: :func:`tar_bound` of ``entries``). ``relocate(member_path,
     data)`` rewrites files the record marks with ``rewrite``. Raises
     :class:`IntegrityError` (digest, size, file hash or record mismatch),
     :class:`UnsafeArtifactError`, or ``OSError`` from the filesystem (a full
     disk); on error the caller discards ``staging``, which is the only place
     anything was written.
     """
-    extractor = _Extractor(staging, entries, relocate, keep_mtimes)
+    if prefix is not None and record is None:
+        raise ValueError("a format-2 layer (prefix) needs its record")
+    tree = record.tree() if prefix is not None and record is not None else None
+    limit = tree_doc_limit(record) if tree is not None and record is not None else 0
+    extractor = _Extractor(staging, entries, relocate, keep_mtimes, tree=tree, tree_limit=limit)
+    if max_tar_bytes is None:
+        max_tar_bytes = tar_bound(entries, components, prefix=prefix)
+        if prefix is not None:
+            max_tar_bytes += _round(limit) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
     try:
         return _unpack(
             blob,
@@ -464,9 +564,8 @@ def unpack_layer(
             digest=digest,
             size=size,
             components=components,
-            max_tar_bytes=tar_bound(entries, components)
-            if max_tar_bytes is None
-            else max_tar_bytes,
+            max_tar_bytes=max_tar_bytes,
+            prefix=prefix,
         )
     finally:
         # On any error, no writer thread may still be writing when the caller
@@ -482,6 +581,7 @@ def _unpack(
     size: int,
     components: frozenset[str],
     max_tar_bytes: int,
+    prefix: str | None,
 ) -> UnpackResult:
     extractor.staging.mkdir(parents=True, exist_ok=True)
     compressed = HashingReader(blob)
@@ -490,8 +590,10 @@ def _unpack(
         with dctx.stream_reader(compressed, closefd=False) as zr:  # type: ignore[arg-type]
             plain = _Bounded(zr, max_tar_bytes, digest)
             with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
-                for member in tar:
-                    extractor.member(tar, member, check_member(member, components))
+                for raw in tar:
+                    member = raw if prefix is None else extractor.unprefixed(tar, raw, prefix)
+                    if member is not None:
+                        extractor.member(tar, member, check_member(member, components))
             # tarfile stops at the end-of-archive marker; hash whatever follows too.
             while plain.read(_CHUNK):
                 pass
@@ -511,6 +613,95 @@ def _unpack(
     if actual != digest:
         raise IntegrityError(f"layer digest mismatch: expected {digest}, got {actual}")
     return extractor.finish(digest, components)
+
+
+def stage_tree(
+    source: Path,
+    record: LayerRecord,
+    staging: Path,
+    *,
+    relocate: Callable[[str, bytes], bytes] | None = None,
+    keep_mtimes: bool = False,
+) -> UnpackResult:
+    """Verify and copy one family directory of an unpacked artifact into ``staging``.
+
+    ``source`` is ``<family>/`` of a tree a container runtime unpacked (an
+    image volume, a derived image): its components hold exactly the record's
+    files. The same rules as a layer's members apply (the caller has run
+    :func:`check_layer` on ``record``): the tree is walked without following
+    links, and anything the record does not list (a file, a link, a device, a
+    component it does not declare) is refused; every listed file must be a
+    regular file of the listed size and sha256, every link must have the
+    listed target. Only ``staging`` is written.
+    """
+    components = frozenset(record.components)
+    found = _scan_family_dir(source, components)
+    extractor = _Extractor(staging, record.files, relocate, keep_mtimes)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        for rel, (kind, st) in sorted(found.items()):
+            if kind == "dir":
+                extractor.mkdirs(rel)
+                continue
+            entry = extractor.claim(rel)
+            path = source.joinpath(*rel.parts)
+            if kind == "link":
+                if entry.link is None:
+                    raise IntegrityError(f"{entry.path!r} is a file in the manifest, a link here")
+                extractor.link(rel, entry, os.readlink(path))
+                continue
+            if entry.link is not None:
+                raise IntegrityError(f"{entry.path!r} is a symlink in the manifest, a file here")
+            if st.st_size != entry.size:
+                raise IntegrityError(
+                    f"{entry.path}: size {st.st_size} differs from manifest {entry.size}"
+                )
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as src:
+                now = os.fstat(src.fileno())
+                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                    raise UnsafeArtifactError(f"{entry.path} changed while it was read")
+                extractor.file(rel, entry, src)
+        return extractor.finish(str(source), components)
+    finally:
+        extractor.abort()
+
+
+def _scan_family_dir(
+    source: Path, components: frozenset[str]
+) -> dict[PurePosixPath, tuple[str, os.stat_result]]:
+    """Every entry under ``source``'s components, by relative path: ("dir"|"file"|"link", lstat).
+
+    Never follows a link. Refuses an entry that is neither a directory, a
+    regular file nor a symlink, and anything in ``source`` but the declared
+    components and the tree document.
+    """
+    found: dict[PurePosixPath, tuple[str, os.stat_result]] = {}
+    try:
+        top = {e.name: e for e in os.scandir(source)}
+    except OSError as exc:
+        raise IntegrityError(f"cannot read {source}: {exc.strerror or exc}") from None
+    extra = sorted(set(top) - components - {TREE_DOC})
+    if extra:
+        raise UnsafeArtifactError(f"{source} holds {extra[0]!r}, which its record does not list")
+    todo: list[tuple[PurePosixPath, os.DirEntry[str]]] = [
+        (PurePosixPath(name), top[name]) for name in sorted(components) if name in top
+    ]
+    while todo:
+        rel, entry = todo.pop()
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            found[rel] = ("link", st)
+        elif stat.S_ISREG(st.st_mode):
+            found[rel] = ("file", st)
+        elif stat.S_ISDIR(st.st_mode):
+            found[rel] = ("dir", st)
+            with os.scandir(entry.path) as it:
+                todo.extend((rel / child.name, child) for child in it)
+        else:
+            raise UnsafeArtifactError(f"{source / str(rel)} is not a file, link or directory")
+        check_member_name(rel.as_posix(), components)
+    return found
 
 
 def current_umask() -> int:
@@ -583,7 +774,7 @@ def _stream_member(
     fd = _create(dest, entry, umask)
     with os.fdopen(fd, "wb") as out:
         copied = copy_hashed(src, out)
-    if copied.hex != entry.sha256:
+    if copied.size != entry.size or copied.hex != entry.sha256:
         raise IntegrityError(f"{entry.path}: content does not match its sha256")
     if keep_mtimes and entry.mtime is not None:
         os.utime(dest, (entry.mtime, entry.mtime))

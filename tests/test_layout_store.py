@@ -458,6 +458,8 @@ def test_stored_layers_unpack_and_relocate(
                 staging=staging,
                 components=frozenset(rec.components),
                 relocate=functools.partial(_relocated, fam),
+                record=rec,
+                prefix=art.config.member_prefix(rec.family),
             )
         assert res.files == len(rec.files)
     assert (tmp_path / "stage/generic/cache/bin/tool.so").read_bytes() == b"\x7fELF"

@@ -46,6 +46,7 @@ def fingerprint(
 def restore(
     *,
     store: str | None,
+    from_dir: Path | None,
     insecure: bool,
     target: Path,
     families: Sequence[str],
@@ -72,6 +73,7 @@ def restore(
 
     request = RestoreRequest(
         store=store,
+        from_dir=from_dir,
         target=target,
         families=family_names(families),
         consumer_user=consumer_user,

@@ -22,13 +22,18 @@ def restore(**options: Any) -> None:
     verified while they stream, staged next to TARGET and installed in one
     transaction: every family or none.
 
+    --from-dir restores from a directory instead: an artifact mounted as a
+    Kubernetes image volume (one directory per family), or a derived image's
+    baked store; every file is verified the same way.
+
     A miss, an unreachable store, a corrupt or hostile artifact, a full disk
     or an unwritable target prints the error, leaves TARGET as it was and
     exits 0 (the engine compiles as before), unless --require.
 
     \b
     Every flag also reads an environment variable (for Kubernetes):
-      ARTIFACTD_STORE, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES, ARTIFACTD_WORKLOAD,
+      ARTIFACTD_STORE, ARTIFACTD_FROM_DIR, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES,
+      ARTIFACTD_WORKLOAD,
       ARTIFACTD_SET, ARTIFACTD_GPU_ARCH, ARTIFACTD_IMAGE_DIGEST, ARTIFACTD_ENV_FILE,
       ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
       ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.

@@ -73,6 +73,15 @@ RESTORE_STORE = Opt(
     "(ARTIFACTD_PREBUILT/<hash>, /opt/prebuilt-cache/<hash>), else oci:.artifactd/store.",
     C.ENV_STORE,
 )
+FROM_DIR = Opt(
+    "--from-dir",
+    "from_dir",
+    "Restore from this directory instead of a store: an artifact mounted as a "
+    "Kubernetes image volume, or a derived image's /opt/prebuilt-cache (or its root).",
+    C.ENV_FROM_DIR,
+    metavar="PATH",
+    kind="path",
+)
 FAMILY = Opt(
     "--family",
     "families",
@@ -174,6 +183,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
     "fingerprint": (*FINGERPRINT, JSON, HASH),
     "restore": (
         RESTORE_STORE,
+        FROM_DIR,
         INSECURE,
         TARGET,
         FAMILY,

@@ -1,0 +1,216 @@
+"""Unpacked artifacts: restore from a tree a container runtime made (``restore --from-dir``).
+
+Kubernetes can mount an OCI image read-only into a pod (``volumes[].image``),
+pulled and kept on the node by the container runtime. An artifact in format 2
+is such an image: its layers, merged as a runtime merges them, give one
+directory per family, each holding its components and its tree document
+(:class:`~artifactd.manifest.FamilyTree` at ``<family>/.artifactd-layer.json``)::
+
+    /mnt/artifact/triton/.artifactd-layer.json
+    /mnt/artifact/triton/cache/<key>/add.cubin
+    /mnt/artifact/inductor/.artifactd-layer.json
+    /mnt/artifact/inductor/cache/...
+    /mnt/artifact/inductor/pch/...
+
+:func:`open_dir` takes what ``--from-dir`` names and finds the artifact in it:
+such a tree (:class:`MountedTree`), or an OCI layout (the store a derived
+image bakes at ``/opt/prebuilt-cache/<hash>/``, or its parent, or a whole
+image's root holding ``opt/prebuilt-cache/<hash>/``), which is restored like
+any store. A tree is trusted no more than a registry: each family's document
+is held to the layer rules before anything is copied, and every file is
+checked against it while it is copied (:func:`artifactd.unpack.stage_tree`).
+A family hits when its document's scope key is the local one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from artifactd.constants import DEFAULT_PREBUILT
+from artifactd.errors import IntegrityError, NotFoundError
+from artifactd.families import FAMILIES, get_family, select_families
+from artifactd.manifest import TREE_DOC, FamilyTree
+from artifactd.oci import family_tag
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from artifactd.fingerprint import Fingerprint
+    from artifactd.marker import RestoreMarker
+    from artifactd.resolve import FamilyPlan, RestorePlan
+    from artifactd.unpack import UnpackResult
+
+#: A tree document larger than this is refused before it is parsed.
+MAX_TREE_DOC = 256 << 20
+#: The prefix of a tree's store reference in plans, markers and reports.
+DIR_PREFIX = "dir:"
+
+
+class MountedTree:
+    """A format-2 artifact as a runtime unpacked it: ``<root>/<family>/`` per family.
+
+    Read-only: it reads each family's tree document when opened and copies
+    files only through :meth:`stage`. Usable as a context manager, like a store.
+    """
+
+    def __init__(self, root: Path, docs: Mapping[str, tuple[FamilyTree, str]]) -> None:
+        self.root = root
+        #: family -> (its tree document, sha256 digest of the document's bytes)
+        self.docs = dict(docs)
+
+    @property
+    def ref(self) -> str:
+        """How plans, markers and reports name this source."""
+        return f"{DIR_PREFIX}{self.root}"
+
+    def __enter__(self) -> MountedTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def plan(
+        self,
+        local: Fingerprint,
+        target: Path,
+        *,
+        families: Sequence[str] | None = None,
+        consumer_user: str | None = None,
+        env_file: Path | None = None,
+    ) -> RestorePlan:
+        """Resolve every selected family against this tree: a hit where the scope keys agree."""
+        from artifactd.destination import CacheVolume
+        from artifactd.diff import differences
+        from artifactd.resolve import FamilyPlan, RestorePlan
+
+        target = target.absolute()
+        plans: list[FamilyPlan] = []
+        env: dict[str, str] = {}
+        for fam in select_families(families):
+            dirs = {k: str(v) for k, v in fam.restore_dirs(target, user=consumer_user).items()}
+            found = self.docs.get(fam.name)
+            key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
+            if found is None:
+                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason="not in this tree"))
+                continue
+            doc, digest = found
+            if doc.scope_key != key:
+                deciding = differences(doc.scope, local.select(fam.scope))
+                names = ", ".join(d.path for d in deciding) or "its scope revision"
+                plans.append(
+                    FamilyPlan(
+                        fam.name,
+                        "miss",
+                        dirs=dirs,
+                        reason=f"this tree's {fam.name} cache was built for another {names}",
+                        deciding=deciding,
+                    )
+                )
+                continue
+            plans.append(
+                FamilyPlan.hit(
+                    fam.name,
+                    "family",
+                    digest,
+                    doc.record(digest),
+                    dirs=dirs,
+                    tag=family_tag(fam.name, key),
+                    version=2,
+                )
+            )
+            env.update(fam.restore_env(target, user=consumer_user))
+        hits = [p for p in plans if p.verdict == "hit"]
+        match: Literal["full", "partial", "miss"] = (
+            "miss" if not hits else "full" if len(hits) == len(plans) else "partial"
+        )
+        return RestorePlan(
+            store=self.ref,
+            target=str(target),
+            fingerprint_hash=local.hash,
+            match=match,
+            families=plans,
+            env=env,
+            env_file=str((env_file or CacheVolume(target).env_file).absolute()),
+            flat=local.flatten(),
+        )
+
+    def unchanged(self, marker: RestoreMarker, flat: Mapping[str, Any]) -> bool:
+        """Whether resolving against this tree now would pick what ``marker`` records."""
+        from artifactd.probing import scope_key
+
+        for name, fam in marker["families"].items():
+            found = self.docs.get(name)
+            if found is None or found[1] != fam["artifact"]:
+                return False
+        for name in marker["missed"]:
+            found = self.docs.get(name)
+            fam_def = get_family(name)
+            key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
+            if found is not None and found[0].scope_key == key:
+                return False  # a family that missed last time is here now
+        return True
+
+    def stage(
+        self,
+        plan: FamilyPlan,
+        staging: Path,
+        *,
+        relocate: Callable[[str, bytes], bytes],
+        keep_mtimes: bool,
+    ) -> UnpackResult:
+        """Verify and copy one planned family into ``staging`` (see :func:`stage_tree`)."""
+        from artifactd.unpack import stage_tree
+
+        if plan.layer is None:  # pragma: no cover - hits always carry a layer
+            raise IntegrityError(f"no record for {plan.family}")
+        return stage_tree(
+            self.root / plan.family,
+            plan.layer,
+            staging,
+            relocate=relocate,
+            keep_mtimes=keep_mtimes,
+        )
+
+
+def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
+    """Find the artifact in ``path``: an OCI layout's store reference, or a :class:`MountedTree`.
+
+    In order: ``path`` is an OCI layout; ``path/<hash>`` is one (a derived
+    image's ``/opt/prebuilt-cache``); ``path/opt/prebuilt-cache/<hash>`` is one
+    (a derived image's whole tree); ``path`` holds family directories with
+    tree documents (an artifact mounted as an image volume). Raises
+    :class:`NotFoundError` when it is none of these.
+    """
+    prebuilt = DEFAULT_PREBUILT.strip("/")
+    for layout in (path, path / fingerprint_hash, path / prebuilt / fingerprint_hash):
+        if (layout / "oci-layout").is_file():
+            return f"oci:{layout}"
+    docs: dict[str, tuple[FamilyTree, str]] = {}
+    for name in FAMILIES:
+        doc_path = path / name / TREE_DOC
+        if doc_path.is_file() and not doc_path.is_symlink():
+            docs[name] = _read_doc(doc_path, name)
+    if not docs:
+        raise NotFoundError(
+            f"{path} holds no artifact for fingerprint {fingerprint_hash[:12]}...: no OCI layout "
+            f"(there, at <hash>/ or at {prebuilt}/<hash>/) and no family directory with {TREE_DOC}",
+            hint="mount the artifact (format 2) or the derived image there, or pass --store",
+        )
+    return MountedTree(path.absolute(), docs)
+
+
+def _read_doc(path: Path, family: str) -> tuple[FamilyTree, str]:
+    from artifactd.hashing import digest_of
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_TREE_DOC + 1)
+    if len(data) > MAX_TREE_DOC:
+        raise IntegrityError(f"{path} is larger than {MAX_TREE_DOC} bytes")
+    doc = FamilyTree.from_json(data, source=str(path))
+    if doc.family != family:
+        raise IntegrityError(f"{path} describes family {doc.family!r}, not {family!r}")
+    return doc, digest_of(data)
