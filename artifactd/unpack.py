@@ -132,6 +132,11 @@ def tree_doc_limit(record: LayerRecord) -> int:
     return 2 * len(record.tree().canonical()) + (64 << 10)
 
 
+def _tree_doc_bound(record: LayerRecord, prefix: str) -> int:
+    """Tar bytes a format-2 layer's tree document may add: its data and its headers."""
+    return _round(tree_doc_limit(record)) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
+
+
 def check_layer(
     record: LayerRecord, known_components: frozenset[str], *, prefix: str | None = None
 ) -> int:
@@ -166,7 +171,7 @@ def check_layer(
         raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
     bound = tar_bound(record.files, components, prefix=prefix)
     if prefix is not None:
-        bound += _round(tree_doc_limit(record)) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
+        bound += _tree_doc_bound(record, prefix)
     total = sum(e.size for e in record.files)
     if total != record.unpacked_size:
         raise IntegrityError(
@@ -548,15 +553,17 @@ def unpack_layer(
     disk); on error the caller discards ``staging``, which is the only place
     anything was written.
     """
-    if prefix is not None and record is None:
-        raise ValueError("a format-2 layer (prefix) needs its record")
-    tree = record.tree() if prefix is not None and record is not None else None
-    limit = tree_doc_limit(record) if tree is not None and record is not None else 0
+    tree: FamilyTree | None = None
+    limit = 0
+    if prefix is not None:
+        if record is None:
+            raise ValueError("a format-2 layer (prefix) needs its record")
+        tree, limit = record.tree(), tree_doc_limit(record)
     extractor = _Extractor(staging, entries, relocate, keep_mtimes, tree=tree, tree_limit=limit)
     if max_tar_bytes is None:
         max_tar_bytes = tar_bound(entries, components, prefix=prefix)
-        if prefix is not None:
-            max_tar_bytes += _round(limit) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
+        if prefix is not None and record is not None:
+            max_tar_bytes += _tree_doc_bound(record, prefix)
     try:
         return _unpack(
             blob,
