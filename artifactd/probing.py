@@ -84,6 +84,30 @@ def hashed_view(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k != "info"}
 
 
+#: Fingerprint fields that describe the runtime image's software, not the machine.
+#: A container other than the runtime image (the init image) cannot probe them.
+SOFTWARE_FIELDS = ("python", "libraries", "compilers", "cuda", "paths", "image", "platform.glibc")
+
+
+def adopt_software(raw: Mapping[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``raw`` with every :data:`SOFTWARE_FIELDS` value taken from ``source``.
+
+    Both are fingerprint documents; the machine's fields (GPU, driver, CPU,
+    architecture) and the workload stay as ``raw`` has them.
+    """
+    out: dict[str, Any] = json.loads(json.dumps(dict(raw)))  # a deep copy of plain JSON data
+    for name in SOFTWARE_FIELDS:
+        group, _, leaf = name.partition(".")
+        theirs = source.get(group)
+        if leaf:
+            out.setdefault(group, {})[leaf] = (theirs or {}).get(leaf)
+        elif theirs is None:
+            out.pop(group, None)
+        else:
+            out[group] = json.loads(json.dumps(theirs))
+    return out
+
+
 def raw_hash(raw: Mapping[str, Any]) -> str:
     """Hash a fingerprint document: sha256 of the canonical JSON of its hashed view."""
     return canonical_hash(hashed_view(raw))

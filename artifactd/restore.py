@@ -268,6 +268,8 @@ class RestoreRequest(NamedTuple):
     families: Sequence[str] | None = None
     #: An unpacked artifact or image to restore from instead of a store (:mod:`artifactd.trees`).
     from_dir: Path | None = None
+    #: An artifact whose fingerprint gives the software fields (the init image's case).
+    software_from: str | None = None
     consumer_user: str | None = None
     env_file: Path | None = None
     require: bool = False
@@ -320,7 +322,7 @@ def failure_of(exc: BaseException) -> Failure:
     )
 
 
-def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
+def run_restore(
     request: RestoreRequest,
     raw_fingerprint: dict[str, Any],
     *,
@@ -334,6 +336,25 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
     own mistakes (:class:`UsageError`, :class:`ConfigError`);
     everything else becomes the outcome's failure.
     """
+    if request.software_from is not None:
+        try:
+            raw_fingerprint = _adopt_software(raw_fingerprint, request)
+        except (UsageError, ConfigError):
+            raise
+        except ArtifactdError as exc:
+            volume = CacheVolume(request.target, env_file=request.env_file)
+            return _failed(_unresolved(request, raw_fingerprint, volume, exc), exc, request.require)
+    return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+
+
+def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
+    request: RestoreRequest,
+    raw_fingerprint: dict[str, Any],
+    *,
+    on_event: EventSink,
+    step_hook: StepHook,
+) -> RestoreOutcome:
+    """:func:`run_restore` once the fingerprint is final."""
     from artifactd.probing import flatten, hashed_view, raw_hash
 
     fp_hash = raw_hash(raw_fingerprint)
@@ -379,6 +400,18 @@ def run_restore(  # noqa: PLR0911 - one return per outcome, each with its policy
         return _failed(plan, exc, request.require)
     status = "noop" if result.noop else "restored"
     return RestoreOutcome(status, plan, result, None, 0)
+
+
+def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, Any]:
+    """Return ``raw`` with the software fields of the artifact ``software_from`` names."""
+    import json
+
+    from artifactd.artifacts import open_artifact
+    from artifactd.probing import adopt_software
+
+    assert request.software_from is not None  # noqa: S101 - the caller checked
+    art = open_artifact(request.software_from, insecure=request.insecure)
+    return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
 
 
 def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:

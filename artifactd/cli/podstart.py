@@ -54,6 +54,7 @@ def restore(
     image_digest: str | None,
     workload: Sequence[str],
     overrides: Sequence[str],
+    software_from: str | None,
     env_file: Path | None,
     consumer_user: str | None,
     require: bool,
@@ -74,6 +75,7 @@ def restore(
     request = RestoreRequest(
         store=store,
         from_dir=from_dir,
+        software_from=software_from,
         target=target,
         families=family_names(families),
         consumer_user=consumer_user,

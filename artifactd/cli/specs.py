@@ -82,6 +82,16 @@ FROM_DIR = Opt(
     metavar="PATH",
     kind="path",
 )
+SOFTWARE_FROM = Opt(
+    "--software-from",
+    "software_from",
+    "Take the runtime image's software fields (Python, libraries, compilers, CUDA, "
+    "image digest) from this artifact's fingerprint (STORE:TAG): for an init image, "
+    "which runs beside the runtime image and cannot see them. GPU, driver, CPU and "
+    "workload are still this pod's.",
+    C.ENV_SOFTWARE_FROM,
+    metavar="REF",
+)
 FAMILY = Opt(
     "--family",
     "families",
@@ -188,6 +198,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
         TARGET,
         FAMILY,
         *FINGERPRINT,
+        SOFTWARE_FROM,
         ENV_FILE,
         CONSUMER_USER,
         REQUIRE,
