@@ -179,8 +179,8 @@ def test_base_in_another_registry_is_refused_before_anything_moves(tmp_path: Pat
     assert "Traceback" not in proc.stderr
 
 
-def test_restore_prefers_the_baked_store_only_for_its_own_fingerprint(tmp_path: Path) -> None:
-    """Without --store: the baked store for this fingerprint, else the local default."""
+def test_restore_prefers_the_baked_store_for_its_own_fingerprint(tmp_path: Path) -> None:
+    """Without --store: the baked store for this fingerprint, else the only one, else local."""
     env = clean_env(
         {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
     )
@@ -200,10 +200,17 @@ def test_restore_prefers_the_baked_store_only_for_its_own_fingerprint(tmp_path: 
         return doc
 
     assert restore("--target", "a")["plan"]["store"] == f"oci:{prebuilt / fp_hash}"
-    # Another fingerprint: the baked store is not for it; the local default is used.
+    # Another fingerprint (another model): the only baked store is still used, and
+    # the generic kernels, whose scope has no model in it, hit by their family tag.
     other = restore("--target", "b", "--workload", "model=other")
-    assert other["plan"]["store"] == "oci:.artifactd/store"
-    assert other["status"] == "failed"  # no local store here: fails open
+    assert other["plan"]["store"] == f"oci:{prebuilt / fp_hash}"
+    assert other["status"] == "restored" and other["plan"]["match"] == "partial"
+    # With two baked stores, neither for this fingerprint: the local default.
+    copied = run_artifactd("copy", store, f"oci:{prebuilt / ('0' * 64)}", env=env)
+    assert copied.returncode == 0, copied.stderr
+    third = restore("--target", "d", "--workload", "model=other")
+    assert third["plan"]["store"] == "oci:.artifactd/store"
+    assert third["status"] == "failed"  # no local store here: fails open
     # An explicit store wins over the baked one.
     assert restore("--target", "c", "--store", store)["plan"]["store"] == store
 

@@ -112,15 +112,24 @@ def list_tags(ref: str, *, insecure: bool = False) -> list[str]:
 def default_store(fingerprint_hash: str, environ: Mapping[str, str] | None = None) -> str:
     """Return the store a restore without ``--store`` uses.
 
-    The store baked into a runtime image for exactly this fingerprint
-    (``$ARTIFACTD_PREBUILT/<hash>/``, default ``/opt/prebuilt-cache/<hash>/``,
-    as ``image append`` writes it) when it is there: no network needed. Else
+    A store baked into this runtime image (``$ARTIFACTD_PREBUILT/<hash>/``,
+    default ``/opt/prebuilt-cache/<hash>/``, as ``image append`` and
+    ``image build`` write it): the one for exactly this fingerprint when it is
+    there, else the only one there is (its family tags may still match when,
+    say, only the workload differs). No network is needed either way. Else
     the local default, ``oci:.artifactd/store``.
     """
     from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
 
     env = current_environ() if environ is None else environ
-    baked = Path(env.get(ENV_PREBUILT) or DEFAULT_PREBUILT) / fingerprint_hash
+    prebuilt = Path(env.get(ENV_PREBUILT) or DEFAULT_PREBUILT)
+    baked = prebuilt / fingerprint_hash
     if (baked / "oci-layout").is_file():
         return f"oci:{baked}"
+    try:
+        stores = [d for d in prebuilt.iterdir() if (d / "oci-layout").is_file()]
+    except OSError:
+        stores = []
+    if len(stores) == 1:
+        return f"oci:{stores[0]}"
     return DEFAULT_STORE
