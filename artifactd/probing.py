@@ -155,6 +155,25 @@ def parse_gpu_arch(arch: str) -> tuple[str, str]:
     return arch.strip(), f"{int(m.group(1))}.{m.group(2)}"
 
 
+_IMAGE_DIGEST_RE = re.compile(r"^(?:[^@\s]+@)?(sha256:[0-9a-f]{64})$")
+
+
+def parse_image_digest(value: str) -> str:
+    """Return ``sha256:<hex>`` from a digest or a ``REPO@sha256:<hex>`` reference.
+
+    Both spellings name one image, so both give one fingerprint; anything
+    else raises :class:`UsageError` (a tag is not a digest: it can move).
+    """
+    m = _IMAGE_DIGEST_RE.match(value.strip())
+    if not m:
+        raise UsageError(
+            f"not an image digest: {value!r}",
+            hint="give sha256:<64 hex> or REPO@sha256:<64 hex> "
+            "(`skopeo inspect docker://REF` prints it), never a tag",
+        )
+    return m.group(1)
+
+
 def arch_for_capability(major: int, minor: int) -> str:
     """Return the compile target Triton uses: ``sm_XYa`` from capability 9.0 on."""
     suffix = "a" if major >= 9 else ""
@@ -611,7 +630,7 @@ class PendingProbe:
     ) -> None:
         environ = current_environ() if environ is None else environ
         self._arch = parse_gpu_arch(gpu_arch) if gpu_arch else None  # fails before any work
-        self._image_digest = image_digest
+        self._image_digest = parse_image_digest(image_digest) if image_digest else None
         self._workload = dict(workload or {})
         self._cache = ProbeCache(default_path(environ)) if cache is None else cache
         self._overrides = list(overrides)

@@ -72,10 +72,11 @@ def test_type_errors_name_the_field(raw: dict[str, Any]) -> None:
 
 
 def test_probe_request_without_overrides_is_the_plain_probe() -> None:
+    digest = "sha256:" + "0a" * 32
     raw = probe_request(
-        gpu_arch="sm_90a", image_digest="sha256:0a", workload=["model=m,tp=8", "dtype=bf16"]
+        gpu_arch="sm_90a", image_digest=digest, workload=["model=m,tp=8", "dtype=bf16"]
     )
-    assert raw["image"] == {"digest": "sha256:0a"}
+    assert raw["image"] == {"digest": digest}
     assert raw["workload"] == {"model": "m", "tp": "8", "dtype": "bf16"}
     assert raw["gpu"]["arch"] == "sm_90a"
     assert raw["gpu"]["capability"] == "9.0"
@@ -204,3 +205,13 @@ def test_build_elsewhere_then_restore_with_the_same_override(tmp_path: Path) -> 
         ).stdout
     )
     assert same["cache_hit"] is True and same["match"] == "full"
+
+
+def test_an_image_digest_is_one_fingerprint_however_it_is_spelled() -> None:
+    digest = "sha256:" + "0a" * 32
+    plain = probe_request(image_digest=digest)
+    for spelling in (f"registry.example.com:5000/vllm@{digest}", f" {digest} "):
+        assert probe_request(image_digest=spelling)["image"] == plain["image"]
+    for bad in ("vllm:0.8", "sha256:0a", "registry/vllm@sha256:XYZ", "latest"):
+        with pytest.raises(UsageError, match="not an image digest"):
+            probe_request(image_digest=bad)
