@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Set up a development environment from scratch: system packages (skopeo,
-# docker-registry, busybox-static) and a .venv with torch (CPU build), triton
-# and artifactd with every extra the tests need. Safe to run again.
+# docker-registry, busybox-static, and the container engine of the image-build
+# tests: podman with runc, mmdebstrap, umoci) and a .venv with torch (CPU
+# build), triton and artifactd with every extra the tests need. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(skopeo docker-registry busybox-static)
+# runc is named: podman depends on "crun | runc" and crun does not work in this
+# sandbox (docs/dev/podman-engine.md); netavark is named so that apt does not
+# pick another provider of podman's network stack.
+APT_PACKAGES=(skopeo docker-registry busybox-static podman runc netavark mmdebstrap umoci)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -17,7 +21,8 @@ if ((${#missing[@]})); then
     fi
     echo "setup: installing ${missing[*]}" >&2
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # No recommends: buildah, fuse-overlayfs, slirp4netns and uidmap are not needed as root.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -32,5 +37,5 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     # torch first, pinned to the CPU build on this machine's disk, so the warmup
     # extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
     .venv/bin/python -m pip install -q "torch==2.13.0"
-    .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev]"
+    .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev,docker]"
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }

@@ -32,6 +32,7 @@ COMMANDS = {
     "fingerprint",
     "harvest",
     "image append",
+    "image build",
     "inspect",
     "lint",
     "ls",

@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
-from artifactd.artifacts import Artifact, copy_blob, open_artifact
-from artifactd.constants import DEFAULT_PREBUILT, ENV_PREBUILT
-from artifactd.errors import IntegrityError, NotFoundError, UsageError
+from artifactd.artifacts import Artifact, copy_blob, open_artifact, read_artifact
+from artifactd.constants import DEFAULT_PREBUILT, ENV_IMAGE_DIGEST, ENV_PREBUILT
+from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
-from artifactd.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, full_tag
+from artifactd.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.base import progress_events
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
@@ -184,18 +184,7 @@ def bake_layer(
     """Write ``art`` as an OCI layout at ``opt/prebuilt-cache/<hash>/``; pack that as a layer."""
     fp_hash = art.config.fingerprint_hash
     root = work / "root"
-    layout = root / DEFAULT_PREBUILT.strip("/") / fp_hash
-    parsed = parse_artifact_ref(artifact_ref)
-    with (
-        open_store(parsed.store, insecure=insecure) as src,
-        open_store(f"oci:{layout}", create=True) as dst,
-    ):
-        ref = src.get_manifest(art.digest)
-        if ref is None:  # pragma: no cover - read a moment ago
-            raise NotFoundError(f"{src.ref} has no manifest {art.digest}")
-        for desc in [art.manifest.config, *art.manifest.layers]:
-            copy_blob(src, dst, desc.digest, desc.size, work)
-        dst.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [full_tag(fp_hash)])
+    write_layout(artifact_ref, art, root / DEFAULT_PREBUILT.strip("/") / fp_hash, work, insecure)
     out = work / f"layer.tar.{'gz' if compression == 'gzip' else 'zst'}"
     with out.open("wb") as raw:
         compressed = HashingWriter(raw)
@@ -207,6 +196,63 @@ def bake_layer(
     return BakedLayer(
         out, compressed.hasher.digest, compressed.hasher.size, plain.hasher.digest, compression
     )
+
+
+def write_layout(
+    artifact_ref: str, art: Artifact, layout: Path, work: Path, insecure: bool = False
+) -> None:
+    """Copy ``art`` (read from ``artifact_ref``'s store) into a new OCI layout at ``layout``.
+
+    The layout holds the artifact's manifest, config and layers, tagged
+    ``fp-<fingerprint hash>``, and each family's manifest under its scope tag
+    where the source's scope tag names this very layer (a restore whose
+    fingerprint differs, say in the model, still finds the families that do
+    not depend on it): the store a runtime image carries under
+    ``/opt/prebuilt-cache/<hash>/``. ``work`` holds the blobs in transit.
+    """
+    parsed = parse_artifact_ref(artifact_ref)
+    with (
+        open_store(parsed.store, insecure=insecure) as src,
+        open_store(f"oci:{layout}", create=True) as dst,
+    ):
+        ref = src.get_manifest(art.digest)
+        if ref is None:  # pragma: no cover - read a moment ago
+            raise NotFoundError(f"{src.ref} has no manifest {art.digest}")
+        for desc in [art.manifest.config, *art.manifest.layers]:
+            copy_blob(src, dst, desc.digest, desc.size, work)
+        dst.put_manifest(
+            ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [full_tag(art.config.fingerprint_hash)]
+        )
+        for rec in art.config.layers:
+            tag = family_tag(rec.family, rec.scope_key)
+            try:
+                fam = read_artifact(src, tag)
+            except ArtifactdError:
+                continue  # an unreadable family tag: the full artifact is still baked
+            fam_ref = src.get_manifest(fam.digest) if fam is not None else None
+            if fam is None or fam_ref is None:
+                continue
+            if [layer.digest for layer in fam.manifest.layers] != [rec.digest]:
+                continue  # the tag names another build's layer now
+            cfg = fam.manifest.config
+            copy_blob(src, dst, cfg.digest, cfg.size, work)
+            dst.put_manifest(fam_ref.data, fam_ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
+
+
+def baked_env(art: Artifact) -> dict[str, str]:
+    """Return the environment a derived image carries for ``art``.
+
+    ``ARTIFACTD_PREBUILT`` (where its store is) and, when the artifact's
+    fingerprint names the image it was built in, ``ARTIFACTD_IMAGE_DIGEST``:
+    the derived image runs that image's software, so a restore in it computes
+    the same fingerprint without being told (its own digest differs). The
+    workload is the pod's to give: one image serves many models.
+    """
+    env = {ENV_PREBUILT: DEFAULT_PREBUILT}
+    digest = art.config.fingerprint.image.digest
+    if digest:
+        env[ENV_IMAGE_DIGEST] = digest
+    return env
 
 
 class _Compressor:
@@ -381,8 +427,9 @@ class _Append:
         labels[LABEL_ARTIFACT] = self.art.digest
         labels[LABEL_FAMILIES] = ",".join(sorted(r.family for r in self.art.config.layers))
         runtime["Labels"] = labels
-        env = [e for e in runtime.get("Env") or [] if not e.startswith(f"{ENV_PREBUILT}=")]
-        runtime["Env"] = [*env, f"{ENV_PREBUILT}={DEFAULT_PREBUILT}"]
+        baked = baked_env(self.art)
+        env = [e for e in runtime.get("Env") or [] if e.partition("=")[0] not in baked]
+        runtime["Env"] = [*env, *(f"{k}={v}" for k, v in baked.items())]
         return json.dumps(cfg, separators=(",", ":")).encode()
 
     def _reuse(self, desc: dict[str, Any]) -> None:
