@@ -12,6 +12,7 @@ shared by digest: the store keeps each one once.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,14 +102,25 @@ def publish(
     tmp_dir: Path,
     *,
     on_event: EventSink = discard,
+    tags: Sequence[str] | None = None,
 ) -> PublishResult:
     """Upload layers the store lacks, then the configs and manifests, then the tags.
 
-    Order matters: a tag only ever points at a manifest whose blobs are all present.
+    A family missing from ``packed`` reuses a layer the store already holds
+    (a merge of cells' artifacts). The tags are ``fp-<hash>`` and each
+    family's scope tag; with ``tags``, only
+    the whole artifact is written, under those (a cell's part of a fan-out
+    build, which no restore may find). Order matters: a tag only ever points
+    at a manifest whose blobs are all present.
     """
     result = PublishResult(digest="", tags=[], family_digests={})
     for rec in art.layers:
-        layer = packed[rec.family]
+        layer = packed.get(rec.family)
+        if layer is None:  # a layer reused from another artifact: it must be there already
+            if not store.has_blob(rec.digest):
+                raise NotFoundError(f"{store.ref} lacks layer {rec.digest} of {rec.family}")
+            result.bytes_skipped += rec.size
+            continue
         if store.has_blob(layer.digest):
             result.bytes_skipped += layer.size
             continue
@@ -121,7 +133,7 @@ def publish(
         result.blobs_uploaded.append(layer.digest)
         on_event({"stage": "push", "event": "done", "family": rec.family, "bytes": layer.size})
 
-    for rec in art.layers:
+    for rec in art.layers if tags is None else []:
         fam_art = art.for_family(rec.family)
         cfg = _put_small(store, canonical_json(fam_art.model_dump(mode="json")), result, tmp_dir)
         fam_manifest = build_image_manifest(cfg, fam_art)
@@ -133,9 +145,9 @@ def publish(
 
     cfg = _put_small(store, canonical_json(art.model_dump(mode="json")), result, tmp_dir)
     manifest = build_image_manifest(cfg, art)
-    tag = full_tag(art.fingerprint_hash)
-    result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag])
-    result.tags.insert(0, tag)
+    names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
+    result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, names)
+    result.tags[:0] = names
     return result
 
 

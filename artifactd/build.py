@@ -1,15 +1,26 @@
-"""Build: run a warm-up matrix with fresh cache roots, then harvest what it compiled.
+"""Build: run a warm-up matrix's cells in isolation, merge what they compiled, harvest it.
 
-Every family gets a fresh, empty root through the env vars the library reads
-(the same layout a restore produces: ``<roots>/triton``, ``<roots>/inductor``,
-``<roots>/tmp`` for Inductor's precompiled header), so the artifact holds what
-this matrix compiled and nothing a previous run left behind. Cells run one
-after another into the same roots; each is a subprocess whose stages are timed.
+Every cell gets fresh, empty roots of its own through the env vars the
+libraries read (the layout a restore produces: ``<cell>/triton``,
+``<cell>/inductor``, ``<cell>/tmp`` for Inductor's precompiled header, its own
+temp dir), so the artifact holds what this matrix compiled and nothing a
+previous run or another cell left behind. Cells are packed onto the node's
+GPUs (:mod:`artifactd.schedule`), each with its own ``CUDA_VISIBLE_DEVICES``;
+a cell runs a one-shot command or serves an engine (:mod:`artifactd.serve`).
+Afterwards their trees are merged per family (:mod:`artifactd.treemerge`): a
+path two cells wrote with different bytes fails the build, naming both,
+unless the family has a rule for it. Then the merged tree is linted, the
+fingerprint probed and the caches harvested.
+
+``cell`` runs one cell of the matrix (a CI matrix job, a Kubernetes Indexed
+Job's pod) and publishes it as a partial artifact tagged
+``run-<run id>-cell-<index>``, which :mod:`artifactd.merge` composes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +33,7 @@ from typing import Any
 from artifactd import __version__
 from artifactd.constants import (
     CACHE_ENV_VARS,
+    CUDA_VISIBLE_DEVICES,
     TEMP,
     TMP,
     TMPDIR,
@@ -29,7 +41,7 @@ from artifactd.constants import (
     TRITON_HOME,
     current_environ,
 )
-from artifactd.errors import BuildError, LintError
+from artifactd.errors import BuildError, LintError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.families import select_families
 from artifactd.fingerprint import probe
@@ -37,8 +49,10 @@ from artifactd.harvest import HarvestResult, harvest
 from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
+from artifactd.schedule import node_devices, run_packed
 from artifactd.stores import Store, opened
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: Variables cleared before a cell runs, so no cache of the caller leaks in.
 _INHERITED_CACHE_VARS = (*CACHE_ENV_VARS, TORCHINDUCTOR_CACHE_DIR, TRITON_HOME, TEMP, TMP)
 
@@ -53,6 +67,26 @@ class CellResult:
     returncode: int
     report: dict[str, Any] | None
     log: str
+    index: int = 0
+    devices: list[str] = field(default_factory=list)
+    #: What the cell printed as ``{"checks": {...}}``: what ``verify`` compares.
+    checks: dict[str, Any] = field(default_factory=dict)
+    #: A serve cell's timings: ready, requests, shutdown (seconds).
+    serve: dict[str, Any] | None = None
+    #: The log's last lines: the report keeps them when the roots (and the log) are gone.
+    log_tail: list[str] = field(default_factory=list)
+
+
+#: Lines of a cell's log its result keeps.
+LOG_TAIL_LINES = 20
+
+
+def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """Return the last ``lines`` lines of a cell's log (none when it cannot be read)."""
+    try:
+        return log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 @dataclass
@@ -66,6 +100,24 @@ class BuildResult:
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     lint: LintReport | None = None
+    #: One cell's build (``--cell``): its index and the fan-out run it belongs to.
+    cell: int | None = None
+    run_id: str | None = None
+
+
+def cell_tag(run_id: str, index: int) -> str:
+    """Return the tag of one cell's partial artifact: ``run-<run id>-cell-<index>``."""
+    return f"run-{run_id}-cell-{index}"
+
+
+def check_run_id(run_id: str) -> str:
+    """Refuse a run id that cannot be part of a tag (``[A-Za-z0-9_.-]``, 1 to 64 characters)."""
+    if not _RUN_ID.match(run_id):
+        raise UsageError(
+            f"--run-id {run_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'",
+            hint="e.g. the CI run's number: --run-id $GITHUB_RUN_ID",
+        )
+    return run_id
 
 
 def cell_environ(
@@ -76,10 +128,11 @@ def cell_environ(
     ``families`` empty means every family, as in a matrix without ``families``.
     """
     env = {k: v for k, v in base.items() if k not in _INHERITED_CACHE_VARS}
+    env[TMPDIR] = str(roots / "tmp")  # a temp dir of its own (Inductor's is this one too)
     for fam in select_families(families or None):
         env.update(fam.restore_env(roots))
     env.update(extra)
-    Path(env.get(TMPDIR, roots / "tmp")).mkdir(parents=True, exist_ok=True)
+    Path(env[TMPDIR]).mkdir(parents=True, exist_ok=True)
     return env
 
 
@@ -95,9 +148,22 @@ def _last_json(text: str) -> dict[str, Any] | None:
     return None
 
 
-def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log_dir: Path) -> CellResult:
-    """Run one cell as a subprocess; its output goes to a log file."""
-    log = log_dir / f"cell-{cell.id}.log"
+def _checks_of(report: dict[str, Any] | None, cell: Cell) -> dict[str, Any]:
+    """Return the ``checks`` member a cell printed: names to numbers or strings."""
+    checks = (report or {}).get("checks") or {}
+    if not isinstance(checks, dict) or not all(
+        isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in checks.items()
+    ):
+        raise BuildError(
+            f"cell {cell.id} printed checks that are not a map of names to numbers or strings",
+            hint='print one JSON line such as {"checks": {"tokens": "ab12...", "logit_sum": 1.5}}',
+        )
+    return dict(checks)
+
+
+def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log: Path) -> CellResult:
+    """Run one command cell as a subprocess; its output goes to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     try:
         with log.open("w") as out:
@@ -119,16 +185,77 @@ def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log_dir: Path) 
             hint=f"see {log}; raise timeout_s in the matrix",
         ) from exc
     seconds = round(time.monotonic() - start, 3)
-    result = CellResult(
-        cell.id, cell.argv, seconds, proc.returncode, _last_json(proc.stdout), str(log)
-    )
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         raise BuildError(
             f"cell {cell.id} exited with status {proc.returncode}: " + " | ".join(tail),
             hint=f"full output in {log}",
         )
-    return result
+    report = _last_json(proc.stdout)
+    return CellResult(
+        cell.id,
+        cell.argv,
+        seconds,
+        proc.returncode,
+        report,
+        str(log),
+        index=cell.index,
+        checks=_checks_of(report, cell),
+        log_tail=log_tail(log),
+    )
+
+
+def run_serve_cell(
+    cell: Cell, env: Mapping[str, str], log: Path, on_event: EventSink
+) -> CellResult:
+    """Run one serve cell: the engine, its readiness, the requests, its shutdown."""
+    from artifactd.serve import run_serve
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    res = run_serve(cell, env, log, on_event=on_event)
+    assert cell.serve is not None  # noqa: S101 - a serve cell
+    return CellResult(
+        cell.id,
+        cell.serve.argv,
+        round(time.monotonic() - start, 3),
+        0,
+        None,
+        str(log),
+        index=cell.index,
+        checks=dict(res.checks),
+        serve={
+            "ready_s": res.ready_s,
+            "requests_s": res.requests_s,
+            "shutdown_s": res.shutdown_s,
+            "requests": res.requests_sent,
+            "killed": res.killed,
+        },
+        log_tail=log_tail(log),
+    )
+
+
+def select_cells(cells: list[Cell], cell: int | None, run_id: str | None) -> list[Cell]:
+    """Every cell, or the one ``--cell`` names (which needs a ``--run-id``)."""
+    if cell is None:
+        if run_id is not None:
+            raise UsageError(
+                "--run-id names a fan-out run: it goes with --cell (or JOB_COMPLETION_INDEX)",
+                hint="without --cell, build runs every cell here and publishes the whole artifact",
+            )
+        return cells
+    if run_id is None:
+        raise UsageError(
+            "--cell needs --run-id: the cells of one fan-out run are merged by it",
+            hint="e.g. --run-id $GITHUB_RUN_ID, the same for every cell and for `merge`",
+        )
+    check_run_id(run_id)
+    if not 0 <= cell < len(cells):
+        raise UsageError(
+            f"--cell {cell}: the matrix has {len(cells)} cell(s), 0 to {len(cells) - 1}",
+            hint="`artifactd matrix cells FILE` lists them",
+        )
+    return [cells[cell]]
 
 
 def build(
@@ -144,15 +271,22 @@ def build(
     environ: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
     strict_lint: bool = False,
+    cell: int | None = None,
+    run_id: str | None = None,
+    gpus: Sequence[str] | None = None,
+    jobs: int = 1,
 ) -> BuildResult:
-    """Run every cell of the matrix, then harvest into ``store`` (a store, or its reference).
+    """Run the matrix's cells (or the one ``cell``), merge, then harvest into ``store``.
 
-    ``overrides`` (``--set PATH=VALUE``) adjust the probed fingerprint, e.g. to
-    build on one machine for another target.
+    ``store`` is a store or its reference. ``overrides`` (``--set PATH=VALUE``)
+    adjust the probed fingerprint, e.g. to build on one machine for another
+    target. ``gpus`` are the node's devices (default :func:`node_devices`);
+    ``jobs`` bounds the CPU-only cells running at once. With ``cell`` (and
+    ``run_id``), one cell is built and published as a partial artifact.
     """
     start = time.monotonic()
     matrix: Matrix = load_matrix(matrix_path)
-    cells = expand(matrix, matrix_path)
+    selected = select_cells(expand(matrix, matrix_path), cell, run_id)
     owned = roots is None
     if roots is None:
         roots = Path(tempfile.mkdtemp(prefix=f"artifactd-build-{matrix.name}-"))
@@ -163,24 +297,29 @@ def build(
         )
     roots.mkdir(parents=True, exist_ok=True)
     base = current_environ() if environ is None else environ
-    env = cell_environ(roots, matrix.families, matrix.env, base)
+    devices = list(gpus) if gpus is not None else node_devices(base)
     timings: dict[str, float] = {}
-    results: list[CellResult] = []
     failed = True
+
+    def run_one(c: Cell, taken: tuple[str, ...]) -> CellResult:
+        croot = roots / "cells" / c.id
+        env = cell_environ(croot, matrix.families, matrix.env, base)
+        env[CUDA_VISIBLE_DEVICES] = ",".join(taken)
+        log = croot / "cell.log"
+        if c.serve is not None:
+            res = run_serve_cell(c, env, log, on_event)
+        else:
+            res = run_cell(c, env, matrix.timeout_s, log)
+        res.devices = list(taken)
+        return res
+
     try:
-        for cell in cells:
-            on_event({"stage": "warmup", "event": "start", "cell": cell.id})
-            res = run_cell(cell, env, matrix.timeout_s, roots)
-            timings[f"cell:{cell.id}"] = res.seconds
-            results.append(res)
-            on_event(
-                {
-                    "stage": "warmup",
-                    "event": "done",
-                    "cell": cell.id,
-                    "elapsed_ms": round(res.seconds * 1000, 1),
-                }
-            )
+        results = run_packed(selected, devices, run_one, jobs=jobs, on_event=on_event)
+        for res in results:
+            timings[f"cell:{res.id}"] = res.seconds
+        t0 = time.monotonic()
+        env = _merged_environ(matrix, selected, roots, base)
+        timings["merge"] = round(time.monotonic() - t0, 3)
         t0 = time.monotonic()
         report = lint_roots(matrix.families, env, roots)
         timings["lint"] = round(time.monotonic() - t0, 3)
@@ -215,8 +354,10 @@ def build(
             source="build",
             matrix=matrix.name,
             base_image=matrix.base_image,
-            cells=[c.id for c in cells],
-            timings=timings,
+            cells=[c.id for c in selected],
+            timings={k: v for k, v in timings.items() if k.startswith("cell:")},
+            run_id=run_id,
+            checks={r.id: r.checks for r in results if r.checks},
         )
         with opened(store, create=True, insecure=insecure) as st:
             harvested = harvest(
@@ -226,6 +367,9 @@ def build(
                 environ=env,
                 provenance=provenance,
                 on_event=on_event,
+                cell_tag=cell_tag(run_id, selected[0].index)
+                if cell is not None and run_id
+                else None,
             )
         timings["harvest"] = harvested.seconds
         on_event(
@@ -249,7 +393,43 @@ def build(
         seconds=round(time.monotonic() - start, 3),
         timings=timings,
         lint=report,
+        cell=cell,
+        run_id=run_id,
     )
+
+
+def _merged_environ(
+    matrix: Matrix, cells: Sequence[Cell], roots: Path, base: Mapping[str, str]
+) -> dict[str, str]:
+    """Merge the cells' trees per family; return the environ the harvest finds them through.
+
+    One cell: its own roots, as they are. Several: ``<roots>/merged``, in the
+    same layout; a conflict (one path, different bytes, no family rule) fails
+    the build and names both cells.
+    """
+    cell_roots = [roots / "cells" / c.id for c in cells]
+    if len(cells) == 1:
+        return cell_environ(cell_roots[0], matrix.families, matrix.env, base)
+    from artifactd.treemerge import merge_family
+
+    merged = roots / "merged"
+    env = cell_environ(merged, matrix.families, matrix.env, base)
+    conflicts = []
+    for fam in select_families(matrix.families or None):
+        sources = [
+            (c.id, {k: Path(v) for k, v in fam.restore_dirs(r).items()})
+            for c, r in zip(cells, cell_roots, strict=True)
+        ]
+        dest = {k: Path(v) for k, v in fam.restore_dirs(merged).items()}
+        conflicts.extend(merge_family(fam, sources, dest).conflicts)
+    if conflicts:
+        first = conflicts[0]
+        raise BuildError(
+            f"{len(conflicts)} conflict(s) merging the cells' caches, e.g. {first.describe()}",
+            hint="two cells wrote one path with different bytes: split them into separate "
+            "matrices, or make the family's rule cover it",
+        )
+    return env
 
 
 def lint_roots(families: Sequence[str], environ: Mapping[str, str], roots: Path) -> LintReport:

@@ -52,6 +52,10 @@ TMPDIR = "TMPDIR"
 HOME = "HOME"
 CUDA_HOME = "CUDA_HOME"
 DOCKER_CONFIG = "DOCKER_CONFIG"
+#: The GPUs a process may use: the builder gives each cell its own.
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: Set by Kubernetes in each pod of an Indexed Job: ``build``'s default ``--cell``.
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 
 # --- JIT cache families: DeepGEMM, TileLang, CuTe DSL / FA4, CUDA driver JIT ---
 DG_JIT_CACHE_DIR = "DG_JIT_CACHE_DIR"

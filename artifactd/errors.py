@@ -96,6 +96,13 @@ class LintError(BuildError):
     kind = "lint"
 
 
+class VerifyError(BuildError):
+    """The correctness gate failed: a check differs, or a restored cell compiled anyway."""
+
+    exit_code = 12
+    kind = "verify"
+
+
 class SchemaError(IntegrityError):
     """An artifact document failed validation or has an unknown schema version."""
 

@@ -122,10 +122,13 @@ def harvest(
     environ: Mapping[str, str] | None = None,
     provenance: Provenance | None = None,
     on_event: EventSink = discard,
+    cell_tag: str | None = None,
 ) -> HarvestResult:
     """Pack the caches found through ``environ`` and publish them to ``store``.
 
-    Raises :class:`BuildError` when no requested family has anything to harvest.
+    With ``cell_tag``, the artifact is one cell's part of a fan-out build
+    (``kind: cell``), published under that tag alone, for ``merge``. Raises
+    :class:`BuildError` when no requested family has anything to harvest.
     """
     start = time.monotonic()
     environ = current_environ() if environ is None else environ
@@ -152,8 +155,10 @@ def harvest(
             fingerprint_hash=fingerprint.hash,
             layers=records,
             provenance=provenance or Provenance(builder=__version__),
+            kind="cell" if cell_tag else "full",
         )
-        pub = publish(store, art, packed, work, on_event=on_event)
+        tags = [cell_tag] if cell_tag else None
+        pub = publish(store, art, packed, work, on_event=on_event, tags=tags)
     return HarvestResult(
         store=store.ref,
         digest=pub.digest,

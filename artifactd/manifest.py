@@ -156,12 +156,17 @@ class Provenance(_Model):
     """Where and how the artifact was made."""
 
     builder: str = Field(description="artifactd version that packed it.")
-    source: Literal["harvest", "build"] = "harvest"
+    source: Literal["harvest", "build", "merge"] = "harvest"
     matrix: str | None = None
     base_image: str | None = None
     cells: list[str] = Field(default_factory=list)
     timings: dict[str, float] = Field(
         default_factory=dict, description="Seconds per stage; builds only."
+    )
+    run_id: str | None = Field(None, description="The fan-out run a cell or merge belongs to.")
+    checks: dict[str, dict[str, float | int | str | bool]] = Field(
+        default_factory=dict,
+        description="Per cell id, the checks it printed ({'checks': {...}}): what verify compares.",
     )
 
 
@@ -177,8 +182,10 @@ class ArtifactConfig(_Model):
         SCHEMA_VERSION,
         description="Format: 1 names members '<component>/...', 2 '<family>/<component>/...'.",
     )
-    kind: Literal["full", "family"] = Field(
-        "full", description="'full': every family; 'family': one family, found by its scope tag."
+    kind: Literal["full", "family", "cell"] = Field(
+        "full",
+        description="'full': every family; 'family': one family, found by its scope tag; "
+        "'cell': one cell's part of a fan-out build, for `merge` (never restored).",
     )
     fingerprint: Fingerprint
     fingerprint_hash: str = Field(pattern=r"^[0-9a-f]{64}$")

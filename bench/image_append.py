@@ -4,8 +4,8 @@ Starts a loopback registry, pushes a base image (one gzip layer of
 incompressible bytes, ``--base-mb`` MiB) with skopeo, harvests a generic cache
 of ``--cache-mb`` MiB, then appends it to the base twice and prints, for each
 run: wall time, bytes uploaded, base bytes reused (mounted, not moved), and
-the registry's stored-blob growth. The comparison with a full engine build of
-the same derived image is still to come (it needs the image build command).
+the registry's stored-blob growth. bench/image_build.py compares append with
+an engine build of the same derived image.
 
 Usage: python bench/image_append.py [--base-mb 200] [--cache-mb 20]
 """

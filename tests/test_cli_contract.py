@@ -36,8 +36,11 @@ COMMANDS = {
     "inspect",
     "lint",
     "ls",
+    "matrix cells",
+    "merge",
     "restore",
     "schema",
+    "verify",
 }
 
 
@@ -231,6 +234,7 @@ def test_build_strict_gives_the_same_code_as_lint_strict(tmp_path: Path) -> None
     matrix = tmp_path / "m.yaml"
     matrix.write_text(
         "schema_version: 1\nname: strict\ntarget: {gpu_arch: sm_90a}\nfamilies: [generic]\n"
+        "gpus: 0\n"
         f"command: {json.dumps(sys.executable + ' -c ' + json.dumps(writes_its_path))}\n"
     )
     args = ("build", str(matrix), "--store", f"oci:{tmp_path / 's'}")

@@ -440,7 +440,13 @@ def test_roots_for_lint_by_directory_or_by_environment(tmp_path: Path) -> None:
     }
     assert roots_for_lint(roots, [], {}) == {}
     elsewhere = make_triton_tree(tmp_path / "elsewhere")
-    env = {"HOME": str(tmp_path / "nohome"), "TRITON_CACHE_DIR": str(elsewhere)}
+    # TMPDIR of its own: Inductor's default cache is <TMPDIR>/torchinductor_<user>,
+    # which any torch.compile on this machine may have left in /tmp.
+    env = {
+        "HOME": str(tmp_path / "nohome"),
+        "TMPDIR": str(tmp_path / "notmp"),
+        "TRITON_CACHE_DIR": str(elsewhere),
+    }
     assert roots_for_lint(None, ["triton"], env) == {"triton:cache": elsewhere}
     assert set(roots_for_lint(None, None, env)) == {"triton:cache"}
 

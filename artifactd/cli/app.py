@@ -24,6 +24,14 @@ def cli() -> None:
 
 
 # The command modules decorate ``cli``; importing them here registers them.
-from artifactd.cli import builds, fingerprints, images, restores, schemas, stores  # noqa: E402
+from artifactd.cli import (  # noqa: E402
+    builds,
+    fanout,
+    fingerprints,
+    images,
+    restores,
+    schemas,
+    stores,
+)
 
-__all__ = ["builds", "cli", "fingerprints", "images", "restores", "schemas", "stores"]
+__all__ = ["builds", "cli", "fanout", "fingerprints", "images", "restores", "schemas", "stores"]

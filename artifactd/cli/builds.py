@@ -82,6 +82,31 @@ def harvest(
     is_flag=True,
     help="Fail (exit 11) when the hygiene lint finds anything (default: report warnings).",
 )
+@click.option(
+    "--cell",
+    type=click.IntRange(min=0),
+    envvar="JOB_COMPLETION_INDEX",
+    metavar="I",
+    help="Build only cell I and push it as a partial artifact for `merge` "
+    "[JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job sets it].",
+)
+@click.option(
+    "--run-id",
+    metavar="ID",
+    help="The fan-out run the cell belongs to (the same for every cell and for `merge`).",
+)
+@click.option(
+    "--gpus",
+    metavar="LIST",
+    help="This node's GPUs, e.g. 0,1,2,3 (default: CUDA_VISIBLE_DEVICES, else every GPU).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="CPU-only cells (gpus: 0) running at once.",
+)
 @json_option
 def build(
     *,
@@ -93,10 +118,28 @@ def build(
     keep_roots: Path | None,
     overrides: tuple[str, ...],
     strict: bool,
+    cell: int | None,
+    run_id: str | None,
+    gpus: str | None,
+    jobs: int,
     as_json: bool,
 ) -> None:
-    """Run a warm-up matrix with fresh cache roots, then harvest into the store."""
+    """Run a warm-up matrix's cells with fresh cache roots, merge them, harvest into the store.
+
+    Each cell runs isolated (its own cache roots and temp dir), packed onto
+    this node's GPUs: as many at once as fit, each with CUDA_VISIBLE_DEVICES
+    set to its own devices, in index order. Their caches are then merged per
+    family (a path two cells wrote with different bytes fails the build,
+    naming both) and harvested as one artifact.
+
+    \b
+    Fan out over a CI matrix or a Kubernetes Indexed Job instead:
+      artifactd matrix cells FILE --json               # the cells, for strategy.matrix
+      artifactd build FILE --cell I --run-id ID ...    # on each worker: one cell
+      artifactd merge FILE --run-id ID --store REF     # then: the whole artifact
+    """
     from artifactd.build import build as do_build
+    from artifactd.schedule import parse_gpus
 
     result = do_build(
         matrix,
@@ -109,6 +152,10 @@ def build(
         on_event=render.event_printer(as_json),
         overrides=overrides,
         strict_lint=strict,
+        cell=cell,
+        run_id=run_id,
+        gpus=parse_gpus(gpus) if gpus is not None else None,
+        jobs=jobs,
     )
     if as_json:
         from artifactd.reports import result_report

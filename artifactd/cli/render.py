@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from artifactd.lint import LintReport
     from artifactd.resolve import RestorePlan
     from artifactd.restore import RestoreOutcome, RestoreResult
+    from artifactd.verify import VerifyResult
 
 
 def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
@@ -131,6 +132,28 @@ def build(result: BuildResult) -> None:
             "`artifactd lint DIR`"
         )
     harvest(result.harvest)
+
+
+def verify(result: VerifyResult) -> None:
+    """Print a per-cell, per-family table and the verdict."""
+    families = sorted({f for c in result.cells for f in c.compiled})
+    echo(f"verify {result.digest[:19]}... (fingerprint {result.fingerprint_hash[:16]}...)")
+    echo(f"  {'cell':<28} {'checks':<10} " + " ".join(f"{f:>10}" for f in families))
+    for cell in result.cells:
+        ok = sum(1 for c in cell.checks if c.ok)
+        checks = f"{ok}/{len(cell.checks)} ok" if cell.checks else "none"
+        echo(
+            f"  {cell.id:<28} {checks:<10} "
+            + " ".join(f"{cell.compiled.get(f, 0):>10}" for f in families)
+        )
+    echo("  (per family: files compiled anyway on the restored caches)")
+    for line in result.failures:
+        echo(f"  FAIL {line}")
+    if result.passed:
+        promoted = f"; tagged {result.promoted}" if result.promoted else ""
+        echo(f"PASS: every check matches and nothing was compiled{promoted}")
+    else:
+        echo(f"FAIL: {len(result.failures)} problem(s); nothing promoted", err=True)
 
 
 def traceback(error: BaseException) -> None:

@@ -156,6 +156,32 @@ class Family(ABC):
             return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)
         return data.decode("utf-8").replace(ROOT_PLACEHOLDER, root.rstrip("/")).encode("utf-8")
 
+    def keyed(self, component: str, rel: PurePosixPath) -> bool:
+        """Whether ``rel`` is a key: a path the library derives from what it compiled.
+
+        Two warm-up cells that wrote one keyed path compiled one thing; their
+        bytes may still differ (toolchains embed build ids, pickles are not
+        byte-stable), and either copy serves, so a merge keeps the first
+        without comparing. By default no path is keyed.
+        """
+        del component, rel
+        return False
+
+    def merge_file(
+        self, component: str, rel: PurePosixPath, ours: bytes, theirs: bytes
+    ) -> bytes | None:
+        """Merge two warm-up cells' different copies of one file; None when they conflict.
+
+        Called by :func:`artifactd.treemerge.merge_family` only when the copies
+        differ. ``ours`` is what the merge holds so far (the first cell's copy,
+        or an earlier merge), ``theirs`` the next cell's; a path-bearing file
+        comes in normalised form (its root replaced by the placeholder). By
+        default nothing merges: two cells that wrote the same path with other
+        bytes are a conflict, and the build names both cells.
+        """
+        del component, rel, ours, theirs
+        return None
+
     def restore_dirs(self, target: Path, *, user: str | None = None) -> dict[str, Path]:
         """Return where each component is installed under ``target``."""
         subs = {c.name: c.restore_subdir.format(user=sanitize_user(user)) for c in self.components}

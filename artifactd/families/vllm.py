@@ -139,6 +139,38 @@ def rewrite_handles(data: bytes, old: tuple[str, ...], new: str) -> bytes | None
     return pprint.PrettyPrinter(indent=4).pformat(_swap_prefix(doc, old, new)).encode("utf-8")
 
 
+def _parse_handles(data: bytes) -> dict[Any, Any] | None:
+    """Parse a handle file the way vLLM does (``ast.literal_eval``); None unless a dict."""
+    import ast
+
+    try:
+        doc = ast.literal_eval(data.decode("utf-8"))
+    except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def merge_handles(ours: bytes, theirs: bytes) -> bytes | None:
+    """Merge two ``vllm_compile_cache.py`` files entry by entry; None when they conflict.
+
+    The union of both dicts' keys, written back the way vLLM writes the file
+    (``pprint`` with ``indent=4``). A key both hold with different values, or a
+    file that is not a dict literal, is a conflict. Never ``eval``: only
+    ``ast.literal_eval`` reads the files.
+    """
+    import pprint
+
+    mine, other = _parse_handles(ours), _parse_handles(theirs)
+    if mine is None or other is None:
+        return None
+    merged = dict(mine)
+    for key, value in other.items():
+        if key in merged and merged[key] != value:
+            return None
+        merged[key] = value
+    return pprint.PrettyPrinter(indent=4).pformat(merged).encode("utf-8")
+
+
 # --------------------------------------------------------------------------
 # Hash factors: read them, and flag the volatile ones
 # --------------------------------------------------------------------------
@@ -501,6 +533,21 @@ class VLLMFamily(Family):
             return super().relocate(data, root)
         rewritten = rewrite_handles(data, (ROOT_PLACEHOLDER,), root)
         return super().relocate(data, root) if rewritten is None else rewritten
+
+    def merge_file(
+        self, component: str, rel: PurePosixPath, ours: bytes, theirs: bytes
+    ) -> bytes | None:
+        """Merge two cells' ``vllm_compile_cache.py`` entry by entry (:func:`merge_handles`).
+
+        Cells that compiled other shapes into the same hash dir each add their
+        own handles; one key with two values is a conflict. Every other file
+        conflicts, ``cache_key_factors.json`` on purpose: the hash dir's name is
+        the hash of those factors, so two cells whose factors differ must never
+        share one hash dir (their merge would claim to be valid for both).
+        """
+        if component != "cache" or rel.name != HANDLES_FILE:
+            return None
+        return merge_handles(ours, theirs)
 
     def facts(self, component: str, root: Path) -> dict[str, Any]:
         """Return the raw hash factors per hash dir, for ``diff`` and the volatility lint."""

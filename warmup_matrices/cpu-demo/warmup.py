@@ -34,8 +34,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def run_inductor(*, save_megacache: bool = False, load_megacache: bool = False) -> dict[str, Any]:
-    """torch.compile three small graphs; hits and misses are Inductor's fxgraph counters."""
+def run_inductor(
+    *, save_megacache: bool = False, load_megacache: bool = False, batch: int = 8
+) -> dict[str, Any]:
+    """torch.compile three small graphs; hits and misses are Inductor's fxgraph counters.
+
+    ``checks.inductor_sum`` sums every output: what ``artifactd verify`` compares
+    between the build and a run on the restored caches. ``CPU_DEMO_PERTURB``
+    (a number added to the input) makes it diverge on purpose, for the tests.
+    """
     t0 = time.perf_counter()
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -63,16 +70,17 @@ def run_inductor(*, save_megacache: bool = False, load_megacache: bool = False) 
 
         loaded = megacache.load().files
     torch.manual_seed(0)
-    x = torch.randn(8, 64)
+    x = torch.randn(batch, 64) + float(os.environ.get("CPU_DEMO_PERTURB", "0"))
     q = torch.randn(2, 16, 32)
     jobs = [
         (torch.compile(Block().eval(), dynamic=False), (x,)),
         (torch.compile(norm_act, dynamic=False), (x, torch.ones(64), torch.zeros(64))),
         (torch.compile(attention, dynamic=False), (q, q, q)),
     ]
+    total = 0.0
     with torch.no_grad():
         for fn, args in jobs:
-            fn(*args)
+            total += float(fn(*args).double().sum())
     c = counters["inductor"]
     hits, misses = int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"])
     saved = None
@@ -88,6 +96,7 @@ def run_inductor(*, save_megacache: bool = False, load_megacache: bool = False) 
         "megacache_saved": saved,
         "megacache_loaded": loaded,
         "seconds": round(time.perf_counter() - t0, 3),
+        "sum": total,
     }
 
 
@@ -283,6 +292,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="inductor,triton,nvcc")
     parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--batch", type=int, default=8, help="rows of the Inductor inputs")
     parser.add_argument(
         "--save-megacache",
         action="store_true",
@@ -300,7 +310,9 @@ def main() -> None:
     for part in parts:
         if part == "inductor":
             report["inductor"] = run_inductor(
-                save_megacache=args.save_megacache, load_megacache=args.load_megacache
+                save_megacache=args.save_megacache,
+                load_megacache=args.load_megacache,
+                batch=args.batch,
             )
         elif part == "triton":
             report["triton"] = run_triton(args.arch)
@@ -312,6 +324,8 @@ def main() -> None:
     report["compiled"] = sum(
         int(v.get("compiled", 0)) for v in report.values() if isinstance(v, dict)
     )
+    if "inductor" in report:
+        report["checks"] = {"inductor_sum": report["inductor"]["sum"]}
     print(json.dumps(report), flush=True)
 
 

@@ -1,0 +1,185 @@
+"""``matrix cells``, ``merge`` and ``verify``: a build fanned out over nodes, and its gate."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from artifactd.cli import render
+from artifactd.cli.app import cli
+from artifactd.cli.options import (
+    gpu_arch_option,
+    image_digest_option,
+    json_option,
+    set_option,
+    store_option,
+)
+
+
+@cli.group()
+def matrix() -> None:
+    """Warm-up matrices: their cells, for a CI matrix or a Kubernetes Indexed Job."""
+
+
+@matrix.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@json_option
+def cells(*, file: Path, as_json: bool) -> None:
+    """List FILE's cells: index, id, GPUs needed, axis values.
+
+    \b
+    --json gives {"include": [{"index": 0, "id": ..., "gpus": 1, AXIS: VALUE...}]}:
+    .include is a GitHub Actions strategy.matrix.include as it is:
+      cells=$(artifactd matrix cells FILE --json | jq -c .include)
+      strategy: {matrix: {include: ${{ fromJSON(needs.plan.outputs.cells) }}}}
+    A Kubernetes Indexed Job takes completions = the count.
+    """
+    from artifactd.matrix import expand, load_matrix
+
+    loaded = load_matrix(file)
+    expanded = expand(loaded, file)
+    if as_json:
+        from artifactd.reports import versioned
+
+        render.emit_json(
+            versioned(
+                {
+                    "matrix": loaded.name,
+                    "count": len(expanded),
+                    "include": [
+                        {"index": c.index, "id": c.id, "gpus": c.gpus, **c.values} for c in expanded
+                    ],
+                }
+            )
+        )
+        return
+    render.echo(f"{loaded.name}: {len(expanded)} cell(s)")
+    for c in expanded:
+        mode = "serve" if c.serve is not None else "command"
+        values = ", ".join(f"{k}={v}" for k, v in c.values.items())
+        render.echo(f"  {c.index:>3}  {c.id:<32} gpus={c.gpus}  {mode}  {values}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@store_option
+@click.option(
+    "--run-id", required=True, metavar="ID", help="The fan-out run: as every cell's build had it."
+)
+@json_option
+def merge(*, file: Path, store: str, insecure: bool, run_id: str, as_json: bool) -> None:
+    """Compose a fan-out run's cell artifacts into the whole artifact of the fingerprint.
+
+    Reads run-<ID>-cell-<I> for every cell of FILE (a missing cell fails, exit
+    7), checks they were built for one fingerprint, and merges them family by
+    family: a layer only one cell has (or every cell has the same) is reused
+    in the registry, never downloaded or uploaded; others are verified,
+    unpacked, merged (a path two cells wrote with different bytes fails,
+    naming both) and packed again. Publishes fp-<hash> and the family tags,
+    like `build`. Merging again writes the same digests and uploads nothing.
+    """
+    from artifactd.merge import merge as do_merge
+    from artifactd.stores import open_store
+
+    with open_store(store, insecure=insecure) as st:
+        result = do_merge(file, st, run_id, on_event=render.event_printer(as_json))
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+        return
+    render.echo(f"merged {len(result.cells)} cell(s) of run {run_id} into {result.digest}")
+    for fam in result.families:
+        moved = (
+            f", {render.human_bytes(fam.bytes_downloaded)} downloaded"
+            if fam.how == "repacked"
+            else ""
+        )
+        render.echo(
+            f"  {fam.family:<11} {fam.how:<8} {fam.files} file(s) "
+            f"from {len(fam.cells)} cell(s){moved}"
+        )
+    render.echo(
+        f"uploaded {render.human_bytes(result.bytes_uploaded)}, already there "
+        f"{render.human_bytes(result.bytes_skipped)}; tags: {', '.join(result.tags)}"
+    )
+
+
+@cli.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@store_option
+@gpu_arch_option("Override the matrix's declared target (sm_90a).")
+@image_digest_option("Override the matrix's base image digest.")
+@set_option
+@click.option("--gpus", metavar="LIST", help="This node's GPUs, e.g. 0,1 (as for build).")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="CPU-only cells at once.",
+)
+@click.option(
+    "--promote",
+    metavar="TAG",
+    help="Tag the artifact TAG in the store, only if the gate passes.",
+)
+@click.option(
+    "--keep-roots",
+    type=click.Path(path_type=Path),
+    help="Keep each cell's restored roots and log under this directory.",
+)
+@json_option
+def verify(
+    *,
+    file: Path,
+    store: str,
+    insecure: bool,
+    gpu_arch: str | None,
+    image_digest: str | None,
+    overrides: tuple[str, ...],
+    gpus: str | None,
+    jobs: int,
+    promote: str | None,
+    keep_roots: Path | None,
+    as_json: bool,
+) -> None:
+    """Gate a build: restore the artifact, re-run every cell on it, compare.
+
+    For each cell of FILE: restore this machine's artifact into fresh roots,
+    run the cell there, compare the checks it prints with those the build
+    recorded (strings exactly, numbers within the matrix's check_tolerance),
+    and count per family the files it compiled anyway (lock files excluded).
+    Exits 0 only if every check matches and nothing was compiled, else 12
+    with a per-cell, per-family table. --promote TAG tags the artifact only
+    then, so a CI job can gate on it.
+    """
+    from artifactd.schedule import parse_gpus
+    from artifactd.stores import open_store
+    from artifactd.verify import verify as do_verify
+
+    with open_store(store, insecure=insecure) as st:
+        result = do_verify(
+            file,
+            st,
+            gpu_arch=gpu_arch,
+            image_digest=image_digest,
+            overrides=overrides,
+            gpus=parse_gpus(gpus) if gpus is not None else None,
+            jobs=jobs,
+            promote=promote,
+            keep_roots=keep_roots,
+            on_event=render.event_printer(as_json),
+        )
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+    else:
+        render.verify(result)
+    if not result.passed:
+        from artifactd.errors import VerifyError
+
+        sys.exit(VerifyError.exit_code)

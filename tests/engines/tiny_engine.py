@@ -1,0 +1,352 @@
+"""A tiny but real inference engine for the serve-cell tests.
+
+It behaves like the engines a serve cell starts (vLLM, SGLang), at toy scale:
+
+* an HTTP server (``ThreadingHTTPServer``) binds ``--port`` at once and answers
+  ``GET /health`` with 503 while the model loads, 200 once it is ready;
+* the model is a ``torch.compile``'d module (an embedding, two Linear layers,
+  greedy argmax over a 97-word vocabulary) compiled with ``dynamic=False``:
+  every new prompt length compiles a new prefill graph (one decode graph serves
+  every step; both are made on the first request), and Inductor writes what
+  it compiles under ``TORCHINDUCTOR_CACHE_DIR`` from the environment it was
+  given;
+* ``POST /v1/completions`` and ``POST /v1/chat/completions`` take
+  OpenAI-shaped bodies, tokenise by splitting on whitespace (each word hashed
+  into the vocabulary with CRC-32, so runs agree), decode greedily for
+  ``max_tokens`` steps and answer OpenAI-shaped JSON with ``usage``; a request
+  for another ``model`` is refused with 404, as vLLM does;
+* SIGTERM (or SIGINT) shuts the server down cleanly and exits 0, printing one
+  JSON line last: ``{"tiny_engine": {"compiled": N, "cache_hits": M, ...}}``
+  from Inductor's FX graph cache counters, so a test can see that a run on a
+  warm cache compiled nothing. Exit hooks run, then ``os._exit`` skips the
+  interpreter's slow module teardown. SIGTERM while the model loads ends the
+  load at once (exit 0, nothing compiled).
+
+Flags for failure tests: ``--startup-delay S`` (stay unready S more seconds),
+``--crash-after-start`` (print an error and exit 3 before ready),
+``--never-ready`` (health stays 503), ``--ignore-sigterm`` (only SIGKILL ends it).
+
+Usage: python tiny_engine.py --port PORT [--model NAME] [flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    Prefill = Callable[[torch.Tensor], torch.Tensor]
+    Decode = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+VOCAB = 97
+DIM = 32
+#: Distinct prompt lengths Dynamo may compile before it falls back to eager.
+MAX_GRAPHS = 64
+CRASH_STATUS = 3
+
+
+def log(message: str) -> None:
+    """Write one line to stderr (the runner's log)."""
+    print(f"tiny-engine: {message}", file=sys.stderr, flush=True)
+
+
+def token_ids(text: str) -> list[int]:
+    """Tokenise: one token per whitespace-separated word, hashed into the vocabulary."""
+    return [zlib.crc32(word.encode()) % VOCAB for word in text.split()]
+
+
+class Model:
+    """The compiled model: a prefill graph per prompt length, one decode graph.
+
+    The weights are made at load (seeded: every run has the same model); the
+    compiled functions on the first request, so that an engine which never
+    serves one does not pay for importing Dynamo.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(VOCAB, DIM)
+        self.mix = torch.nn.Linear(DIM, DIM)
+        self.out = torch.nn.Linear(DIM, VOCAB)
+        self._compiled: tuple[Prefill, Decode] | None = None
+        self.lock = threading.Lock()
+
+    def compiled(self) -> tuple[Prefill, Decode]:
+        """The ``torch.compile``'d prefill and decode (``dynamic=False``), made once."""
+        if self._compiled is None:
+            import torch
+            import torch._dynamo.config
+
+            torch._dynamo.config.recompile_limit = MAX_GRAPHS
+            self._compiled = (
+                torch.compile(self.prefill_eager, dynamic=False),
+                torch.compile(self.decode_eager, dynamic=False),
+            )
+        return self._compiled
+
+    def prefill_eager(self, ids: torch.Tensor) -> torch.Tensor:
+        """Fold a prompt of ``L`` tokens into a state vector (position-weighted mean)."""
+        import torch
+
+        h = torch.tanh(self.mix(self.emb(ids)))
+        length = ids.shape[0]
+        w = torch.arange(1, length + 1, dtype=h.dtype) / length
+        return (h * w[:, None]).sum(0) / w.sum()
+
+    def decode_eager(
+        self, state: torch.Tensor, token: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One greedy step: the next token (argmax over the vocabulary) and the new state."""
+        import torch
+
+        s = torch.tanh(self.mix(state + self.emb(token)[0]))
+        return self.out(s).argmax(-1, keepdim=True), s
+
+    def generate(self, prompt: str, max_tokens: int) -> tuple[str, int]:
+        """Return the completion's text and the prompt's token count."""
+        ids = token_ids(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        import torch
+
+        out: list[int] = []
+        with self.lock, torch.no_grad():  # one request at a time, like a batch-1 scheduler
+            prefill, decode = self.compiled()
+            tokens = torch.tensor(ids, dtype=torch.long)
+            state = prefill(tokens)
+            token = tokens[-1:]
+            for _ in range(max_tokens):
+                token, state = decode(state, token)
+                out.append(int(token.item()))
+        return " ".join(f"t{t}" for t in out), len(ids)
+
+
+class State:
+    """What the request handlers share."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.model: Model | None = None
+        self.ready = False
+        self.requests = 0
+        self.count_lock = threading.Lock()
+
+
+class ApiError(Exception):
+    """An OpenAI-shaped error answer."""
+
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def completion(state: State, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """Answer one /v1/completions or /v1/chat/completions body."""
+    if body.get("model") != state.model_name:
+        raise ApiError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+        ):
+            raise ApiError(400, "`messages` must be a list of {role, content}", "BadRequestError")
+        prompt = " ".join(m["content"] for m in messages)
+    else:
+        raw_prompt = body.get("prompt")
+        if not isinstance(raw_prompt, str):
+            raise ApiError(400, "`prompt` must be a string", "BadRequestError")
+        prompt = raw_prompt
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ApiError(400, "`max_tokens` must be a positive integer", "BadRequestError")
+    if body.get("temperature", 0) not in (0, 0.0):
+        raise ApiError(400, "only greedy decoding (temperature 0) is served", "BadRequestError")
+    assert state.model is not None
+    try:
+        text, prompt_tokens = state.model.generate(prompt, max_tokens)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "BadRequestError") from exc
+    with state.count_lock:
+        state.requests += 1
+        number = state.requests
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice.update(text=text, logprobs=None)
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{number}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": max_tokens,
+            "total_tokens": prompt_tokens + max_tokens,
+        },
+    }
+
+
+def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
+    """Return the request handler class bound to ``state``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, status: int, doc: dict[str, Any]) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, exc: ApiError) -> None:
+            self._send(
+                exc.status,
+                {"error": {"message": exc.message, "type": exc.kind, "code": exc.status}},
+            )
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                if state.ready:
+                    self._send(200, {"status": "ok"})
+                else:
+                    self._send(503, {"status": "loading"})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": state.model_name}]})
+            else:
+                self._error(ApiError(404, f"no route {self.path}", "NotFoundError"))
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            routes = {"/v1/completions": False, "/v1/chat/completions": True}
+            try:
+                if self.path not in routes:
+                    raise ApiError(404, f"no route {self.path}", "NotFoundError")
+                if not state.ready:
+                    raise ApiError(503, "the model is still loading", "ServiceUnavailableError")
+                try:
+                    body = json.loads(raw)
+                except ValueError as exc:
+                    raise ApiError(400, f"body is not JSON: {exc}", "BadRequestError") from exc
+                if not isinstance(body, dict):
+                    raise ApiError(400, "body must be a JSON object", "BadRequestError")
+                self._send(200, completion(state, body, routes[self.path]))
+            except ApiError as exc:
+                self._error(exc)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log(f"{self.address_string()} {format % args}")
+
+    return Handler
+
+
+def counters() -> dict[str, int]:
+    """Inductor's FX graph cache counters (zeros when nothing was ever compiled)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return {"compiled": 0, "cache_hits": 0, "bypassed": 0}
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    c = dynamo_counters["inductor"]
+    return {
+        "compiled": int(c["fxgraph_cache_miss"]),
+        "cache_hits": int(c["fxgraph_cache_hit"]),
+        "bypassed": int(c["fxgraph_cache_bypass"]),
+    }
+
+
+class Stopped(BaseException):
+    """SIGTERM while the model loads: abandon the load (even mid-import) and exit."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM; return the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model", default="tiny-llm", help="the served model name")
+    parser.add_argument("--startup-delay", type=float, default=0.0)
+    parser.add_argument("--crash-after-start", action="store_true")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--never-ready", action="store_true")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    loading = [True]
+    received: list[str] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        stop.set()
+        if loading[0]:
+            raise Stopped
+
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    state = State(args.model)
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.1,), name="http", daemon=True).start()
+    log(f"listening on http://{args.host}:{args.port} (model {args.model}), loading")
+    try:
+        if args.crash_after_start:
+            log("error: simulated failure while loading the model; exiting with status 3")
+            return CRASH_STATUS
+        t0 = time.monotonic()
+        state.model = Model()
+        log(f"model built in {time.monotonic() - t0:.2f} s")
+        loading[0] = False
+    except Stopped:
+        log("stopped while loading the model")
+    if args.startup_delay > 0:
+        stop.wait(args.startup_delay)
+    if args.never_ready:
+        log("--never-ready: /health stays 503")
+    elif not stop.is_set():
+        state.ready = True
+        log("ready")
+    while not stop.wait(0.5):  # wake up now and then so signal handlers run
+        pass
+    log(f"{received[0] if received else 'stop'}: shutting down")
+    server.shutdown()
+    server.server_close()
+    report = {**counters(), "requests": state.requests}
+    print(json.dumps({"tiny_engine": report}), flush=True)
+    return 0
+
+
+def exit_now(status: int) -> None:
+    """Run the exit hooks (where caches may still be saved), flush, and end the process.
+
+    ``os._exit`` skips only the interpreter's module teardown, which with Dynamo
+    loaded takes over a second and writes nothing.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    exit_now(main())
