@@ -74,8 +74,9 @@ def fingerprint_report(raw: Mapping[str, Any], digest: str) -> dict[str, Any]:
 def restore_report(outcome: RestoreOutcome) -> dict[str, Any]:
     """``restore --json``: the status, the plan, the failure class and the exit code.
 
-    ``restored``, ``files``, ``bytes``, ``elapsed_ms`` and ``recovered`` are
-    present only when an install ran.
+    ``restored``, ``files``, ``bytes``, ``elapsed_ms``, ``recovered``, ``phases``
+    (seconds per phase) and ``bytes_fetched`` are present only when an install
+    ran; ``node_store`` (what the node store held and fetched) only with one.
     """
     plan, result, failure = outcome.plan, outcome.result, outcome.failure
     doc: dict[str, Any] = {
@@ -105,7 +106,11 @@ def restore_report(outcome: RestoreOutcome) -> dict[str, Any]:
             bytes=result.bytes,
             elapsed_ms=round(result.seconds * 1000, 1),
             recovered=result.recovered,
+            phases=dict(result.phases),
+            bytes_fetched=result.bytes_fetched,
         )
+    if outcome.node is not None:
+        doc["node_store"] = outcome.node
     return versioned(doc)
 
 

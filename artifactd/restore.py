@@ -23,8 +23,9 @@ Two entry points, shaped like an installer's ``install(source, destination)``:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.destination import CacheVolume, StepHook, Swap, no_hook, os_error, remove_tree
@@ -37,7 +38,11 @@ from artifactd.stores import Store
 if TYPE_CHECKING:
     from artifactd.hashing import Readable
     from artifactd.marker import RestoreMarker
+    from artifactd.nodestore import FillResult
     from artifactd.trees import MountedTree
+
+
+_NO_PHASES: Mapping[str, float] = MappingProxyType({})
 
 
 class RestoreResult(NamedTuple):
@@ -51,6 +56,12 @@ class RestoreResult(NamedTuple):
     noop: bool
     #: What the repair of an interrupted earlier restore did, if there was one.
     recovered: str | None = None
+    #: Seconds per phase: ``verify`` (every record checked, space and target),
+    #: ``fetch`` (download, verified and extracted into staging as it streams),
+    #: ``install`` (the transaction). :func:`run_restore` adds ``lookup``.
+    phases: Mapping[str, float] = _NO_PHASES
+    #: Compressed bytes read from the store (from a mounted tree: file bytes).
+    bytes_fetched: int = 0
 
 
 # --------------------------------------------------------------------------
@@ -78,9 +89,14 @@ def restore(
     if volume is None:
         volume = CacheVolume(Path(plan.target), env_file=Path(plan.env_file))
 
+    phases: dict[str, float] = {}
+
     def result(restored: list[str], files: int, nbytes: int, *, noop: bool) -> RestoreResult:
         seconds = round(time.monotonic() - start, 3)
-        return RestoreResult(plan, restored, files, nbytes, seconds, noop, recovered)
+        fetched = sum(fp.bytes for fp in plan.hits) if restored else 0
+        return RestoreResult(
+            plan, restored, files, nbytes, seconds, noop, recovered, dict(phases), fetched
+        )
 
     recovered: str | None = None
     if plan.noop:
@@ -100,7 +116,13 @@ def restore(
                 on_event({"stage": "restore", "event": "noop", "target": plan.target})
                 return result([], 0, 0, noop=True)
             files, nbytes = _restore_locked(
-                plan, store, volume, on_event=on_event, max_bytes=max_bytes, max_workers=max_workers
+                plan,
+                store,
+                volume,
+                on_event=on_event,
+                max_bytes=max_bytes,
+                max_workers=max_workers,
+                phases=phases,
             )
     except OSError as exc:
         raise os_error(exc, f"restoring into {volume.root}") from None
@@ -115,9 +137,11 @@ def _restore_locked(
     on_event: EventSink,
     max_bytes: int | None,
     max_workers: int,
+    phases: dict[str, float],
 ) -> tuple[int, int]:
     from artifactd.unpack import check_layer
 
+    t0 = time.monotonic()
     hits = plan.hits
     bounds: dict[str, int] = {}
     for fp in hits:
@@ -127,17 +151,22 @@ def _restore_locked(
     volume.check_writable()
     volume.check_space({fp.family: (fp.unpacked, fp.files) for fp in hits}, max_bytes=max_bytes)
     staging = volume.new_staging()
+    t1 = time.monotonic()
+    phases["verify"] = round(t1 - t0, 4)
     try:
         totals = _stage_all(hits, store, staging, bounds, on_event=on_event, workers=max_workers)
     except BaseException:
         remove_tree(staging)
         raise
+    t2 = time.monotonic()
+    phases["fetch"] = round(t2 - t1, 4)
     swaps = [
         Swap(fp.family, staging / fp.family / comp, Path(fp.dirs[comp]))
         for fp in hits
         for comp in (fp.layer.components if fp.layer else [])
     ]
     volume.install(staging, swaps, _marker(plan))
+    phases["install"] = round(time.monotonic() - t2, 4)
     for fp in hits:
         on_event({"stage": "install", "event": "done", "family": fp.family})
     return sum(t[0] for t in totals), sum(t[1] for t in totals)
@@ -270,6 +299,8 @@ class RestoreRequest(NamedTuple):
     from_dir: Path | None = None
     #: An artifact whose fingerprint gives the software fields (the init image's case).
     software_from: str | None = None
+    #: ``oci:PATH`` on the node's disk: restore from it, fetching into it what it lacks.
+    node_store: str | None = None
     consumer_user: str | None = None
     env_file: Path | None = None
     require: bool = False
@@ -300,6 +331,8 @@ class RestoreOutcome(NamedTuple):
     result: RestoreResult | None
     failure: Failure | None
     exit_code: int
+    #: With ``--node-store``: what the node store held, and what was fetched into it.
+    node: FillResult | None = None
 
     @property
     def cache_hit(self) -> bool:
@@ -344,7 +377,65 @@ def run_restore(
         except ArtifactdError as exc:
             volume = CacheVolume(request.target, env_file=request.env_file)
             return _failed(_unresolved(request, raw_fingerprint, volume, exc), exc, request.require)
+    if request.node_store is not None:
+        return _via_node_store(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
     return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+
+
+def _via_node_store(
+    request: RestoreRequest,
+    raw_fingerprint: dict[str, Any],
+    *,
+    on_event: EventSink,
+    step_hook: StepHook,
+) -> RestoreOutcome:
+    """Fill the node store from the registry (one pod per node fetches), then restore from it.
+
+    A node store that cannot be used (its lock held past the timeout, its disk
+    unwritable) is passed over: the restore goes straight to the registry.
+    """
+    from artifactd.nodestore import LOCK_TIMEOUT, fill, node_lock, node_root
+    from artifactd.probing import flatten, hashed_view, raw_hash
+    from artifactd.stores import open_store
+    from artifactd.stores.layout import LayoutStore
+
+    assert request.node_store is not None  # noqa: S101 - the caller checked
+    if request.from_dir is not None:
+        raise UsageError("--from-dir and --node-store name two sources", hint="pass one of them")
+    root = node_root(request.node_store)
+    fp_hash = raw_hash(raw_fingerprint)
+    request = _with_source(request, fp_hash)._replace(node_store=None)
+    assert request.store is not None  # noqa: S101 - _with_source set the default
+    timeout = request.lock_timeout if request.lock_timeout is not None else LOCK_TIMEOUT
+    flat = flatten(hashed_view(raw_fingerprint))
+    families = list(request.families) if request.families else None
+    try:
+        with node_lock(root, timeout=timeout):
+            node = LayoutStore(root, create=True)
+            try:
+                remote = open_store(request.store, insecure=request.insecure)
+            except (UsageError, ConfigError):
+                raise
+            except ArtifactdError:
+                remote = None  # unreachable: the node store serves what it has
+            if remote is None:
+                filled = fill(node, None, fp_hash, flat, families=families, on_event=on_event)
+            else:
+                with remote:
+                    filled = fill(node, remote, fp_hash, flat, families=families, on_event=on_event)
+        with node_lock(root, shared=True, timeout=timeout):
+            direct = request._replace(store=node.ref)
+            outcome = _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+    except (UsageError, ConfigError):
+        raise
+    except (ArtifactdError, OSError) as exc:
+        on_event({"stage": "node-store", "event": "bypassed", "error": str(exc)[:200]})
+        return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+    if outcome.result is not None:  # the fill is part of finding what to restore
+        lookup = outcome.result.phases.get("lookup", 0.0) + filled.seconds
+        phases = {**outcome.result.phases, "lookup": round(lookup, 4)}
+        outcome = outcome._replace(result=outcome.result._replace(phases=phases))
+    return outcome._replace(node=filled)
 
 
 def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
@@ -357,6 +448,7 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     """:func:`run_restore` once the fingerprint is final."""
     from artifactd.probing import flatten, hashed_view, raw_hash
 
+    started = time.monotonic()
     fp_hash = raw_hash(raw_fingerprint)
     request = _with_source(request, fp_hash)
     kwargs: dict[str, Any] = {"env_file": request.env_file, "step_hook": step_hook}
@@ -383,6 +475,7 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
                 status: Status = "dry_run" if request.dry_run else "noop"
                 return RestoreOutcome(status, quick, None, None, 0)
             plan = _plan(store, raw_fingerprint, volume, request)
+            lookup = round(time.monotonic() - started, 4)
             if plan.error is not None:  # the store became unreachable while resolving
                 from artifactd.errors import StoreError
 
@@ -392,6 +485,7 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
             if not plan.hits:
                 return _miss(plan, request.require)
             result = restore(plan, store, volume, on_event=on_event, max_bytes=request.max_bytes)
+            result = result._replace(phases={"lookup": lookup, **result.phases})
     except (UsageError, ConfigError):
         raise
     except Exception as exc:  # the fail-open policy: nothing escapes as a crash

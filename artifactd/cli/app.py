@@ -29,9 +29,20 @@ from artifactd.cli import (  # noqa: E402
     fanout,
     fingerprints,
     images,
+    nodes,
     restores,
     schemas,
     stores,
 )
 
-__all__ = ["builds", "cli", "fanout", "fingerprints", "images", "restores", "schemas", "stores"]
+__all__ = [
+    "builds",
+    "cli",
+    "fanout",
+    "fingerprints",
+    "images",
+    "nodes",
+    "restores",
+    "schemas",
+    "stores",
+]

@@ -9,10 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.specs import env_flag, family_names, parse_size
+
+if TYPE_CHECKING:
+    from artifactd.restore import RestoreOutcome
 
 
 def fingerprint(
@@ -46,6 +50,7 @@ def fingerprint(
 def restore(
     *,
     store: str | None,
+    node_store: str | None,
     from_dir: Path | None,
     insecure: bool,
     target: Path,
@@ -61,6 +66,7 @@ def restore(
     dry_run: bool,
     max_bytes: str | None,
     lock_timeout: float | None,
+    metrics_file: Path | None,
     as_json: bool,
 ) -> None:
     """Restore the matching caches into ``target``; exit with the outcome's code."""
@@ -75,6 +81,7 @@ def restore(
     request = RestoreRequest(
         store=store,
         from_dir=from_dir,
+        node_store=node_store,
         software_from=software_from,
         target=target,
         families=family_names(families),
@@ -92,6 +99,8 @@ def restore(
     failure = outcome.failure
     if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
         render.traceback(failure.error)
+    if metrics_file is not None:
+        _write_metrics(metrics_file, outcome)
     if as_json:
         from artifactd.reports import restore_report
 
@@ -100,3 +109,14 @@ def restore(
         render.restore(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
+
+
+def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:
+    """Write the restore's metrics; a failure to is reported, never fatal to the restore."""
+    from artifactd.errors import ArtifactdError
+    from artifactd.metrics import restore_registry, write_textfile
+
+    try:
+        write_textfile(path, restore_registry(outcome))
+    except ArtifactdError as exc:
+        render.echo(f"artifactd: warning: {exc.message}", err=True)

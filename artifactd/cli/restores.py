@@ -22,6 +22,11 @@ def restore(**options: Any) -> None:
     verified while they stream, staged next to TARGET and installed in one
     transaction: every family or none.
 
+    --node-store oci:PATH (a hostPath on the node) is a node-local tier:
+    restore from it, fetching into it first what it lacks, so N pods starting
+    on one node fetch once; with the registry down it still serves what it
+    holds. --metrics-file writes Prometheus metrics (node-exporter textfile).
+
     --from-dir restores from a directory instead: an artifact mounted as a
     Kubernetes image volume (one directory per family), or a derived image's
     baked store; every file is verified the same way.
@@ -33,7 +38,8 @@ def restore(**options: Any) -> None:
     \b
     Every flag also reads an environment variable (for Kubernetes):
       ARTIFACTD_STORE, ARTIFACTD_FROM_DIR, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES,
-      ARTIFACTD_WORKLOAD, ARTIFACTD_SOFTWARE_FROM,
+      ARTIFACTD_WORKLOAD, ARTIFACTD_SOFTWARE_FROM, ARTIFACTD_NODE_STORE,
+      ARTIFACTD_METRICS_FILE,
       ARTIFACTD_SET, ARTIFACTD_GPU_ARCH, ARTIFACTD_IMAGE_DIGEST, ARTIFACTD_ENV_FILE,
       ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
       ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.

@@ -82,6 +82,22 @@ FROM_DIR = Opt(
     metavar="PATH",
     kind="path",
 )
+NODE_STORE = Opt(
+    "--node-store",
+    "node_store",
+    "A local OCI layout on the node's disk (oci:PATH, a hostPath): restore from it, and "
+    "fetch into it first what it lacks (one pod per node fetches; the others wait, then read).",
+    C.ENV_NODE_STORE,
+    metavar="oci:PATH",
+)
+METRICS_FILE = Opt(
+    "--metrics-file",
+    "metrics_file",
+    "Write Prometheus metrics here (node-exporter's textfile format, atomically).",
+    C.ENV_METRICS_FILE,
+    metavar="PATH",
+    kind="path",
+)
 SOFTWARE_FROM = Opt(
     "--software-from",
     "software_from",
@@ -193,6 +209,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
     "fingerprint": (*FINGERPRINT, JSON, HASH),
     "restore": (
         RESTORE_STORE,
+        NODE_STORE,
         FROM_DIR,
         INSECURE,
         TARGET,
@@ -205,6 +222,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
         DRY_RUN,
         MAX_BYTES,
         LOCK_TIMEOUT,
+        METRICS_FILE,
         JSON,
     ),
 }

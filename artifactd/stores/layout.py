@@ -181,6 +181,34 @@ class LayoutStore(Store):
             if (tag := (desc.get("annotations") or {}).get(ANN_REF_NAME))
         )
 
+    def remove_tags(self, tags: list[str]) -> list[str]:
+        """Drop ``tags`` from index.json (their blobs stay: see :meth:`blob_digests`)."""
+        drop = set(tags)
+        removed: list[str] = []
+        with self._locked_index() as index:
+            kept = []
+            for desc in index["manifests"]:
+                tag = (desc.get("annotations") or {}).get(ANN_REF_NAME)
+                if tag in drop:
+                    removed.append(tag)
+                else:
+                    kept.append(desc)
+            index["manifests"] = kept
+        return sorted(removed)
+
+    def blob_digests(self) -> dict[str, int]:
+        """Every blob in the layout: digest -> size on disk."""
+        out: dict[str, int] = {}
+        with os.scandir(self.root / "blobs" / "sha256") as it:
+            for entry in it:
+                if entry.is_file(follow_symlinks=False) and len(entry.name) == 64:
+                    out[f"sha256:{entry.name}"] = entry.stat(follow_symlinks=False).st_size
+        return out
+
+    def remove_blob(self, digest: str) -> None:
+        """Delete one blob (a garbage collector's job: the caller checked nothing uses it)."""
+        self._blob_path(digest).unlink(missing_ok=True)
+
     # -- index.json --------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
         try:

@@ -1,0 +1,148 @@
+"""``prefetch`` and ``gc``: the node-local tier, warmed ahead of a release and kept in bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from artifactd.cli import render
+from artifactd.cli.app import cli
+from artifactd.cli.options import family_option, fingerprint_options, json_option, store_option
+from artifactd.cli.specs import family_names, parse_size
+
+
+@cli.command()
+@store_option
+@click.option(
+    "--node-store",
+    required=True,
+    envvar="ARTIFACTD_NODE_STORE",
+    metavar="oci:PATH",
+    help="The node's local OCI layout (a hostPath), as restore --node-store names it.",
+)
+@family_option
+@fingerprint_options
+@json_option
+def prefetch(
+    *,
+    store: str,
+    insecure: bool,
+    node_store: str,
+    families: tuple[str, ...],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: tuple[str, ...],
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Fill this node's store for a fingerprint before the pods start (no install).
+
+    Probes this node as restore does (give the pods' --workload, --gpu-arch,
+    --image-digest), then copies from STORE into the node store what a
+    restore would pick: the whole artifact and its family tags, else each
+    family's. Run it from a DaemonSet or a Job when a release rolls out;
+    pods then restore with no network. An unreachable STORE exits 3.
+    """
+    from artifactd.nodestore import prefetch as do_prefetch
+    from artifactd.probing import probe_request
+
+    raw = probe_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    )
+    result = do_prefetch(
+        store,
+        node_store,
+        raw,
+        families=family_names(families),
+        insecure=insecure,
+        on_event=render.event_printer(as_json),
+    )
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+        return
+    render.echo(
+        f"{result.node}: {result.outcome}; {len(result.fetched)} tag(s) fetched, "
+        f"{render.human_bytes(result.bytes_fetched)} in {result.seconds:.2f} s"
+    )
+    for tag in result.tags:
+        render.echo(f"  {tag}")
+
+
+@cli.command()
+@click.option(
+    "--store",
+    required=True,
+    envvar="ARTIFACTD_NODE_STORE",
+    metavar="oci:PATH",
+    help="The node store to collect (a local OCI layout).",
+)
+@click.option("--max-bytes", metavar="SIZE", help="Evict until the store holds at most SIZE (20G).")
+@click.option(
+    "--min-free",
+    type=click.FloatRange(0, 100),
+    metavar="PCT",
+    help="Evict until the store's filesystem has PCT percent free.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would be evicted; change nothing.")
+@click.option(
+    "--metrics-file",
+    type=click.Path(path_type=Path),
+    envvar="ARTIFACTD_METRICS_FILE",
+    metavar="PATH",
+    help="Write the node store's size and evictions (node-exporter textfile).",
+)
+@json_option
+def gc(
+    *,
+    store: str,
+    max_bytes: str | None,
+    min_free: float | None,
+    dry_run: bool,
+    metrics_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Evict the least recently used artifacts from a node store.
+
+    Last use is recorded at each restore and prefetch. Under the node store's
+    exclusive lock (a restore reading it holds it shared, so nothing in use
+    is removed), tags are evicted oldest use first, then every blob no
+    remaining tag references, until the store fits --max-bytes and its disk
+    has --min-free percent free.
+    """
+    from artifactd.errors import UsageError
+    from artifactd.nodestore import gc as do_gc
+    from artifactd.nodestore import node_root
+    from artifactd.stores.layout import LayoutStore
+
+    if max_bytes is None and min_free is None:
+        raise UsageError("gc needs a target: --max-bytes SIZE and/or --min-free PCT")
+    node = LayoutStore(node_root(store))
+    result = do_gc(
+        node,
+        max_bytes=parse_size(max_bytes) if max_bytes else None,
+        min_free_pct=min_free,
+        dry_run=dry_run,
+        on_event=render.event_printer(as_json),
+    )
+    if metrics_file is not None and not dry_run:
+        from artifactd.metrics import node_store_registry, write_textfile
+
+        write_textfile(metrics_file, node_store_registry(result.bytes_after, len(result.evicted)))
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+        return
+    verb = "would evict" if dry_run else "evicted"
+    render.echo(
+        f"{result.store}: {verb} {len(result.evicted)} artifact(s), freeing "
+        f"{render.human_bytes(result.freed)} ({render.human_bytes(result.bytes_before)} -> "
+        f"{render.human_bytes(result.bytes_after)}; {result.free_pct_after:.1f}% free)"
+    )
+    for ev in result.evicted:
+        render.echo(f"  {ev.tag}")
+    if result.note:
+        render.echo(f"artifactd: warning: {result.note}", err=True)

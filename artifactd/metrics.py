@@ -1,0 +1,188 @@
+"""Prometheus metrics: what restores did and whether their caches were used.
+
+Built with the ``prometheus-client`` package and written as a node-exporter
+textfile (``--metrics-file``: atomically, so a scrape never reads half a
+file) by ``restore`` and ``status``; ``status --serve ADDR`` serves them for
+a scrape. One pod's numbers, labelled by family and source; the JSON events
+stay the timestamped log. The names:
+
+=====================================================  =========================================
+``artifactd_restore_duration_seconds{phase}``          seconds per phase of the last restore:
+                                                       ``lookup`` (probe to plan, a node store
+                                                       fill included), ``verify`` (records,
+                                                       space, target), ``fetch`` (download,
+                                                       verified and extracted as it streams),
+                                                       ``install`` (the transaction)
+``artifactd_restore_fetched_bytes_total{source}``      compressed bytes read: ``registry``,
+                                                       ``node`` (the node store), ``local``
+                                                       (a layout or baked store), ``dir``
+``artifactd_restore_family_hits_total{family}``        1 per family restored (or already there)
+``artifactd_restore_family_misses_total{family}``      1 per family selected and not restored
+``artifactd_restore_status{status}``                   1 for the last restore's status
+``artifactd_family_compiled_files{family}``            files written since the restore (status)
+``artifactd_family_used{family}``                      1 when the family's verdict is ``used``
+``artifactd_node_store_bytes``                         bytes of every blob in the node store
+``artifactd_node_store_evictions_total``               artifacts gc evicted
+=====================================================  =========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    write_to_textfile,
+)
+
+from artifactd.errors import TargetError
+
+if TYPE_CHECKING:
+    from artifactd.restore import RestoreOutcome
+
+NAMESPACE = "artifactd"
+# One pod's counters in a textfile: their *_created timestamps would only be noise.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def _source(store: str) -> str:
+    """Return the ``source`` label of a store reference."""
+    if store.startswith("dir:"):
+        return "dir"
+    if store.startswith("oci:"):
+        return "local"
+    return "registry"
+
+
+def restore_registry(outcome: RestoreOutcome) -> CollectorRegistry:
+    """Return the metrics of one restore (see the module doc for the names)."""
+    reg = CollectorRegistry()
+    duration = Gauge(
+        "restore_duration_seconds",
+        "Seconds per phase of the last restore",
+        ["phase"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    fetched = Counter(
+        "restore_fetched_bytes",
+        "Compressed bytes a restore read, by source",
+        ["source"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    hits = Counter(
+        "restore_family_hits",
+        "Families restored (or already in place)",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    misses = Counter(
+        "restore_family_misses",
+        "Families selected and not restored",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    status = Gauge(
+        "restore_status",
+        "1 for the last restore's status",
+        ["status"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    status.labels(outcome.status).set(1)
+    result = outcome.result
+    for phase in ("lookup", "verify", "fetch", "install"):
+        duration.labels(phase).set(result.phases.get(phase, 0.0) if result else 0.0)
+    source = "node" if outcome.node is not None else _source(outcome.plan.store)
+    fetched.labels(source).inc(result.bytes_fetched if result else 0)
+    if outcome.node is not None:
+        fetched.labels("registry").inc(outcome.node.bytes_fetched)
+    hit = outcome.status in ("restored", "noop")
+    for fp in outcome.plan.families:
+        if fp.verdict == "hit" and hit:
+            hits.labels(fp.family).inc()
+        else:
+            misses.labels(fp.family).inc()
+    return reg
+
+
+def status_registry(families: Iterable[tuple[str, str, int]]) -> CollectorRegistry:
+    """Return ``status``'s metrics from (family, verdict, files written since restore)."""
+    reg = CollectorRegistry()
+    compiled = Gauge(
+        "family_compiled_files",
+        "Files written since the restore (compiled anyway)",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    used = Gauge(
+        "family_used",
+        "1 when the family's restored cache was used",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    for family, verdict, written in families:
+        compiled.labels(family).set(written)
+        used.labels(family).set(1 if verdict == "used" else 0)
+    return reg
+
+
+def node_store_registry(size: int, evictions: int = 0) -> CollectorRegistry:
+    """Return the node store's metrics: its size, and the artifacts a gc evicted."""
+    reg = CollectorRegistry()
+    Gauge(
+        "node_store_bytes",
+        "Bytes of every blob in the node store",
+        namespace=NAMESPACE,
+        registry=reg,
+    ).set(size)
+    Counter(
+        "node_store_evictions",
+        "Artifacts gc evicted from the node store",
+        namespace=NAMESPACE,
+        registry=reg,
+    ).inc(evictions)
+    return reg
+
+
+def write_textfile(path: Path, registry: CollectorRegistry) -> None:
+    """Write ``registry`` for node-exporter's textfile collector, atomically.
+
+    Raises :class:`TargetError` when the file cannot be written (the caller
+    decides; a restore reports it and keeps its own outcome).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(path), registry)
+    except OSError as exc:
+        raise TargetError(
+            f"cannot write metrics to {path}: {exc.strerror or exc}",
+            hint="point --metrics-file at node-exporter's textfile directory, writable here",
+        ) from None
+
+
+def render(registries: Iterable[CollectorRegistry]) -> bytes:
+    """Return the exposition text of several registries, one after another."""
+    from prometheus_client import generate_latest
+
+    return b"".join(generate_latest(r) for r in registries)
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` or ``:PORT`` (all interfaces) into (host, port)."""
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        from artifactd.errors import UsageError
+
+        raise UsageError(f"--serve {addr!r}: give HOST:PORT or :PORT", hint="e.g. --serve :9400")
+    return host or "0.0.0.0", int(port)  # noqa: S104 - a scrape target listens on the pod

@@ -1,0 +1,390 @@
+"""The node-local tier: an OCI layout on the node's disk, between its pods and the registry.
+
+``restore --node-store oci:PATH`` (a hostPath on the node's NVMe) first makes
+the node store hold what resolving against the registry would pick
+(:func:`fill`): the artifact tagged ``fp-<hash>`` with its families' scope
+tags, else each family's scope tag. Blobs are copied verified and only when
+missing, and a tag is written only once its blobs are in place. Then the
+restore runs from the node store, with no network. Filling happens under the
+node store's exclusive lock: when several pods start at once, one fetches and
+the others wait, then find the tags there and fetch nothing. The restore that
+follows holds the lock shared, so :func:`gc` (which takes it exclusive) never
+removes what a restore in progress reads. With the registry down, a warm
+node store still restores; with a cold one, the restore fails open as ever.
+
+Each fill records, per manifest it resolved to, when it was last used
+(``.artifactd-last-used.json`` in the layout). :func:`gc` evicts the least
+recently used artifacts (a tag, then every blob no remaining tag references)
+until the store is under ``max_bytes`` and its filesystem has ``min_free``
+percent free; ``artifactd prefetch`` fills a node ahead of a release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from artifactd.errors import ArtifactdError, StoreError, TargetError, UsageError
+from artifactd.events import EventSink, discard
+from artifactd.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from artifactd.stores import Store
+    from artifactd.stores.layout import LayoutStore
+
+#: The node store's lock: exclusive to fill or collect, shared while a restore reads.
+LOCK_NAME = ".artifactd-node.lock"
+#: When each manifest was last resolved to by a restore or prefetch on this node.
+USAGE_NAME = ".artifactd-last-used.json"
+#: How long a restore waits for another pod's fill, at most (seconds).
+LOCK_TIMEOUT = 600.0
+
+
+def node_root(ref: str) -> Path:
+    """Return the directory of a node store reference: only a local OCI layout, ``oci:PATH``."""
+    if not ref.startswith("oci:") or not ref[4:]:
+        raise UsageError(
+            f"node store {ref!r} must be a local OCI layout, oci:PATH",
+            hint="a hostPath on the node's disk, e.g. --node-store oci:/var/lib/artifactd/store",
+        )
+    return Path(ref[4:])
+
+
+@contextlib.contextmanager
+def node_lock(root: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold the node store's lock (exclusive, or ``shared``) for the block; wait ``timeout`` s."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TargetError(
+                        f"the node store {root} stayed locked for {timeout:.0f} s",
+                        hint="another pod is filling it, or a gc is running; retry",
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclass
+class FillResult:
+    """What :func:`fill` found in the node store and what it fetched into it."""
+
+    node: str
+    #: "node": everything wanted was there; "fetched": some came from the registry;
+    #: "miss": neither has it; "offline": the registry could not be reached.
+    outcome: str
+    tags: list[str] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)
+    bytes_fetched: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def fill(
+    node: LayoutStore,
+    remote: Store | None,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    *,
+    families: Sequence[str] | None = None,
+    on_event: EventSink = discard,
+) -> FillResult:
+    """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
+
+    Call it under :func:`node_lock` (exclusive). Never raises for the remote:
+    an unreachable or failing registry leaves the node store as it was and is
+    reported in the result (``offline``), so a warm node store still serves.
+    """
+    start = time.monotonic()
+    result = FillResult(node=node.ref, outcome="node")
+    wanted = _wanted(node, fingerprint_hash, flat, families)
+    present = [t for t in wanted if node.tag_digest(t) is not None]
+    missing = [t for t in wanted if t not in present]
+    result.tags = present
+    if remote is not None and (missing or not present):
+        try:
+            _fetch(node, remote, fingerprint_hash, flat, families, result=result)
+        except ArtifactdError as exc:
+            result.outcome, result.error = "offline", exc.message
+            on_event({"stage": "node-store", "event": "offline", "error": exc.message})
+        result.tags = [
+            t for t in _wanted(node, fingerprint_hash, flat, families) if node.tag_digest(t)
+        ]
+    if not result.tags:
+        result.outcome = "offline" if result.error else "miss"
+    elif result.fetched:
+        result.outcome = "fetched"
+    record_use(node, [d for t in result.tags if (d := node.tag_digest(t))])
+    result.seconds = round(time.monotonic() - start, 3)
+    on_event(
+        {
+            "stage": "node-store",
+            "event": result.outcome,
+            "tags": len(result.tags),
+            "bytes": result.bytes_fetched,
+        }
+    )
+    return result
+
+
+def _family_tags(flat: Mapping[str, Any], families: Sequence[str] | None) -> list[str]:
+    from artifactd.families import get_family, select_names
+    from artifactd.oci import family_tag
+    from artifactd.probing import scope_key
+
+    tags = []
+    for name in select_names(families):
+        fam = get_family(name)
+        tags.append(family_tag(name, scope_key(flat, name, fam.scope, fam.scope_revision)))
+    return tags
+
+
+def _wanted(
+    node: LayoutStore,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+) -> list[str]:
+    """Return the tags a restore resolves: the whole artifact's if here, else the families'."""
+    from artifactd.oci import full_tag
+
+    full = full_tag(fingerprint_hash)
+    if node.tag_digest(full) is not None:
+        return [full]
+    return _family_tags(flat, families)
+
+
+def _fetch(
+    node: LayoutStore,
+    remote: Store,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+    *,
+    result: FillResult,
+) -> None:
+    """Copy from ``remote`` what the node lacks: the artifact and its family tags, or those."""
+    from artifactd.artifacts import copy_artifacts, read_artifact
+    from artifactd.oci import family_tag, full_tag
+
+    full = full_tag(fingerprint_hash)
+    tags: list[str] = []
+    art = read_artifact(remote, full)
+    if art is not None:
+        tags = [full] + [family_tag(r.family, r.scope_key) for r in art.config.layers]
+    else:
+        tags = [t for t in _family_tags(flat, families) if remote.tag_digest(t) is not None]
+    tags = [t for t in tags if node.tag_digest(t) != remote.tag_digest(t)]
+    if tags:
+        with tempfile.TemporaryDirectory(prefix="artifactd-node-") as tmp:
+            copied = copy_artifacts(remote, node, tags, Path(tmp))
+        result.fetched = copied.tags
+        result.bytes_fetched = copied.bytes_uploaded
+
+
+def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = None) -> None:
+    """Record that these manifests were just resolved to (for :func:`gc`'s LRU order)."""
+    if not digests:
+        return
+    usage = read_usage(node.root)
+    stamp = round(time.time() if now is None else now, 3)
+    for digest in digests:
+        usage[digest] = stamp
+    atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
+
+
+def read_usage(root: Path) -> dict[str, float]:
+    """Return the last-use record (manifest digest -> time); empty when missing or unreadable."""
+    try:
+        doc = json.loads((root / USAGE_NAME).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: float(v) for k, v in doc.items() if isinstance(v, (int, float))}
+
+
+# --------------------------------------------------------------------------
+# Garbage collection
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Evicted:
+    """One tag gc removed, and when its manifest was last used."""
+
+    tag: str
+    digest: str
+    last_used: float | None
+
+
+@dataclass
+class GcResult:
+    """What :func:`gc` removed (or, with ``dry_run``, would remove)."""
+
+    store: str
+    dry_run: bool
+    bytes_before: int
+    bytes_after: int
+    freed: int
+    evicted: list[Evicted]
+    blobs_removed: int
+    free_pct_after: float
+    #: Why it stopped short of the targets, if it did.
+    note: str | None = None
+
+
+def gc(
+    node: LayoutStore,
+    *,
+    max_bytes: int | None = None,
+    min_free_pct: float | None = None,
+    dry_run: bool = False,
+    timeout: float = LOCK_TIMEOUT,
+    on_event: EventSink = discard,
+) -> GcResult:
+    """Evict least recently used artifacts until the store fits ``max_bytes`` and ``min_free_pct``.
+
+    Under the node store's exclusive lock (so no restore is reading it): tags
+    are evicted oldest use first (an artifact never recorded counts as
+    oldest, then by tag); after each, the blobs no remaining tag references
+    are what it frees. Never removes a blob a remaining tag references.
+    """
+    with node_lock(node.root, timeout=timeout):
+        return _collect(node, max_bytes, min_free_pct, dry_run, on_event)
+
+
+def _collect(
+    node: LayoutStore,
+    max_bytes: int | None,
+    min_free_pct: float | None,
+    dry_run: bool,
+    on_event: EventSink,
+) -> GcResult:
+    blobs = node.blob_digests()
+    before = sum(blobs.values())
+    usage = read_usage(node.root)
+    tags = {t: d for t in node.list_tags() if (d := node.tag_digest(t))}
+    order = sorted(tags, key=lambda t: (usage.get(tags[t], 0.0), t))
+    kept = dict(tags)
+    evicted: list[Evicted] = []
+    size = before
+    stat = os.statvfs(node.root)
+    free = stat.f_bavail * stat.f_frsize
+    total = stat.f_blocks * stat.f_frsize or 1
+
+    def satisfied(size: int, free: int) -> bool:
+        fits = max_bytes is None or size <= max_bytes
+        roomy = min_free_pct is None or 100.0 * free / total >= min_free_pct
+        return fits and roomy
+
+    free_before = free
+    for tag in order:
+        if satisfied(size, free):
+            break
+        digest = kept.pop(tag)
+        referenced = _referenced(node, set(kept.values()))
+        size = before - sum(n for d, n in blobs.items() if d not in referenced)
+        free = free_before + (before - size)
+        evicted.append(Evicted(tag, digest, usage.get(digest)))
+    referenced = _referenced(node, set(kept.values()))
+    unreferenced = [d for d in blobs if d not in referenced]
+    if not dry_run and evicted:
+        node.remove_tags([e.tag for e in evicted])
+        for digest in unreferenced:
+            node.remove_blob(digest)
+        live = {d for d in tags.values() if d in set(kept.values())}
+        usage = {d: t for d, t in usage.items() if d in live}
+        atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
+    note = (
+        None if satisfied(size, free) else "every artifact was evicted and the targets still fail"
+    )
+    result = GcResult(
+        store=node.ref,
+        dry_run=dry_run,
+        bytes_before=before,
+        bytes_after=size,
+        freed=before - size,
+        evicted=evicted,
+        blobs_removed=len(unreferenced) if evicted else 0,
+        free_pct_after=round(100.0 * free / total, 2),
+        note=note if evicted or not satisfied(size, free) else None,
+    )
+    on_event({"stage": "gc", "event": "done", "freed": result.freed, "evicted": len(evicted)})
+    return result
+
+
+def _referenced(node: LayoutStore, manifests: set[str]) -> set[str]:
+    """Every blob the given manifests reference: themselves, their configs and layers."""
+    from artifactd.imagemanifest import ImageManifest
+
+    out: set[str] = set()
+    for digest in manifests:
+        ref = node.get_manifest(digest)
+        if ref is None:
+            continue
+        out.add(digest)
+        try:
+            manifest = ImageManifest.from_bytes(ref.data, source=f"{node.ref}@{digest}")
+        except ArtifactdError:
+            continue  # not ours: keep what we can name, never guess
+        out.add(manifest.config.digest)
+        out.update(d.digest for d in manifest.layers)
+    return out
+
+
+def store_bytes(node: LayoutStore) -> int:
+    """Return the bytes of every blob in the node store."""
+    try:
+        return sum(node.blob_digests().values())
+    except OSError as exc:
+        raise StoreError(f"cannot read {node.ref}: {exc}") from exc
+
+
+def prefetch(
+    remote_ref: str,
+    node_ref: str,
+    raw_fingerprint: Mapping[str, Any],
+    *,
+    families: Sequence[str] | None = None,
+    insecure: bool = False,
+    timeout: float = LOCK_TIMEOUT,
+    on_event: EventSink = discard,
+) -> FillResult:
+    """Fill the node store for a fingerprint ahead of the pods (a new release's DaemonSet).
+
+    The same fill a restore makes, without installing anything. Unlike a
+    restore's, an unreachable registry is an error here: a prefetch that
+    fetched nothing must not look like success.
+    """
+    from artifactd.probing import flatten, hashed_view, raw_hash
+    from artifactd.stores import open_store
+    from artifactd.stores.layout import LayoutStore
+
+    root = node_root(node_ref)
+    fp_hash = raw_hash(raw_fingerprint)
+    flat = flatten(hashed_view(raw_fingerprint))
+    with node_lock(root, timeout=timeout):
+        node = LayoutStore(root, create=True)
+        with open_store(remote_ref, insecure=insecure) as remote:
+            result = fill(node, remote, fp_hash, flat, families=families, on_event=on_event)
+    if result.outcome == "offline":
+        raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")
+    return result
