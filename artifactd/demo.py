@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from artifactd.build import BuildResult, build, cell_environ
+from artifactd.destination import parse_env_file  # re-exported: tests and callers use it here
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.matrix import expand, load_matrix
@@ -46,20 +47,6 @@ class DemoResult:
     def ratio(self) -> float:
         """Restored warm-up time over cold warm-up time."""
         return self.restored_seconds / self.cold_seconds if self.cold_seconds else 0.0
-
-
-def parse_env_file(path: Path) -> dict[str, str]:
-    """Read the ``KEY=VALUE`` lines an env file written by restore holds."""
-    import shlex
-
-    env: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, _, value = line.partition("=")
-        parts = shlex.split(value) if value else [""]
-        env[key.strip()] = parts[0] if parts else ""
-    return env
 
 
 def restored_environ(env_file: Path, base: Mapping[str, str]) -> dict[str, str]:

@@ -98,6 +98,20 @@ class Swap(NamedTuple):
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]*$")
 
 
+def parse_env_file(path: Path) -> dict[str, str]:
+    """Read the ``KEY=VALUE`` lines of an env file a restore wrote (see :func:`render_env_file`)."""
+    import shlex
+
+    env: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        parts = shlex.split(value) if value else [""]
+        env[key.strip()] = parts[0] if parts else ""
+    return env
+
+
 def render_env_file(env: dict[str, str]) -> str:
     """Render ``KEY=VALUE`` lines (quoted only when needed), for docker/systemd or ``set -a; .``."""
     lines = ["# Written by artifactd restore. Load with: set -a; . THIS_FILE; set +a"]

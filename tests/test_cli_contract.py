@@ -29,6 +29,7 @@ COMMANDS = {
     "copy",
     "demo",
     "diff",
+    "exec",
     "fingerprint",
     "gc",
     "harvest",
@@ -42,6 +43,7 @@ COMMANDS = {
     "prefetch",
     "restore",
     "schema",
+    "status",
     "verify",
 }
 

@@ -28,7 +28,7 @@ from engine import Engine, PythonBase, engine, python_base, require_tool
 from registry_server import RegistryServer
 
 from artifactd import __version__
-from artifactd.demo import parse_env_file
+from artifactd.destination import parse_env_file
 from artifactd.errors import UsageError
 from artifactd.images.append import LABEL_ARTIFACT, LABEL_FAMILIES, LABEL_FINGERPRINT
 from artifactd.images.build import INIT_UID, render_dockerfile

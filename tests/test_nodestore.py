@@ -166,7 +166,7 @@ def test_prefetch_warms_a_node_for_pods_that_then_need_no_registry(
     tmp_path: Path, registry: RegistryServer, repo: str, env: dict[str, str]
 ) -> None:
     store = registry.ref(repo)
-    _harvest(store, env, "model=m1")
+    fp_hash = _harvest(store, env, "model=m1")
     node = f"oci:{tmp_path / 'node'}"
     pre = run_artifactd(
         "prefetch", "--store", store, "--node-store", node, "--family", "generic",
@@ -179,6 +179,13 @@ def test_prefetch_warms_a_node_for_pods_that_then_need_no_registry(
         "--target", str(tmp_path / "t"),
     )  # fmt: skip
     assert pod["status"] == "restored" and pod["match"] == "full"
+    told = run_artifactd(
+        "prefetch", "--store", store, "--node-store", f"oci:{tmp_path / 'node2'}",
+        "--family", "generic", "--workload", "model=m1",
+        "--software-from", f"{store}:fp-{fp_hash}", "--json", env=env,
+    )  # fmt: skip
+    assert told.returncode == 0, told.stderr
+    assert json.loads(told.stdout)["outcome"] == "fetched"
     dead = run_artifactd("prefetch", "--store", _dead_registry(), "--node-store", node, env=env)
     assert dead.returncode == 3, dead.stderr
 

@@ -36,6 +36,9 @@ code  meaning
 10    restore target not writable, or its lock not taken in time
 11    ``lint --strict`` or ``build --strict``: the hygiene lint found something
 12    ``verify``: a check differs from the build's, or a cell compiled anyway
+13    ``status --fail-on-compile``: a restored family compiled anyway
+126   ``exec``: the command is not executable (127: not found); otherwise
+      ``exec`` is the command, and its exit code is the command's
 ====  =====================================================
 
 Set ``ARTIFACTD_TRACEBACK=1`` to see Python tracebacks.

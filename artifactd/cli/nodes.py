@@ -23,12 +23,20 @@ from artifactd.cli.specs import family_names, parse_size
 )
 @family_option
 @fingerprint_options
+@click.option(
+    "--software-from",
+    envvar="ARTIFACTD_SOFTWARE_FROM",
+    metavar="REF",
+    help="Take the runtime image's software fields from this artifact's fingerprint, "
+    "as restore --software-from does (for a prefetch run from the init image).",
+)
 @json_option
 def prefetch(
     *,
     store: str,
     insecure: bool,
     node_store: str,
+    software_from: str | None,
     families: tuple[str, ...],
     gpu_arch: str | None,
     image_digest: str | None,
@@ -50,6 +58,14 @@ def prefetch(
     raw = probe_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
     )
+    if software_from is not None:
+        import json
+
+        from artifactd.artifacts import open_artifact
+        from artifactd.probing import adopt_software
+
+        art = open_artifact(software_from, insecure=insecure)
+        raw = adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
     result = do_prefetch(
         store,
         node_store,

@@ -85,6 +85,19 @@ class Family(ABC):
     )
     #: Components whose Triton group files (``__grp__*.json``) are rewritten on restore.
     triton_group_components: ClassVar[frozenset[str]] = frozenset()
+    #: What a file written since the restore means for this library (``artifactd
+    #: status``): a file under the installed dirs whose mtime is later than the
+    #: marker's ``restored_at``, found by the harvest's walk, so what the family
+    #: leaves out (locks, temp and staging dirs) never counts. One sentence or two
+    #: per family; ``docs/families.md`` lists them.
+    written_since_restore: ClassVar[str] = (
+        "A cache file newer than the restore: the library compiled something the"
+        " restored cache did not hold."
+    )
+    #: File names the library rewrites when it LOADS a cached entry, compile or not:
+    #: never counted as written since the restore (a real compile also writes
+    #: files that do count).
+    load_rewrites: ClassVar[frozenset[str]] = frozenset()
     library: ClassVar[str] = "The library"
     path_cost: ClassVar[str | None] = None
     python_path_cost: ClassVar[str | None] = None

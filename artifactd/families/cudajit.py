@@ -31,6 +31,10 @@ class CudaJitFamily(Family):
     description = "CUDA driver PTX JIT cache (CUDA_CACHE_PATH)"
     scope = ("driver.version", "gpu.arch", "gpu.name", "platform.machine")
     components = (Component("cache", "cuda-jit", {CUDA_CACHE_PATH: "{dir}"}),)
+    written_since_restore = (
+        "The driver compiled PTX the restored cache did not hold (a new entry, and its "
+        "index rewritten). Unverified (closed source): whether a hit touches the index."
+    )
     library = "The CUDA driver"
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:

@@ -109,6 +109,12 @@ class CuteDSLFamily(Family):
         ),
     )
     library = "CuTe DSL"
+    written_since_restore = (
+        "A new `cute_dsl_<hash>.mlir` (the DSL writes through `tmp.pid_*` dirs, left out, "
+        "and renames) or a new FA4 `.o` object (its `.lock` and `.<hash>.<hex>.tmp.o` "
+        "files are left out). A `.mlir` file the DSL discarded for a bad CRC32 and wrote "
+        "again counts."
+    )
     exclude_patterns = (
         *Family.exclude_patterns,
         re.compile(r"^\..+\.tmp\.o$"),  # FA4's export temp files

@@ -72,6 +72,10 @@ class DeepGEMMFamily(Family):
         "platform.machine",
     )
     components = (Component("cache", "deepgemm", {DG_JIT_CACHE_DIR: "{dir}"}),)
+    written_since_restore = (
+        "A new `cache/kernel.<name>.<digest>/` entry: DeepGEMM compiled a kernel in `tmp/` "
+        "(left out) and renamed it into `cache/`."
+    )
     library = "DeepGEMM"
     path_cost = (
         "DeepGEMM keys each kernel on its flags and code: a pod where this path differs"

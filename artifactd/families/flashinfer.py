@@ -85,6 +85,13 @@ class FlashInferFamily(Family):
     )
     #: Ninja compares input and output mtimes: they must survive the trip.
     keep_mtimes = True
+    written_since_restore = (
+        "Restored files keep their build mtimes (ninja compares them), so they are older "
+        "than the restore: a newer one is a ninja rebuild of an op (objects, `.so`, ninja "
+        "logs), a generated source or an autotune result. `build.ninja`, written when an "
+        "op loads, is a load rewrite; `cached_ops/tmp/` and the JIT log are left out."
+    )
+    load_rewrites = frozenset({"build.ninja"})
     library = "FlashInfer"
     path_cost = (
         "ninja rebuilds when a build.ninja command line changes: a pod where this path"

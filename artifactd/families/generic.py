@@ -22,6 +22,10 @@ class GenericFamily(Family):
     description = "loose .cubin/.so trees (ARTIFACTD_GENERIC_DIR)"
     scope = ("gpu.arch", "cuda.nvcc", "platform.machine", "platform.glibc")
     components = (Component("cache", "generic", {ENV_GENERIC_DIR: "{dir}"}),)
+    written_since_restore = (
+        "Whatever the warm-up's own build wrote into the tree: a binary it rebuilt (the "
+        "CPU demo's nvcc part writes through a `.tmp` name, left out, then renames)."
+    )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Only an explicitly configured dir: there is no default for loose binaries."""

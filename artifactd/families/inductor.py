@@ -63,6 +63,12 @@ class InductorFamily(Family):
     )
     #: A ``triton/`` subdir written when ``TRITON_CACHE_DIR`` is unset.
     triton_group_components = frozenset({"cache"})
+    written_since_restore = (
+        "New `fxgraph/` and `aotautograd/` entries and generated `.py`/`.cpp`/`.so` "
+        "kernels: a graph or kernel the restore did not hold; a rebuilt precompiled header "
+        "in `pch`. A hit writes only `locks/*.lock` (FileLock) and `write_atomic`'s "
+        "`*.tmp` files, both left out."
+    )
 
     def keyed(self, component: str, rel: PurePosixPath) -> bool:
         """Every path of the ``cache`` and ``pch`` components is a key.

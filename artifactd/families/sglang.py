@@ -147,6 +147,13 @@ class SGLangFamily(Family):
     )
     #: The FlashInfer tree inside is ninja-driven; JIT leaves are ordered by mtime.
     keep_mtimes = True
+    written_since_restore = (
+        "A new Triton, Inductor, DeepGEMM, TileLang or driver-JIT entry under the cache "
+        "root, a FlashInfer rebuild (`build.ninja` alone is a load rewrite), or a new JIT "
+        "build leaf; `.staging-*` builds and tmp dirs are left out. Unverified: whether "
+        "SGLang touches a JIT leaf it loads (it orders leaves by mtime)."
+    )
+    load_rewrites = frozenset({"build.ninja"})
     #: Triton group files under ``triton/``, or ``inductor/`` when Triton went there.
     triton_group_components = frozenset({"cache"})
     library = "SGLang"

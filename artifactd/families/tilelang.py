@@ -149,6 +149,11 @@ class TileLangFamily(Family):
         "platform.glibc",
     )
     components = (Component("cache", "tilelang", {TILELANG_CACHE_DIR: "{dir}"}),)
+    written_since_restore = (
+        "A new kernel or `cuda-binaries` entry; `.staging/` dirs and "
+        "`.<name>.<pid>_<hex>.tmp*` siblings are left out. A file TileLang adds to a "
+        "published entry (the CuTeDSL backend's cubin on first launch) counts too."
+    )
     exclude_dirs = Family.exclude_dirs | {".staging"}
     exclude_patterns = (
         *Family.exclude_patterns,

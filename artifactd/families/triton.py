@@ -34,6 +34,12 @@ class TritonFamily(Family):
     )
     components = (Component("cache", "triton", {TRITON_CACHE_DIR: "{dir}"}),)
     triton_group_components = frozenset({"cache"})
+    written_since_restore = (
+        "A kernel dir Triton compiled after the restore (IR, cubin, group file). Triton "
+        "writes through lock-free `tmp.pid_<pid>_<uuid>/` dirs (left out) and renames into "
+        "place; a hit writes nothing. A kernel dir whose group file is not there yet "
+        "counts: a compile is under way."
+    )
     library = "Triton"
     path_cost = (
         "Triton silently recompiles when restored anywhere else: this file holds an"

@@ -480,6 +480,14 @@ class VLLMFamily(Family):
         Component("deep_gemm", f"vllm/{DEEP_GEMM_DIR}", {}),
     )
     triton_group_components = frozenset({"cache"})
+    written_since_restore = (
+        "A new hash dir under `torch_compile_cache/` (a hash factor differs: vLLM chose "
+        "another dir) or new artifacts in a restored one (a compile range or shape the "
+        "build did not warm up). Other top-level dirs (`modelinfos/`) and DeepGEMM's "
+        "`tmp/` never count. `vllm_compile_cache.py` is a load rewrite: releases before "
+        "the `is_cache_updated` check rewrite it at every start, hit or not."
+    )
+    load_rewrites = frozenset({HANDLES_FILE})
     library = "vLLM"
     path_cost = (
         "vLLM hashes paths and keeps absolute artifact handles: a pod where this path"

@@ -1,0 +1,348 @@
+"""``exec`` and ``status``: the engine's side of a restore, in the pod.
+
+What they do lives in :mod:`artifactd.podexec` and :mod:`artifactd.status`.
+``exec`` reuses the restore command's option declarations
+(``COMMANDS["restore"]`` in :mod:`artifactd.cli.specs`), so every restore flag
+and ``ARTIFACTD_*`` variable means the same with ``exec --restore``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from artifactd.cli import render
+from artifactd.cli import specs as S  # noqa: N812
+from artifactd.cli.app import cli
+from artifactd.cli.options import options
+from artifactd.cli.specs import Opt
+from artifactd.errors import UsageError
+
+if TYPE_CHECKING:
+    from artifactd.status import FamilyStatus, TargetStatus
+
+#: The variables of the flags these commands add (the others are the restore's).
+ENV_EXEC_RESTORE = "ARTIFACTD_EXEC_RESTORE"
+ENV_ENGINE_LOG = "ARTIFACTD_ENGINE_LOG"
+ENV_FAIL_ON_COMPILE = "ARTIFACTD_FAIL_ON_COMPILE"
+
+RESTORE_FIRST = Opt(
+    "--restore",
+    "restore",
+    "Restore into TARGET first, with the restore options below, then run CMD.",
+    ENV_EXEC_RESTORE,
+    is_flag=True,
+)
+#: What ``exec`` itself reads, in its own words; the rest only matter with --restore.
+_EXEC_HELP = {
+    "target": "The cache volume a restore wrote (its --target).",
+    "env_file": "The env file to load [TARGET/artifactd.env]; with --restore, where it is written.",
+    "require": "Exit 10 instead of running CMD when there is no env file to load; with "
+    "--restore, also fail on a miss or a failed restore (its exit code).",
+    "as_json": "With --restore, the restore's report as JSON on stderr (stdout is CMD's); "
+    "a missing env file as one JSON line on stderr.",
+}
+_RESTORE_SPECS = S.COMMANDS["restore"]
+_OWN = tuple(s._replace(help=_EXEC_HELP[s.dest]) for s in _RESTORE_SPECS if s.dest in _EXEC_HELP)
+_RESTORE_ONLY = tuple(
+    s._replace(help=f"{s.help} (--restore only)")
+    for s in _RESTORE_SPECS
+    if s.dest not in _EXEC_HELP
+)
+EXEC_OPTIONS = (*_OWN, RESTORE_FIRST, *_RESTORE_ONLY)
+
+
+@cli.command("exec", context_settings={"allow_interspersed_args": False})
+@options(EXEC_OPTIONS)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def exec_(command: tuple[str, ...], restore: bool, **opts: Any) -> None:
+    """Run CMD with the restored caches' environment: the engine's entrypoint.
+
+    Reads the KEY=VALUE lines a restore wrote (TARGET/artifactd.env), puts
+    them over this environment and replaces this process with CMD: no shell,
+    the same process id, so the container's signals reach CMD and its exit
+    status is the container's. SIGPIPE and SIGXFSZ are reset to their
+    defaults first (Python ignores them).
+
+    \b
+    In a pod whose init container ran `artifactd restore --target /cache`:
+      artifactd exec --target /cache -- vllm serve Qwen/Qwen3-8B --port 8000
+    Or restore and start in one container (every restore flag works here):
+      artifactd exec --restore --target /cache --store registry.example.com/ml/caches \\
+          -- python -m sglang.launch_server --model-path Qwen/Qwen3-8B
+
+    No env file (the restore did not run or missed): CMD runs anyway on its
+    own caches, after one warning line on stderr, unless --require (exit 10,
+    CMD not run). A CMD that is not found exits 127, one not executable 126.
+
+    \b
+    Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
+    ARTIFACTD_REQUIRE, ARTIFACTD_EXEC_RESTORE, ARTIFACTD_JSON, and with
+    --restore every variable `artifactd restore` reads.
+    """
+    from artifactd.podexec import exec_plan, run
+
+    if not command:
+        raise UsageError(
+            "no command to run",
+            hint="put the engine's command line after --: artifactd exec --target DIR -- CMD",
+        )
+    if restore:
+        _restore_first(opts)
+    else:
+        _refuse_restore_flags()
+    plan = exec_plan(
+        command, target=opts["target"], env_file=opts["env_file"], require=opts["require"]
+    )
+    if plan.warning is not None:
+        if opts["as_json"]:
+            line = {"stage": "exec", "event": "no_env_file", "env_file": str(plan.env_file)}
+            render.echo(json.dumps({**line, "message": plan.warning}, sort_keys=True), err=True)
+        else:
+            render.echo(plan.warning, err=True)
+    run(plan)
+
+
+def _restore_first(opts: dict[str, Any]) -> None:
+    """Run ``restore`` with exec's options; its output goes to stderr (stdout is CMD's)."""
+    from contextlib import redirect_stdout
+
+    from artifactd.cli import podstart
+
+    with redirect_stdout(sys.stderr):
+        podstart.restore(**{spec.dest: opts[spec.dest] for spec in _RESTORE_SPECS})
+
+
+def _refuse_restore_flags() -> None:
+    """Refuse a restore-only option typed without --restore (their variables are ignored)."""
+    ctx = click.get_current_context()
+    typed = [
+        spec.flag
+        for spec in _RESTORE_ONLY
+        if ctx.get_parameter_source(spec.dest) is click.core.ParameterSource.COMMANDLINE
+    ]
+    if typed:
+        raise UsageError(
+            f"{', '.join(typed)} {'applies' if len(typed) == 1 else 'apply'} only to a restore",
+            hint="add --restore to restore before running CMD, or drop them",
+        )
+
+
+ENGINE_LOG = Opt(
+    "--engine-log",
+    "engine_log",
+    "The engine's log (- for stdin): what it says it loaded and compiled, and where.",
+    ENV_ENGINE_LOG,
+    metavar="FILE",
+)
+FAIL_ON_COMPILE = Opt(
+    "--fail-on-compile",
+    "fail_on_compile",
+    "Exit 13 when a restored family compiled anyway (a miss stays 0).",
+    ENV_FAIL_ON_COMPILE,
+    is_flag=True,
+)
+SERVE = Opt(
+    "--serve",
+    "serve",
+    "Serve the status as Prometheus metrics at HOST:PORT (or :PORT) for a scrape, "
+    "computed afresh at each scrape; runs until stopped.",
+    "ARTIFACTD_STATUS_SERVE",
+    metavar="ADDR",
+)
+STATUS_OPTIONS = (
+    S.TARGET._replace(help="The cache volume a restore wrote (its --target)."),
+    S.ENV_FILE._replace(help="Where that restore wrote its env file [TARGET/artifactd.env]."),
+    ENGINE_LOG,
+    FAIL_ON_COMPILE,
+    S.METRICS_FILE._replace(
+        help="Write the status as Prometheus metrics (node-exporter textfile)."
+    ),
+    SERVE,
+    S.JSON,
+)
+
+
+@cli.command()
+@options(STATUS_OPTIONS)
+def status(
+    *,
+    target: Any,
+    env_file: Any,
+    engine_log: str | None,
+    fail_on_compile: bool,
+    metrics_file: Any,
+    serve: str | None,
+    as_json: bool,
+) -> None:
+    """Tell, per family, whether the engine used the restored caches or compiled anyway.
+
+    Reads TARGET's restore marker (changes nothing) and, for each family the
+    restore selected, counts the files written under its restored dirs since
+    the restore (locks, temp and staging files left out): none is `used`,
+    some is `compiled anyway`; a family the restore missed is `not restored`.
+    --engine-log adds what the engine said: vLLM's hit and compile lines and
+    the cache dir it chose (flagged, with the hash factors that differ, when
+    it is not the one restored), Inductor's fx-graph cache hits and misses.
+
+    \b
+    After the engine started (a check, or a readiness probe that must not flap):
+      artifactd status --target /cache --engine-log /var/log/engine.log
+      artifactd status --target /cache --fail-on-compile --json
+
+    --metrics-file writes artifactd_family_compiled_files{family} and
+    artifactd_family_used{family} for node-exporter; --serve ADDR answers
+    scrapes with them.
+
+    Exit 0 whatever it finds (no marker, a restore in progress and a miss
+    included), unless --fail-on-compile and a restored family compiled
+    anyway: 13.
+
+    \b
+    Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
+    ARTIFACTD_ENGINE_LOG, ARTIFACTD_FAIL_ON_COMPILE, ARTIFACTD_METRICS_FILE,
+    ARTIFACTD_STATUS_SERVE, ARTIFACTD_JSON.
+    """
+    from artifactd.status import status_report, target_status
+
+    if serve is not None:
+        _serve_metrics(serve, target, env_file, engine_log)
+        return
+    result = target_status(target, env_file=env_file, engine_log=engine_log)
+    if metrics_file is not None:
+        from artifactd.metrics import status_registry, write_textfile
+
+        write_textfile(metrics_file, status_registry(_metric_rows(result)))
+    code = result.exit_code(fail_on_compile=fail_on_compile)
+    if as_json:
+        render.emit_json({**status_report(result), "exit_code": code})
+    else:
+        _render_status(result)
+    if code:
+        names = ", ".join(result.compiled_anyway)
+        render.echo(
+            f"artifactd: error: compiled anyway: {names} (--fail-on-compile)\n"
+            "  hint: the restored caches did not cover what the engine compiled; "
+            "see the files and engine lines above",
+            err=True,
+        )
+        sys.exit(code)
+
+
+def _metric_rows(result: TargetStatus) -> list[tuple[str, str, int]]:
+    """(family, verdict, files written since restore) for :func:`status_registry`."""
+    return [(f.family, f.verdict, f.files_written) for f in result.families]
+
+
+def _serve_metrics(addr: str, target: Any, env_file: Any, engine_log: str | None) -> None:
+    """Answer every scrape with a fresh status of ``target``, until stopped."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from artifactd.metrics import parse_address, status_registry
+    from artifactd.metrics import render as exposition
+    from artifactd.status import target_status
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] not in ("/", "/metrics"):
+                self.send_error(404)
+                return
+            result = target_status(target, env_file=env_file, engine_log=engine_log)
+            body = exposition([status_registry(_metric_rows(result))])
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    host, port = parse_address(addr)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise UsageError(f"--serve {addr}: cannot listen: {exc.strerror or exc}") from None
+    render.echo(
+        f"serving status metrics for {target} at http://{host}:{server.server_port}/metrics"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def _render_status(result: TargetStatus) -> None:
+    """Print the verdict table, then the evidence behind each verdict."""
+    echo = render.echo
+    if result.restored_at is not None and result.fingerprint_hash is not None:
+        from datetime import UTC, datetime
+
+        when = datetime.fromtimestamp(result.restored_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        echo(
+            f"status of {result.target}: restored {when} UTC, fingerprint "
+            f"{result.fingerprint_hash[:16]}..."
+        )
+    else:
+        echo(f"status of {result.target}: {result.state}: {result.detail}")
+    shown = [f for f in result.families if f.verdict != "not restored" or f.engine is not None]
+    if shown:
+        rows = [("family", "verdict", "restored", "written", "engine log")]
+        rows += [
+            (f.family, f.verdict, str(f.files_restored), str(f.files_written), _engine_cell(f))
+            for f in shown
+        ]
+        echo(render.table(rows))
+    _render_not_restored([f for f in result.families if f not in shown])
+    for fam in shown:
+        _render_evidence(fam)
+    if result.engine_log_error:
+        echo(f"engine log: {result.engine_log_error}")
+    if result.compiled_anyway:
+        echo(f"compiled anyway: {', '.join(result.compiled_anyway)}")
+    elif any(f.verdict == "used" for f in result.families):
+        echo("every restored family was used: nothing compiled since the restore")
+
+
+def _engine_cell(fam: FamilyStatus) -> str:
+    engine = fam.engine
+    if engine is None:
+        return "-"
+    return f"{engine.hits} hit(s), {engine.misses} compiled ({engine.source.split(' (')[0]})"
+
+
+def _render_not_restored(families: Sequence[FamilyStatus]) -> None:
+    by_why: dict[str, list[str]] = {}
+    for fam in families:
+        by_why.setdefault(fam.why, []).append(fam.family)
+    for why, names in by_why.items():
+        render.echo(f"  not restored: {', '.join(names)} ({why})")
+
+
+def _render_evidence(fam: FamilyStatus) -> None:
+    echo = render.echo
+    if fam.written_examples:
+        more = fam.files_written - len(fam.written_examples)
+        echo(f"  {fam.family}: {fam.why}:")
+        for path in fam.written_examples:
+            echo(f"    {path}")
+        if more > 0:
+            echo(f"    ... and {more} more")
+    elif fam.verdict == "compiled anyway":
+        echo(f"  {fam.family}: {fam.why}")
+    engine = fam.engine
+    if engine is None:
+        return
+    if engine.cache_disabled:
+        echo(f"  {fam.family}: the engine's compile cache is disabled (VLLM_DISABLE_COMPILE_CACHE)")
+    for other in engine.other_dirs:
+        echo(f"  {fam.family}: the engine used {other.path}")
+        echo(f"    {other.why}")
+        for factor in other.factors:
+            echo(f"    {factor}")
