@@ -271,12 +271,51 @@ def _stage_all(
         )
         return res.files, res.bytes
 
-    if len(hits) == 1 or workers <= 1:
-        return [stage(fp) for fp in hits]
-    from concurrent.futures import ThreadPoolExecutor
+    with _Flusher(staging):
+        if len(hits) == 1 or workers <= 1:
+            return [stage(fp) for fp in hits]
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=min(workers, len(hits))) as pool:
-        return list(pool.map(stage, hits))
+        with ThreadPoolExecutor(max_workers=min(workers, len(hits))) as pool:
+            return list(pool.map(stage, hits))
+
+
+#: How often staging is synced in the background while layers stream in.
+FLUSH_EVERY_S = 0.25
+
+
+class _Flusher:
+    """Write staged bytes back to disk while the layers still stream in.
+
+    The install syncs the filesystem before its commit (a marker must never
+    describe files the page cache has not written); syncing every
+    :data:`FLUSH_EVERY_S` while staging overlaps most of that writeback with
+    the download, so the final sync has only the last moments' bytes left.
+    """
+
+    def __init__(self, staging: Path) -> None:
+        import threading
+
+        self._staging = staging
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
+
+    def _run(self) -> None:
+        from artifactd.fsutil import sync_filesystem
+
+        while not self._stop.wait(FLUSH_EVERY_S):
+            try:
+                sync_filesystem(self._staging)
+            except OSError:
+                return  # the install's own sync reports what matters
+
+    def __enter__(self) -> _Flusher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # --------------------------------------------------------------------------

@@ -34,6 +34,7 @@ anything was written.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import tarfile
@@ -48,7 +49,7 @@ import zstandard
 
 from artifactd.archive import link_inside
 from artifactd.errors import IntegrityError, UnsafeArtifactError
-from artifactd.hashing import HashingReader, Readable, copy_hashed, sha256_hex
+from artifactd.hashing import Hasher, HashingReader, Readable
 from artifactd.manifest import TREE_DOC, FamilyTree, FileEntry, LayerRecord
 
 #: Longest member path (``component/relative/path``), in UTF-8 bytes.
@@ -239,8 +240,11 @@ class UnpackResult:
 
 
 #: Files up to this size are read whole and written by the writer threads;
-#: larger ones stream to disk on the reading thread.
-_BUFFERED_FILE = 64 << 20
+#: larger ones stream to disk on the reading thread, in :data:`_STREAM_CHUNK` pieces.
+_BUFFERED_FILE = 1 << 20
+#: Piece size of a streamed file: small enough to stay in the CPU cache from
+#: decompression through hashing to the write (1 MiB pieces measured 1.7x slower).
+_STREAM_CHUNK = 128 << 10
 #: Bytes read ahead of the writer threads, at most.
 _IN_FLIGHT = 256 << 20
 #: Two writers overlap file creation with parsing; more contend on this disk (measured).
@@ -463,7 +467,8 @@ class _Extractor:
             _stream_member(src, dest, entry, self.keep_mtimes, self.umask)
             return
         data = src.read(entry.size + 1)
-        if len(data) != entry.size or sha256_hex(data) != entry.sha256:
+        # OpenSSL's sha256 (6x CPython's own here, and it releases the GIL).
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
             raise IntegrityError(f"{entry.path}: content does not match its sha256")
         if entry.rewrite and self.relocate is not None:
             try:
@@ -779,8 +784,15 @@ def _stream_member(
 ) -> None:
     """Stream a large file to disk, hashing as it goes."""
     fd = _create(dest, entry, umask)
-    with os.fdopen(fd, "wb") as out:
-        copied = copy_hashed(src, out)
+    copied = Hasher()
+    try:
+        while data := src.read(_STREAM_CHUNK):
+            copied.update(data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
     if copied.size != entry.size or copied.hex != entry.sha256:
         raise IntegrityError(f"{entry.path}: content does not match its sha256")
     if keep_mtimes and entry.mtime is not None:

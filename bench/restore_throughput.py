@@ -116,12 +116,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each method")
     args = parser.parse_args()
     py = sys.executable
-    work = Path(
-        tempfile.mkdtemp(
-            prefix="artifactd-bench-",
-            dir=REPO / ".artifactd" if (REPO / ".artifactd").is_dir() else None,
-        )
-    )
+    parent = REPO / ".artifactd" if (REPO / ".artifactd").is_dir() else Path(tempfile.gettempdir())
+    # Every run's target is kept until the end, next to the tree, the registry and the blob.
+    need = (3 * args.rounds + 4) * args.size_mib * 11 // 10 << 20
+    if shutil.disk_usage(parent).free < need + (2 << 30):
+        sys.exit(f"{parent}: needs about {need >> 30} GiB free (+2): lower --size-mib or --rounds")
+    work = Path(tempfile.mkdtemp(prefix="artifactd-bench-", dir=parent))
     server = start_registry(work / "registry")
     try:
         tree = work / "tree"
@@ -201,8 +201,11 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(methods) if r % 2 == 0 else list(reversed(methods))
             for name in order:
-                dest = work / "out"
-                shutil.rmtree(dest, ignore_errors=True)
+                # A new target each run, none deleted before the end: on ext4 without a
+                # journal, creating files soon after deleting many first scans every inode
+                # freed in the last 30 s-5.5 min (recently_deleted()), which made every
+                # method here several times slower (bench/restore_network.py measures it).
+                dest = work / f"out-{r}-{len(results[name])}-{list(methods).index(name)}"
                 quiesce()
                 results[name].append(methods[name](dest))
     finally:

@@ -1,0 +1,569 @@
+"""Restore over a slow network, and from a node's local store, side by side with the alternatives.
+
+Builds a realistic multi-family artifact (default ~400 MiB in ~3,700 files:
+a Triton cache of a few hundred kernel dirs with their IR, cubins and group
+files, a CUDA driver JIT cache of hashed SASS blobs, a generic tree of large
+.so/.cubin files; part compressible, part not), harvests it with
+``artifactd harvest`` into a CNCF distribution registry on 127.0.0.1, then
+times, for each link rate (bench/throttle.py between the client and the
+registry; ``off``: straight to the registry), each into a fresh directory on
+the same disk:
+
+  artifactd   ``artifactd restore --store REG --target T --require`` (the whole
+              command: probe, resolve, fetch, verify, extract, install, marker)
+  hand-built  download every layer to a file, then ``tar --zstd -xf`` each
+              into the target: ``skopeo copy docker://REG:TAG dir:D``, an
+              independent client (Go; there is no oras CLI here; into a
+              ``dir:`` it fetches the layers one after another on one
+              connection, where ``oras pull`` runs 3 at once: through one
+              shared link rate that changes little), or with
+              ``--baseline curl``, one ``curl --parallel`` of the layer blobs
+
+and the floor: the layers' compressed bytes at the link rate (no restore can
+beat it, so floor / hand-built is the lowest ratio reachable). Then the node
+store case: ``artifactd restore --store oci:LAYOUT`` against ``cp -a`` of the
+same unpacked tree. Goals: artifactd <= 0.6x hand-built at 1 Gbit/s,
+<= 1.3x cp -a from a local layout.
+
+Each run starts after a sync and a wait for writeback; the registry's blobs
+stay in the page cache (they are the far end of the link). ``--drop-caches``
+drops the page cache before every run instead (root only; it slows every
+other process on the machine). No target is deleted before the last run:
+on ext4 without a journal (this VM's root), allocating an inode skips every
+inode freed in the last 30 s (5.5 min while its inode-table block is dirty,
+which creating files next to it makes it), and that scan made every method
+here 5-10x slower after an ``rm -rf`` of the previous target. So the run
+needs about (runs x unpacked size) of free disk, which it checks first, and
+numbers taken soon after anything deleted many files on the same
+filesystem are inflated.
+
+Usage: python bench/restore_network.py [--size-mib 400] [--rates 1g,10g,off]
+           [--rounds 3] [--rtt-ms 0.5] [--per-conn off] [--baseline skopeo|curl]
+           [--skip-local] [--drop-caches] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from registry_server import RegistryServer, start_registry  # noqa: E402
+from throttle import Throttle, format_rate, parse_rate  # noqa: E402
+
+PY = sys.executable
+MiB = 1 << 20
+#: The cache variables a harvest or restore could pick up from this machine.
+CACHE_VARS = (
+    "TRITON_CACHE_DIR",
+    "TRITON_HOME",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+    "TMPDIR",
+)
+
+
+# --------------------------------------------------------------------------
+# The artifact
+# --------------------------------------------------------------------------
+
+
+class Data:
+    """Bytes for synthetic files: text that compresses like IR (~3.4x at zstd -6), or binaries."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        alphabet = b"abcdefghijklmnopqrstuvwxyz_0123456789.%"
+        words = [bytes(self.rng.choices(alphabet, k=self.rng.randint(2, 10))) for _ in range(2048)]
+        # Zipf-like word frequencies, as in code and IR.
+        weights = list(itertools.accumulate(1 / (rank + 1) for rank in range(len(words))))
+        punct = [b" ", b"\n  ", b", ", b"(", b") ", b" = ", b";\n", b"{\n", b"}\n"]
+        parts = self.rng.choices(words, cum_weights=weights, k=1 << 20)
+        seps = self.rng.choices(punct, k=len(parts))
+        self.pool = b"".join(w + s for w, s in zip(parts, seps, strict=True))
+
+    def text(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            start = self.rng.randrange(len(self.pool) - 4096)
+            out += self.pool[start : start + min(n - len(out), len(self.pool) - start)]
+        return bytes(out)
+
+    def binary(self, n: int) -> bytes:
+        """Incompressible bytes behind an ELF magic."""
+        return b"\x7fELF" + os.urandom(max(n - 4, 0))
+
+    def elf(self, n: int) -> bytes:
+        """A cubin or SASS blob: mostly incompressible code, a third tables and strings."""
+        text = n // 3
+        return self.binary(n - text) + self.text(text)
+
+
+def make_artifact_trees(src: Path, size_mib: int, seed: int = 11) -> tuple[int, int]:
+    """Write the triton, cuda-jit and generic trees under ``src``; return (files, bytes).
+
+    About 30% of the bytes in Triton kernel dirs (six files each: cubin, IR,
+    metadata and the group file, whose absolute paths restore rewrites), 15%
+    in the driver's JIT cache (hashed SASS blobs of 16-256 KiB), the rest in
+    1-48 MiB libraries and cubins, about half of them incompressible.
+    """
+    data = Data(seed)
+    rng = data.rng
+    budget = size_mib * MiB
+    files = total = 0
+
+    def put(path: Path, body: bytes, mode: int = 0o644) -> None:
+        nonlocal files, total
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        if mode != 0o644:
+            path.chmod(mode)
+        files += 1
+        total += len(body)
+
+    triton = src / "triton"
+    k = 0
+    while total < budget * 30 // 100:
+        key = "".join(rng.choices("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", k=52))
+        name = f"kernel_{k}"
+        d = triton / key
+        children = {}
+        for ext, body in (
+            ("cubin", data.elf(rng.randint(16, 256) << 10)),
+            ("ptx", data.text(rng.randint(16, 96) << 10)),
+            ("ttir", data.text(rng.randint(4, 24) << 10)),
+            ("llir", data.text(rng.randint(8, 48) << 10)),
+            ("json", data.text(rng.randint(1, 3) << 10)),
+        ):
+            put(d / f"{name}.{ext}", body)
+            children[f"{name}.{ext}"] = str(d / f"{name}.{ext}")
+        put(d / f"__grp__{name}.json", json.dumps({"child_paths": children}).encode())
+        k += 1
+    cuda = src / "cuda-jit"
+    put(cuda / "index", data.binary(64 << 10))
+    while total < budget * 45 // 100:
+        sub = cuda / f"{rng.randrange(16):x}" / f"{rng.randrange(16):x}"
+        put(sub / f"{rng.getrandbits(64):016x}", data.elf(rng.randint(16, 256) << 10))
+    generic = src / "generic"
+    i = 0
+    while total < budget:
+        n = min(rng.choice([1, 2, 4, 8, 16, 24, 32, 48]) * MiB, budget - total)
+        body = data.binary(n) if i % 2 else data.text(n)
+        if i % 3:
+            put(generic / "lib" / f"lib{i:03d}.so", body, 0o755)
+        else:
+            put(generic / "cubin" / f"kernel{i:03d}.sm_90a.cubin", body)
+        i += 1
+    return files, total
+
+
+@dataclass
+class Artifact:
+    """What the harvest published."""
+
+    repo: str
+    tag: str
+    #: (family, digest, compressed size) per layer.
+    layers: list[tuple[str, str, int]]
+    files: int
+    unpacked: int
+
+    @property
+    def compressed(self) -> int:
+        return sum(size for _, _, size in self.layers)
+
+
+def clean_env(work: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without cache variables or ``ARTIFACTD_*``, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in CACHE_VARS and not k.startswith("ARTIFACTD_")
+    }
+    env["HOME"] = str(work / "home")
+    env.update(extra)
+    return env
+
+
+def harvest(work: Path, src: Path, server: RegistryServer, repo: str) -> tuple[str, float]:
+    """``artifactd harvest`` the three trees into ``server``; return (tag, seconds)."""
+    env = clean_env(
+        work,
+        TRITON_CACHE_DIR=str(src / "triton"),
+        CUDA_CACHE_PATH=str(src / "cuda-jit"),
+        ARTIFACTD_GENERIC_DIR=str(src / "generic"),
+        TORCHINDUCTOR_CACHE_DIR=str(work / "no-inductor"),
+        TMPDIR=str(work / "tmp"),
+    )
+    (work / "tmp").mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [PY, "-m", "artifactd", "harvest", "--store", server.ref(repo), "--json"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"harvest failed: {proc.stderr[-2000:]}")
+    doc = json.loads(proc.stdout)
+    return f"fp-{doc['fingerprint_hash']}", time.perf_counter() - t0
+
+
+def read_artifact(server: RegistryServer, repo: str, tag: str, files: int, nbytes: int) -> Artifact:
+    """The artifact's layers, from its manifest (the families from the layers' annotations)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://{server.host}/v2/{repo}/manifests/{tag}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback http
+        manifest = json.load(resp)
+    layers = []
+    for layer in manifest["layers"]:
+        ann = layer.get("annotations") or {}
+        family = next(
+            (v for k, v in ann.items() if k.endswith("family")),
+            ann.get("org.opencontainers.image.title", "?"),
+        )
+        layers.append((str(family), str(layer["digest"]), int(layer["size"])))
+    return Artifact(repo, tag, layers, files, nbytes)
+
+
+# --------------------------------------------------------------------------
+# The methods
+# --------------------------------------------------------------------------
+
+
+def quiesce(drop_caches: bool) -> None:
+    """Flush dirty pages and wait for writeback; with ``drop_caches``, drop the page cache."""
+    subprocess.run(["sync"], check=False)
+    for _ in range(150):
+        with open("/proc/meminfo") as f:
+            dirty_kib = next(int(line.split()[1]) for line in f if line.startswith("Dirty:"))
+        if dirty_kib < 16 << 10:
+            break
+        time.sleep(0.2)
+    if drop_caches:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    time.sleep(0.3)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv[:6])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return proc
+
+
+@dataclass
+class Timing:
+    """One timed run: wall seconds, and the phases it reported."""
+
+    seconds: float
+    #: Phase -> seconds (download, extract; for artifactd the slowest family's fetch).
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def restore_cmd(work: Path, store: str, target: Path) -> Timing:
+    """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events)."""
+    env = clean_env(work)
+    t0 = time.perf_counter()
+    proc = run(
+        [PY, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
+         "--require", "--json"],
+        env,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - t0
+    fetch: dict[str, float] = {}
+    for line in proc.stderr.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("stage") == "fetch" and event.get("event") == "done":
+            fetch[str(event["family"])] = float(event["elapsed_ms"]) / 1000
+    doc = json.loads(proc.stdout)
+    if doc.get("status") not in (None, "restored"):
+        sys.exit(f"restore did not restore: {proc.stdout[-2000:]}")
+    phases = {"fetch+extract": max(fetch.values(), default=0.0)}
+    return Timing(elapsed, phases)
+
+
+def hand_built(art: Artifact, host: str, target: Path, scratch: Path, *, tool: str) -> Timing:
+    """Download every layer to a file (skopeo or curl), then ``tar --zstd -xf`` each."""
+    target.mkdir()
+    shutil.rmtree(scratch, ignore_errors=True)
+    t0 = time.perf_counter()
+    blobs: list[Path] = []
+    if tool == "skopeo":
+        run(["skopeo", "copy", "--quiet", "--src-tls-verify=false",
+             f"docker://{host}/{art.repo}:{art.tag}", f"dir:{scratch}"])  # fmt: skip
+        blobs = [scratch / digest.split(":", 1)[1] for _, digest, _ in art.layers]
+    else:
+        scratch.mkdir(parents=True)
+        argv = ["curl", "--fail", "--silent", "--show-error", "--parallel"]
+        for _, digest, _ in art.layers:
+            blob = scratch / digest.split(":", 1)[1]
+            argv += ["-o", str(blob), f"http://{host}/v2/{art.repo}/blobs/{digest}"]
+            blobs.append(blob)
+        run(argv)
+    t1 = time.perf_counter()
+    for blob in blobs:
+        run(["tar", "--zstd", "-xf", str(blob), "-C", str(target)])
+    t2 = time.perf_counter()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return Timing(t2 - t0, {"download": t1 - t0, "extract": t2 - t1})
+
+
+def cp_a(src: Path, target: Path) -> Timing:
+    t0 = time.perf_counter()
+    run(["cp", "-a", str(src), str(target)])
+    return Timing(time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------
+# The bench
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One (link, method) cell: every run, and the proxy's view of the last one."""
+
+    link: str
+    method: str
+    runs: list[Timing] = field(default_factory=list)
+    peak_conns: int = 0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(t.seconds for t in self.runs)
+
+    def phase(self, name: str) -> float | None:
+        values = [t.phases[name] for t in self.runs if name in t.phases]
+        return statistics.median(values) if values else None
+
+
+def timed_rounds(
+    methods: dict[str, Callable[[Path], Timing]],
+    rows: dict[str, Row],
+    work: Path,
+    *,
+    rounds: int,
+    drop_caches: bool,
+    proxy: Throttle | None,
+) -> None:
+    """Run every method ``rounds`` times, alternating the order, each into a fresh target."""
+    runs = work / "runs"
+    runs.mkdir(exist_ok=True)
+    for r in range(rounds):
+        order = list(methods) if r % 2 == 0 else list(reversed(methods))
+        for name in order:
+            # A new directory each run, and none deleted until the end (see the module doc).
+            dest = runs / f"{len(list(runs.iterdir())):03d}"
+            quiesce(drop_caches)
+            if proxy is not None:
+                proxy.reset_stats()
+            rows[name].runs.append(methods[name](dest))
+            if proxy is not None:
+                rows[name].peak_conns = max(rows[name].peak_conns, proxy.stats.peak_open)
+            print(f"  {rows[name].link:>14}  {name:34} {rows[name].runs[-1].seconds:7.2f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+
+def fmt(value: float | None, spec: str = "7.2f") -> str:
+    return (
+        format(value, spec) if value is not None else "-".rjust(int(spec.split(".", maxsplit=1)[0]))
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=400, help="unpacked artifact size")
+    parser.add_argument("--rates", default="1g,10g,off", help="link rates, bits/s (off: direct)")
+    parser.add_argument("--per-conn", default="off", help="rate limit per connection, bits/s")
+    parser.add_argument("--rtt-ms", type=float, default=0.5, help="added RTT on throttled links")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each method per link")
+    parser.add_argument("--baseline", choices=("skopeo", "curl"), default="skopeo")
+    parser.add_argument("--skip-local", action="store_true", help="skip the oci: vs cp -a part")
+    parser.add_argument("--drop-caches", action="store_true", help="drop the page cache per run")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    args = parser.parse_args()
+    if args.baseline == "skopeo" and shutil.which("skopeo") is None:
+        sys.exit("skopeo not installed (scripts/setup.sh); or pass --baseline curl")
+    rates = [parse_rate(r) for r in args.rates.split(",")]
+    per_conn = parse_rate(args.per_conn)
+    start = time.perf_counter()
+    parent = REPO / ".artifactd"
+    parent = parent if parent.is_dir() else Path(tempfile.gettempdir())
+    # Source tree, registry, layout, warm-up restore, then every run's target.
+    runs = 2 * args.rounds * (len(rates) + (0 if args.skip_local else 1))
+    need = (runs + 5) * args.size_mib * MiB * 11 // 10
+    free = shutil.disk_usage(parent).free
+    if free < need + (2 << 30):
+        sys.exit(
+            f"{parent}: {free >> 30} GiB free; this run keeps every target until it ends and "
+            f"needs about {need >> 30} GiB (plus 2 GiB spare): lower --size-mib or --rounds"
+        )
+    work = Path(tempfile.mkdtemp(prefix="artifactd-netbench-", dir=parent))
+    server = start_registry(work / "registry")
+    rows: dict[str, Row] = {}
+    links: list[tuple[str, float | None]] = []
+    try:
+        src = work / "src"
+        t0 = time.perf_counter()
+        files, nbytes = make_artifact_trees(src, args.size_mib)
+        made = time.perf_counter() - t0
+        repo = "bench/net"
+        tag, push_s = harvest(work, src, server, repo)
+        art = read_artifact(server, repo, tag, files, nbytes)
+        print(
+            f"artifact: {files} files, {nbytes / MiB:.0f} MiB unpacked, "
+            f"{art.compressed / MiB:.0f} MiB in {len(art.layers)} zstd layers "
+            f"({', '.join(f'{fam} {size / MiB:.0f}' for fam, _, size in art.layers)} MiB); "
+            f"made in {made:.1f} s, harvested and pushed in {push_s:.1f} s"
+        )
+        # An untimed restore: artifactd's own cache of library hashes, and the registry's
+        # blobs in the page cache, are then as warm for every timed run.
+        restore_cmd(work, server.ref(repo), work / "warm")
+
+        for rate in rates:
+            proxy = (
+                None
+                if rate is None and per_conn is None
+                else Throttle(
+                    server.host, rate_bps=rate, per_conn_bps=per_conn, rtt_s=args.rtt_ms / 1000
+                )
+            )
+            link = format_rate(rate) if proxy is not None else "direct"
+            links.append((link, rate))
+            host = proxy.host if proxy is not None else server.host
+            store = f"{host}/{repo}"
+            ours, theirs = f"{link}|artifactd", f"{link}|hand-built"
+            rows[ours] = Row(link, "artifactd restore")
+            rows[theirs] = Row(link, f"{args.baseline} + tar --zstd -xf")
+
+            def ours_run(dest: Path, store: str = store) -> Timing:
+                return restore_cmd(work, store, dest)
+
+            def theirs_run(dest: Path, host: str = host) -> Timing:
+                return hand_built(art, host, dest, work / "download", tool=args.baseline)
+
+            try:
+                timed_rounds(
+                    {ours: ours_run, theirs: theirs_run}, rows, work,
+                    rounds=args.rounds, drop_caches=args.drop_caches, proxy=proxy,
+                )  # fmt: skip
+            finally:
+                if proxy is not None:
+                    proxy.close()
+
+        if not args.skip_local:
+            layout = work / "layout"
+            run([PY, "-m", "artifactd", "copy", server.ref(repo), f"oci:{layout}"],
+                clean_env(work))  # fmt: skip
+            rows["local|artifactd"] = Row("local layout", "artifactd restore --store oci:")
+            rows["local|cp"] = Row("local layout", "cp -a (unpacked tree)")
+
+            def local_run(dest: Path) -> Timing:
+                return restore_cmd(work, f"oci:{layout}", dest)
+
+            def cp_run(dest: Path) -> Timing:
+                return cp_a(src, dest)
+
+            timed_rounds(
+                {"local|artifactd": local_run, "local|cp": cp_run}, rows, work,
+                rounds=args.rounds, drop_caches=args.drop_caches, proxy=None,
+            )  # fmt: skip
+    finally:
+        server.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"work dir kept: {work}")
+
+    print_report(rows, links, art, args, time.perf_counter() - start)
+
+
+def print_report(
+    rows: dict[str, Row],
+    links: list[tuple[str, float | None]],
+    art: Artifact,
+    args: Any,
+    elapsed: float,
+) -> None:
+    rtt = f", +{args.rtt_ms:g} ms RTT" if args.rtt_ms else ""
+    per_conn = parse_rate(args.per_conn)
+    per = f", per connection {format_rate(per_conn)}" if per_conn else ""
+    print(f"\nlinks through bench/throttle.py{rtt}{per}; {args.rounds} runs each, median")
+    head = (
+        f"{'link':14} {'method':34} {'seconds':>7} {'floor':>7} {'x floor':>7} "
+        f"{'MiB/s':>6} {'layers':>6} {'download':>8} {'extract':>7} {'conns':>5}  runs"
+    )
+    print(head)
+    print("-" * len(head))
+    ratios: list[tuple[str, float, float | None, float | None]] = []
+    for link, rate in links:
+        floor = art.compressed * 8 / rate if rate else None
+        pair = [rows[f"{link}|artifactd"], rows[f"{link}|hand-built"]]
+        for row in pair:
+            med = row.median
+            dl = row.phase("download")
+            ex = row.phase("extract")
+            staged = row.phase("fetch+extract")
+            runs = " ".join(f"{t.seconds:.2f}" for t in row.runs)
+            print(
+                f"{link:14} {row.method:34} {med:7.2f} {fmt(floor)} "
+                f"{fmt(med / floor if floor else None)} {art.unpacked / MiB / med:6.0f} "
+                f"{fmt(staged, '6.2f')} {fmt(dl, '8.2f')} {fmt(ex)} "
+                f"{row.peak_conns or '-':>5}  {runs}"
+            )
+        bound = floor / pair[1].median if floor else None
+        ratios.append((link, pair[0].median / pair[1].median, bound, 0.6 if rate == 1e9 else None))
+    if "local|artifactd" in rows:
+        for key in ("local|artifactd", "local|cp"):
+            row = rows[key]
+            runs = " ".join(f"{t.seconds:.2f}" for t in row.runs)
+            print(
+                f"{row.link:14} {row.method:34} {row.median:7.2f} {fmt(None)} {fmt(None)} "
+                f"{art.unpacked / MiB / row.median:6.0f} {fmt(row.phase('fetch+extract'), '6.2f')} "
+                f"{fmt(None, '8.2f')} {fmt(None)} {'-':>5}  {runs}"
+            )
+    print(
+        "(floor: the layers' compressed bytes at the link rate; layers: artifactd's slowest "
+        "layer, fetch to staged (the rest is start-up, plan, install with its sync); "
+        "download/extract: the hand-built pipeline's two steps; conns: most connections "
+        "open at once through the throttle)"
+    )
+    print()
+    for link, ratio, bound, goal in ratios:
+        tail = f"  (goal <= {goal}{', met' if ratio <= goal else ', MISSED'})" if goal else ""
+        # No restore beats the link: floor / hand-built is the lowest ratio possible here.
+        low = f"; floor / hand-built = {bound:.2f}" if bound else ""
+        print(f"{link:>14}: artifactd / hand-built = {ratio:.2f}{low}{tail}")
+    if "local|artifactd" in rows:
+        ratio = rows["local|artifactd"].median / rows["local|cp"].median
+        print(
+            f"{'local layout':>14}: artifactd / cp -a       = {ratio:.2f}  (goal <= 1.3"
+            f"{', met' if ratio <= 1.3 else ', MISSED'})"
+        )
+    print(f"elapsed: {elapsed:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
