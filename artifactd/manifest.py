@@ -10,7 +10,7 @@ Schema is generated into ``registry-schema/`` from these models.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +39,21 @@ def goarch(machine: str) -> str:
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(cls: type[M], data: bytes | str, what: str) -> M:
+    """Parse and validate ``data`` as ``cls``; a :class:`SchemaError` saying ``what`` if not."""
+    try:
+        return cls.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SchemaError(
+            f"{what}: {first['loc']}: {first['msg']}",
+            hint="was it written by a newer artifactd, or by another tool?",
+        ) from exc
 
 
 class FileEntry(_Model):
@@ -135,14 +150,7 @@ class FamilyTree(_Model):
     @classmethod
     def from_json(cls, data: bytes, *, source: str) -> FamilyTree:
         """Parse and validate; raise :class:`SchemaError` on anything unexpected."""
-        try:
-            return cls.model_validate_json(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise SchemaError(
-                f"{source} is not an artifactd family tree: {first['loc']}: {first['msg']}",
-                hint="was it written by a newer artifactd, or by another tool?",
-            ) from exc
+        return _validated(cls, data, f"{source} is not an artifactd family tree")
 
 
 class RootFS(_Model):
@@ -212,11 +220,4 @@ class ArtifactConfig(_Model):
     @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "artifact config") -> ArtifactConfig:
         """Parse and validate; raise :class:`IntegrityError` on anything unexpected."""
-        try:
-            return cls.model_validate_json(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise SchemaError(
-                f"{source} is not an artifactd manifest: {first['loc']}: {first['msg']}",
-                hint="was this artifact written by a newer artifactd, or by another tool?",
-            ) from exc
+        return _validated(cls, data, f"{source} is not an artifactd manifest")

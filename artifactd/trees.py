@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.constants import DEFAULT_PREBUILT
-from artifactd.errors import IntegrityError, NotFoundError
+from artifactd.errors import IntegrityError, NotFoundError, UnsafeArtifactError
 from artifactd.families import FAMILIES, get_family, select_families
 from artifactd.manifest import TREE_DOC, FamilyTree
 from artifactd.oci import family_tag
@@ -190,6 +190,9 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
             return f"oci:{layout}"
     docs: dict[str, tuple[FamilyTree, str]] = {}
     for name in FAMILIES:
+        if (path / name).is_symlink():
+            # Followed, it would make files outside the tree look like the family's.
+            raise UnsafeArtifactError(f"{path / name} is a symlink, not the family's directory")
         doc_path = path / name / TREE_DOC
         if doc_path.is_file() and not doc_path.is_symlink():
             docs[name] = _read_doc(doc_path, name)

@@ -305,6 +305,11 @@ def _doc_is_a_link(m: Path) -> None:
     (m / "generic" / TREE_DOC).symlink_to(m / "real-doc.json")
 
 
+def _family_dir_is_a_link(m: Path) -> None:
+    (m / "generic").rename(m.parent / "elsewhere")
+    (m / "generic").symlink_to(m.parent / "elsewhere")
+
+
 def _stray_entry_in_family_dir(m: Path) -> None:
     (m / "generic" / "evil").mkdir()
 
@@ -320,6 +325,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "doc not json": (_doc_not_json, "schema"),
     "doc lists a traversal": (_doc_lists_a_traversal, "hostile"),
     "stray entry in family dir": (_stray_entry_in_family_dir, "hostile"),
+    "family dir is a link": (_family_dir_is_a_link, "hostile"),
 }
 
 

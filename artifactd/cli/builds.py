@@ -10,6 +10,7 @@ import click
 from artifactd.cli import render
 from artifactd.cli.app import cli
 from artifactd.cli.options import (
+    cell_options,
     family_option,
     fingerprint_options,
     gpu_arch_option,
@@ -95,18 +96,7 @@ def harvest(
     metavar="ID",
     help="The fan-out run the cell belongs to (the same for every cell and for `merge`).",
 )
-@click.option(
-    "--gpus",
-    metavar="LIST",
-    help="This node's GPUs, e.g. 0,1,2,3 (default: CUDA_VISIBLE_DEVICES, else every GPU).",
-)
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="CPU-only cells (gpus: 0) running at once.",
-)
+@cell_options
 @json_option
 def build(
     *,

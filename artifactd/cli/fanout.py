@@ -10,6 +10,7 @@ import click
 from artifactd.cli import render
 from artifactd.cli.app import cli
 from artifactd.cli.options import (
+    cell_options,
     gpu_arch_option,
     image_digest_option,
     json_option,
@@ -113,14 +114,7 @@ def merge(*, file: Path, store: str, insecure: bool, run_id: str, as_json: bool)
 @gpu_arch_option("Override the matrix's declared target (sm_90a).")
 @image_digest_option("Override the matrix's base image digest.")
 @set_option
-@click.option("--gpus", metavar="LIST", help="This node's GPUs, e.g. 0,1 (as for build).")
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="CPU-only cells at once.",
-)
+@cell_options
 @click.option(
     "--promote",
     metavar="TAG",

@@ -91,3 +91,19 @@ def set_option(f: F) -> F:
 def fingerprint_options(f: F) -> F:
     """Add the options that shape the probed fingerprint."""
     return options(S.FINGERPRINT)(f)
+
+
+def cell_options(fn: F) -> F:
+    """``--gpus`` and ``--jobs``: how a node runs a matrix's cells (``build``, ``verify``)."""
+    fn = click.option(
+        "--jobs",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="CPU-only cells (gpus: 0) running at once.",
+    )(fn)
+    return click.option(
+        "--gpus",
+        metavar="LIST",
+        help="This node's GPUs, e.g. 0,1,2,3 (default: CUDA_VISIBLE_DEVICES, else every GPU).",
+    )(fn)
