@@ -41,6 +41,8 @@ from artifactd.stores.base import progress_events
 
 if TYPE_CHECKING:
     from artifactd.archive import PackedLayer
+    from artifactd.keys import PrivateKey
+    from artifactd.trust import SignResult, TrustPolicy
 
 
 @dataclass
@@ -158,32 +160,47 @@ class Artifact:
     digest: str
     manifest: ImageManifest
     config: ArtifactConfig
+    #: The key that signed it, when it was read under a :class:`TrustPolicy`.
+    signed_by: str | None = None
+
+
+def read_blob(store: Store, digest: str, size: int, *, max_size: int, what: str) -> bytes:
+    """Fetch a small blob whole and verify it against its digest and size."""
+    if size > max_size:
+        raise IntegrityError(f"{what} {digest} is implausibly large ({size} B)")
+    buf = io.BytesIO()
+    with store.open_blob(digest, size) as f:
+        read = copy_hashed(f, buf, limit=size)
+    if read.size > size:
+        raise IntegrityError(f"{what} {digest} is longer than its descriptor")
+    if not read.matches(digest, size):
+        raise IntegrityError(f"{what} {digest} does not match its digest")
+    return buf.getvalue()
 
 
 def read_config(store: Store, manifest: ImageManifest, *, max_size: int = 64 << 20) -> bytes:
     """Fetch and verify the config blob of a manifest."""
     desc = manifest.config
-    if desc.size > max_size:
-        raise IntegrityError(f"config blob {desc.digest} is implausibly large ({desc.size} B)")
-    buf = io.BytesIO()
-    with store.open_blob(desc.digest, desc.size) as f:
-        read = copy_hashed(f, buf, limit=desc.size)
-    if read.size > desc.size:
-        raise IntegrityError(f"config blob {desc.digest} is longer than its descriptor")
-    if not read.matches(desc.digest, desc.size):
-        raise IntegrityError(f"config blob {desc.digest} does not match its digest")
-    return buf.getvalue()
+    return read_blob(store, desc.digest, desc.size, max_size=max_size, what="config blob")
 
 
-def read_artifact(store: Store, reference: str) -> Artifact | None:
+def read_artifact(
+    store: Store, reference: str, *, trust: TrustPolicy | None = None
+) -> Artifact | None:
     """Read the artifact a tag or digest names; ``None`` when the store has no such reference.
 
     Everything is verified against its digest, and the config must be consistent
     with the manifest (same layers, same digests) or :class:`IntegrityError` is raised.
+    With ``trust``, the manifest's signature is checked first, before its
+    config is read: :class:`~artifactd.errors.TrustError` when no key of the
+    policy signed exactly this digest.
     """
     ref = store.get_manifest(reference)
     if ref is None:
         return None
+    signed_by = None
+    if trust is not None:
+        signed_by = trust.check(store, ref.digest, what=f"{store.ref}:{reference}")
     manifest = ImageManifest.from_bytes(ref.data, source=f"{store.ref} {reference}")
     if not manifest.is_artifactd:
         raise NotFoundError(
@@ -208,7 +225,7 @@ def read_artifact(store: Store, reference: str) -> Artifact | None:
             f"{store.ref} {reference}: the manifest carries layer {extra[0]} "
             "that the config does not list"
         )
-    return Artifact(digest=ref.digest, manifest=manifest, config=config)
+    return Artifact(digest=ref.digest, manifest=manifest, config=config, signed_by=signed_by)
 
 
 @dataclass
@@ -221,6 +238,12 @@ class CopyResult:
     manifests: int = 0
     bytes_uploaded: int = 0
     bytes_skipped: int = 0
+    #: Signature and attestation tags carried along (``sha256-<hex>.sig|.att``).
+    attached: list[str] = field(default_factory=list)
+    #: The manifest digest each copied tag names.
+    digests: dict[str, str] = field(default_factory=dict)
+    #: What ``--sign-key`` signed in the destination.
+    signing: SignResult | None = None
 
 
 def copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
@@ -242,12 +265,17 @@ def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path
 
     Blobs ``dst`` already has are not transferred; each blob is verified on the
     way; a tag is written only after every blob of its manifest is in place.
+    Each manifest's signatures and attestations (``sha256-<hex>.sig|.att``)
+    travel with it, so what verified in ``src`` verifies in ``dst``.
     """
     from artifactd.oci import FULL_TAG_PREFIX, TAG_RE
+    from artifactd.trust import copy_attached, parse_attached_tag
 
     wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
+    wanted = [t for t in wanted if tags or parse_attached_tag(t) is None]
     result = CopyResult(source=src.ref, destination=dst.ref, tags=[])
     done: set[str] = set()
+    carried: set[str] = set()
     for tag in wanted:
         ref = src.get_manifest(tag)
         if ref is None:
@@ -264,6 +292,10 @@ def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path
         dst.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
         result.manifests += 1
         result.tags.append(tag)
+        result.digests[tag] = ref.digest
+        if ref.digest not in carried:
+            carried.add(ref.digest)
+            result.attached.extend(copy_attached(src, dst, ref.digest, tmp_dir))
     result.tags.sort(key=lambda t: (not t.startswith(FULL_TAG_PREFIX), t))
     return result
 
@@ -291,16 +323,30 @@ def open_artifact(ref: str, *, insecure: bool = False) -> Artifact:
 
 
 def copy_between(
-    source: str, destination: str, tags: list[str] | None, *, insecure: bool = False
+    source: str,
+    destination: str,
+    tags: list[str] | None,
+    *,
+    insecure: bool = False,
+    sign_key: PrivateKey | None = None,
 ) -> CopyResult:
-    """Open both stores (creating the destination) and copy ``tags`` (None: every artifact)."""
+    """Open both stores (creating the destination) and copy ``tags`` (None: every artifact).
+
+    With ``sign_key``, every copied manifest is also signed in the destination
+    (a promotion signing with the production key), next to the signatures
+    carried from the source.
+    """
     import tempfile
 
     from artifactd.stores import open_store
+    from artifactd.trust import sign_all
 
     with (
         open_store(source, insecure=insecure) as src,
         open_store(destination, create=True, insecure=insecure) as dst,
         tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
     ):
-        return copy_artifacts(src, dst, tags, Path(tmp))
+        result = copy_artifacts(src, dst, tags, Path(tmp))
+        if sign_key is not None:
+            result.signing = sign_all(dst, result.digests.values(), sign_key)
+        return result

@@ -103,6 +103,22 @@ class VerifyError(BuildError):
     kind = "verify"
 
 
+class TrustError(ArtifactdError):
+    """A manifest is not signed by a trusted key.
+
+    Unsigned, signed for another digest, signed by a key not given, or its
+    signature is unreadable: ``reason`` says which (``unsigned``, ``wrong_digest``, ``unknown_key``,
+    ``malformed``). A restore with a verification policy installs nothing then.
+    """
+
+    exit_code = 14
+    kind = "untrusted"
+
+    def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason
+
+
 class SchemaError(IntegrityError):
     """An artifact document failed validation or has an unknown schema version."""
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from artifactd import __version__
 from artifactd.archive import PackedLayer, pack_family
@@ -23,6 +24,10 @@ from artifactd.families import select_families
 from artifactd.fingerprint import Fingerprint
 from artifactd.manifest import ArtifactConfig, LayerRecord, Provenance, RootFS, goarch
 from artifactd.stores import Store
+
+if TYPE_CHECKING:
+    from artifactd.keys import PrivateKey
+    from artifactd.trust import SignResult
 
 
 @dataclass
@@ -53,6 +58,8 @@ class HarvestResult:
     bytes_skipped: int
     seconds: float
     publish: PublishResult | None = field(default=None, repr=False)
+    #: What ``--sign-key`` signed and attested.
+    signing: SignResult | None = None
 
 
 def collect(
@@ -123,11 +130,14 @@ def harvest(
     provenance: Provenance | None = None,
     on_event: EventSink = discard,
     cell_tag: str | None = None,
+    sign_key: PrivateKey | None = None,
 ) -> HarvestResult:
     """Pack the caches found through ``environ`` and publish them to ``store``.
 
     With ``cell_tag``, the artifact is one cell's part of a fan-out build
-    (``kind: cell``), published under that tag alone, for ``merge``. Raises
+    (``kind: cell``), published under that tag alone, for ``merge``. With
+    ``sign_key``, every manifest published (the artifact and each family's)
+    is signed (:func:`artifactd.trust.sign_all`). Raises
     :class:`BuildError` when no requested family has anything to harvest.
     """
     start = time.monotonic()
@@ -159,6 +169,12 @@ def harvest(
         )
         tags = [cell_tag] if cell_tag else None
         pub = publish(store, art, packed, work, on_event=on_event, tags=tags)
+    signing = None
+    if sign_key is not None:
+        from artifactd.trust import sign_all
+
+        signing = sign_all(store, [pub.digest, *pub.family_digests.values()], sign_key)
+        on_event({"stage": "sign", "event": "done", "signed": len(signing.signed)})
     return HarvestResult(
         store=store.ref,
         digest=pub.digest,
@@ -170,6 +186,7 @@ def harvest(
         bytes_skipped=pub.bytes_skipped,
         seconds=round(time.monotonic() - start, 3),
         publish=pub,
+        signing=signing,
     )
 
 
@@ -183,6 +200,7 @@ def harvest_here(
     workload: Sequence[str] = (),
     overrides: Sequence[str] = (),
     on_event: EventSink = discard,
+    sign_key: PrivateKey | None = None,
 ) -> HarvestResult:
     """Probe this machine, then harvest its caches into the store ``store_ref``.
 
@@ -200,4 +218,4 @@ def harvest_here(
         )
     )
     with open_store(store_ref, create=True, insecure=insecure) as store:
-        return harvest(store, fingerprint, families=families, on_event=on_event)
+        return harvest(store, fingerprint, families=families, on_event=on_event, sign_key=sign_key)

@@ -27,7 +27,12 @@ SCHEMA_VERSION = 1
 STRICT = {"extra": "forbid"}
 
 
-class FamilyMarker(TypedDict):
+class _FamilyMarkerOptional(TypedDict, total=False):
+    #: The key id that verified the family's manifest (restores with --verify-key).
+    signed_by: str
+
+
+class FamilyMarker(_FamilyMarkerOptional):
     """Marker record of one installed family."""
 
     artifact: str

@@ -40,8 +40,10 @@ from artifactd.manifest import ArtifactConfig, LayerRecord, Provenance, RootFS
 if TYPE_CHECKING:
     from artifactd.archive import PackedLayer
     from artifactd.artifacts import Artifact
+    from artifactd.keys import PrivateKey
     from artifactd.matrix import Cell
     from artifactd.stores import Store
+    from artifactd.trust import SignResult
 
 
 @dataclass
@@ -72,6 +74,8 @@ class MergeResult:
     bytes_skipped: int
     seconds: float
     conflicts: list[str] = field(default_factory=list)
+    #: What ``--sign-key`` signed and attested.
+    signing: SignResult | None = None
 
 
 def merge(
@@ -80,8 +84,13 @@ def merge(
     run_id: str,
     *,
     on_event: EventSink = discard,
+    sign_key: PrivateKey | None = None,
 ) -> MergeResult:
-    """Compose run ``run_id``'s cell artifacts in ``store`` into the whole artifact (module doc)."""
+    """Compose run ``run_id``'s cell artifacts in ``store`` into the whole artifact (module doc).
+
+    With ``sign_key``, the manifests published are signed and the artifact
+    gets its provenance (the cells' timings and checks) as an attestation.
+    """
     from artifactd.artifacts import publish
     from artifactd.build import check_run_id
     from artifactd.matrix import expand, load_matrix
@@ -134,6 +143,14 @@ def merge(
             provenance=provenance,
         )
         pub = publish(store, art, packed, work, on_event=on_event)
+    signing = None
+    if sign_key is not None:
+        from artifactd.provenance import statement
+        from artifactd.trust import attest, sign_all, store_identity
+
+        signing = sign_all(store, [pub.digest, *pub.family_digests.values()], sign_key)
+        doc = statement(store_identity(store), pub.digest, art, matrix=matrix_path)
+        signing.attestations.append(attest(store, pub.digest, doc, sign_key))
     return MergeResult(
         store=store.ref,
         run_id=run_id,
@@ -145,6 +162,7 @@ def merge(
         bytes_uploaded=pub.bytes_uploaded,
         bytes_skipped=pub.bytes_skipped,
         seconds=round(time.monotonic() - start, 3),
+        signing=signing,
     )
 
 

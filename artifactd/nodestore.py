@@ -278,10 +278,16 @@ def _collect(
     dry_run: bool,
     on_event: EventSink,
 ) -> GcResult:
+    from artifactd.trust import parse_attached_tag
+
     blobs = node.blob_digests()
     before = sum(blobs.values())
     usage = read_usage(node.root)
-    tags = {t: d for t in node.list_tags() if (d := node.tag_digest(t))}
+    every = {t: d for t in node.list_tags() if (d := node.tag_digest(t))}
+    # Signatures and attestations are not evicted on their own (they would go
+    # first: nothing records their use); they live as long as their subject.
+    attached = {t: s[0] for t in every if (s := parse_attached_tag(t)) is not None}
+    tags = {t: d for t, d in every.items() if t not in attached}
     order = sorted(tags, key=lambda t: (usage.get(tags[t], 0.0), t))
     kept = dict(tags)
     evicted: list[Evicted] = []
@@ -300,14 +306,15 @@ def _collect(
         if satisfied(size, free):
             break
         digest = kept.pop(tag)
-        referenced = _referenced(node, set(kept.values()))
+        referenced = _referenced(node, _live(kept, attached, every))
         size = before - sum(n for d, n in blobs.items() if d not in referenced)
         free = free_before + (before - size)
         evicted.append(Evicted(tag, digest, usage.get(digest)))
-    referenced = _referenced(node, set(kept.values()))
+    referenced = _referenced(node, _live(kept, attached, every))
     unreferenced = [d for d in blobs if d not in referenced]
+    orphans = [t for t, subject in attached.items() if subject not in set(kept.values())]
     if not dry_run and evicted:
-        node.remove_tags([e.tag for e in evicted])
+        node.remove_tags([e.tag for e in evicted] + orphans)
         for digest in unreferenced:
             node.remove_blob(digest)
         live = {d for d in tags.values() if d in set(kept.values())}
@@ -329,6 +336,12 @@ def _collect(
     )
     on_event({"stage": "gc", "event": "done", "freed": result.freed, "evicted": len(evicted)})
     return result
+
+
+def _live(kept: dict[str, str], attached: dict[str, str], every: dict[str, str]) -> set[str]:
+    """Return the manifests still tagged: the kept ones, their signatures and attestations."""
+    subjects = set(kept.values())
+    return subjects | {every[t] for t, subject in attached.items() if subject in subjects}
 
 
 def _referenced(node: LayoutStore, manifests: set[str]) -> set[str]:

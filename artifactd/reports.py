@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from artifactd.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
     from artifactd.restore import RestoreOutcome
+    from artifactd.trust import TrustReport
 
 #: Version of every ``--json`` document (the ``schema_version`` key).
 REPORT_SCHEMA_VERSION = 1
@@ -133,15 +134,20 @@ def diff_report(
     )
 
 
-def inspect_report(art: Artifact) -> dict[str, Any]:
-    """``inspect --json``: the manifest digest, the manifest and the artifact config."""
-    return versioned(
-        {
-            "digest": art.digest,
-            "manifest": art.manifest.model_dump(by_alias=True, exclude_none=True, mode="json"),
-            "config": art.config,
-        }
-    )
+def inspect_report(art: Artifact, trust: TrustReport | None = None) -> dict[str, Any]:
+    """``inspect --json``: the manifest digest, the manifest, the artifact config and ``trust``.
+
+    ``trust``: the signatures and attestations (``verified_by`` and ``error``
+    only mean something when ``keys`` were given).
+    """
+    doc: dict[str, Any] = {
+        "digest": art.digest,
+        "manifest": art.manifest.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "config": art.config,
+    }
+    if trust is not None:
+        doc["trust"] = jsonable(trust)
+    return versioned(doc)
 
 
 def tags_report(store: str, tags: Sequence[str]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from artifactd.manifest import LayerRecord
     from artifactd.marker import RestoreMarker
     from artifactd.trees import MountedTree
+    from artifactd.trust import TrustPolicy
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
@@ -61,6 +62,8 @@ class FamilyPlan(NamedTuple):
     unpacked: int = 0
     #: The artifact's format version: 2 puts the layer's members under ``<family>/``.
     version: int = 1
+    #: The key that signed the manifest, when the restore verified signatures.
+    signed_by: str | None = None
 
     @classmethod
     def hit(
@@ -73,6 +76,7 @@ class FamilyPlan(NamedTuple):
         dirs: Mapping[str, str],
         tag: str,
         version: int,
+        signed_by: str | None = None,
     ) -> FamilyPlan:
         """Return a hit from ``layer`` of ``artifact``, with the layer's file count and size."""
         return cls(
@@ -86,6 +90,7 @@ class FamilyPlan(NamedTuple):
             files=len(layer.files),
             unpacked=layer.unpacked_size,
             version=version,
+            signed_by=signed_by,
         )
 
     @property
@@ -136,6 +141,8 @@ class RestorePlan(NamedTuple):
     nearest: ClosestSampled | None = None
     error: str | None = None
     noop: bool = False
+    #: The key ids every manifest had to be signed by (``--verify-key``), or None.
+    trusted: Sequence[str] | None = None
 
     @property
     def json_hidden(self) -> tuple[str, ...]:
@@ -167,10 +174,14 @@ def plan_restore(
     env_file: Path | None = None,
     store_ref: str | None = None,
     store_error: str | None = None,
+    trust: TrustPolicy | None = None,
 ) -> RestorePlan:
     """Resolve what to restore for ``local`` into ``target``; fetch no layer, write nothing.
 
-    An unreachable store (``store`` None with ``store_error``, or a
+    With ``trust``, every manifest resolution picks must be signed by one of
+    its keys (checked before its config is read): an unsigned or wrongly
+    signed one raises :class:`~artifactd.errors.TrustError`, so nothing is
+    installed from any of them. An unreachable store (``store`` None with ``store_error``, or a
     :class:`StoreError` while resolving) makes every family a miss that names
     the error. An artifact that is there but unreadable (corrupt, not ours,
     schema-invalid) raises its :class:`ArtifactdError`: the caller's policy
@@ -185,7 +196,7 @@ def plan_restore(
     error = store_error
     if store is not None:
         try:
-            plans, match = _resolve(store, local, selected, target, consumer_user)
+            plans, match = _resolve(store, local, selected, target, consumer_user, trust=trust)
             if any(p.verdict == "miss" for p in plans) and match != "full":
                 # Only a miss lists tags: resolving itself is tag lookups, never a scan.
                 nearest = _closest_sampled(store, local)
@@ -220,6 +231,7 @@ def plan_restore(
         flat=local.flatten(),
         nearest=nearest,
         error=error,
+        trusted=trust.key_ids if trust is not None else None,
     )
 
 
@@ -230,8 +242,14 @@ def noop_plan(
     volume: CacheVolume,
     *,
     families: Sequence[str] | None = None,
+    trusted: Sequence[str] | None = None,
 ) -> RestorePlan | None:
     """Return a no-op plan when the target already holds what resolving would pick.
+
+    With ``trusted`` (the key ids of a verification policy), only an install
+    whose every family was verified by one of those keys is a no-op: caches
+    restored without verification, or under a key since removed, are
+    resolved (and verified) again.
 
     The one no-op check, made before planning and again under the target's
     lock. It trusts the marker only through :meth:`CacheVolume.installed` (no
@@ -248,6 +266,10 @@ def noop_plan(
         or marker["fingerprint_hash"] != fingerprint_hash
         or marker["store"] != store.ref
         or marker["selected"] != names
+    ):
+        return None
+    if trusted is not None and not all(
+        f.get("signed_by") in trusted for f in marker["families"].values()
     ):
         return None
     try:
@@ -284,6 +306,7 @@ def noop_plan(
         env_file=str(volume.env_file),
         flat=flat,
         noop=True,
+        trusted=list(trusted) if trusted is not None else None,
     )
 
 
@@ -314,10 +337,12 @@ def _resolve(
     selected: list[Family],
     target: Path,
     user: str | None,
+    *,
+    trust: TrustPolicy | None = None,
 ) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"]]:
     from artifactd.artifacts import read_artifact
 
-    full = read_artifact(store, full_tag(local.hash))
+    full = read_artifact(store, full_tag(local.hash), trust=trust)
     plans: list[FamilyPlan] = []
     if full is not None:
         for fam in selected:
@@ -342,6 +367,7 @@ def _resolve(
                         dirs=dirs,
                         tag=full_tag(local.hash),
                         version=full.config.schema_version,
+                        signed_by=full.signed_by,
                     )
                 )
         return plans, "full"
@@ -349,7 +375,7 @@ def _resolve(
         key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
         dirs = _family_dirs(fam, target, user)
         tag = family_tag(fam.name, key)
-        art = read_artifact(store, tag)
+        art = read_artifact(store, tag, trust=trust)
         rec = art.config.layer(fam.name) if art is not None else None
         if art is None or rec is None:
             plans.append(
@@ -370,6 +396,7 @@ def _resolve(
                     dirs=dirs,
                     tag=tag,
                     version=art.config.schema_version,
+                    signed_by=art.signed_by,
                 )
             )
     hit = any(p.verdict == "hit" for p in plans)

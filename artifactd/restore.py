@@ -112,7 +112,14 @@ def restore(
             # Two init containers restoring into one node-local volume: the second
             # waits for the lock, then finds the first one's marker.
             families = [f.family for f in plan.families]
-            if noop_plan(store, plan.fingerprint_hash, plan.flat, volume, families=families):
+            if noop_plan(
+                store,
+                plan.fingerprint_hash,
+                plan.flat,
+                volume,
+                families=families,
+                trusted=plan.trusted,
+            ):
                 on_event({"stage": "restore", "event": "noop", "target": plan.target})
                 return result([], 0, 0, noop=True)
             files, nbytes = _restore_locked(
@@ -175,7 +182,7 @@ def _restore_locked(
 def _marker(plan: RestorePlan) -> RestoreMarker:
     from artifactd.marker import FamilyMarker, RestoreMarker
 
-    return RestoreMarker(
+    marker = RestoreMarker(
         schema_version=1,
         fingerprint_hash=plan.fingerprint_hash,
         store=plan.store,
@@ -199,6 +206,10 @@ def _marker(plan: RestorePlan) -> RestoreMarker:
         restored_at=round(time.time(), 3),
         env=dict(plan.env),
     )
+    for fp in plan.hits:
+        if fp.signed_by and fp.family in marker["families"]:
+            marker["families"][fp.family]["signed_by"] = fp.signed_by
+    return marker
 
 
 class _Progress:
@@ -347,6 +358,8 @@ class RestoreRequest(NamedTuple):
     insecure: bool = False
     max_bytes: int | None = None
     lock_timeout: float | None = None
+    #: Key specs (``--verify-key``): install only manifests one of these keys signed.
+    verify_keys: Sequence[str] = ()
 
 
 class Failure(NamedTuple):
@@ -470,6 +483,12 @@ def _via_node_store(
     except (ArtifactdError, OSError) as exc:
         on_event({"stage": "node-store", "event": "bypassed", "error": str(exc)[:200]})
         return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+    if outcome.failure is not None and outcome.failure.kind == "untrusted":
+        # The node store is a cache: what it holds unverified (filled before the
+        # publisher signed, or tampered with on the node) is no reason to miss.
+        # The registry's copy gets the same verification.
+        on_event({"stage": "node-store", "event": "bypassed", "error": outcome.failure.message})
+        return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
     if outcome.result is not None:  # the fill is part of finding what to restore
         lookup = outcome.result.phases.get("lookup", 0.0) + filled.seconds
         phases = {**outcome.result.phases, "lookup": round(lookup, 4)}
@@ -496,6 +515,11 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     volume = CacheVolume(request.target, **kwargs)
     fams = list(request.families) if request.families else None
     plan: RestorePlan | None = None
+    trusted = None
+    if request.verify_keys:
+        from artifactd.keys import verification_key_ids
+
+        trusted = verification_key_ids(request.verify_keys)  # PEM only: a no-op stays light
     try:
         try:
             store = _open_source(request, fp_hash)
@@ -506,7 +530,7 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
             return _failed(plan, exc, request.require)
         with store:
             flat = flatten(hashed_view(raw_fingerprint))
-            quick = noop_plan(store, fp_hash, flat, volume, families=fams)
+            quick = noop_plan(store, fp_hash, flat, volume, families=fams, trusted=trusted)
             if quick is not None:
                 if not request.dry_run:
                     volume.tidy()  # a restore killed after its commit left the old trees
@@ -574,8 +598,23 @@ def _plan(
         "consumer_user": request.consumer_user,
         "env_file": volume.env_file,
     }
+    trust = None
+    if request.verify_keys:
+        from artifactd.trust import TrustPolicy
+
+        trust = TrustPolicy.from_specs(request.verify_keys)
     if isinstance(store, Store):
-        return plan_restore(store, local, volume.root, **options)
+        return plan_restore(store, local, volume.root, trust=trust, **options)
+    if trust is not None:
+        from artifactd.errors import TrustError
+
+        raise TrustError(
+            f"{store.ref} is a mounted tree: it carries no signature to verify",
+            reason="unsigned",
+            hint="with --verify-key, restore from a store (a registry, an OCI layout, or a "
+            "derived image's /opt/prebuilt-cache, which keep signatures); an image volume "
+            "is verified, if at all, by the cluster's admission policy when kubelet pulls it",
+        )
     return store.plan(local, volume.root, **options)
 
 

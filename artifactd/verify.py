@@ -40,6 +40,7 @@ from artifactd.families import select_families
 if TYPE_CHECKING:
     from artifactd.families import Family
     from artifactd.fingerprint import Fingerprint
+    from artifactd.keys import PrivateKey
     from artifactd.matrix import Cell, Matrix
     from artifactd.stores import Store
 
@@ -84,6 +85,8 @@ class VerifyResult:
     promoted: str | None = None
     tolerance: float = 0.0
     failures: list[str] = field(default_factory=list)
+    #: The attestation layer ``--sign-key`` attached (the provenance with this verdict).
+    attestation: str | None = None
 
 
 def same(expected: Any, got: Any, tolerance: float) -> bool:
@@ -137,10 +140,13 @@ def verify(
     environ: Mapping[str, str] | None = None,
     keep_roots: Path | None = None,
     on_event: EventSink = discard,
+    sign_key: PrivateKey | None = None,
 ) -> VerifyResult:
     """Restore, re-run every cell, compare (see the module doc); tag ``promote`` if it passes.
 
-    Raises :class:`VerifyError` when the store holds no artifact for this
+    With ``sign_key``, the artifact's provenance is attested again with the
+    gate's verdict in it (passed or not), before any promotion. Raises
+    :class:`VerifyError` when the store holds no artifact for this
     fingerprint; a gate that ran and failed is a result with ``passed`` false.
     """
     from artifactd.artifacts import read_artifact
@@ -189,6 +195,22 @@ def verify(
     failures = _failures(results)
     passed = not failures
     promoted = None
+    attestation = None
+    if sign_key is not None:
+        from artifactd.provenance import statement
+        from artifactd.trust import attest, store_identity
+
+        verdict = {
+            "passed": passed,
+            "cells": len(results),
+            "tolerance": matrix.check_tolerance,
+            "failures": failures,
+            "compiled_anyway": {c.id: c.compiled for c in results if any(c.compiled.values())},
+        }
+        doc = statement(
+            store_identity(store), art.digest, art.config, matrix=matrix_path, verify=verdict
+        )
+        attestation = attest(store, art.digest, doc, sign_key)
     if passed and promote:
         _tag(store, art.digest, promote)
         promoted = promote
@@ -203,6 +225,7 @@ def verify(
         promoted=promoted,
         tolerance=matrix.check_tolerance,
         failures=failures,
+        attestation=attestation,
     )
 
 

@@ -36,6 +36,7 @@ COMMANDS = {
     "image append",
     "image build",
     "inspect",
+    "keygen",
     "lint",
     "ls",
     "matrix cells",
@@ -43,6 +44,7 @@ COMMANDS = {
     "prefetch",
     "restore",
     "schema",
+    "sign",
     "status",
     "verify",
 }

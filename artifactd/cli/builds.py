@@ -16,7 +16,9 @@ from artifactd.cli.options import (
     gpu_arch_option,
     image_digest_option,
     json_option,
+    load_sign_key,
     set_option,
+    sign_key_option,
     store_option,
 )
 from artifactd.cli.specs import family_names
@@ -27,11 +29,13 @@ from artifactd.errors import LintError
 @store_option
 @family_option
 @fingerprint_options
+@sign_key_option
 @json_option
 def harvest(
     *,
     store: str,
     insecure: bool,
+    sign_key: str | None,
     families: tuple[str, ...],
     gpu_arch: str | None,
     image_digest: str | None,
@@ -48,6 +52,7 @@ def harvest(
     """
     from artifactd.harvest import harvest_here
 
+    key = load_sign_key(sign_key)
     result = harvest_here(
         store,
         insecure=insecure,
@@ -57,6 +62,7 @@ def harvest(
         workload=workload,
         overrides=overrides,
         on_event=render.event_printer(as_json),
+        sign_key=key,
     )
     if as_json:
         from artifactd.reports import result_report
@@ -64,6 +70,7 @@ def harvest(
         render.emit_json(result_report(result))
     else:
         render.harvest(result)
+        render.signing(result.signing)
 
 
 @cli.command()
@@ -97,12 +104,14 @@ def harvest(
     help="The fan-out run the cell belongs to (the same for every cell and for `merge`).",
 )
 @cell_options
+@sign_key_option
 @json_option
 def build(
     *,
     matrix: Path,
     store: str,
     insecure: bool,
+    sign_key: str | None,
     gpu_arch: str | None,
     image_digest: str | None,
     keep_roots: Path | None,
@@ -131,6 +140,7 @@ def build(
     from artifactd.build import build as do_build
     from artifactd.schedule import parse_gpus
 
+    key = load_sign_key(sign_key)  # before the cells run: a bad key fails in a second
     result = do_build(
         matrix,
         store,
@@ -146,6 +156,7 @@ def build(
         run_id=run_id,
         gpus=parse_gpus(gpus) if gpus is not None else None,
         jobs=jobs,
+        sign_key=key,
     )
     if as_json:
         from artifactd.reports import result_report
@@ -153,6 +164,7 @@ def build(
         render.emit_json(result_report(result))
     else:
         render.build(result)
+        render.signing(result.harvest.signing)
 
 
 @cli.command()

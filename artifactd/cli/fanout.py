@@ -14,7 +14,9 @@ from artifactd.cli.options import (
     gpu_arch_option,
     image_digest_option,
     json_option,
+    load_sign_key,
     set_option,
+    sign_key_option,
     store_option,
 )
 
@@ -69,8 +71,11 @@ def cells(*, file: Path, as_json: bool) -> None:
 @click.option(
     "--run-id", required=True, metavar="ID", help="The fan-out run: as every cell's build had it."
 )
+@sign_key_option
 @json_option
-def merge(*, file: Path, store: str, insecure: bool, run_id: str, as_json: bool) -> None:
+def merge(
+    *, file: Path, store: str, insecure: bool, run_id: str, sign_key: str | None, as_json: bool
+) -> None:
     """Compose a fan-out run's cell artifacts into the whole artifact of the fingerprint.
 
     Reads run-<ID>-cell-<I> for every cell of FILE (a missing cell fails, exit
@@ -84,8 +89,9 @@ def merge(*, file: Path, store: str, insecure: bool, run_id: str, as_json: bool)
     from artifactd.merge import merge as do_merge
     from artifactd.stores import open_store
 
+    key = load_sign_key(sign_key)
     with open_store(store, insecure=insecure) as st:
-        result = do_merge(file, st, run_id, on_event=render.event_printer(as_json))
+        result = do_merge(file, st, run_id, on_event=render.event_printer(as_json), sign_key=key)
     if as_json:
         from artifactd.reports import result_report
 
@@ -106,6 +112,7 @@ def merge(*, file: Path, store: str, insecure: bool, run_id: str, as_json: bool)
         f"uploaded {render.human_bytes(result.bytes_uploaded)}, already there "
         f"{render.human_bytes(result.bytes_skipped)}; tags: {', '.join(result.tags)}"
     )
+    render.signing(result.signing)
 
 
 @cli.command()
@@ -125,6 +132,7 @@ def merge(*, file: Path, store: str, insecure: bool, run_id: str, as_json: bool)
     type=click.Path(path_type=Path),
     help="Keep each cell's restored roots and log under this directory.",
 )
+@sign_key_option
 @json_option
 def verify(
     *,
@@ -138,6 +146,7 @@ def verify(
     jobs: int,
     promote: str | None,
     keep_roots: Path | None,
+    sign_key: str | None,
     as_json: bool,
 ) -> None:
     """Gate a build: restore the artifact, re-run every cell on it, compare.
@@ -148,12 +157,14 @@ def verify(
     and count per family the files it compiled anyway (lock files excluded).
     Exits 0 only if every check matches and nothing was compiled, else 12
     with a per-cell, per-family table. --promote TAG tags the artifact only
-    then, so a CI job can gate on it.
+    then, so a CI job can gate on it. --sign-key attests the artifact's
+    provenance again with the gate's verdict in it (sha256-<hex>.att).
     """
     from artifactd.schedule import parse_gpus
     from artifactd.stores import open_store
     from artifactd.verify import verify as do_verify
 
+    key = load_sign_key(sign_key)
     with open_store(store, insecure=insecure) as st:
         result = do_verify(
             file,
@@ -166,6 +177,7 @@ def verify(
             promote=promote,
             keep_roots=keep_roots,
             on_event=render.event_printer(as_json),
+            sign_key=key,
         )
     if as_json:
         from artifactd.reports import result_report

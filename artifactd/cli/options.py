@@ -63,6 +63,25 @@ def store_option(f: F) -> F:
     return options((S.STORE, S.INSECURE))(f)
 
 
+def sign_key_option(f: F) -> F:
+    """Add ``--sign-key KEY`` (``ARTIFACTD_SIGN_KEY``): sign what the command publishes."""
+    return option(S.SIGN_KEY)(f)
+
+
+def verify_key_option(help: str | None = None) -> Callable[[F], F]:
+    """Add ``--verify-key KEY`` (repeatable; ``ARTIFACTD_VERIFY_KEY``)."""
+    return option(S.VERIFY_KEY._replace(help=help) if help else S.VERIFY_KEY)
+
+
+def load_sign_key(spec: str | None) -> Any:
+    """Load the private key ``--sign-key`` names (None when not given)."""
+    if not spec:
+        return None
+    from artifactd.keys import load_private_key
+
+    return load_private_key(spec)
+
+
 def family_option(f: F) -> F:
     """Add ``--family`` (repeatable or comma-separated; ``ARTIFACTD_FAMILIES``)."""
     return option(S.FAMILY)(f)

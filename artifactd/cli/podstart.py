@@ -60,6 +60,7 @@ def restore(
     workload: Sequence[str],
     overrides: Sequence[str],
     software_from: str | None,
+    verify_keys: Sequence[str],
     env_file: Path | None,
     consumer_user: str | None,
     require: bool,
@@ -92,6 +93,7 @@ def restore(
         insecure=insecure,
         max_bytes=parse_size(max_bytes) if max_bytes else None,
         lock_timeout=lock_timeout,
+        verify_keys=tuple(verify_keys),
     )
     # Plain data again: a no-op restore (warm volume, marker matches) answers
     # without building a single pydantic model.

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from artifactd.lint import LintReport
     from artifactd.resolve import RestorePlan
     from artifactd.restore import RestoreOutcome, RestoreResult
+    from artifactd.trust import SignResult, TrustReport
     from artifactd.verify import VerifyResult
 
 
@@ -303,6 +304,51 @@ def lint(roots: Mapping[str, object], report: LintReport) -> None:
         echo("  clean: nothing ties these caches to this machine")
 
 
+def signing(result: SignResult | None) -> None:
+    """Print what ``--sign-key`` signed and attested (nothing without it)."""
+    if result is None:
+        return
+    added = sum(1 for s in result.signed if s.added)
+    echo(
+        f"signed {len(result.signed)} manifest(s) with key {result.key_id[:19]}... "
+        f"({added} new, {len(result.signed) - added} already signed by it)"
+        + (f"; {len(result.attestations)} provenance attestation(s)" if result.attestations else "")
+    )
+
+
+def trust(report: TrustReport) -> None:
+    """Print an artifact's signatures and attestations, and the verdict when keys were given."""
+    if not report.signatures:
+        echo("  signatures: none")
+    for sig in report.signatures:
+        state = (
+            f"verified by {sig.verified_by[:19]}..."
+            if sig.verified_by
+            else sig.problem or "not checked (pass --verify-key)"
+        )
+        echo(f"  signature {sig.layer[:19]}...: {state}")
+    if not report.attestations:
+        echo("  attestations: none")
+    for att in report.attestations:
+        summ = att["summary"]
+        state = (
+            f"signed by {att['signed_by'][:19]}..."
+            if att["signed_by"]
+            else att["problem"] or "not checked"
+        )
+        facts = [f"{k} {v}" for k in ("matrix", "cells") if (v := summ.get(k)) is not None]
+        if "verify" in summ:
+            facts.append("verify " + ("passed" if summ["verify"].get("passed") else "FAILED"))
+        if "lint" in summ:
+            facts.append(f"lint {summ['lint'].get('errors', 0)} error(s)")
+        echo(f"  attestation {att['predicate_type']}: {state}" + "".join(f"; {f}" for f in facts))
+    if report.keys:
+        if report.verified_by:
+            echo(f"  verified: signed by {report.verified_by}")
+        else:
+            echo(f"  NOT VERIFIED: {report.error}")
+
+
 def copy(result: CopyResult) -> None:
     """Print how many manifests went where, their tags, and the transfer."""
     echo(f"copied {result.manifests} manifest(s) from {result.source} to {result.destination}")
@@ -311,4 +357,10 @@ def copy(result: CopyResult) -> None:
     echo(
         f"  uploaded {human_bytes(result.bytes_uploaded)}, already present "
         f"{human_bytes(result.bytes_skipped)}"
+        + (
+            f"; {len(result.attached)} signature/attestation tag(s) carried"
+            if result.attached
+            else ""
+        )
     )
+    signing(result.signing)

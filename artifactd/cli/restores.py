@@ -31,6 +31,11 @@ def restore(**options: Any) -> None:
     Kubernetes image volume (one directory per family), or a derived image's
     baked store; every file is verified the same way.
 
+    --verify-key PUB (repeatable) makes the restore fail closed: before any
+    layer is downloaded, each manifest it would install must carry a valid
+    signature (cosign's sha256-<hex>.sig) by one of the keys over exactly its
+    digest, from whatever source (registry, layout, node store, baked store).
+
     A miss, an unreachable store, a corrupt or hostile artifact, a full disk
     or an unwritable target prints the error, leaves TARGET as it was and
     exits 0 (the engine compiles as before), unless --require.
@@ -39,7 +44,7 @@ def restore(**options: Any) -> None:
     Every flag also reads an environment variable (for Kubernetes):
       ARTIFACTD_STORE, ARTIFACTD_FROM_DIR, ARTIFACTD_TARGET, ARTIFACTD_FAMILIES,
       ARTIFACTD_WORKLOAD, ARTIFACTD_SOFTWARE_FROM, ARTIFACTD_NODE_STORE,
-      ARTIFACTD_METRICS_FILE,
+      ARTIFACTD_METRICS_FILE, ARTIFACTD_VERIFY_KEY,
       ARTIFACTD_SET, ARTIFACTD_GPU_ARCH, ARTIFACTD_IMAGE_DIGEST, ARTIFACTD_ENV_FILE,
       ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
       ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.

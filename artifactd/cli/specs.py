@@ -108,6 +108,24 @@ SOFTWARE_FROM = Opt(
     C.ENV_SOFTWARE_FROM,
     metavar="REF",
 )
+VERIFY_KEY = Opt(
+    "--verify-key",
+    "verify_keys",
+    "Install only manifests signed (cosign's key-based format) by one of these public "
+    "keys: a PEM file, or env://NAME. Repeatable, for key rotation. Unsigned or wrongly "
+    "signed: nothing is installed, exit 0 (14 with --require).",
+    C.ENV_VERIFY_KEY,
+    metavar="KEY",
+    multiple=True,
+)
+SIGN_KEY = Opt(
+    "--sign-key",
+    "sign_key",
+    "Sign every manifest published with this ECDSA P-256 private key (a PEM file, or "
+    "env://NAME; encrypted keys read ARTIFACTD_KEY_PASSWORD), in cosign's format.",
+    C.ENV_SIGN_KEY,
+    metavar="KEY",
+)
 FAMILY = Opt(
     "--family",
     "families",
@@ -216,6 +234,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
         FAMILY,
         *FINGERPRINT,
         SOFTWARE_FROM,
+        VERIFY_KEY,
         ENV_FILE,
         CONSUMER_USER,
         REQUIRE,

@@ -9,29 +9,51 @@ import click
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.app import cli
-from artifactd.cli.options import insecure_option, json_option
+from artifactd.cli.options import (
+    insecure_option,
+    json_option,
+    load_sign_key,
+    sign_key_option,
+    verify_key_option,
+)
 
 
 @cli.command()
 @click.argument("ref")
 @click.option("--files", "show_files", is_flag=True, help="List every file.")
+@verify_key_option(
+    "Check the signatures and attestations with these public keys (repeatable); "
+    "exit 14 when no key verifies the artifact's signature."
+)
 @insecure_option
 @json_option
-def inspect(*, ref: str, show_files: bool, insecure: bool, as_json: bool) -> None:
-    """Show what an artifact holds: fingerprint, families, files, provenance.
+def inspect(
+    *, ref: str, show_files: bool, verify_keys: tuple[str, ...], insecure: bool, as_json: bool
+) -> None:
+    """Show what an artifact holds: fingerprint, families, files, provenance, signatures.
 
     REF is oci:DIR:TAG, HOST[:PORT]/REPO:TAG, or either with @sha256:DIGEST
-    (see `artifactd ls`).
+    (see `artifactd ls`). Signatures (sha256-<hex>.sig) and attestations
+    (sha256-<hex>.att, the build provenance) are listed; with --verify-key
+    they are checked, and the command fails (exit 14) unless a given key
+    signed exactly this artifact's digest.
     """
-    from artifactd.artifacts import open_artifact
+    from artifactd.keys import load_public_keys
+    from artifactd.trust import inspect_ref
 
-    art = open_artifact(ref, insecure=insecure)
+    keys = load_public_keys(verify_keys) if verify_keys else []
+    art, trust = inspect_ref(ref, keys=keys, insecure=insecure)
     if as_json:
         from artifactd.reports import inspect_report
 
-        render.emit_json(inspect_report(art))
+        render.emit_json(inspect_report(art, trust))
     else:
         render.inspect(art, show_files=show_files)
+        render.trust(trust)
+    if keys and trust.verified_by is None:
+        from artifactd.errors import TrustError
+
+        raise TrustError(trust.error or "not verified", reason="unverified", hint=None)
 
 
 @cli.command(name="ls")
@@ -63,20 +85,30 @@ def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
     metavar="TAG",
     help="Copy only these tags (repeatable). Default: every artifactd artifact.",
 )
+@sign_key_option
 @insecure_option
 @json_option
 def copy(
-    *, source: str, destination: str, tags: tuple[str, ...], insecure: bool, as_json: bool
+    *,
+    source: str,
+    destination: str,
+    tags: tuple[str, ...],
+    sign_key: str | None,
+    insecure: bool,
+    as_json: bool,
 ) -> None:
     """Copy artifacts between stores (local layout <-> registry, registry -> registry).
 
     Blobs the destination already has are not transferred; every blob is
     verified against its digest on the way; a tag is written only after all of
-    its manifest's blobs are in place.
+    its manifest's blobs are in place. Signatures and attestations
+    (sha256-<hex>.sig/.att) travel with their artifacts and stay valid;
+    --sign-key also signs every copied manifest in the destination.
     """
     from artifactd.artifacts import copy_between
 
-    result = copy_between(source, destination, list(tags) or None, insecure=insecure)
+    key = load_sign_key(sign_key)
+    result = copy_between(source, destination, list(tags) or None, insecure=insecure, sign_key=key)
     if as_json:
         from artifactd.reports import result_report
 

@@ -47,6 +47,7 @@ from artifactd.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, family_tag, ful
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.base import progress_events
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
+from artifactd.trust import copy_attached
 
 Compression = Literal["gzip", "zstd"]
 
@@ -208,7 +209,9 @@ def write_layout(
     where the source's scope tag names this very layer (a restore whose
     fingerprint differs, say in the model, still finds the families that do
     not depend on it): the store a runtime image carries under
-    ``/opt/prebuilt-cache/<hash>/``. ``work`` holds the blobs in transit.
+    ``/opt/prebuilt-cache/<hash>/``, with each manifest's signatures and
+    attestations, so ``restore --verify-key`` verifies the baked store as it
+    would the registry. ``work`` holds the blobs in transit.
     """
     parsed = parse_artifact_ref(artifact_ref)
     with (
@@ -223,6 +226,7 @@ def write_layout(
         dst.put_manifest(
             ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [full_tag(art.config.fingerprint_hash)]
         )
+        copy_attached(src, dst, art.digest, work)
         for rec in art.config.layers:
             tag = family_tag(rec.family, rec.scope_key)
             try:
@@ -237,6 +241,7 @@ def write_layout(
             cfg = fam.manifest.config
             copy_blob(src, dst, cfg.digest, cfg.size, work)
             dst.put_manifest(fam_ref.data, fam_ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
+            copy_attached(src, dst, fam.digest, work)
 
 
 def baked_env(art: Artifact) -> dict[str, str]:

@@ -1,0 +1,84 @@
+"""``keygen`` and ``sign``: the publisher's keys, and signing what is already published."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from artifactd import constants as C  # noqa: N812
+from artifactd.cli import render
+from artifactd.cli.app import cli
+from artifactd.cli.options import insecure_option, json_option, load_sign_key, option
+from artifactd.cli.specs import SIGN_KEY
+
+
+@cli.command()
+@click.option(
+    "--out",
+    "prefix",
+    type=click.Path(path_type=Path),
+    default=Path("artifactd"),
+    show_default=True,
+    metavar="PREFIX",
+    help="Write PREFIX.key (private, mode 0600) and PREFIX.pub (public).",
+)
+@click.option("--force", is_flag=True, help="Replace existing files.")
+@json_option
+def keygen(*, prefix: Path, force: bool, as_json: bool) -> None:
+    """Make an ECDSA P-256 key pair for signing artifacts (the type cosign uses).
+
+    PREFIX.key is PKCS#8 PEM, encrypted with ARTIFACTD_KEY_PASSWORD when it is
+    set (set it: an unencrypted key is only as safe as the file). PREFIX.pub
+    is the PEM public key that `restore --verify-key` and `cosign verify
+    --key` read. Keep PREFIX.key in your CI's secret store; give pods only
+    PREFIX.pub. `cosign import-key-pair --key PREFIX.key` makes the same key
+    usable by cosign.
+
+    \b
+      ARTIFACTD_KEY_PASSWORD=... artifactd keygen --out ci/signing
+      artifactd build MATRIX --sign-key ci/signing.key --store REGISTRY/REPO
+      artifactd restore --verify-key ci/signing.pub --target /cache ...
+    """
+    from artifactd.keys import generate
+
+    pair = generate(prefix, password=os.environ.get(C.ENV_KEY_PASSWORD) or None, force=force)
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(pair))
+        return
+    render.echo(
+        f"private key {pair.private} ({'encrypted' if pair.encrypted else 'NOT encrypted'})"
+    )
+    render.echo(f"public key  {pair.public}")
+    render.echo(f"key id      {pair.key_id}")
+    if not pair.encrypted:
+        render.echo(f"hint: set {C.ENV_KEY_PASSWORD} to encrypt the private key", err=True)
+
+
+@cli.command()
+@click.argument("ref")
+@option(SIGN_KEY._replace(required=True))
+@insecure_option
+@json_option
+def sign(*, ref: str, sign_key: str, insecure: bool, as_json: bool) -> None:
+    """Sign an artifact already in a store (REF: STORE:TAG or STORE@sha256:DIGEST).
+
+    Adds a signature by this key to REF's sha256-<hex>.sig (a no-op when the
+    key signed it already). `build`, `harvest`, `merge` and `copy` sign what
+    they publish with the same --sign-key; this is for what was published
+    before, or for a second signer.
+    """
+    from artifactd.trust import sign_ref
+
+    result = sign_ref(ref, load_sign_key(sign_key), insecure=insecure)
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+    else:
+        for s in result.signed:
+            render.echo(f"{'signed' if s.added else 'already signed'} {s.digest} -> {s.tag}")
+        render.signing(result)

@@ -1,0 +1,303 @@
+"""Signing keys: ECDSA P-256 key pairs, as cosign uses them, read without ever showing them.
+
+``artifactd keygen --out PREFIX`` writes ``PREFIX.key`` (the private key,
+PKCS#8 PEM, encrypted when ``ARTIFACTD_KEY_PASSWORD`` is set) and
+``PREFIX.pub`` (the public key, a PEM ``PUBLIC KEY`` block: DER
+SubjectPublicKeyInfo, the format ``cosign generate-key-pair`` writes and
+``cosign verify --key`` reads). cosign keeps its own private keys in an
+encrypted format of its own; ``cosign import-key-pair --key PREFIX.key`` turns
+ours into one, so one key signs with both tools.
+
+A key is named by a *key spec*: a file path, or ``env://NAME`` for PEM held
+in the environment variable ``NAME`` (a Kubernetes Secret exposed as an env
+var). Nothing here puts key material in a message, a log line or a JSON
+document: errors name the spec, never its content; keys are shown by their
+key id, ``sha256:`` of the public key's DER bytes (:func:`key_id`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from artifactd.constants import ENV_KEY_PASSWORD, current_environ
+from artifactd.errors import UsageError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import (
+        EllipticCurvePrivateKey,
+        EllipticCurvePublicKey,
+    )
+
+#: The prefix of a key spec that names an environment variable.
+ENV_SCHEME = "env://"
+#: A key file larger than this is not a key (and is not read whole).
+MAX_KEY_FILE = 64 << 10
+_PUBLIC_PEM = re.compile(
+    rb"-----BEGIN PUBLIC KEY-----\s*([A-Za-z0-9+/=\s]+?)\s*-----END PUBLIC KEY-----"
+)
+
+
+class KeyFileError(UsageError):
+    """A key spec names no readable key of the right kind (exit 2)."""
+
+    kind = "key"
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    """A public key that verifies signatures, named by its :func:`key_id`."""
+
+    id: str
+    spec: str
+    key: EllipticCurvePublicKey
+
+    def __repr__(self) -> str:
+        return f"PublicKey({self.id}, from {self.spec})"
+
+
+@dataclass(frozen=True)
+class PrivateKey:
+    """A private key that signs; its repr names the key id, never the key."""
+
+    id: str
+    spec: str
+    key: EllipticCurvePrivateKey
+
+    def __repr__(self) -> str:
+        return f"PrivateKey({self.id}, from {self.spec})"
+
+    def sign(self, data: bytes) -> bytes:
+        """Return the ECDSA-SHA256 signature of ``data``, DER-encoded (as cosign writes it)."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return self.key.sign(data, ec.ECDSA(hashes.SHA256()))
+
+    def public(self) -> PublicKey:
+        """Return the matching public key."""
+        pub = self.key.public_key()
+        return PublicKey(key_id_of(pub), self.spec, pub)
+
+
+def key_id_of(key: EllipticCurvePublicKey) -> str:
+    """Return ``sha256:<hex>`` of the public key's DER SubjectPublicKeyInfo."""
+    from cryptography.hazmat.primitives import serialization
+
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def key_ids_of_pem(pem: bytes) -> list[str]:
+    """Return the key ids of the ``PUBLIC KEY`` blocks in ``pem``, without cryptography.
+
+    The restore no-op path compares these with the ids its marker recorded, so
+    a warm pod start does not load the crypto library; a full restore then
+    parses the keys properly (:func:`load_public_keys`).
+    """
+    out = []
+    for match in _PUBLIC_PEM.finditer(pem):
+        try:
+            der = base64.b64decode(b"".join(match.group(1).split()), validate=True)
+        except ValueError:
+            continue
+        out.append("sha256:" + hashlib.sha256(der).hexdigest())
+    return out
+
+
+def read_spec(spec: str, *, what: str, environ: Mapping[str, str] | None = None) -> bytes:
+    """Return the bytes a key spec names: a file's, or an ``env://NAME`` variable's."""
+    env = current_environ() if environ is None else environ
+    if spec.startswith(ENV_SCHEME):
+        name = spec[len(ENV_SCHEME) :]
+        value = env.get(name)
+        if not name or value is None:
+            raise KeyFileError(
+                f"{what} {spec}: the environment variable {name or '(none)'} is not set",
+                hint="env://NAME reads the PEM held in $NAME",
+            )
+        return value.encode()
+    path = Path(spec)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_KEY_FILE + 1)
+    except OSError as exc:
+        raise KeyFileError(
+            f"{what} {spec}: cannot read it ({exc.strerror or exc})",
+            hint="pass the path of a PEM key file, or env://NAME",
+        ) from None
+    if len(data) > MAX_KEY_FILE:
+        raise KeyFileError(f"{what} {spec}: larger than {MAX_KEY_FILE} bytes, not a key file")
+    return data
+
+
+def load_private_key(
+    spec: str, *, password: str | None = None, environ: Mapping[str, str] | None = None
+) -> PrivateKey:
+    """Load the ECDSA P-256 private key a spec names (PKCS#8 or SEC1 PEM, maybe encrypted).
+
+    ``password`` defaults to ``ARTIFACTD_KEY_PASSWORD``. Errors say what is
+    wrong with the key (wrong password, not P-256, not a private key), never
+    what it holds.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    env = current_environ() if environ is None else environ
+    data = read_spec(spec, what="signing key", environ=env)
+    secret = password if password is not None else env.get(ENV_KEY_PASSWORD)
+    if b"ENCRYPTED SIGSTORE PRIVATE KEY" in data or b"ENCRYPTED COSIGN PRIVATE KEY" in data:
+        raise KeyFileError(
+            f"signing key {spec} is in cosign's own encrypted format",
+            hint="export it as PKCS#8 PEM (e.g. `openssl`/`cosign` tooling), or sign with a "
+            "key from `artifactd keygen`; `cosign import-key-pair` makes such a key usable "
+            "by cosign too",
+        )
+    try:
+        key = serialization.load_pem_private_key(data, password=secret.encode() if secret else None)
+    except TypeError:
+        raise KeyFileError(
+            f"signing key {spec} is encrypted and no password was given"
+            if not secret
+            else f"signing key {spec} is not encrypted, but a password was given",
+            hint=f"set {ENV_KEY_PASSWORD}" if not secret else f"unset {ENV_KEY_PASSWORD}",
+        ) from None
+    except ValueError:
+        raise KeyFileError(
+            f"signing key {spec} cannot be read: not a PEM private key, or the password is wrong",
+            hint=f"check the file and {ENV_KEY_PASSWORD}",
+        ) from None
+    except Exception:  # the library raises several types for bad PEM
+        raise KeyFileError(f"signing key {spec} is not a PEM private key") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+        raise KeyFileError(
+            f"signing key {spec} is not an ECDSA P-256 key",
+            hint="`artifactd keygen` makes one; cosign uses the same type",
+        )
+    return PrivateKey(key_id_of(key.public_key()), spec, key)
+
+
+def load_public_keys(
+    specs: Sequence[str], *, environ: Mapping[str, str] | None = None
+) -> list[PublicKey]:
+    """Load every ``PUBLIC KEY`` block the specs name (a file may hold several).
+
+    A spec that names a private key is refused: verification needs only the
+    public half, and a private key has no business in an init container.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    keys: dict[str, PublicKey] = {}
+    for spec in specs:
+        data = read_spec(spec, what="verification key", environ=environ)
+        if b"PRIVATE KEY-----" in data:
+            raise KeyFileError(
+                f"verification key {spec} holds a private key",
+                hint="pass the public key (PREFIX.pub); keep the private key out of pods",
+            )
+        blocks = list(_PUBLIC_PEM.finditer(data))
+        if not blocks:
+            raise KeyFileError(
+                f"verification key {spec} holds no PEM PUBLIC KEY block",
+                hint="pass PREFIX.pub from `artifactd keygen` or cosign.pub",
+            )
+        for block in blocks:
+            try:
+                pub = serialization.load_pem_public_key(block.group(0))
+            except Exception:  # several types for malformed DER
+                raise KeyFileError(
+                    f"verification key {spec} holds a malformed public key"
+                ) from None
+            if not isinstance(pub, ec.EllipticCurvePublicKey) or pub.curve.name != "secp256r1":
+                raise KeyFileError(
+                    f"verification key {spec} is not an ECDSA P-256 public key",
+                    hint="artifactd and cosign key pairs are ECDSA P-256",
+                )
+            kid = key_id_of(pub)
+            keys.setdefault(kid, PublicKey(kid, spec, pub))
+    return list(keys.values())
+
+
+def verification_key_ids(
+    specs: Sequence[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Return the key ids the specs name, reading PEM only (see :func:`key_ids_of_pem`)."""
+    ids: list[str] = []
+    for spec in specs:
+        ids.extend(key_ids_of_pem(read_spec(spec, what="verification key", environ=environ)))
+    return ids
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """What :func:`generate` wrote."""
+
+    private: str
+    public: str
+    key_id: str
+    encrypted: bool
+
+
+def generate(prefix: Path, *, password: str | None = None, force: bool = False) -> KeyPair:
+    """Write a new ECDSA P-256 pair to ``PREFIX.key`` (mode 0600) and ``PREFIX.pub``.
+
+    The private key is PKCS#8 PEM, encrypted with ``password`` when one is
+    given (the best encryption the crypto library offers). Refuses to replace
+    existing files unless ``force``; the private key file is created with mode
+    0600 before any key byte is written to it.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key_path = prefix.parent / f"{prefix.name}.key"
+    pub_path = prefix.parent / f"{prefix.name}.pub"
+    if not force:
+        for path in (key_path, pub_path):
+            if path.exists():
+                raise UsageError(
+                    f"{path} exists", hint="choose another --out, or pass --force to replace it"
+                )
+    key = ec.generate_private_key(ec.SECP256R1())
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(password.encode())
+        if password
+        else serialization.NoEncryption()
+    )
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
+    )
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    try:
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        _write_new(key_path, private_pem, 0o600)
+        _write_new(pub_path, public_pem, 0o644)
+    except OSError as exc:
+        raise UsageError(f"cannot write the key pair at {prefix}: {exc.strerror or exc}") from None
+    return KeyPair(str(key_path), str(pub_path), key_id_of(key.public_key()), bool(password))
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a temp file created with ``mode``, then rename it over ``path``."""
+    tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # the umask may have narrowed it; never widened past mode
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

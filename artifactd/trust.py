@@ -1,0 +1,640 @@
+"""Signatures and attestations in cosign's tag layout; verification that fails closed.
+
+A restored cache is code (Inductor's ``.so`` files are loaded into the engine,
+cubins run on the GPU), so whoever can write to a store could run code in
+every pod. Digests catch corruption, not a malicious publisher; signatures do.
+artifactd signs and verifies the way cosign does with a key, so each tool
+reads the other's work (the exact bytes: ``registry-schema/FORMAT.md``):
+
+* **Signature**: for a manifest ``sha256:<hex>``, a manifest tagged
+  ``sha256-<hex>.sig`` in the same repository. Each of its layers is one
+  signature: the blob is cosign's *simple signing* payload, which names the
+  signed manifest digest (:func:`signing_payload`), and the layer annotation
+  ``dev.cosignproject.cosign/signature`` holds the base64 ECDSA-P256-SHA256
+  signature (DER) over the payload's bytes. More signers add more layers.
+* **Attestation**: ``sha256-<hex>.att``, each layer a DSSE envelope whose
+  payload is an in-toto Statement about that digest (the build provenance:
+  :mod:`artifactd.provenance`), signed over DSSE's pre-authentication encoding.
+
+:class:`TrustPolicy` is the verifier: :meth:`TrustPolicy.check` returns the id
+of the key that signed the digest, or raises :class:`TrustError` saying why
+not (no signature, signed for another digest, no key of the policy verifies,
+an unreadable signature). There is no "warn" mode: without a policy nothing is
+checked, and with one nothing unverified passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from artifactd.errors import ArtifactdError, IntegrityError, TrustError
+from artifactd.hashing import canonical_json, digest_of
+from artifactd.oci import CONFIG_MEDIA_TYPE, DIGEST_RE, MANIFEST_MEDIA_TYPE
+
+if TYPE_CHECKING:
+    from artifactd.imagemanifest import Descriptor, ImageManifest
+    from artifactd.keys import PrivateKey, PublicKey
+    from artifactd.stores import Store
+
+#: The layer media type of a signature (the simple signing payload).
+SIMPLESIGNING_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
+#: The layer media type of an attestation (a DSSE envelope).
+DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+#: The layer annotation that holds the base64 signature (empty on attestations).
+ANN_SIGNATURE = "dev.cosignproject.cosign/signature"
+#: The layer annotation naming an attestation's predicate type.
+ANN_PREDICATE_TYPE = "predicateType"
+#: ``critical.type`` of a simple signing payload.
+SIGNATURE_TYPE = "cosign container image signature"
+#: DSSE ``payloadType`` of an in-toto Statement.
+IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+
+Kind = Literal["sig", "att"]
+_ATTACHED = re.compile(r"^sha256-([0-9a-f]{64})\.(sig|att)$")
+#: Limits on what is read from a store before it is verified.
+MAX_LAYERS = 64
+MAX_PAYLOAD = 64 << 10
+MAX_ENVELOPE = 4 << 20
+
+
+def attached_tag(digest: str, kind: Kind) -> str:
+    """Return cosign's tag for ``digest``'s signature or attestation: ``sha256-<hex>.sig``."""
+    if not DIGEST_RE.match(digest):
+        raise IntegrityError(f"malformed digest {digest!r}")
+    return f"{digest.replace(':', '-')}.{kind}"
+
+
+def parse_attached_tag(tag: str) -> tuple[str, Kind] | None:
+    """Return ``(subject digest, kind)`` for a ``sha256-<hex>.sig|.att`` tag, else None."""
+    match = _ATTACHED.match(tag)
+    if match is None:
+        return None
+    kind: Kind = "sig" if match.group(2) == "sig" else "att"
+    return f"sha256:{match.group(1)}", kind
+
+
+def signing_payload(digest: str, reference: str) -> bytes:
+    """Return cosign's simple signing payload for ``digest``, byte for byte as cosign writes it.
+
+    ``{"critical":{"identity":{"docker-reference":REF},"image":{"docker-manifest-digest":
+    DIGEST},"type":"cosign container image signature"},"optional":null}``: Go's
+    encoding of cosign's structs (fields in this order, no spaces). Verifiers
+    parse it, so the order is a courtesy to byte-level diffing, not a rule.
+    """
+    doc = {
+        "critical": {
+            "identity": {"docker-reference": reference},
+            "image": {"docker-manifest-digest": digest},
+            "type": SIGNATURE_TYPE,
+        },
+        "optional": None,
+    }
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE's pre-authentication encoding, the bytes a DSSE signature covers."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(body), body)
+
+
+def store_identity(store: Store) -> str:
+    """Return the ``docker-reference`` a signature in ``store`` names: its repository or path."""
+    return store.ref.removeprefix("oci:")
+
+
+# --------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignatureLayer:
+    """One signature read from a ``.sig`` manifest (not yet verified)."""
+
+    layer: str
+    payload: bytes
+    signature: bytes | None
+    #: The digest the payload names, or None when the payload is unreadable.
+    names: str | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """One attestation read from a ``.att`` manifest."""
+
+    layer: str
+    predicate_type: str
+    statement: dict[str, Any] | None
+    #: The key that signed it, when a policy verified it.
+    signed_by: str | None = None
+    problem: str | None = None
+
+    @property
+    def predicate(self) -> dict[str, Any]:
+        """The statement's predicate (empty when unreadable)."""
+        pred = (self.statement or {}).get("predicate")
+        return pred if isinstance(pred, dict) else {}
+
+
+def _read_manifest(store: Store, tag: str) -> tuple[ImageManifest, str] | None:
+    """Read an attached manifest; None when there is none, TrustError when it is not one."""
+    from artifactd.imagemanifest import ImageManifest
+
+    ref = store.get_manifest(tag)
+    if ref is None:
+        return None
+    try:
+        manifest = ImageManifest.from_bytes(ref.data, source=f"{store.ref}:{tag}")
+    except ArtifactdError as exc:
+        raise TrustError(
+            f"{store.ref}:{tag} cannot be read as a signature manifest: {exc.message}",
+            reason="malformed",
+        ) from None
+    if len(manifest.layers) > MAX_LAYERS:
+        raise TrustError(
+            f"{store.ref}:{tag} carries {len(manifest.layers)} layers (at most {MAX_LAYERS})",
+            reason="malformed",
+        )
+    return manifest, ref.digest
+
+
+def _read_layer(store: Store, desc: Descriptor, limit: int) -> bytes:
+    from artifactd.artifacts import read_blob
+
+    return read_blob(store, desc.digest, desc.size, max_size=limit, what="signature layer")
+
+
+def read_signatures(store: Store, digest: str) -> list[SignatureLayer]:
+    """Return the signatures ``store`` holds for ``digest`` (unverified; [] when unsigned)."""
+    found = _read_manifest(store, attached_tag(digest, "sig"))
+    if found is None:
+        return []
+    out = []
+    for desc in found[0].layers:
+        if desc.media_type != SIMPLESIGNING_MEDIA_TYPE:
+            continue
+        out.append(_signature_layer(store, desc))
+    return out
+
+
+def _signature_layer(store: Store, desc: Descriptor) -> SignatureLayer:
+    try:
+        payload = _read_layer(store, desc, MAX_PAYLOAD)
+    except ArtifactdError as exc:
+        return SignatureLayer(desc.digest, b"", None, None, f"payload unreadable: {exc.message}")
+    sig_text = (desc.annotations or {}).get(ANN_SIGNATURE, "")
+    try:
+        signature: bytes | None = base64.b64decode(sig_text, validate=True) if sig_text else None
+    except ValueError:
+        signature = None
+    try:
+        doc = json.loads(payload)
+        critical = doc["critical"]
+        names = critical["image"]["docker-manifest-digest"]
+        kind = critical["type"]
+    except (ValueError, TypeError, KeyError):
+        names = kind = None
+    if not isinstance(names, str) or kind != SIGNATURE_TYPE:
+        return SignatureLayer(desc.digest, payload, signature, None, "not a simple signing payload")
+    problem = None if signature else "no signature annotation"
+    return SignatureLayer(desc.digest, payload, signature, names, problem)
+
+
+def _verifies(key: PublicKey, signature: bytes, data: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key.key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def read_attestations(
+    store: Store, digest: str, keys: Sequence[PublicKey] = ()
+) -> list[Attestation]:
+    """Return the attestations ``store`` holds for ``digest``, each verified against ``keys``.
+
+    An attestation counts as signed (``signed_by``) only when its envelope is
+    an in-toto Statement whose subject names ``digest`` and one of ``keys``
+    verifies a DSSE signature over it.
+    """
+    found = _read_manifest(store, attached_tag(digest, "att"))
+    if found is None:
+        return []
+    out = []
+    for desc in found[0].layers:
+        if desc.media_type != DSSE_MEDIA_TYPE:
+            continue
+        ptype = (desc.annotations or {}).get(ANN_PREDICATE_TYPE, "")
+        try:
+            envelope = json.loads(_read_layer(store, desc, MAX_ENVELOPE))
+            body = base64.b64decode(envelope["payload"], validate=True)
+            payload_type = envelope["payloadType"]
+            sigs = [base64.b64decode(s["sig"], validate=True) for s in envelope["signatures"]]
+            statement = json.loads(body)
+        except (ArtifactdError, ValueError, TypeError, KeyError) as exc:
+            why = exc.message if isinstance(exc, ArtifactdError) else "not a DSSE envelope"
+            out.append(Attestation(desc.digest, ptype, None, problem=why))
+            continue
+        if payload_type != IN_TOTO_PAYLOAD_TYPE or not isinstance(statement, dict):
+            out.append(Attestation(desc.digest, ptype, None, problem="not an in-toto Statement"))
+            continue
+        subjects = statement.get("subject") or []
+        about = any(
+            isinstance(s, dict) and f"sha256:{(s.get('digest') or {}).get('sha256')}" == digest
+            for s in subjects
+        )
+        signed_by = None
+        problem = None if about else "its subject is another digest"
+        if about:
+            signed = pae(payload_type, body)
+            signed_by = next((k.id for k in keys for s in sigs if _verifies(k, s, signed)), None)
+            if keys and signed_by is None:
+                problem = "no given key verifies it"
+        out.append(
+            Attestation(
+                desc.digest,
+                str(statement.get("predicateType", ptype)),
+                statement,
+                signed_by,
+                problem,
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------
+# Verifying
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """Verify before install: every manifest must be signed by one of ``keys``."""
+
+    keys: tuple[PublicKey, ...]
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[str]) -> TrustPolicy | None:
+        """Load the keys the specs name; None (no policy) when there are none."""
+        if not specs:
+            return None
+        from artifactd.keys import load_public_keys
+
+        return cls(tuple(load_public_keys(specs)))
+
+    @property
+    def key_ids(self) -> list[str]:
+        """The ids of the policy's keys."""
+        return [k.id for k in self.keys]
+
+    def check(self, store: Store, digest: str, *, what: str | None = None) -> str:
+        """Return the id of a key that signed exactly ``digest`` in ``store``, or raise.
+
+        Raises :class:`TrustError` (``reason``: ``unsigned``, ``wrong_digest``,
+        ``unknown_key``, ``malformed``); reads the signature manifest and its
+        payload blobs only (a few KiB), never a layer of the artifact.
+        """
+        name = what or f"{store.ref}@{digest}"
+        sigs = read_signatures(store, digest)
+        if not sigs:
+            raise TrustError(
+                f"{name} is not signed: {store.ref} has no {attached_tag(digest, 'sig')}",
+                reason="unsigned",
+                hint="sign it at publish time (--sign-key), or restore from a store that keeps "
+                "signatures (`artifactd copy` carries them)",
+            )
+        others: list[str] = []
+        problems: list[str] = []
+        for sig in sigs:
+            if sig.names is None or sig.signature is None:
+                problems.append(sig.problem or "unreadable")
+                continue
+            if sig.names != digest:
+                others.append(sig.names)
+                continue
+            for key in self.keys:
+                if _verifies(key, sig.signature, sig.payload):
+                    return key.id
+            problems.append("no key verifies it")
+        if any(p == "no key verifies it" for p in problems):
+            ids = ", ".join(k.id[:19] for k in self.keys)
+            raise TrustError(
+                f"{name}: its signature does not verify with any of the {len(self.keys)} "
+                f"key(s) given ({ids}...): signed by another key, or the signature was altered",
+                reason="unknown_key",
+                hint="pass the publisher's public key (--verify-key, repeatable for rotation)",
+            )
+        if others:
+            raise TrustError(
+                f"{name}: the signature under {attached_tag(digest, 'sig')} is for another "
+                f"digest ({others[0]}), not {digest}",
+                reason="wrong_digest",
+                hint="someone copied a signature onto this artifact; do not trust its tag",
+            )
+        raise TrustError(
+            f"{name}: its signature cannot be read ({problems[0]})", reason="malformed"
+        )
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+
+def _put_bytes(store: Store, data: bytes, tmp: Path) -> None:
+    digest = digest_of(data)
+    if store.has_blob(digest):
+        return
+    path = tmp / digest.replace(":", "-")
+    path.write_bytes(data)
+    store.put_blob(path, digest, len(data))
+
+
+def _image_config(layers: Sequence[Descriptor]) -> bytes:
+    """Return the config of an attached manifest: an empty image whose diff_ids are its layers."""
+    doc = {
+        "architecture": "",
+        "config": {},
+        "created": "0001-01-01T00:00:00Z",
+        "history": [{"created": "0001-01-01T00:00:00Z"}],
+        "os": "",
+        "rootfs": {"type": "layers", "diff_ids": [d.digest for d in layers]},
+    }
+    return canonical_json(doc)
+
+
+def _write_attached(
+    store: Store, digest: str, kind: Kind, layers: list[Descriptor], blobs: dict[str, bytes]
+) -> str:
+    """Upload ``blobs`` and write the attached manifest with ``layers``; return its digest."""
+    from artifactd.imagemanifest import Descriptor, ImageManifest
+
+    config = _image_config(layers)
+    with tempfile.TemporaryDirectory(prefix="artifactd-sign-") as tmp:
+        for data in [*blobs.values(), config]:
+            _put_bytes(store, data, Path(tmp))
+    manifest = ImageManifest(
+        config=Descriptor(media_type=CONFIG_MEDIA_TYPE, digest=digest_of(config), size=len(config)),
+        layers=layers,
+    )
+    tag = attached_tag(digest, kind)
+    return store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag])
+
+
+def _existing_layers(store: Store, digest: str, kind: Kind) -> list[Descriptor]:
+    try:
+        found = _read_manifest(store, attached_tag(digest, kind))
+    except TrustError:
+        return []  # unreadable: replaced by a readable one
+    return list(found[0].layers) if found else []
+
+
+@dataclass
+class Signed:
+    """What signing one manifest did."""
+
+    digest: str
+    tag: str
+    key_id: str
+    #: False when the key had signed this digest already (nothing written).
+    added: bool
+
+
+def sign(store: Store, digest: str, key: PrivateKey, *, reference: str | None = None) -> Signed:
+    """Sign ``digest`` in ``store`` with ``key``, adding to any signatures already there.
+
+    Idempotent per key: when a signature by this key over this digest is
+    there already, nothing is written (ECDSA signatures differ every time, so
+    signing again would only add layers).
+    """
+    from artifactd.imagemanifest import Descriptor
+
+    tag = attached_tag(digest, "sig")
+    public = key.public()
+    for sig in read_signatures(store, digest):
+        if sig.names == digest and sig.signature and _verifies(public, sig.signature, sig.payload):
+            return Signed(digest, tag, public.id, added=False)
+    payload = signing_payload(digest, reference or store_identity(store))
+    layer = Descriptor(
+        media_type=SIMPLESIGNING_MEDIA_TYPE,
+        digest=digest_of(payload),
+        size=len(payload),
+        annotations={ANN_SIGNATURE: base64.b64encode(key.sign(payload)).decode()},
+    )
+    layers = _existing_layers(store, digest, "sig")
+    _write_attached(store, digest, "sig", [*layers, layer], {layer.digest: payload})
+    return Signed(digest, tag, public.id, added=True)
+
+
+def attest(store: Store, digest: str, statement: dict[str, Any], key: PrivateKey) -> str:
+    """Attach ``statement`` (an in-toto Statement about ``digest``) signed with ``key``.
+
+    The envelope goes into ``sha256-<hex>.att`` after any attestations already
+    there; returns the envelope's layer digest.
+    """
+    from artifactd.imagemanifest import Descriptor
+
+    body = canonical_json(statement)
+    envelope = {
+        "payload": base64.b64encode(body).decode(),
+        "payloadType": IN_TOTO_PAYLOAD_TYPE,
+        "signatures": [
+            {
+                "keyid": "",
+                "sig": base64.b64encode(key.sign(pae(IN_TOTO_PAYLOAD_TYPE, body))).decode(),
+            }
+        ],
+    }
+    data = canonical_json(envelope)
+    layer = Descriptor(
+        media_type=DSSE_MEDIA_TYPE,
+        digest=digest_of(data),
+        size=len(data),
+        annotations={ANN_SIGNATURE: "", ANN_PREDICATE_TYPE: str(statement["predicateType"])},
+    )
+    layers = _existing_layers(store, digest, "att")
+    _write_attached(store, digest, "att", [*layers, layer], {layer.digest: data})
+    return layer.digest
+
+
+@dataclass
+class SignResult:
+    """What :func:`sign_all` did, for reports."""
+
+    key_id: str
+    signed: list[Signed] = field(default_factory=list)
+    attestations: list[str] = field(default_factory=list)
+
+
+def sign_all(store: Store, digests: Iterable[str], key: PrivateKey) -> SignResult:
+    """Sign each of ``digests`` (once each, in order) in ``store``."""
+    result = SignResult(key_id=key.public().id)
+    seen: set[str] = set()
+    for digest in digests:
+        if digest and digest not in seen:
+            seen.add(digest)
+            result.signed.append(sign(store, digest, key))
+    return result
+
+
+# --------------------------------------------------------------------------
+# Carrying
+# --------------------------------------------------------------------------
+
+
+def copy_attached(src: Store, dst: Store, digest: str, tmp_dir: Path) -> list[str]:
+    """Copy ``digest``'s ``.sig`` and ``.att`` manifests (and their blobs) from ``src`` to ``dst``.
+
+    Where ``dst`` has none, the manifest is copied byte for byte; where it has
+    its own (signed there by another key), the layers of both are kept, the
+    destination's first. Signatures stay valid either way: they cover the
+    subject digest, which a copy keeps. Returns the tags written or already equal.
+    """
+    from artifactd.artifacts import copy_blob
+
+    copied = []
+    kinds: tuple[Kind, ...] = ("sig", "att")
+    for kind in kinds:
+        tag = attached_tag(digest, kind)
+        try:
+            found = _read_manifest(src, tag)
+        except TrustError:
+            continue  # unreadable: it would not verify anywhere
+        if found is None:
+            continue
+        manifest, src_digest = found
+        layers = list(manifest.layers)
+        for desc in [manifest.config, *layers]:
+            if not dst.has_blob(desc.digest):
+                copy_blob(src, dst, desc.digest, desc.size, tmp_dir)
+        here = dst.tag_digest(tag)
+        if here == src_digest:
+            copied.append(tag)
+            continue
+        ref = src.get_manifest(src_digest)
+        theirs = _existing_layers(dst, digest, kind) if here is not None else []
+        if not theirs and ref is not None:
+            dst.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
+        else:
+            known = {(d.digest, tuple(sorted((d.annotations or {}).items()))) for d in theirs}
+            extra = [
+                d
+                for d in layers
+                if (d.digest, tuple(sorted((d.annotations or {}).items()))) not in known
+            ]
+            _write_attached(dst, digest, kind, [*theirs, *extra], {})
+        copied.append(tag)
+    return copied
+
+
+# --------------------------------------------------------------------------
+# Inspecting
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class SignatureInfo:
+    """One signature as ``inspect`` shows it."""
+
+    layer: str
+    names: str | None
+    #: The key id that verified it (only with keys given).
+    verified_by: str | None
+    problem: str | None
+
+
+@dataclass
+class TrustReport:
+    """Signatures and attestations of one manifest, checked against keys when given."""
+
+    digest: str
+    keys: list[str]
+    signatures: list[SignatureInfo]
+    attestations: list[dict[str, Any]]
+    #: With keys: the key that verified the signature, else None.
+    verified_by: str | None = None
+    #: With keys: why verification failed (a :class:`TrustError`'s message).
+    error: str | None = None
+
+
+def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustReport:
+    """Read ``digest``'s signatures and attestations; check them against ``keys`` if any."""
+    from artifactd.provenance import summary
+
+    infos = []
+    for sig in read_signatures(store, digest):
+        by = None
+        if sig.names == digest and sig.signature is not None:
+            by = next((k.id for k in keys if _verifies(k, sig.signature, sig.payload)), None)
+        problem = sig.problem
+        if problem is None and sig.names != digest:
+            problem = f"signs another digest ({sig.names})"
+        elif problem is None and keys and by is None:
+            problem = "no given key verifies it"
+        infos.append(SignatureInfo(sig.layer, sig.names, by, problem))
+    atts = [
+        {
+            "layer": a.layer,
+            "predicate_type": a.predicate_type,
+            "signed_by": a.signed_by,
+            "problem": a.problem,
+            "summary": summary(a.predicate),
+        }
+        for a in read_attestations(store, digest, keys)
+    ]
+    report = TrustReport(digest, [k.id for k in keys], infos, atts)
+    if keys:
+        try:
+            report.verified_by = TrustPolicy(tuple(keys)).check(store, digest)
+        except TrustError as exc:
+            report.error = exc.message
+    return report
+
+
+def inspect_ref(
+    ref: str, *, keys: Sequence[PublicKey] = (), insecure: bool = False
+) -> tuple[Any, TrustReport]:
+    """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
+    from artifactd.artifacts import read_artifact
+    from artifactd.errors import NotFoundError, UsageError
+    from artifactd.stores import open_store, parse_artifact_ref
+
+    parsed = parse_artifact_ref(ref)
+    if parsed.reference is None:
+        raise UsageError(
+            f"{ref!r} names a store, not an artifact",
+            hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
+        )
+    with open_store(parsed.store, insecure=insecure) as st:
+        art = read_artifact(st, parsed.reference)
+        if art is None:
+            raise NotFoundError(f"{parsed.store} has no artifact {parsed.reference}")
+        return art, examine(st, art.digest, keys)
+
+
+def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult:
+    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store."""
+    from artifactd.errors import NotFoundError, UsageError
+    from artifactd.stores import open_store, parse_artifact_ref
+
+    parsed = parse_artifact_ref(ref)
+    if parsed.reference is None:
+        raise UsageError(f"{ref!r} names a store, not an artifact", hint="add :TAG or @DIGEST")
+    with open_store(parsed.store, insecure=insecure) as st:
+        found = st.get_manifest(parsed.reference)
+        if found is None:
+            raise NotFoundError(f"{parsed.store} has no manifest {parsed.reference}")
+        return sign_all(st, [found.digest], key)
