@@ -300,8 +300,12 @@ def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path
     return result
 
 
-def open_artifact(ref: str, *, insecure: bool = False) -> Artifact:
+def open_artifact(
+    ref: str, *, insecure: bool = False, trust: TrustPolicy | None = None
+) -> Artifact:
     """Read the artifact ``ref`` names (``STORE:TAG`` or ``STORE@sha256:...``).
+
+    With ``trust``, its signature is checked first (:func:`read_artifact`).
 
     Raises :class:`UsageError` when ``ref`` names a store but no artifact, and
     :class:`NotFoundError` when the store has no such artifact.
@@ -316,7 +320,7 @@ def open_artifact(ref: str, *, insecure: bool = False) -> Artifact:
             hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
         )
     with open_store(parsed.store, insecure=insecure) as st:
-        art = read_artifact(st, parsed.reference)
+        art = read_artifact(st, parsed.reference, trust=trust)
     if art is None:
         raise NotFoundError(f"{parsed.store} has no artifact {parsed.reference}")
     return art

@@ -5,8 +5,9 @@ PKCS#8 PEM, encrypted when ``ARTIFACTD_KEY_PASSWORD`` is set) and
 ``PREFIX.pub`` (the public key, a PEM ``PUBLIC KEY`` block: DER
 SubjectPublicKeyInfo, the format ``cosign generate-key-pair`` writes and
 ``cosign verify --key`` reads). cosign keeps its own private keys in an
-encrypted format of its own; ``cosign import-key-pair --key PREFIX.key`` turns
-ours into one, so one key signs with both tools.
+encrypted format of its own, which artifactd does not read; to sign with one
+key in both tools, import ours into cosign (``cosign import-key-pair --key``,
+given the key decrypted: ``openssl pkcs8 -in PREFIX.key -out plain.key``).
 
 A key is named by a *key spec*: a file path, or ``env://NAME`` for PEM held
 in the environment variable ``NAME`` (a Kubernetes Secret exposed as an env
@@ -157,18 +158,24 @@ def load_private_key(
     if b"ENCRYPTED SIGSTORE PRIVATE KEY" in data or b"ENCRYPTED COSIGN PRIVATE KEY" in data:
         raise KeyFileError(
             f"signing key {spec} is in cosign's own encrypted format",
-            hint="export it as PKCS#8 PEM (e.g. `openssl`/`cosign` tooling), or sign with a "
-            "key from `artifactd keygen`; `cosign import-key-pair` makes such a key usable "
-            "by cosign too",
+            hint="sign with a key from `artifactd keygen` (PKCS#8 PEM); "
+            "`cosign import-key-pair` makes that key usable by cosign too",
+        )
+    # PKCS#8 says "ENCRYPTED PRIVATE KEY", SEC1 "Proc-Type: 4,ENCRYPTED". A
+    # password set for other keys is not an error for a plain one.
+    encrypted = b"ENCRYPTED" in data
+    if encrypted and not secret:
+        raise KeyFileError(
+            f"signing key {spec} is encrypted and no password was given",
+            hint=f"set {ENV_KEY_PASSWORD}",
         )
     try:
-        key = serialization.load_pem_private_key(data, password=secret.encode() if secret else None)
+        key = serialization.load_pem_private_key(
+            data, password=secret.encode() if encrypted and secret else None
+        )
     except TypeError:
         raise KeyFileError(
-            f"signing key {spec} is encrypted and no password was given"
-            if not secret
-            else f"signing key {spec} is not encrypted, but a password was given",
-            hint=f"set {ENV_KEY_PASSWORD}" if not secret else f"unset {ENV_KEY_PASSWORD}",
+            f"signing key {spec} cannot be read: its encryption is not what its PEM header says"
         ) from None
     except ValueError:
         raise KeyFileError(

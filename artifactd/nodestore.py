@@ -313,7 +313,7 @@ def _collect(
     referenced = _referenced(node, _live(kept, attached, every))
     unreferenced = [d for d in blobs if d not in referenced]
     orphans = [t for t, subject in attached.items() if subject not in set(kept.values())]
-    if not dry_run and evicted:
+    if not dry_run and (evicted or orphans):
         node.remove_tags([e.tag for e in evicted] + orphans)
         for digest in unreferenced:
             node.remove_blob(digest)

@@ -1,7 +1,8 @@
 """Build provenance: an in-toto Statement (v1) with an SLSA provenance (v1) predicate.
 
-``build`` (and ``merge``, and ``verify --promote``) attach one to the artifact
-they publish, in a DSSE envelope signed with the publishing key, under
+``build`` and ``merge`` attach one to the artifact they publish (and
+``verify --sign-key`` another, with the gate's verdict), in a DSSE envelope
+signed with the publishing key, under
 ``sha256-<hex>.att`` (:func:`artifactd.trust.attest`). Where artifactd's facts
 go in SLSA's shape:
 

@@ -97,6 +97,8 @@ def restore_report(outcome: RestoreOutcome) -> dict[str, Any]:
             "message": failure.message,
             "hint": failure.hint,
             "exit_code": failure.exit_code,
+            # Why a manifest was not trusted: unsigned, wrong_digest, unknown_key, malformed.
+            **({"reason": r} if (r := getattr(failure.error, "reason", None)) else {}),
         },
         "exit_code": outcome.exit_code,
     }

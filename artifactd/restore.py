@@ -567,7 +567,12 @@ def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, A
     from artifactd.probing import adopt_software
 
     assert request.software_from is not None  # noqa: S101 - the caller checked
-    art = open_artifact(request.software_from, insecure=request.insecure)
+    trust = None
+    if request.verify_keys:  # it decides which artifact is picked: verified like one
+        from artifactd.trust import TrustPolicy
+
+        trust = TrustPolicy.from_specs(request.verify_keys)
+    art = open_artifact(request.software_from, insecure=request.insecure, trust=trust)
     return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
 
 

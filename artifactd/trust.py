@@ -145,7 +145,9 @@ class Attestation:
         return pred if isinstance(pred, dict) else {}
 
 
-def _read_manifest(store: Store, tag: str) -> tuple[ImageManifest, str] | None:
+def _read_manifest(
+    store: Store, tag: str, *, limit: int | None = MAX_LAYERS
+) -> tuple[ImageManifest, str] | None:
     """Read an attached manifest; None when there is none, TrustError when it is not one."""
     from artifactd.imagemanifest import ImageManifest
 
@@ -159,7 +161,7 @@ def _read_manifest(store: Store, tag: str) -> tuple[ImageManifest, str] | None:
             f"{store.ref}:{tag} cannot be read as a signature manifest: {exc.message}",
             reason="malformed",
         ) from None
-    if len(manifest.layers) > MAX_LAYERS:
+    if limit is not None and len(manifest.layers) > limit:
         raise TrustError(
             f"{store.ref}:{tag} carries {len(manifest.layers)} layers (at most {MAX_LAYERS})",
             reason="malformed",
@@ -395,11 +397,16 @@ def _write_attached(
 
 
 def _existing_layers(store: Store, digest: str, kind: Kind) -> list[Descriptor]:
+    """Return the layers already attached, at most the newest :data:`MAX_LAYERS` - 1.
+
+    Room is kept for one more: a manifest re-attested at every verify would
+    otherwise grow past what readers accept. The oldest go first.
+    """
     try:
-        found = _read_manifest(store, attached_tag(digest, kind))
+        found = _read_manifest(store, attached_tag(digest, kind), limit=None)
     except TrustError:
         return []  # unreadable: replaced by a readable one
-    return list(found[0].layers) if found else []
+    return list(found[0].layers)[-(MAX_LAYERS - 1) :] if found else []
 
 
 @dataclass
@@ -535,7 +542,7 @@ def copy_attached(src: Store, dst: Store, digest: str, tmp_dir: Path) -> list[st
                 for d in layers
                 if (d.digest, tuple(sorted((d.annotations or {}).items()))) not in known
             ]
-            _write_attached(dst, digest, kind, [*theirs, *extra], {})
+            _write_attached(dst, digest, kind, [*theirs, *extra][-MAX_LAYERS:], {})
         copied.append(tag)
     return copied
 
@@ -575,7 +582,11 @@ def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustR
     from artifactd.provenance import summary
 
     infos = []
-    for sig in read_signatures(store, digest):
+    try:
+        sigs = read_signatures(store, digest)
+    except TrustError as exc:  # unreadable: shown as such, never a crash of inspect
+        sigs = [SignatureLayer("", b"", None, None, exc.message)]
+    for sig in sigs:
         by = None
         if sig.names == digest and sig.signature is not None:
             by = next((k.id for k in keys if _verifies(k, sig.signature, sig.payload)), None)
@@ -585,6 +596,10 @@ def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustR
         elif problem is None and keys and by is None:
             problem = "no given key verifies it"
         infos.append(SignatureInfo(sig.layer, sig.names, by, problem))
+    try:
+        found = read_attestations(store, digest, keys)
+    except TrustError as exc:
+        found = [Attestation("", "", None, problem=exc.message)]
     atts = [
         {
             "layer": a.layer,
@@ -593,7 +608,7 @@ def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustR
             "problem": a.problem,
             "summary": summary(a.predicate),
         }
-        for a in read_attestations(store, digest, keys)
+        for a in found
     ]
     report = TrustReport(digest, [k.id for k in keys], infos, atts)
     if keys:

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # runc is named: podman depends on "crun | runc" and crun does not work in this
 # sandbox (docs/dev/podman-engine.md); netavark is named so that apt does not
 # pick another provider of podman's network stack.
-APT_PACKAGES=(skopeo docker-registry busybox-static podman runc netavark mmdebstrap umoci)
+# openssl is the independent verifier of the signatures (tests/test_trust.py).
+APT_PACKAGES=(skopeo docker-registry busybox-static podman runc netavark mmdebstrap umoci openssl)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

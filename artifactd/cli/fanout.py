@@ -15,10 +15,12 @@ from artifactd.cli.options import (
     image_digest_option,
     json_option,
     load_sign_key,
+    option,
     set_option,
     sign_key_option,
     store_option,
 )
+from artifactd.cli.specs import SIGN_KEY
 
 
 @cli.group()
@@ -132,7 +134,12 @@ def merge(
     type=click.Path(path_type=Path),
     help="Keep each cell's restored roots and log under this directory.",
 )
-@sign_key_option
+@option(
+    SIGN_KEY._replace(
+        help="Attest the artifact's provenance again, with this gate's verdict in it, "
+        "signed with this private key (a PEM file, or env://NAME)."
+    )
+)
 @json_option
 def verify(
     *,

@@ -33,8 +33,8 @@ def keygen(*, prefix: Path, force: bool, as_json: bool) -> None:
     set (set it: an unencrypted key is only as safe as the file). PREFIX.pub
     is the PEM public key that `restore --verify-key` and `cosign verify
     --key` read. Keep PREFIX.key in your CI's secret store; give pods only
-    PREFIX.pub. `cosign import-key-pair --key PREFIX.key` makes the same key
-    usable by cosign.
+    PREFIX.pub. To sign with the same key in cosign, import it there
+    (`cosign import-key-pair --key`, the key decrypted with `openssl pkcs8`).
 
     \b
       ARTIFACTD_KEY_PASSWORD=... artifactd keygen --out ci/signing

@@ -176,6 +176,8 @@ def restore(outcome: RestoreOutcome) -> None:
     if outcome.exit_code:
         head = f"artifactd: error: {message}"
     else:
+        # "as before": a target that held caches (say, verified under a key since
+        # dropped) keeps them; the engine compiles what it lacks.
         head = f"artifactd: {message}; the engine will compile as before"
     echo(head + (f"\n  hint: {failure.hint}" if failure.hint else ""), err=True)
 
