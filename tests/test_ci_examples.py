@@ -383,7 +383,13 @@ def test_extractor_paths_and_options() -> None:
     assert split_path(["copy", "image", "b"]) == (("copy",), ["image", "b"])
     assert split_path(["--version"]) == ((), ["--version"])
     assert used_options(["a", "--tag=x", "--json", "--", "--not"]) == ("--tag", "--json")
-    assert listed_options(run_help(("copy",))[1]) == {"--tag", "--insecure", "--json", "--help"}
+    assert listed_options(run_help(("copy",))[1]) == {
+        "--tag",
+        "--sign-key",
+        "--insecure",
+        "--json",
+        "--help",
+    }
 
 
 def test_extractor_refuses_broken_shell() -> None:
