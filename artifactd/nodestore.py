@@ -105,9 +105,13 @@ def fill(
     *,
     families: Sequence[str] | None = None,
     on_event: EventSink = discard,
+    signatures: bool = False,
 ) -> FillResult:
     """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
 
+    With ``signatures`` (a restore that verifies), an artifact the node holds
+    without its ``.sig`` counts as missing: its signatures are fetched (a node
+    store filled before the publisher signed heals at the next restore).
     Call it under :func:`node_lock` (exclusive). Never raises for the remote:
     an unreachable or failing registry leaves the node store as it was and is
     reported in the result (``offline``), so a warm node store still serves.
@@ -117,10 +121,14 @@ def fill(
     wanted = _wanted(node, fingerprint_hash, flat, families)
     present = [t for t in wanted if node.tag_digest(t) is not None]
     missing = [t for t in wanted if t not in present]
+    if signatures:
+        missing += [t for t in present if not _signed(node, t)]
     result.tags = present
     if remote is not None and (missing or not present):
         try:
-            _fetch(node, remote, fingerprint_hash, flat, families, result=result)
+            _fetch(
+                node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures
+            )
         except ArtifactdError as exc:
             result.outcome, result.error = "offline", exc.message
             on_event({"stage": "node-store", "event": "offline", "error": exc.message})
@@ -171,6 +179,14 @@ def _wanted(
     return _family_tags(flat, families)
 
 
+def _signed(node: LayoutStore, tag: str) -> bool:
+    """Whether the manifest ``tag`` names has a ``.sig`` in the node store."""
+    from artifactd.trust import attached_tag
+
+    digest = node.tag_digest(tag)
+    return digest is not None and node.tag_digest(attached_tag(digest, "sig")) is not None
+
+
 def _fetch(
     node: LayoutStore,
     remote: Store,
@@ -179,6 +195,7 @@ def _fetch(
     families: Sequence[str] | None,
     *,
     result: FillResult,
+    signatures: bool = False,
 ) -> None:
     """Copy from ``remote`` what the node lacks: the artifact and its family tags, or those."""
     from artifactd.artifacts import copy_artifacts, read_artifact
@@ -191,12 +208,23 @@ def _fetch(
         tags = [full] + [family_tag(r.family, r.scope_key) for r in art.config.layers]
     else:
         tags = [t for t in _family_tags(flat, families) if remote.tag_digest(t) is not None]
-    tags = [t for t in tags if node.tag_digest(t) != remote.tag_digest(t)]
-    if tags:
+    same = [t for t in tags if node.tag_digest(t) == remote.tag_digest(t)]
+    tags = [t for t in tags if t not in same]
+    unsigned = [t for t in same if signatures and not _signed(node, t)]
+    if tags or unsigned:
+        from artifactd.trust import copy_attached
+
+        fetched: list[str] = []
         with tempfile.TemporaryDirectory(prefix="artifactd-node-") as tmp:
-            copied = copy_artifacts(remote, node, tags, Path(tmp))
-        result.fetched = copied.tags
-        result.bytes_fetched = copied.bytes_uploaded
+            if tags:  # (an empty list would mean "every artifact")
+                copied = copy_artifacts(remote, node, tags, Path(tmp))
+                fetched += copied.tags + copied.attached
+                result.bytes_fetched = copied.bytes_uploaded
+            for tag in unsigned:
+                digest = node.tag_digest(tag)
+                if digest is not None:
+                    fetched += copy_attached(remote, node, digest, Path(tmp))
+        result.fetched = fetched
 
 
 def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = None) -> None:

@@ -470,11 +470,20 @@ def _via_node_store(
                 raise
             except ArtifactdError:
                 remote = None  # unreachable: the node store serves what it has
+            signed = bool(request.verify_keys)  # a verifying restore needs the signatures too
             if remote is None:
                 filled = fill(node, None, fp_hash, flat, families=families, on_event=on_event)
             else:
                 with remote:
-                    filled = fill(node, remote, fp_hash, flat, families=families, on_event=on_event)
+                    filled = fill(
+                        node,
+                        remote,
+                        fp_hash,
+                        flat,
+                        families=families,
+                        on_event=on_event,
+                        signatures=signed,
+                    )
         with node_lock(root, shared=True, timeout=timeout):
             direct = request._replace(store=node.ref)
             outcome = _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)

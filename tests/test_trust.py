@@ -654,11 +654,19 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
 ) -> None:
     ref = registry.ref(repo)
-    pub = harvest(ref, caches, "--sign-key", keys.one.private)
+    pub = harvest(ref, caches)
     node = tmp_path / "node"
+    # The node store filled before the publisher signed: a verifying restore
+    # fetches the signatures into it (no layer again) and restores from it.
+    unsigned = doc_of(restore(ref, tmp_path / "early", "--node-store", f"oci:{node}"))
+    assert unsigned["node_store"]["outcome"] == "fetched"
+    assert cli("sign", f"{ref}@{pub['digest']}", "--sign-key", keys.one.private).returncode == 0
     args = ("--node-store", f"oci:{node}", "--verify-key", keys.one.public)
     first = doc_of(restore(ref, tmp_path / "a", *args))
     assert first["status"] == "restored" and first["node_store"]["outcome"] == "fetched"
+    assert first["node_store"]["fetched"] == [attached_tag(pub["digest"], "sig")]
+    assert first["node_store"]["bytes_fetched"] == 0
+    assert first["plan"]["store"] == f"oci:{node}"
     with open_store(f"oci:{node}") as st:
         assert st.tag_digest(attached_tag(pub["digest"], "sig")) is not None
     second = doc_of(restore(ref, tmp_path / "b", *args))
