@@ -411,9 +411,11 @@ def prefetch(
 ) -> FillResult:
     """Fill the node store for a fingerprint ahead of the pods (a new release's DaemonSet).
 
-    The same fill a restore makes, without installing anything. Unlike a
-    restore's, an unreachable registry is an error here: a prefetch that
-    fetched nothing must not look like success.
+    The same fill a restore makes, without installing anything, that also
+    fetches the signatures of what the node holds unsigned (the pods may
+    verify; the few KiB are off their critical path). Unlike a restore's, an
+    unreachable registry is an error here: a prefetch that fetched nothing
+    must not look like success.
     """
     from artifactd.probing import flatten, hashed_view, raw_hash
     from artifactd.stores import open_store
@@ -425,7 +427,9 @@ def prefetch(
     with node_lock(root, timeout=timeout):
         node = LayoutStore(root, create=True)
         with open_store(remote_ref, insecure=insecure) as remote:
-            result = fill(node, remote, fp_hash, flat, families=families, on_event=on_event)
+            result = fill(
+                node, remote, fp_hash, flat, families=families, on_event=on_event, signatures=True
+            )
     if result.outcome == "offline":
         raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")
     return result
