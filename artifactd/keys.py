@@ -19,16 +19,15 @@ key id, ``sha256:`` of the public key's DER bytes (:func:`key_id`).
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.constants import ENV_KEY_PASSWORD, current_environ
 from artifactd.errors import UsageError
+from artifactd.hashing import sha256_hex
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import (
@@ -51,9 +50,10 @@ class KeyFileError(UsageError):
     kind = "key"
 
 
-@dataclass(frozen=True)
-class PublicKey:
-    """A public key that verifies signatures, named by its :func:`key_id`."""
+# Named tuples, not dataclasses: a no-op restore under a policy imports this
+# module, and importing ``dataclasses`` costs it several milliseconds.
+class PublicKey(NamedTuple):
+    """A public key that verifies signatures, named by its :func:`key_id_of`."""
 
     id: str
     spec: str
@@ -63,8 +63,7 @@ class PublicKey:
         return f"PublicKey({self.id}, from {self.spec})"
 
 
-@dataclass(frozen=True)
-class PrivateKey:
+class PrivateKey(NamedTuple):
     """A private key that signs; its repr names the key id, never the key."""
 
     id: str
@@ -94,7 +93,7 @@ def key_id_of(key: EllipticCurvePublicKey) -> str:
     der = key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    return "sha256:" + hashlib.sha256(der).hexdigest()
+    return "sha256:" + sha256_hex(der)
 
 
 def key_ids_of_pem(pem: bytes) -> list[str]:
@@ -110,7 +109,7 @@ def key_ids_of_pem(pem: bytes) -> list[str]:
             der = base64.b64decode(b"".join(match.group(1).split()), validate=True)
         except ValueError:
             continue
-        out.append("sha256:" + hashlib.sha256(der).hexdigest())
+        out.append("sha256:" + sha256_hex(der))
     return out
 
 
@@ -244,8 +243,7 @@ def verification_key_ids(
     return ids
 
 
-@dataclass(frozen=True)
-class KeyPair:
+class KeyPair(NamedTuple):
     """What :func:`generate` wrote."""
 
     private: str

@@ -36,10 +36,12 @@ if path == "fingerprint":
 else:
     from artifactd.probing import start_request
 
-    pending = start_request(workload=workload)
+    pending = start_request(workload=[w for w in workload if not w.endswith(".pub")])
     from artifactd.restore import RestoreRequest, run_restore
 
-    request = RestoreRequest(store=store, target=Path(target))
+    keys = tuple(k for k in workload if k.endswith(".pub"))
+    workload = [w for w in workload if not w.endswith(".pub")]
+    request = RestoreRequest(store=store, target=Path(target), verify_keys=keys)
     status = run_restore(request, pending.result()).status
 print(json.dumps({"status": status, "loaded": sorted(set(sys.modules) - before)}))
 """
@@ -133,6 +135,35 @@ def test_full_match_noop_restore_loads_no_family(store: str, tmp_path: Path) -> 
     }
     assert _forbidden(doc["loaded"], heavy) == set()
     assert "artifactd.marker" in doc["loaded"]  # the no-op did read the marker
+
+
+def test_noop_restore_under_a_verification_policy_loads_no_crypto(
+    store: str, tmp_path: Path
+) -> None:
+    from artifactd.keys import generate
+
+    pair = generate(tmp_path / "k")
+    sign = run_artifactd("sign", f"{store}:{_fp_tag(store)}", "--sign-key", pair.private)
+    assert sign.returncode == 0, sign.stderr
+    target = tmp_path / "t"
+    proc = run_artifactd("restore", "--store", store, "--target", str(target),
+                         "--verify-key", pair.public, "--json")  # fmt: skip
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "restored"
+    doc = _run("restore", store, target, pair.public)
+    assert doc["status"] == "noop"
+    # The marker records the key id; the no-op compares it with the ids of the
+    # PEM blocks given, hashed without OpenSSL: nothing of ``cryptography``.
+    heavy = {*FAMILY_MODULES, *WRITE_HELPERS, *RESTORE_WORK, "dataclasses", "_hashlib"}
+    assert _forbidden(doc["loaded"], heavy) == set()
+    assert not [m for m in doc["loaded"] if m.startswith("cryptography")]
+    assert "artifactd.keys" in doc["loaded"]
+
+
+def _fp_tag(store: str) -> str:
+    from artifactd.stores import open_store
+
+    with open_store(store) as st:
+        return next(t for t in st.list_tags() if t.startswith("fp-"))
 
 
 def test_partial_match_noop_restore_loads_families_but_not_their_parsers(
