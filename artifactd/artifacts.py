@@ -310,19 +310,13 @@ def open_artifact(
     Raises :class:`UsageError` when ``ref`` names a store but no artifact, and
     :class:`NotFoundError` when the store has no such artifact.
     """
-    from artifactd.errors import UsageError
-    from artifactd.stores import open_store, parse_artifact_ref
+    from artifactd.stores import open_store, parse_manifest_ref
 
-    parsed = parse_artifact_ref(ref)
-    if parsed.reference is None:
-        raise UsageError(
-            f"{ref!r} names a store, not an artifact",
-            hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
-        )
-    with open_store(parsed.store, insecure=insecure) as st:
-        art = read_artifact(st, parsed.reference, trust=trust)
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        art = read_artifact(st, reference, trust=trust)
     if art is None:
-        raise NotFoundError(f"{parsed.store} has no artifact {parsed.reference}")
+        raise NotFoundError(f"{store} has no artifact {reference}")
     return art
 
 

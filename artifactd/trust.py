@@ -624,32 +624,25 @@ def inspect_ref(
 ) -> tuple[Any, TrustReport]:
     """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
     from artifactd.artifacts import read_artifact
-    from artifactd.errors import NotFoundError, UsageError
-    from artifactd.stores import open_store, parse_artifact_ref
+    from artifactd.errors import NotFoundError
+    from artifactd.stores import open_store, parse_manifest_ref
 
-    parsed = parse_artifact_ref(ref)
-    if parsed.reference is None:
-        raise UsageError(
-            f"{ref!r} names a store, not an artifact",
-            hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
-        )
-    with open_store(parsed.store, insecure=insecure) as st:
-        art = read_artifact(st, parsed.reference)
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        art = read_artifact(st, reference)
         if art is None:
-            raise NotFoundError(f"{parsed.store} has no artifact {parsed.reference}")
+            raise NotFoundError(f"{store} has no artifact {reference}")
         return art, examine(st, art.digest, keys)
 
 
 def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult:
     """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store."""
-    from artifactd.errors import NotFoundError, UsageError
-    from artifactd.stores import open_store, parse_artifact_ref
+    from artifactd.errors import NotFoundError
+    from artifactd.stores import open_store, parse_manifest_ref
 
-    parsed = parse_artifact_ref(ref)
-    if parsed.reference is None:
-        raise UsageError(f"{ref!r} names a store, not an artifact", hint="add :TAG or @DIGEST")
-    with open_store(parsed.store, insecure=insecure) as st:
-        found = st.get_manifest(parsed.reference)
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        found = st.get_manifest(reference)
         if found is None:
-            raise NotFoundError(f"{parsed.store} has no manifest {parsed.reference}")
+            raise NotFoundError(f"{store} has no manifest {reference}")
         return sign_all(st, [found.digest], key)

@@ -740,6 +740,16 @@ print(json.dumps({"checks": {"sum": len(sys.argv[1])}}))
 """
 
 
+def matrix_cli(
+    command: str, matrix: Path, ref: str, key: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """``artifactd COMMAND MATRIX --store REF --sign-key KEY --json``, required to succeed."""
+    proc = cli(command, str(matrix), "--store", ref, "--gpu-arch", "sm_90a", "--sign-key", key,
+               "--json", env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return doc_of(proc)
+
+
 def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
 ) -> None:
@@ -753,21 +763,7 @@ def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
     )
     ref = registry.ref(repo)
     env = {"HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
-    proc = cli(
-        "build",
-        str(matrix),
-        "--store",
-        ref,
-        "--gpu-arch",
-        "sm_90a",
-        "--sign-key",
-        keys.one.private,
-        "--json",
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    built = doc_of(proc)
+    built = matrix_cli("build", matrix, ref, keys.one.private, env)
     digest = built["harvest"]["digest"]
     assert len(built["harvest"]["signing"]["attestations"]) == 1
     (key,) = load_public_keys([keys.one.public])
@@ -809,20 +805,7 @@ def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
     assert rd["metadata"]["startedOn"] <= rd["metadata"]["finishedOn"]
 
     # The gate attests its verdict; inspect shows both, and checks them.
-    gate = cli(
-        "verify",
-        str(matrix),
-        "--store",
-        ref,
-        "--gpu-arch",
-        "sm_90a",
-        "--sign-key",
-        keys.one.private,
-        "--json",
-        env=env,
-        timeout=300,
-    )
-    assert gate.returncode == 0, gate.stderr
+    assert matrix_cli("verify", matrix, ref, keys.one.private, env)["passed"] is True
     shown = cli("inspect", f"{ref}@{digest}", "--verify-key", keys.one.public, "--json")
     assert shown.returncode == 0, shown.stderr
     trust = doc_of(shown)["trust"]

@@ -89,6 +89,20 @@ def parse_artifact_ref(text: str) -> ArtifactRef:
     return ArtifactRef(text, None)
 
 
+def parse_manifest_ref(text: str) -> tuple[str, str]:
+    """Return ``(store, tag or digest)`` of a reference that must name a manifest.
+
+    Raises :class:`UsageError` when ``text`` names a store alone.
+    """
+    parsed = parse_artifact_ref(text)
+    if parsed.reference is None:
+        raise UsageError(
+            f"{text!r} names a store, not an artifact",
+            hint="add :TAG or @sha256:DIGEST; `artifactd ls` lists tags",
+        )
+    return parsed.store, parsed.reference
+
+
 @contextmanager
 def opened(store: Store | str, *, create: bool = False, insecure: bool = False) -> Iterator[Store]:
     """Yield ``store`` itself, or the store a reference names, open for the block.
