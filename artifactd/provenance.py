@@ -144,24 +144,35 @@ def statement(
     }
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (attestations are untrusted input)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def summary(predicate: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the few facts ``inspect`` shows of an SLSA predicate artifactd wrote."""
-    build_def = predicate.get("buildDefinition") or {}
-    run = predicate.get("runDetails") or {}
-    external = build_def.get("externalParameters") or {}
-    matrix = external.get("matrix") or {}
+    """Return the few facts ``inspect`` shows of an SLSA predicate artifactd wrote.
+
+    Any shape is accepted (a field of the wrong type reads as absent): this
+    runs on whatever a store holds, signed or not.
+    """
+    build_def = _obj(predicate.get("buildDefinition"))
+    run = _obj(predicate.get("runDetails"))
+    matrix = _obj(_obj(build_def.get("externalParameters")).get("matrix"))
     out: dict[str, Any] = {
         "build_type": build_def.get("buildType"),
-        "builder": (run.get("builder") or {}).get("version"),
+        "builder": _obj(run.get("builder")).get("version"),
         "matrix": matrix.get("path") or matrix.get("name"),
-        "matrix_sha256": (matrix.get("digest") or {}).get("sha256"),
-        "base_image": [d.get("uri") for d in build_def.get("resolvedDependencies") or []],
+        "matrix_sha256": _obj(matrix.get("digest")).get("sha256"),
+        "base_image": [_obj(d).get("uri") for d in _list(build_def.get("resolvedDependencies"))],
     }
-    for item in run.get("byproducts") or []:
-        name = item.get("name") if isinstance(item, dict) else None
-        ann = item.get("annotations") if isinstance(item, dict) else None
+    for item in _list(run.get("byproducts")):
+        name, ann = _obj(item).get("name"), _obj(item).get("annotations")
         if name == "cells" and isinstance(ann, dict):
-            out["cells"] = len(ann.get("cells") or [])
+            out["cells"] = len(_list(ann.get("cells")))
         elif name in ("lint", "verify") and isinstance(ann, dict):
             out[name] = ann
     return out

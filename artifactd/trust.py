@@ -62,6 +62,7 @@ _ATTACHED = re.compile(r"^sha256-([0-9a-f]{64})\.(sig|att)$")
 MAX_LAYERS = 64
 MAX_PAYLOAD = 64 << 10
 MAX_ENVELOPE = 4 << 20
+MAX_ENVELOPE_SIGNATURES = 8
 
 
 def attached_tag(digest: str, kind: Kind) -> str:
@@ -244,7 +245,11 @@ def read_attestations(
             envelope = json.loads(_read_layer(store, desc, MAX_ENVELOPE))
             body = base64.b64decode(envelope["payload"], validate=True)
             payload_type = envelope["payloadType"]
-            sigs = [base64.b64decode(s["sig"], validate=True) for s in envelope["signatures"]]
+            # A few signatures per envelope at most: each costs a verify per key.
+            sigs = [
+                base64.b64decode(s["sig"], validate=True)
+                for s in envelope["signatures"][:MAX_ENVELOPE_SIGNATURES]
+            ]
             statement = json.loads(body)
         except (ArtifactdError, ValueError, TypeError, KeyError) as exc:
             why = exc.message if isinstance(exc, ArtifactdError) else "not a DSSE envelope"
@@ -253,9 +258,12 @@ def read_attestations(
         if payload_type != IN_TOTO_PAYLOAD_TYPE or not isinstance(statement, dict):
             out.append(Attestation(desc.digest, ptype, None, problem="not an in-toto Statement"))
             continue
-        subjects = statement.get("subject") or []
+        subjects = statement.get("subject")
+        subjects = subjects if isinstance(subjects, list) else []
         about = any(
-            isinstance(s, dict) and f"sha256:{(s.get('digest') or {}).get('sha256')}" == digest
+            isinstance(s, dict)
+            and isinstance(s.get("digest"), dict)
+            and f"sha256:{s['digest'].get('sha256')}" == digest
             for s in subjects
         )
         signed_by = None

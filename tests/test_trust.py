@@ -871,6 +871,54 @@ def test_merge_signs_the_whole_artifact_and_attests_the_cells(
     assert sorted(c["id"] for c in cells["annotations"]["cells"]) == sorted(merged["cells"])
 
 
+def test_hostile_attestations_are_reported_not_trusted_and_never_crash(
+    tmp_path: Path, keys: Keys
+) -> None:
+    from artifactd.imagemanifest import Descriptor
+    from artifactd.trust import _write_attached, attest, examine
+
+    key = load_private_key(keys.two.private)
+    (pub,) = load_public_keys([keys.two.public])
+    digest = "sha256:" + "2" * 64
+    weird: list[dict[str, Any]] = [
+        {"predicateType": "x", "subject": 5, "predicate": [1]},
+        {"predicateType": "x", "subject": [{"digest": ["sha256", "2" * 64]}]},
+        {
+            "predicateType": "https://slsa.dev/provenance/v1",
+            "subject": [{"name": "x", "digest": {"sha256": "2" * 64}}],
+            "predicate": {"buildDefinition": [], "runDetails": {"byproducts": "cells"}},
+        },
+    ]
+    with open_store(f"oci:{tmp_path / 'st'}", create=True) as store:
+        for statement in weird:
+            attest(store, digest, statement, key)
+        # And envelopes that are not envelopes at all.
+        junk = [b"[]", b'{"payload": "!", "payloadType": 1, "signatures": "abc"}', b"\xff"]
+        layers = list(_read_layers(store, digest))
+        blobs = {digest_of(j): j for j in junk}
+        layers += [
+            Descriptor(media_type=DSSE_MEDIA_TYPE, digest=d, size=len(j), annotations={})
+            for d, j in blobs.items()
+        ]
+        _write_attached(store, digest, "att", layers, blobs)
+        found = read_attestations(store, digest, [pub])
+        assert len(found) == 6
+        signed = [a for a in found if a.signed_by]
+        assert len(signed) == 1  # only the one whose subject names the digest
+        assert signed[0].predicate["runDetails"] == {"byproducts": "cells"}
+        assert [a.problem for a in found[:2]] == ["its subject is another digest"] * 2
+        assert all(a.problem for a in found[3:])
+        report = examine(store, digest, [pub])
+        assert report.attestations[2]["summary"]["matrix"] is None
+
+
+def _read_layers(store: Any, digest: str) -> list[Any]:
+    from artifactd.imagemanifest import ImageManifest
+
+    ref = store.get_manifest(attached_tag(digest, "att"))
+    return list(ImageManifest.from_bytes(ref.data).layers)
+
+
 # --------------------------------------------------------------------------
 # Secrets never printed
 # --------------------------------------------------------------------------
