@@ -439,7 +439,11 @@ def sign(store: Store, digest: str, key: PrivateKey, *, reference: str | None = 
 
     tag = attached_tag(digest, "sig")
     public = key.public()
-    for sig in read_signatures(store, digest):
+    try:
+        existing = read_signatures(store, digest)
+    except TrustError:
+        existing = []  # an unreadable .sig verifies nothing: replaced by a readable one
+    for sig in existing:
         if sig.names == digest and sig.signature and _verifies(public, sig.signature, sig.payload):
             return Signed(digest, tag, public.id, added=False)
     payload = signing_payload(digest, reference or store_identity(store))

@@ -643,6 +643,12 @@ def test_hostile_signature_manifests_fail_cleanly(
         assert proc.returncode == 0 and "Traceback" not in proc.stderr
         assert doc_of(proc)["failure"]["kind"] == "untrusted"
         assert not (tmp_path / "t").exists() or not tree_bytes(tmp_path / "t")
+    # The publisher signs over the wreck (the layout holds the garbage one):
+    # a valid signature joins it, and the restore verifies.
+    assert cli("sign", f"{layout}@{digest}", "--sign-key", keys.one.private).returncode == 0
+    assert doc_of(restore(layout, tmp_path / "u", "--verify-key", keys.one.public))["status"] == (
+        "restored"
+    )
 
 
 # --------------------------------------------------------------------------
