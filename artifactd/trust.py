@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from artifactd.errors import ArtifactdError, IntegrityError, TrustError
+from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, TrustError
 from artifactd.hashing import canonical_json, digest_of
 from artifactd.oci import CONFIG_MEDIA_TYPE, DIGEST_RE, MANIFEST_MEDIA_TYPE
 
@@ -189,10 +189,15 @@ def read_signatures(store: Store, digest: str) -> list[SignatureLayer]:
     return out
 
 
+#: What makes an attached layer unreadable. A store that stops answering is
+#: not among them: that is an unreachable store, not a bad signature.
+_UNREADABLE = (IntegrityError, NotFoundError)
+
+
 def _signature_layer(store: Store, desc: Descriptor) -> SignatureLayer:
     try:
         payload = _read_layer(store, desc, MAX_PAYLOAD)
-    except ArtifactdError as exc:
+    except _UNREADABLE as exc:
         return SignatureLayer(desc.digest, b"", None, None, f"payload unreadable: {exc.message}")
     sig_text = (desc.annotations or {}).get(ANN_SIGNATURE, "")
     try:
@@ -251,7 +256,7 @@ def read_attestations(
                 for s in envelope["signatures"][:MAX_ENVELOPE_SIGNATURES]
             ]
             statement = json.loads(body)
-        except (ArtifactdError, ValueError, TypeError, KeyError) as exc:
+        except (*_UNREADABLE, ValueError, TypeError, KeyError) as exc:
             why = exc.message if isinstance(exc, ArtifactdError) else "not a DSSE envelope"
             out.append(Attestation(desc.digest, ptype, None, problem=why))
             continue
@@ -585,8 +590,9 @@ class TrustReport:
     attestations: list[dict[str, Any]]
     #: With keys: the key that verified the signature, else None.
     verified_by: str | None = None
-    #: With keys: why verification failed (a :class:`TrustError`'s message).
+    #: With keys: why verification failed (a :class:`TrustError`'s message and reason).
     error: str | None = None
+    reason: str | None = None
 
 
 def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustReport:
@@ -627,7 +633,7 @@ def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustR
         try:
             report.verified_by = TrustPolicy(tuple(keys)).check(store, digest)
         except TrustError as exc:
-            report.error = exc.message
+            report.error, report.reason = exc.message, exc.reason
     return report
 
 
@@ -636,7 +642,6 @@ def inspect_ref(
 ) -> tuple[Any, TrustReport]:
     """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
     from artifactd.artifacts import read_artifact
-    from artifactd.errors import NotFoundError
     from artifactd.stores import open_store, parse_manifest_ref
 
     store, reference = parse_manifest_ref(ref)
@@ -649,7 +654,6 @@ def inspect_ref(
 
 def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult:
     """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store."""
-    from artifactd.errors import NotFoundError
     from artifactd.stores import open_store, parse_manifest_ref
 
     store, reference = parse_manifest_ref(ref)

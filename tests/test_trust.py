@@ -411,6 +411,36 @@ def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
         assert plan.match == "full" and manifest["config"]["digest"] in opened
 
 
+def test_a_registry_dying_during_the_check_is_unreachable_not_untrusted(
+    registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
+) -> None:
+    from faultproxy import FaultProxy
+
+    pub = harvest(registry.ref(repo), caches, "--sign-key", keys.one.private)
+    with open_store(registry.ref(repo)) as store:
+        found = store.get_manifest(attached_tag(pub["digest"], "sig"))
+        assert found is not None
+        payload = json.loads(found.data)["layers"][0]["digest"]
+    with FaultProxy(registry.host) as proxy:
+        # Every download of the signature's payload is cut: the registry answers
+        # the manifest lookups, then goes away. That is an outage (exit 3 with
+        # --require), not a verdict on the signature; nothing is installed.
+        proxy.cut_blobs(0, digests=[payload])
+        proc = restore(
+            proxy.ref(repo), tmp_path / "t", "--verify-key", keys.one.public, "--require"
+        )
+        assert proc.returncode == 3, proc.stderr
+        doc = doc_of(proc)
+        assert doc["failure"]["kind"] == "unreachable" and doc["status"] == "failed"
+        assert not (tmp_path / "t").exists() or not tree_bytes(tmp_path / "t")
+        assert proxy.blob_gets([payload])
+        # A payload that arrives with other bytes is a bad signature, though.
+        proxy.clear()
+        proxy.corrupt_blobs(digests=[payload])
+        doc = doc_of(restore(proxy.ref(repo), tmp_path / "u", "--verify-key", keys.one.public))
+        assert doc["failure"]["kind"] == "untrusted" and doc["failure"]["reason"] == "malformed"
+
+
 def _attacker_publishes(ref: str, tmp_path: Path, caches: dict[str, str]) -> dict[str, Any]:
     """Someone with push rights re-points the tags at an artifact of their own making."""
     evil = build_caches(tmp_path / "evil-build")

@@ -53,7 +53,7 @@ def inspect(
     if keys and trust.verified_by is None:
         from artifactd.errors import TrustError
 
-        raise TrustError(trust.error or "not verified", reason="unverified", hint=None)
+        raise TrustError(trust.error or "not verified", reason=trust.reason or "unknown_key")
 
 
 @cli.command(name="ls")
