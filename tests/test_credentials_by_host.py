@@ -354,9 +354,29 @@ def test_token_realm_receives_only_its_registrys_pair(
 # --------------------------------------------------------------------------
 
 
-def _two_registry_commands(staging: Guarded, prod: Guarded) -> dict[str, list[str]]:
+def _two_registry_commands(tmp: Path, staging: Guarded, prod: Guarded) -> dict[str, list[str]]:
     tag = "fp-" + "0" * 64
+    software = ["--software-from", staging.ref(f"creds/unbound:{tag}")]
+    node = ["--node-store", f"oci:{tmp / 'node'}"]
     return {
+        "restore": [
+            "restore",
+            "--store",
+            prod.ref("creds/unbound"),
+            *software,
+            *node,
+            "--target",
+            str(tmp / "target"),
+        ],
+        "prefetch": [
+            "prefetch",
+            "--store",
+            prod.ref("creds/unbound"),
+            *software,
+            *node,
+            "--gpu-arch",
+            "sm_90a",
+        ],
         "copy": ["copy", staging.ref("creds/unbound"), prod.ref("creds/unbound")],
         "diff": ["diff", staging.ref(f"creds/unbound:{tag}"), prod.ref(f"creds/unbound:{tag}")],
         "image append": [
@@ -372,14 +392,15 @@ def _two_registry_commands(staging: Guarded, prod: Guarded) -> dict[str, list[st
     }
 
 
-@pytest.mark.parametrize("command", ["copy", "diff", "image append"])
+@pytest.mark.parametrize("command", ["copy", "diff", "image append", "restore", "prefetch"])
 def test_a_pair_without_a_host_is_refused_by_a_command_with_two_registries(
     tmp_path: Path, staging: Guarded, prod: Guarded, command: str
 ) -> None:
     """Which registry the pair is for is the user's to say: exit 2 before any request."""
     reset(staging, prod)
     unbound = {USER_VAR: STAGING_USER, PASSWORD_VAR: STAGING_PW}
-    proc = cli(*_two_registry_commands(staging, prod)[command], env=env_with(tmp_path, unbound))
+    args = _two_registry_commands(tmp_path, staging, prod)[command]
+    proc = cli(*args, env=env_with(tmp_path, unbound))
     assert proc.returncode == 2, proc.stderr
     first = proc.stderr.splitlines()[0]
     assert first.startswith("artifactd: error:") and HOST_VAR in first, proc.stderr
