@@ -337,8 +337,10 @@ def copy_between(
     import tempfile
 
     from artifactd.stores import open_store
+    from artifactd.stores.credentials import check_unbound_pair
     from artifactd.trust import sign_all
 
+    check_unbound_pair([source, destination])
     with (
         open_store(source, insecure=insecure) as src,
         open_store(destination, create=True, insecure=insecure) as dst,

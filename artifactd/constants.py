@@ -34,6 +34,10 @@ ENV_SET = "ARTIFACTD_SET"
 ENV_MAX_BYTES = "ARTIFACTD_MAX_BYTES"
 ENV_LOCK_TIMEOUT = "ARTIFACTD_LOCK_TIMEOUT"
 ENV_MEGACACHE_DIR = "ARTIFACTD_MEGACACHE_DIR"
+#: The registry (``HOST[:PORT]``) the ``ARTIFACTD_REGISTRY_USERNAME``/``PASSWORD``
+#: pair belongs to: the pair is sent there and nowhere else (see
+#: :mod:`artifactd.stores.credentials`).
+ENV_REGISTRY_HOST = "ARTIFACTD_REGISTRY_HOST"
 ENV_REGISTRY_USERNAME = "ARTIFACTD_REGISTRY_USERNAME"
 ENV_REGISTRY_PASSWORD = "ARTIFACTD_REGISTRY_PASSWORD"  # noqa: S105 - a variable name
 #: Key specs (a PEM file's path, or ``env://NAME``): see :mod:`artifactd.keys`.

@@ -179,6 +179,9 @@ def load_sides(
     upgrade here would invalidate: a cache built as things are (A), used after
     the change (B).
     """
+    from artifactd.stores.credentials import check_unbound_pair
+
+    check_unbound_pair(s for s in (a, b) if s != "local" and not Path(s).is_file())
     on_b = b == "local"
     side_a = load_side(
         a,

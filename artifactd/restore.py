@@ -574,8 +574,10 @@ def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, A
 
     from artifactd.artifacts import open_artifact
     from artifactd.probing import adopt_software
+    from artifactd.stores.credentials import check_unbound_pair
 
     assert request.software_from is not None  # noqa: S101 - the caller checked
+    check_unbound_pair([request.software_from, request.store])
     trust = None
     if request.verify_keys:  # it decides which artifact is picked: verified like one
         from artifactd.trust import TrustPolicy

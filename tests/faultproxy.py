@@ -20,8 +20,9 @@ Body faults apply to ``GET /v2/<repo>/blobs/sha256:<hex>`` requests, all of
 them or only those whose digest is in ``digests``; with ``path`` (a regular
 expression searched in the request path) to the GETs it matches instead, such
 as manifests. Every request is recorded
-in :attr:`FaultProxy.log` (method, path, status, the fault applied), so tests
-and benchmarks can count requests and retries.
+in :attr:`FaultProxy.log` (method, path, status, the fault applied, the
+``Authorization`` header), so tests and benchmarks can count requests and
+retries, and see which credentials a registry was sent.
 
 Only as much HTTP as that needs is parsed: request lines, headers and
 ``Content-Length`` or chunked request bodies; responses come from
@@ -64,6 +65,8 @@ class Record:
     fault: str | None = None
     #: Body bytes sent back to the client.
     sent: int = 0
+    #: The request's ``Authorization`` header as the client sent it, or None.
+    authorization: str | None = None
 
     @property
     def blob_digest(self) -> str | None:
@@ -291,7 +294,8 @@ class FaultProxy:
                 if request is None:
                     return
                 method, path, headers, body = request
-                rec = Record(method, path)
+                auth = [v for k, v in headers.items() if k.lower() == "authorization"]
+                rec = Record(method, path, authorization=auth[0] if auth else None)
                 status, blob_fault = self._take_fault(rec)
                 if status is not None:
                     rec.status = status

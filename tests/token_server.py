@@ -58,6 +58,8 @@ class TokenRequest:
     sent_credentials: bool
     status: int
     access: list[dict[str, object]] = field(default_factory=list)
+    #: The ``Authorization`` header as sent (to tell whose credentials came), or None.
+    authorization: str | None = None
 
 
 def parse_scope(scope: str) -> tuple[str, str, list[str]] | None:
@@ -153,6 +155,7 @@ class TokenServer:
             user=None,
             sent_credentials=authorization is not None,
             status=200,
+            authorization=authorization,
         )
         if url.path != "/token":
             record.status = 404

@@ -63,7 +63,9 @@ def prefetch(
 
         from artifactd.artifacts import open_artifact
         from artifactd.probing import adopt_software
+        from artifactd.stores.credentials import check_unbound_pair
 
+        check_unbound_pair([software_from, store])
         art = open_artifact(software_from, insecure=insecure)
         raw = adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
     result = do_prefetch(

@@ -46,6 +46,7 @@ from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
 from artifactd.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.base import progress_events
+from artifactd.stores.credentials import check_unbound_pair
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
 from artifactd.trust import copy_attached
 
@@ -119,6 +120,7 @@ def append_image(
             "registries: append reuses the base's layers in place and never copies them",
             hint="copy the base into the target registry first (skopeo copy)",
         )
+    check_unbound_pair([artifact, base, to])
     art = open_artifact(artifact, insecure=insecure)
     src, dst = _registry(base_ref.store, insecure), _registry(to_ref.store, insecure)
     try:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from artifactd.constants import current_environ
 from artifactd.errors import BuildError, ConfigError, NotFoundError, StoreError, UsageError
 from artifactd.events import EventSink, discard
+from artifactd.stores.credentials import check_unbound_pair
 
 if TYPE_CHECKING:
     import docker
@@ -228,6 +229,8 @@ def build_image(
     """
     t0 = time.monotonic()
     _check_args(kind, artifact=artifact, source=source, wheels=wheels, push=push)
+    # The engine pulls and pushes with its own credentials; these are the ones artifactd reads.
+    check_unbound_pair([base, artifact, push])
     names = list(dict.fromkeys(tags))
     for name in [*names, *([push] if push else [])]:
         _split_name(name)

@@ -1,5 +1,15 @@
 """Registry credentials: from ``ARTIFACTD_REGISTRY_*``, else the Docker config.
 
+The environment pair (``ARTIFACTD_REGISTRY_USERNAME`` and ``_PASSWORD``)
+belongs to the registry ``ARTIFACTD_REGISTRY_HOST`` names (``HOST[:PORT]``, as
+references spell it, case aside): it is sent to that registry and to no
+other, and every other registry is looked up in the Docker config. A pair
+without a host (the older spelling) still works for a command that talks to
+one registry; a command that talks to more first calls
+:func:`check_unbound_pair`, which refuses (a :class:`ConfigError`): artifactd
+cannot tell which registry the pair is for, and sending it to the wrong one
+hands it a password it was never given.
+
 The Docker config is ``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``;
 a host is looked up as Docker does: ``credHelpers``, then ``auths``, then
 ``credsStore`` (helpers are run as ``docker-credential-<name> get``). A missing
@@ -12,18 +22,20 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from artifactd.constants import (
     DOCKER_CONFIG,
+    ENV_REGISTRY_HOST,
     ENV_REGISTRY_PASSWORD,
     ENV_REGISTRY_USERNAME,
     HOME,
     current_environ,
 )
+from artifactd.errors import ConfigError
 
 #: Seconds a credential helper may take before it counts as having no answer.
 HELPER_TIMEOUT_S = 10
@@ -46,16 +58,81 @@ class Credentials:
 
 
 def find_credentials(host: str, environ: Mapping[str, str] | None = None) -> Credentials | None:
-    """Return credentials for ``host`` from the environment or the Docker config."""
+    """Return credentials for ``host``: the environment pair if it is ``host``'s, else Docker's.
+
+    The pair is ``host``'s when ``ARTIFACTD_REGISTRY_HOST`` names ``host``, or
+    names nothing (a command that talks to several registries has refused
+    such a pair already, in :func:`check_unbound_pair`).
+    """
     environ = current_environ() if environ is None else environ
     user = environ.get(ENV_REGISTRY_USERNAME)
     if user:
-        return Credentials(user, environ.get(ENV_REGISTRY_PASSWORD, ""))
+        bound = bound_host(environ)
+        if bound is None or bound == host.lower():
+            return Credentials(user, environ.get(ENV_REGISTRY_PASSWORD, ""))
     try:
         config = json.loads(_docker_config_path(environ).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return _from_docker_config(config, host) if isinstance(config, dict) else None
+
+
+def bound_host(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return the ``HOST[:PORT]`` the environment pair belongs to (lowercase), or None.
+
+    ``https://``, ``http://`` or ``docker://`` before the host and a trailing
+    ``/`` are dropped, as people paste them; anything with a path is refused,
+    since a pair belongs to a registry, not to a repository in it.
+    """
+    environ = current_environ() if environ is None else environ
+    raw = environ.get(ENV_REGISTRY_HOST, "").strip()
+    if not raw:
+        return None
+    host = raw.lower()
+    for scheme in ("https://", "http://", "docker://"):
+        host = host.removeprefix(scheme)
+    host = host.rstrip("/")
+    if not host or "/" in host or any(c.isspace() for c in host) or "@" in host:
+        raise ConfigError(
+            f"{ENV_REGISTRY_HOST}={raw!r} is not a registry host",
+            hint=f"set it to the HOST[:PORT] the {ENV_REGISTRY_USERNAME}/PASSWORD pair is for, "
+            "as your references spell it: registry.example.com or 127.0.0.1:5000",
+        )
+    return host
+
+
+def registry_host(ref: str) -> str | None:
+    """Return the registry host (lowercase) a store or artifact reference names, or None."""
+    from artifactd.stores.reference import looks_like_registry
+
+    text = ref.strip()
+    if text.startswith("oci:") or not looks_like_registry(text):
+        return None
+    return text.removeprefix("docker://").partition("/")[0].lower()
+
+
+def check_unbound_pair(
+    refs: Iterable[str | None], environ: Mapping[str, str] | None = None
+) -> None:
+    """Refuse an environment pair without a host when ``refs`` name several registries.
+
+    Called by every command that talks to more than one store, before it
+    opens any: which of the registries the pair belongs to is the user's to
+    say (``ARTIFACTD_REGISTRY_HOST``), never artifactd's to guess.
+    ``refs`` are store or artifact references; local ones and None are skipped.
+    """
+    environ = current_environ() if environ is None else environ
+    if not environ.get(ENV_REGISTRY_USERNAME) or bound_host(environ) is not None:
+        return
+    hosts = sorted({h for ref in refs if ref and (h := registry_host(ref)) is not None})
+    if len(hosts) > 1:
+        raise ConfigError(
+            f"{ENV_REGISTRY_USERNAME} is set without {ENV_REGISTRY_HOST}, and this command "
+            f"talks to {len(hosts)} registries ({', '.join(hosts)}): the pair can belong to "
+            "only one of them",
+            hint=f"set {ENV_REGISTRY_HOST} to the registry the pair is for (HOST[:PORT]); "
+            "log in to the other in the Docker config (docker login HOST)",
+        )
 
 
 def _docker_config_path(environ: Mapping[str, str]) -> Path:

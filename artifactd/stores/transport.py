@@ -6,6 +6,14 @@ because oras-py 0.2.x has no request timeouts, no bounded retries and no limit
 on how long a body may take. Nothing from oras-py (exceptions, log lines)
 leaves this module: every failure becomes a :class:`StoreError`.
 
+A transport holds the credentials of its own registry only (found for its host
+by :func:`~artifactd.stores.credentials.find_credentials`), so whatever a
+registry asks, it can be sent no other registry's. A Bearer challenge's token
+realm gets the credentials of the registry that issued the challenge, wherever
+the realm is (Docker Hub's is ``auth.docker.io``, as Docker does): the realm is
+that registry's login service, and the registry could have asked for them in a
+Basic challenge anyway.
+
 Every request has the :data:`TIMEOUT` pair; connection errors, timeouts, 429
 and 5xx answers are retried up to :data:`ATTEMPTS` times with doubling backoff
 from :data:`BACKOFF_S`; a body that arrives slower than :data:`MIN_RATE` on
@@ -335,8 +343,9 @@ class Transport:
         if self.credentials is None:
             return StoreError(
                 f"{self._name}: the registry requires authentication ({status})",
-                hint="log in (docker login, or set ARTIFACTD_REGISTRY_USERNAME and "
-                "ARTIFACTD_REGISTRY_PASSWORD)",
+                hint=f"log in (docker login {self.host}), or set ARTIFACTD_REGISTRY_USERNAME "
+                f"and ARTIFACTD_REGISTRY_PASSWORD with ARTIFACTD_REGISTRY_HOST={self.host}: "
+                "the pair is sent only to the registry that variable names",
             )
         return StoreError(
             f"{self._name}: the registry rejected the credentials for user "
