@@ -364,6 +364,46 @@ class TrustPolicy:
         )
 
 
+class UnsafeNoVerification:
+    """The explicit choice to sign what a store holds without verifying it first.
+
+    Signing says "this key vouches for these bytes". Re-signing a store's
+    content unchecked launders it: an artifact anyone pushed to staging would
+    leave a promotion with the production signature. So every re-signing
+    (:func:`vouch`, ``copy --sign-key``, ``sign``) takes a :data:`Basis`: a
+    :class:`TrustPolicy` the content must verify under first, or
+    :data:`UNSAFE_NO_VERIFICATION`, named so that a call site reads as unsafe
+    (after sigstore-python's ``UnsafeNoOp`` policy). There is no default: a
+    caller cannot forget to choose.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSAFE_NO_VERIFICATION"
+
+
+#: Sign without verifying (``--sign-unverified``): the signer vouches by other means.
+UNSAFE_NO_VERIFICATION = UnsafeNoVerification()
+#: What a re-signing rests on: a policy the content verifies under, or the explicit opt-out.
+Basis = TrustPolicy | UnsafeNoVerification
+
+
+def vouch(store: Store, digests: Iterable[str], basis: Basis) -> dict[str, str | None]:
+    """Check every one of ``digests`` in ``store`` under ``basis``, all before any is signed.
+
+    Returns each digest with the id of the key that verified it (None under
+    :data:`UNSAFE_NO_VERIFICATION`, which checks nothing). Raises the first
+    :class:`TrustError`: the caller then signs nothing at all, not even the
+    digests that did verify.
+    """
+    seen: dict[str, str | None] = {}
+    for digest in digests:
+        if digest and digest not in seen:
+            seen[digest] = basis.check(store, digest) if isinstance(basis, TrustPolicy) else None
+    return seen
+
+
 # --------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------
@@ -652,8 +692,13 @@ def inspect_ref(
         return art, examine(st, art.digest, keys)
 
 
-def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult:
-    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store."""
+def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False) -> SignResult:
+    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store.
+
+    The manifest must verify under ``basis`` first (:func:`vouch`), unless
+    it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
+    vouching for whoever put it there.
+    """
     from artifactd.stores import open_store, parse_manifest_ref
 
     store, reference = parse_manifest_ref(ref)
@@ -661,4 +706,4 @@ def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult
         found = st.get_manifest(reference)
         if found is None:
             raise NotFoundError(f"{store} has no manifest {reference}")
-        return sign_all(st, [found.digest], key)
+        return sign_all(st, vouch(st, [found.digest], basis), key)
