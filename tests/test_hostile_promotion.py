@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from registry_server import RegistryServer
-from test_trust import Keys, cli, doc_of, harvest, keys, restore  # noqa: F401 - keys: fixture
+from test_trust import Keys, cli, doc_of, harvest, restore
 
 from artifactd.artifacts import copy_between
-from artifactd.errors import UsageError
+from artifactd.errors import TrustError, UsageError
 from artifactd.keys import load_private_key, load_public_keys
 from artifactd.stores import open_store
 from artifactd.trust import TrustPolicy, attached_tag
@@ -48,9 +48,14 @@ def signed_by(store: str, digest: str, key: str) -> bool:
     with open_store(store) as st:
         try:
             TrustPolicy(tuple(load_public_keys([key]))).check(st, digest)
-        except Exception:  # noqa: BLE001 - any refusal is "not signed by it"
+        except TrustError:
             return False
     return True
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    return Keys(tmp_path / "keys")
 
 
 @pytest.fixture

@@ -562,10 +562,8 @@ def test_copy_to_a_second_registry_keeps_signatures_verifiable(
             == "restored"
         )
         # A promotion signs with the production key too; both verify afterwards.
-        proc = cli(
-            "copy", ref, dst, "--sign-key", keys.two.private, "--verify-key", keys.one.public,
-            "--json",
-        )  # fmt: skip
+        promote = ("--sign-key", keys.two.private, "--verify-key", keys.one.public)
+        proc = cli("copy", ref, dst, *promote, "--json")
         assert doc_of(proc)["signing"]["key_id"] == keys.two.key_id
         for key in (keys.one.public, keys.two.public):
             assert (
@@ -1049,7 +1047,7 @@ def test_keys_and_password_never_appear_in_any_output(
             keys.one.private,
             "--sign-unverified",
             "--json",
-        ),  # fmt: skip
+        ),
     ]
     for proc in runs:
         outputs.append(proc.stdout + proc.stderr)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import click
 
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.specs import Opt
+
+if TYPE_CHECKING:
+    from artifactd.trust import Basis
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,9 +95,17 @@ def sign_unverified_option(f: F) -> F:
     )(f)
 
 
+@overload
+def signing_basis(
+    verify_keys: Sequence[str], sign_unverified: bool, *, signing: Literal[True], what: str
+) -> Basis: ...
+@overload
 def signing_basis(
     verify_keys: Sequence[str], sign_unverified: bool, *, signing: bool, what: str
-) -> Any:
+) -> Basis | None: ...
+def signing_basis(
+    verify_keys: Sequence[str], sign_unverified: bool, *, signing: bool, what: str
+) -> Basis | None:
     """Return what re-signing rests on: a policy from ``--verify-key``, or the unsafe opt-out.
 
     None when nothing is verified or signed. Signing (``--sign-key``) with
