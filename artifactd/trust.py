@@ -400,8 +400,22 @@ def vouch(store: Store, digests: Iterable[str], basis: Basis) -> dict[str, str |
     seen: dict[str, str | None] = {}
     for digest in digests:
         if digest and digest not in seen:
-            seen[digest] = basis.check(store, digest) if isinstance(basis, TrustPolicy) else None
+            seen[digest] = _vouched(store, digest, basis)
     return seen
+
+
+def _vouched(store: Store, digest: str, basis: Basis) -> str | None:
+    if not isinstance(basis, TrustPolicy):
+        return None
+    try:
+        return basis.check(store, digest)
+    except TrustError as exc:
+        raise TrustError(
+            f"{exc.message}; nothing was re-signed",
+            reason=exc.reason,
+            hint="re-sign only what the publisher's key verifies: find out who pushed it, "
+            "or pass the key that signed it (--verify-key)",
+        ) from None
 
 
 # --------------------------------------------------------------------------

@@ -386,3 +386,28 @@ def test_the_proxy_passes_a_good_base_through(
     assert proc.returncode == 0, proc.stderr
     with open_store(registry.ref(f"{repo}-app")) as st:
         assert st.tag_digest("same") is not None
+
+
+def test_an_index_whose_platforms_reference_too_many_blobs_is_refused_quickly(
+    base: Base,
+    hostile: HostileRegistry,
+    registry: RegistryServer,
+    repo: str,
+    artifact: tuple[str, dict[str, str]],
+) -> None:
+    """Each entry within the limits, their sum not: the requests an append makes are bounded."""
+    wide = _doc({**base.manifest, "layers": base.manifest["layers"] * 500})
+    digest = "sha256:" + hashlib.sha256(wide).hexdigest()
+    hostile.plant(repo, digest, wide, OCI_MANIFEST)  # served by digest, and it hashes to it
+    other = "arm64" if ARCH != "arm64" else "amd64"
+    entry = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(wide)}
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {**entry, "platform": {"os": "linux", "architecture": other, "variant": f"v{i}"}}
+        for i in range(5)
+    ]}  # fmt: skip
+    hostile.plant(repo, "wide", _doc(index), OCI_INDEX)
+    proc, took = _append(hostile.host, repo, "wide", artifact)
+    _refused(proc, took, registry=registry, repo=repo, tag="wide",
+             says=r"references more than 2048 blobs")  # fmt: skip
+    # One question per distinct blob, however often the manifests repeat it.
+    assert hostile.count(method="HEAD") < 20

@@ -77,6 +77,10 @@ MAX_INDEX_MANIFESTS = 256
 #: At most this many layers in a base image (overlayfs stacks at most 128 or
 #: so); each costs a request to reuse it in the target repository.
 MAX_BASE_LAYERS = 512
+#: At most this many blobs (configs and layers) of the base reused in the
+#: target, over every platform of an index: a few hundred in real images;
+#: it bounds the requests an append makes whatever the index holds.
+MAX_BASE_BLOBS = 2048
 #: Labels the appended image carries.
 LABEL_FINGERPRINT = "io.artifactd.fingerprint"
 LABEL_ARTIFACT = "io.artifactd.artifact"
@@ -351,6 +355,9 @@ class _Append:
         self.art, self.layer, self.work, self.on_event = art, layer, work, on_event
         self.uploaded = 0
         self.reused = 0
+        self.blobs = 0
+        #: Blobs known to be in the target repository: asked about once.
+        self.present: set[str] = set()
         self.platforms: list[str] = []
 
     def index(self, data: bytes, where: str) -> bytes:
@@ -465,8 +472,17 @@ class _Append:
 
     def _reuse(self, desc: dict[str, Any]) -> None:
         """Make a base blob present in the target repository without moving its bytes."""
+        self.blobs += 1
+        if self.blobs > MAX_BASE_BLOBS:
+            raise SchemaError(
+                f"the base references more than {MAX_BASE_BLOBS} blobs over its platforms",
+                hint="append to one platform's image (--base REPO@sha256:...)",
+            )
         digest = desc["digest"]
-        if self.dst.has_blob(digest) or self.dst.mount_blob(digest, self.base_repo):
+        if digest in self.present or (
+            self.dst.has_blob(digest) or self.dst.mount_blob(digest, self.base_repo)
+        ):
+            self.present.add(digest)
             self.reused += int(desc.get("size", 0))
             return
         raise NotFoundError(
