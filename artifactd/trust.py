@@ -373,8 +373,9 @@ class UnsafeNoVerification:
     (:func:`vouch`, ``copy --sign-key``, ``sign``) takes a :data:`Basis`: a
     :class:`TrustPolicy` the content must verify under first, or
     :data:`UNSAFE_NO_VERIFICATION`, named so that a call site reads as unsafe
-    (after sigstore-python's ``UnsafeNoOp`` policy). There is no default: a
-    caller cannot forget to choose.
+    (after sigstore-python's ``UnsafeNoOp`` policy). No re-signing defaults
+    to it: :func:`sign_ref` requires a basis, and
+    :func:`artifactd.artifacts.copy_between` refuses to sign without one.
     """
 
     __slots__ = ()
@@ -411,7 +412,7 @@ def _vouched(store: Store, digest: str, basis: Basis) -> str | None:
         return basis.check(store, digest)
     except TrustError as exc:
         raise TrustError(
-            f"{exc.message}; nothing was re-signed",
+            f"{exc.message} (refused before anything was written or signed)",
             reason=exc.reason,
             hint="re-sign only what the publisher's key verifies: find out who pushed it, "
             "or pass the key that signed it (--verify-key)",

@@ -21,6 +21,11 @@ image a CI stage would otherwise build with ``docker build``:
 * A base that is an index (several platforms) gets the layer on the
   platform(s) matching the artifact's architecture; the others are carried
   over unchanged, and a new index is written.
+* The base is untrusted input (whoever can push to its repository chose it):
+  every document read from it is checked before use (:func:`read_manifest`,
+  :func:`read_index`, :func:`read_config`), and a malformed one is a
+  :class:`~artifactd.errors.SchemaError` naming the document and the field,
+  before anything is tagged.
 
 Appending the same artifact to the same base again writes the same digests and
 uploads nothing.
@@ -403,9 +408,9 @@ class _Append:
                 hint="Docker's manifest format has no zstd layer type: use --compression gzip",
             )
         doc = read_manifest(data, where)
+        config = self._config(doc["config"], len(doc.get("layers", [])), where)
         for desc in doc.get("layers", []):
             self._reuse(desc)
-        config = self._config(doc["config"], len(doc.get("layers", [])), where)
         config_digest = digest_of(config)
         path = self.work / "config.json"
         path.write_bytes(config)
