@@ -88,10 +88,10 @@ def sign(
     """Sign an artifact already in a store (REF: STORE:TAG or STORE@sha256:DIGEST).
 
     Adds a signature by this key to REF's sha256-<hex>.sig (a no-op when the
-    key signed it already). `build`, `harvest`, `merge` and `copy` sign what
-    they publish with the same --sign-key, which needs no check: they made
-    it. This is for what is already in a store, which anyone with push
-    access could have put there, so it needs --verify-key (REF must verify
+    key signed it already). `build`, `harvest` and `merge` sign what they
+    make with the same --sign-key, which needs no check. This signs what is
+    already in a store, which anyone with push access could have put there
+    (as `copy --sign-key` does), so it needs --verify-key (REF must verify
     under one of those keys first: a second signer, a key rotation) or, for
     content published before signing began, an explicit --sign-unverified.
     """
