@@ -12,12 +12,12 @@ shared by digest: the store keeps each one once.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from artifactd.errors import IntegrityError, NotFoundError
+from artifactd.errors import IntegrityError, NotFoundError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.hashing import canonical_json, copy_hashed, digest_of
 from artifactd.imagemanifest import Descriptor, ImageManifest
@@ -37,12 +37,12 @@ from artifactd.oci import (
     full_tag,
 )
 from artifactd.stores import Store
-from artifactd.stores.base import progress_events
+from artifactd.stores.base import ManifestRef, progress_events
 
 if TYPE_CHECKING:
     from artifactd.archive import PackedLayer
     from artifactd.keys import PrivateKey
-    from artifactd.trust import SignResult, TrustPolicy
+    from artifactd.trust import Basis, SignResult, TrustPolicy
 
 
 @dataclass
@@ -242,6 +242,8 @@ class CopyResult:
     attached: list[str] = field(default_factory=list)
     #: The manifest digest each copied tag names.
     digests: dict[str, str] = field(default_factory=dict)
+    #: With a policy: each copied manifest digest and the key id that verified it.
+    verified: dict[str, str] = field(default_factory=dict)
     #: What ``--sign-key`` signed in the destination.
     signing: SignResult | None = None
 
@@ -260,22 +262,52 @@ def copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> 
         path.unlink(missing_ok=True)
 
 
-def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path) -> CopyResult:
+def copy_artifacts(
+    src: Store,
+    dst: Store,
+    tags: list[str] | None,
+    tmp_dir: Path,
+    *,
+    trust: TrustPolicy | None = None,
+) -> CopyResult:
     """Copy tagged artifacts (default: every artifactd tag) and their blobs to ``dst``.
 
     Blobs ``dst`` already has are not transferred; each blob is verified on the
     way; a tag is written only after every blob of its manifest is in place.
     Each manifest's signatures and attestations (``sha256-<hex>.sig|.att``)
-    travel with it, so what verified in ``src`` verifies in ``dst``.
+    travel with it, so what verified in ``src`` verifies in ``dst``. With
+    ``trust``, every manifest to copy is verified in ``src`` before the first
+    byte is written to ``dst`` (:func:`choose_artifacts`).
     """
-    from artifactd.oci import FULL_TAG_PREFIX, TAG_RE
-    from artifactd.trust import copy_attached, parse_attached_tag
+    chosen = choose_artifacts(src, tags, trust=trust)
+    return _copy_chosen(src, dst, chosen, tmp_dir)
+
+
+@dataclass
+class Chosen:
+    """The manifests a copy will write, read once from the source (and verified, with a policy)."""
+
+    refs: list[tuple[str, ManifestRef, ImageManifest]]
+    #: With a policy: each manifest digest and the key id that verified it.
+    verified: dict[str, str] = field(default_factory=dict)
+
+
+def choose_artifacts(
+    src: Store, tags: list[str] | None, *, trust: TrustPolicy | None = None
+) -> Chosen:
+    """Read the manifests a copy of ``tags`` (None: every artifactd tag) writes; verify them.
+
+    Each tag is read once: the bytes that verified are the bytes copied, so a
+    tag moved in the source meanwhile changes nothing. With ``trust``, every
+    one must verify (:func:`artifactd.trust.vouch`) or
+    :class:`~artifactd.errors.TrustError` is raised before the copy begins.
+    """
+    from artifactd.oci import TAG_RE
+    from artifactd.trust import parse_attached_tag, vouch
 
     wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
     wanted = [t for t in wanted if tags or parse_attached_tag(t) is None]
-    result = CopyResult(source=src.ref, destination=dst.ref, tags=[])
-    done: set[str] = set()
-    carried: set[str] = set()
+    chosen = Chosen(refs=[])
     for tag in wanted:
         ref = src.get_manifest(tag)
         if ref is None:
@@ -283,6 +315,21 @@ def copy_artifacts(src: Store, dst: Store, tags: list[str] | None, tmp_dir: Path
         manifest = ImageManifest.from_bytes(ref.data, source=f"{src.ref}:{tag}")
         if not manifest.is_artifactd and not tags:
             continue  # a full copy moves artifactd's artifacts, not unrelated images
+        chosen.refs.append((tag, ref, manifest))
+    if trust is not None:
+        found = vouch(src, [ref.digest for _, ref, _ in chosen.refs], trust)
+        chosen.verified = {digest: str(key_id) for digest, key_id in found.items()}
+    return chosen
+
+
+def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyResult:
+    from artifactd.oci import FULL_TAG_PREFIX
+    from artifactd.trust import copy_attached
+
+    result = CopyResult(source=src.ref, destination=dst.ref, tags=[], verified=chosen.verified)
+    done: set[str] = set()
+    carried: set[str] = set()
+    for tag, ref, manifest in chosen.refs:
         for desc in [manifest.config, *manifest.layers]:
             if desc.digest in done or dst.has_blob(desc.digest):
                 result.bytes_skipped += desc.size
@@ -320,33 +367,82 @@ def open_artifact(
     return art
 
 
+def adopt_software_from(
+    raw: Mapping[str, Any],
+    ref: str,
+    *,
+    store: str | None = None,
+    verify_keys: Sequence[str] = (),
+    insecure: bool = False,
+) -> dict[str, Any]:
+    """Return ``raw`` with the software fields of the artifact ``ref`` names (``--software-from``).
+
+    The artifact decides which artifact the pod then resolves, so under a
+    policy (``verify_keys``: key specs, as ``--verify-key`` takes them) it is
+    verified like one it would install: :class:`~artifactd.errors.TrustError`
+    when no key signed it. The one owner of ``--software-from`` for every
+    command that takes it (``restore``, ``prefetch``). ``store`` is the store
+    the command resolves against afterwards: with ``ref`` in another registry,
+    an environment credential pair must say which of the two it belongs to
+    (:func:`~artifactd.stores.credentials.check_unbound_pair`).
+    """
+    import json
+
+    from artifactd.probing import adopt_software
+    from artifactd.stores.credentials import check_unbound_pair
+
+    check_unbound_pair([ref, store])
+    trust = None
+    if verify_keys:
+        from artifactd.trust import TrustPolicy
+
+        trust = TrustPolicy.from_specs(verify_keys)
+    art = open_artifact(ref, insecure=insecure, trust=trust)
+    return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
+
+
 def copy_between(
     source: str,
     destination: str,
     tags: list[str] | None,
     *,
     insecure: bool = False,
+    trust: Basis | None = None,
     sign_key: PrivateKey | None = None,
 ) -> CopyResult:
     """Open both stores (creating the destination) and copy ``tags`` (None: every artifact).
 
-    With ``sign_key``, every copied manifest is also signed in the destination
-    (a promotion signing with the production key), next to the signatures
-    carried from the source.
+    With a :class:`~artifactd.trust.TrustPolicy` as ``trust``, every manifest
+    to copy must verify in the source before anything is written to the
+    destination (:class:`~artifactd.errors.TrustError` otherwise). With
+    ``sign_key``, every copied manifest is also signed in the destination (a
+    promotion signing with the production key), next to the signatures
+    carried from the source; that takes a ``trust`` basis, the policy or
+    :data:`~artifactd.trust.UNSAFE_NO_VERIFICATION` (see
+    :class:`~artifactd.trust.UnsafeNoVerification`): without one it is a
+    :class:`~artifactd.errors.UsageError`, before any store is opened.
     """
     import tempfile
 
     from artifactd.stores import open_store
     from artifactd.stores.credentials import check_unbound_pair
-    from artifactd.trust import sign_all
+    from artifactd.trust import TrustPolicy, sign_all
 
     check_unbound_pair([source, destination])
-    with (
-        open_store(source, insecure=insecure) as src,
-        open_store(destination, create=True, insecure=insecure) as dst,
-        tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
-    ):
-        result = copy_artifacts(src, dst, tags, Path(tmp))
-        if sign_key is not None:
-            result.signing = sign_all(dst, result.digests.values(), sign_key)
-        return result
+    if sign_key is not None and trust is None:
+        raise UsageError(
+            "signing a copy needs a basis: what is copied must verify under a policy first",
+            hint="pass --verify-key with the key that signed the source (CI's public key); "
+            "to sign unverified content anyway, pass --sign-unverified",
+        )
+    policy = trust if isinstance(trust, TrustPolicy) else None
+    with open_store(source, insecure=insecure) as src:
+        chosen = choose_artifacts(src, tags, trust=policy)  # before the destination is touched
+        with (
+            open_store(destination, create=True, insecure=insecure) as dst,
+            tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
+        ):
+            result = _copy_chosen(src, dst, chosen, Path(tmp))
+            if sign_key is not None:
+                result.signing = sign_all(dst, result.digests.values(), sign_key)
+            return result

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,3 +58,59 @@ class ImageManifest(_Model):
     def is_artifactd(self) -> bool:
         """Whether artifactd wrote this manifest."""
         return self.artifact_type == ARTIFACT_TYPE
+
+
+#: The deepest nesting of a JSON document read from a store that is parsed at
+#: all. OCI manifests, indexes and image configs nest five levels or so; a
+#: limit far above that keeps every reader (and writer: a document read may be
+#: written back) clear of Python's recursion limit.
+MAX_DOCUMENT_DEPTH = 32
+
+
+def parse_document(
+    data: bytes, *, source: str, max_bytes: int, max_depth: int = MAX_DOCUMENT_DEPTH
+) -> dict[str, Any]:
+    """Parse ``data``, read from a store, as one JSON object, or raise :class:`SchemaError`.
+
+    Bounded before any work: at most ``max_bytes`` bytes, nesting at most
+    ``max_depth`` levels (a document 100,000 levels deep is refused, not a
+    ``RecursionError``). ``source`` names the document in the message.
+    """
+    if len(data) > max_bytes:
+        raise SchemaError(f"{source} is {len(data)} bytes (at most {max_bytes} are read)")
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise SchemaError(f"{source} nests deeper than {max_depth} levels") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise SchemaError(f"{source} is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(doc, dict):
+        raise SchemaError(f"{source} is a JSON {json_type(doc)}, not an object")
+    if _deeper_than(doc, max_depth):
+        raise SchemaError(f"{source} nests deeper than {max_depth} levels")
+    return doc
+
+
+def json_type(value: Any) -> str:
+    """Name ``value``'s JSON type, for messages: object, array, string, number, boolean, null."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests deeper than ``limit``; iterative, so any depth is safe to ask."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        if level > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, level + 1) for c in children if isinstance(c, dict | list))
+    return False

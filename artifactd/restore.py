@@ -570,21 +570,16 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
 
 def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, Any]:
     """Return ``raw`` with the software fields of the artifact ``software_from`` names."""
-    import json
-
-    from artifactd.artifacts import open_artifact
-    from artifactd.probing import adopt_software
-    from artifactd.stores.credentials import check_unbound_pair
+    from artifactd.artifacts import adopt_software_from
 
     assert request.software_from is not None  # noqa: S101 - the caller checked
-    check_unbound_pair([request.software_from, request.store])
-    trust = None
-    if request.verify_keys:  # it decides which artifact is picked: verified like one
-        from artifactd.trust import TrustPolicy
-
-        trust = TrustPolicy.from_specs(request.verify_keys)
-    art = open_artifact(request.software_from, insecure=request.insecure, trust=trust)
-    return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
+    return adopt_software_from(
+        raw,
+        request.software_from,
+        store=request.store,
+        verify_keys=request.verify_keys,
+        insecure=request.insecure,
+    )
 
 
 def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:

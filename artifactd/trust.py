@@ -364,6 +364,61 @@ class TrustPolicy:
         )
 
 
+class UnsafeNoVerification:
+    """The explicit choice to sign what a store holds without verifying it first.
+
+    Signing says "this key vouches for these bytes". Re-signing a store's
+    content unchecked launders it: an artifact anyone pushed to staging would
+    leave a promotion with the production signature. So every re-signing
+    (:func:`vouch`, ``copy --sign-key``, ``sign``) takes a :data:`Basis`: a
+    :class:`TrustPolicy` the content must verify under first, or
+    :data:`UNSAFE_NO_VERIFICATION`, named so that a call site reads as unsafe
+    (after sigstore-python's ``UnsafeNoOp`` policy). No re-signing defaults
+    to it: :func:`sign_ref` requires a basis, and
+    :func:`artifactd.artifacts.copy_between` refuses to sign without one.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSAFE_NO_VERIFICATION"
+
+
+#: Sign without verifying (``--sign-unverified``): the signer vouches by other means.
+UNSAFE_NO_VERIFICATION = UnsafeNoVerification()
+#: What a re-signing rests on: a policy the content verifies under, or the explicit opt-out.
+Basis = TrustPolicy | UnsafeNoVerification
+
+
+def vouch(store: Store, digests: Iterable[str], basis: Basis) -> dict[str, str | None]:
+    """Check every one of ``digests`` in ``store`` under ``basis``, all before any is signed.
+
+    Returns each digest with the id of the key that verified it (None under
+    :data:`UNSAFE_NO_VERIFICATION`, which checks nothing). Raises the first
+    :class:`TrustError`: the caller then signs nothing at all, not even the
+    digests that did verify.
+    """
+    seen: dict[str, str | None] = {}
+    for digest in digests:
+        if digest and digest not in seen:
+            seen[digest] = _vouched(store, digest, basis)
+    return seen
+
+
+def _vouched(store: Store, digest: str, basis: Basis) -> str | None:
+    if not isinstance(basis, TrustPolicy):
+        return None
+    try:
+        return basis.check(store, digest)
+    except TrustError as exc:
+        raise TrustError(
+            f"{exc.message} (refused before anything was written or signed)",
+            reason=exc.reason,
+            hint="re-sign only what the publisher's key verifies: find out who pushed it, "
+            "or pass the key that signed it (--verify-key)",
+        ) from None
+
+
 # --------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------
@@ -652,8 +707,13 @@ def inspect_ref(
         return art, examine(st, art.digest, keys)
 
 
-def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult:
-    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store."""
+def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False) -> SignResult:
+    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store.
+
+    The manifest must verify under ``basis`` first (:func:`vouch`), unless
+    it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
+    vouching for whoever put it there.
+    """
     from artifactd.stores import open_store, parse_manifest_ref
 
     store, reference = parse_manifest_ref(ref)
@@ -661,4 +721,4 @@ def sign_ref(ref: str, key: PrivateKey, *, insecure: bool = False) -> SignResult
         found = st.get_manifest(reference)
         if found is None:
             raise NotFoundError(f"{store} has no manifest {reference}")
-        return sign_all(st, [found.digest], key)
+        return sign_all(st, vouch(st, [found.digest], basis), key)

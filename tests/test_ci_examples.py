@@ -385,7 +385,9 @@ def test_extractor_paths_and_options() -> None:
     assert used_options(["a", "--tag=x", "--json", "--", "--not"]) == ("--tag", "--json")
     assert listed_options(run_help(("copy",))[1]) == {
         "--tag",
+        "--verify-key",
         "--sign-key",
+        "--sign-unverified",
         "--insecure",
         "--json",
         "--help",

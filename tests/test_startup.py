@@ -143,7 +143,9 @@ def test_noop_restore_under_a_verification_policy_loads_no_crypto(
     from artifactd.keys import generate
 
     pair = generate(tmp_path / "k")
-    sign = run_artifactd("sign", f"{store}:{_fp_tag(store)}", "--sign-key", pair.private)
+    sign = run_artifactd(
+        "sign", f"{store}:{_fp_tag(store)}", "--sign-key", pair.private, "--sign-unverified"
+    )
     assert sign.returncode == 0, sign.stderr
     target = tmp_path / "t"
     proc = run_artifactd("restore", "--store", store, "--target", str(target),

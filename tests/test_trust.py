@@ -172,6 +172,7 @@ def test_key_errors_name_the_spec_never_the_key(tmp_path: Path, keys: Keys) -> N
         "oci:/nowhere:tag",
         "--sign-key",
         keys.one.private,
+        "--sign-unverified",
         env={"ARTIFACTD_KEY_PASSWORD": "wrong"},
     )
     assert proc.returncode == 2, proc.stderr
@@ -466,7 +467,13 @@ def test_tampered_artifacts_are_refused_and_the_good_cache_stays(
     for attempt in range(3):
         if attempt == 1:  # 2. ... signed with the attacker's own key.
             assert (
-                cli("sign", f"{ref}@{evil['digest']}", "--sign-key", keys.evil.private).returncode
+                cli(
+                    "sign",
+                    f"{ref}@{evil['digest']}",
+                    "--sign-key",
+                    keys.evil.private,
+                    "--sign-unverified",
+                ).returncode
                 == 0
             )
         if attempt == 2:  # 3. ... with the genuine signature copied onto it.
@@ -514,6 +521,8 @@ def test_key_rotation_with_two_keys(
                 f"{ref}:fp-{pub['fingerprint_hash']}",
                 "--sign-key",
                 keys.two.private,
+                "--verify-key",
+                keys.one.public,
                 "--json",
             )
         )
@@ -553,7 +562,8 @@ def test_copy_to_a_second_registry_keeps_signatures_verifiable(
             == "restored"
         )
         # A promotion signs with the production key too; both verify afterwards.
-        proc = cli("copy", ref, dst, "--sign-key", keys.two.private, "--json")
+        promote = ("--sign-key", keys.two.private, "--verify-key", keys.one.public)
+        proc = cli("copy", ref, dst, *promote, "--json")
         assert doc_of(proc)["signing"]["key_id"] == keys.two.key_id
         for key in (keys.one.public, keys.two.public):
             assert (
@@ -675,7 +685,8 @@ def test_hostile_signature_manifests_fail_cleanly(
         assert not (tmp_path / "t").exists() or not tree_bytes(tmp_path / "t")
     # The publisher signs over the wreck (the layout holds the garbage one):
     # a valid signature joins it, and the restore verifies.
-    assert cli("sign", f"{layout}@{digest}", "--sign-key", keys.one.private).returncode == 0
+    resign = ("--sign-key", keys.one.private, "--sign-unverified")
+    assert cli("sign", f"{layout}@{digest}", *resign).returncode == 0
     assert doc_of(restore(layout, tmp_path / "u", "--verify-key", keys.one.public))["status"] == (
         "restored"
     )
@@ -696,7 +707,8 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
     # fetches the signatures into it (no layer again) and restores from it.
     unsigned = doc_of(restore(ref, tmp_path / "early", "--node-store", f"oci:{node}"))
     assert unsigned["node_store"]["outcome"] == "fetched"
-    assert cli("sign", f"{ref}@{pub['digest']}", "--sign-key", keys.one.private).returncode == 0
+    resign = ("--sign-key", keys.one.private, "--sign-unverified")
+    assert cli("sign", f"{ref}@{pub['digest']}", *resign).returncode == 0
     args = ("--node-store", f"oci:{node}", "--verify-key", keys.one.public)
     first = doc_of(restore(ref, tmp_path / "a", *args))
     assert first["status"] == "restored" and first["node_store"]["outcome"] == "fetched"
@@ -1027,7 +1039,15 @@ def test_keys_and_password_never_appear_in_any_output(
             keys.one.public,
             "--json",
         ),
-        cli("copy", ref, f"oci:{tmp_path / 'copy'}", "--sign-key", keys.one.private, "--json"),
+        cli(
+            "copy",
+            ref,
+            f"oci:{tmp_path / 'copy'}",
+            "--sign-key",
+            keys.one.private,
+            "--sign-unverified",
+            "--json",
+        ),
     ]
     for proc in runs:
         outputs.append(proc.stdout + proc.stderr)

@@ -38,7 +38,8 @@ code  meaning
 12    ``verify``: a check differs from the build's, or a cell compiled anyway
 13    ``status --fail-on-compile``: a restored family compiled anyway
 14    untrusted: with ``--verify-key``, a manifest is unsigned, signed by
-      another key or for another digest (``restore --require``, ``inspect``)
+      another key or for another digest (``restore --require``, ``inspect``,
+      ``prefetch --software-from``, ``copy`` and ``sign`` before re-signing)
 126   ``exec``: the command is not executable (127: not found); otherwise
       ``exec`` is the command, and its exit code is the command's
 ====  =====================================================

@@ -10,7 +10,15 @@ import click
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.app import cli
-from artifactd.cli.options import insecure_option, json_option, load_sign_key, option
+from artifactd.cli.options import (
+    insecure_option,
+    json_option,
+    load_sign_key,
+    option,
+    sign_unverified_option,
+    signing_basis,
+    verify_key_option,
+)
 from artifactd.cli.specs import SIGN_KEY
 
 
@@ -61,19 +69,36 @@ def keygen(*, prefix: Path, force: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("ref")
 @option(SIGN_KEY._replace(required=True))
+@verify_key_option(
+    "Sign only if one of these public keys already signed REF (a PEM file, or env://NAME; "
+    "repeatable): the old key while rotating, CI's key when promoting. Else exit 14."
+)
+@sign_unverified_option
 @insecure_option
 @json_option
-def sign(*, ref: str, sign_key: str, insecure: bool, as_json: bool) -> None:
+def sign(
+    *,
+    ref: str,
+    sign_key: str,
+    verify_keys: tuple[str, ...],
+    sign_unverified: bool,
+    insecure: bool,
+    as_json: bool,
+) -> None:
     """Sign an artifact already in a store (REF: STORE:TAG or STORE@sha256:DIGEST).
 
     Adds a signature by this key to REF's sha256-<hex>.sig (a no-op when the
-    key signed it already). `build`, `harvest`, `merge` and `copy` sign what
-    they publish with the same --sign-key; this is for what was published
-    before, or for a second signer.
+    key signed it already). `build`, `harvest` and `merge` sign what they
+    make with the same --sign-key, which needs no check. This signs what is
+    already in a store, which anyone with push access could have put there
+    (as `copy --sign-key` does), so it needs --verify-key (REF must verify
+    under one of those keys first: a second signer, a key rotation) or, for
+    content published before signing began, an explicit --sign-unverified.
     """
     from artifactd.trust import sign_ref
 
-    result = sign_ref(ref, load_sign_key(sign_key), insecure=insecure)
+    basis = signing_basis(verify_keys, sign_unverified, signing=True, what="sign")
+    result = sign_ref(ref, load_sign_key(sign_key), basis=basis, insecure=insecure)
     if as_json:
         from artifactd.reports import result_report
 

@@ -8,7 +8,13 @@ import click
 
 from artifactd.cli import render
 from artifactd.cli.app import cli
-from artifactd.cli.options import family_option, fingerprint_options, json_option, store_option
+from artifactd.cli.options import (
+    family_option,
+    fingerprint_options,
+    json_option,
+    store_option,
+    verify_key_option,
+)
 from artifactd.cli.specs import family_names, parse_size
 
 
@@ -30,6 +36,11 @@ from artifactd.cli.specs import family_names, parse_size
     help="Take the runtime image's software fields from this artifact's fingerprint, "
     "as restore --software-from does (for a prefetch run from the init image).",
 )
+@verify_key_option(
+    "Adopt --software-from only from an artifact signed by one of these public keys "
+    "(a PEM file, or env://NAME; repeatable), as restore --verify-key does: unsigned or "
+    "wrongly signed exits 14. What the prefetch fetches is verified by each restore."
+)
 @json_option
 def prefetch(
     *,
@@ -37,6 +48,7 @@ def prefetch(
     insecure: bool,
     node_store: str,
     software_from: str | None,
+    verify_keys: tuple[str, ...],
     families: tuple[str, ...],
     gpu_arch: str | None,
     image_digest: str | None,
@@ -50,7 +62,8 @@ def prefetch(
     --image-digest), then copies from STORE into the node store what a
     restore would pick: the whole artifact and its family tags, else each
     family's. Run it from a DaemonSet or a Job when a release rolls out;
-    pods then restore with no network. An unreachable STORE exits 3.
+    pods then restore with no network. An unreachable STORE exits 3; with
+    --verify-key, a --software-from artifact no key signed exits 14.
     """
     from artifactd.nodestore import prefetch as do_prefetch
     from artifactd.probing import probe_request
@@ -59,15 +72,11 @@ def prefetch(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
     )
     if software_from is not None:
-        import json
+        from artifactd.artifacts import adopt_software_from
 
-        from artifactd.artifacts import open_artifact
-        from artifactd.probing import adopt_software
-        from artifactd.stores.credentials import check_unbound_pair
-
-        check_unbound_pair([software_from, store])
-        art = open_artifact(software_from, insecure=insecure)
-        raw = adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
+        raw = adopt_software_from(
+            raw, software_from, store=store, verify_keys=verify_keys, insecure=insecure
+        )
     result = do_prefetch(
         store,
         node_store,

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import click
 
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.specs import Opt
+
+if TYPE_CHECKING:
+    from artifactd.trust import Basis
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +83,57 @@ def load_sign_key(spec: str | None) -> Any:
     from artifactd.keys import load_private_key
 
     return load_private_key(spec)
+
+
+def sign_unverified_option(f: F) -> F:
+    """Add ``--sign-unverified``: re-sign without a ``--verify-key`` policy (unsafe, explicit)."""
+    return click.option(
+        "--sign-unverified",
+        is_flag=True,
+        help="UNSAFE: sign with --sign-key without verifying first. Signing vouches for "
+        "whoever put the content in the store; without --verify-key this is required.",
+    )(f)
+
+
+@overload
+def signing_basis(
+    verify_keys: Sequence[str], sign_unverified: bool, *, signing: Literal[True], what: str
+) -> Basis: ...
+@overload
+def signing_basis(
+    verify_keys: Sequence[str], sign_unverified: bool, *, signing: bool, what: str
+) -> Basis | None: ...
+def signing_basis(
+    verify_keys: Sequence[str], sign_unverified: bool, *, signing: bool, what: str
+) -> Basis | None:
+    """Return what re-signing rests on: a policy from ``--verify-key``, or the unsafe opt-out.
+
+    None when nothing is verified or signed. Signing (``--sign-key``) with
+    neither is a :class:`~artifactd.errors.UsageError`, as is passing both
+    (one of them would be ignored).
+    """
+    from artifactd.errors import UsageError
+    from artifactd.trust import UNSAFE_NO_VERIFICATION, TrustPolicy
+
+    if sign_unverified and verify_keys:
+        raise UsageError(
+            "--sign-unverified and --verify-key contradict each other",
+            hint="keep --verify-key: what verifies under it is signed",
+        )
+    if sign_unverified:
+        if not signing:
+            raise UsageError("--sign-unverified without --sign-key signs nothing")
+        return UNSAFE_NO_VERIFICATION
+    if verify_keys:
+        return TrustPolicy.from_specs(verify_keys)
+    if signing:
+        raise UsageError(
+            f"{what} --sign-key needs --verify-key: signing vouches for what the store "
+            "holds, whoever put it there, so it must verify first",
+            hint="pass --verify-key with the public key that signed it (CI's); to sign "
+            "content you checked by other means, pass --sign-unverified",
+        )
+    return None
 
 
 def family_option(f: F) -> F:

@@ -14,6 +14,8 @@ from artifactd.cli.options import (
     json_option,
     load_sign_key,
     sign_key_option,
+    sign_unverified_option,
+    signing_basis,
     verify_key_option,
 )
 
@@ -85,7 +87,13 @@ def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
     metavar="TAG",
     help="Copy only these tags (repeatable). Default: every artifactd artifact.",
 )
+@verify_key_option(
+    "Copy only what one of these public keys signed (a PEM file, or env://NAME; "
+    "repeatable): every manifest is verified in SOURCE before anything is written to "
+    "DESTINATION; one that does not verify exits 14 and nothing is copied or signed."
+)
 @sign_key_option
+@sign_unverified_option
 @insecure_option
 @json_option
 def copy(
@@ -93,7 +101,9 @@ def copy(
     source: str,
     destination: str,
     tags: tuple[str, ...],
+    verify_keys: tuple[str, ...],
     sign_key: str | None,
+    sign_unverified: bool,
     insecure: bool,
     as_json: bool,
 ) -> None:
@@ -102,13 +112,21 @@ def copy(
     Blobs the destination already has are not transferred; every blob is
     verified against its digest on the way; a tag is written only after all of
     its manifest's blobs are in place. Signatures and attestations
-    (sha256-<hex>.sig/.att) travel with their artifacts and stay valid;
-    --sign-key also signs every copied manifest in the destination.
+    (sha256-<hex>.sig/.att) travel with their artifacts and stay valid.
+
+    --sign-key also signs every copied manifest in the destination (a
+    promotion signed with the production key). It needs --verify-key (CI's
+    public key): everything copied must verify before anything is written
+    or signed, so an artifact someone else pushed to SOURCE never leaves with
+    your signature. --sign-unverified signs without that check, explicitly.
     """
     from artifactd.artifacts import copy_between
 
+    basis = signing_basis(verify_keys, sign_unverified, signing=bool(sign_key), what="copy")
     key = load_sign_key(sign_key)
-    result = copy_between(source, destination, list(tags) or None, insecure=insecure, sign_key=key)
+    result = copy_between(
+        source, destination, list(tags) or None, insecure=insecure, trust=basis, sign_key=key
+    )
     if as_json:
         from artifactd.reports import result_report
 

@@ -21,6 +21,11 @@ image a CI stage would otherwise build with ``docker build``:
 * A base that is an index (several platforms) gets the layer on the
   platform(s) matching the artifact's architecture; the others are carried
   over unchanged, and a new index is written.
+* The base is untrusted input (whoever can push to its repository chose it):
+  every document read from it is checked before use (:func:`read_manifest`,
+  :func:`read_index`, :func:`read_config`), and a malformed one is a
+  :class:`~artifactd.errors.SchemaError` naming the document and the field,
+  before anything is tagged.
 
 Appending the same artifact to the same base again writes the same digests and
 uploads nothing.
@@ -40,10 +45,17 @@ from typing import IO, Any, Literal
 
 from artifactd.artifacts import Artifact, copy_blob, open_artifact, read_artifact
 from artifactd.constants import DEFAULT_PREBUILT, ENV_IMAGE_DIGEST, ENV_PREBUILT
-from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, UsageError
+from artifactd.errors import (
+    ArtifactdError,
+    IntegrityError,
+    NotFoundError,
+    SchemaError,
+    UsageError,
+)
 from artifactd.events import EventSink, discard
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
-from artifactd.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, family_tag, full_tag
+from artifactd.imagemanifest import json_type, parse_document
+from artifactd.oci import DIGEST_RE, INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.base import progress_events
 from artifactd.stores.credentials import check_unbound_pair
@@ -61,6 +73,20 @@ _LAYER_TYPES = {
 }
 #: An image config is read whole to be edited: refuse one claiming more than this.
 MAX_CONFIG = 4 << 20
+#: A base manifest or index is read whole: at most this many bytes (the
+#: registry transport refuses a larger answer before it is parsed).
+MAX_MANIFEST = 4 << 20
+#: At most this many entries in a base index: real multi-platform images list
+#: a few dozen (platforms, and an attestation per platform); each entry costs
+#: requests, so 20,000 would run for many minutes.
+MAX_INDEX_MANIFESTS = 256
+#: At most this many layers in a base image (overlayfs stacks at most 128 or
+#: so); each costs a request to reuse it in the target repository.
+MAX_BASE_LAYERS = 512
+#: At most this many blobs (configs and layers) of the base reused in the
+#: target, over every platform of an index: a few hundred in real images;
+#: it bounds the requests an append makes whatever the index holds.
+MAX_BASE_BLOBS = 2048
 #: Labels the appended image carries.
 LABEL_FINGERPRINT = "io.artifactd.fingerprint"
 LABEL_ARTIFACT = "io.artifactd.artifact"
@@ -139,11 +165,14 @@ def append_image(
                 work=Path(tmp),
                 on_event=on_event,
             )
-            media_type = top.media_type or json.loads(top.data).get("mediaType", "")
-            if media_type in (INDEX_MEDIA_TYPE, DOCKER_INDEX):
-                data = job.index(top.data)
+            where = f"the base {base}"
+            media_type = top.media_type or _media_type(
+                parse_document(top.data, source=where, max_bytes=MAX_MANIFEST), where
+            )
+            if media_type in _INDEX_TYPES:
+                data = job.index(top.data, where)
             else:
-                data, _ = job.manifest(top.data, media_type)
+                data, _ = job.manifest(top.data, media_type, where)
                 job.platforms.append(art.config.architecture)
             digest = dst.put_manifest(data, media_type, [to_ref.reference])
     finally:
@@ -333,28 +362,37 @@ class _Append:
         self.art, self.layer, self.work, self.on_event = art, layer, work, on_event
         self.uploaded = 0
         self.reused = 0
+        self.blobs = 0
+        #: Blobs known to be in the target repository: asked about once.
+        self.present: set[str] = set()
         self.platforms: list[str] = []
 
-    def index(self, data: bytes) -> bytes:
+    def index(self, data: bytes, where: str) -> bytes:
         """Rewrite an index: append to the matching platforms, carry the others over."""
-        doc = json.loads(data)
+        doc, entries_in = read_index(data, where)
         arch = self.art.config.architecture
         entries = []
-        for entry in doc.get("manifests", []):
+        for i, entry in enumerate(entries_in):
+            at = f"{where}: manifests[{i}] ({entry['digest'][:19]}...)"
             platform = entry.get("platform") or {}
             ref = self.src.get_manifest(entry["digest"], accept=IMAGE_ACCEPT)
             if ref is None:
                 raise NotFoundError(f"{self.src.ref} has no manifest {entry['digest']}")
             media_type = entry.get("mediaType") or ref.media_type
+            if media_type in _INDEX_TYPES:
+                raise SchemaError(
+                    f"{at} is an index inside the index: not an image",
+                    hint="append to a single-level index, or to one platform's image",
+                )
             if platform.get("os") == "linux" and platform.get("architecture") == arch:
-                new, size = self.manifest(ref.data, media_type)
+                new, size = self.manifest(ref.data, media_type, at)
                 digest = self.dst.put_manifest(new, media_type, [])
                 entries.append({**entry, "digest": digest, "size": size})
                 self.platforms.append(
                     arch + (f"/{platform['variant']}" if "variant" in platform else "")
                 )
             else:
-                self._carry(ref.data, media_type)
+                self._carry(ref.data, media_type, at)
                 entries.append(entry)
         if not self.platforms:
             raise UsageError(
@@ -363,7 +401,7 @@ class _Append:
             )
         return json.dumps({**doc, "manifests": entries}, separators=(",", ":")).encode()
 
-    def manifest(self, data: bytes, media_type: str) -> tuple[bytes, int]:
+    def manifest(self, data: bytes, media_type: str, where: str) -> tuple[bytes, int]:
         """Return the base manifest ``data`` with the layer appended (and its size)."""
         layer_type = _LAYER_TYPES.get((media_type, self.layer.compression))
         if layer_type is None:
@@ -371,10 +409,10 @@ class _Append:
                 f"cannot append a {self.layer.compression} layer to a {media_type or '?'} image",
                 hint="Docker's manifest format has no zstd layer type: use --compression gzip",
             )
-        doc = json.loads(data)
+        doc = read_manifest(data, where)
+        config = self._config(doc["config"], len(doc.get("layers", [])), where)
         for desc in doc.get("layers", []):
             self._reuse(desc)
-        config = self._config(doc["config"])
         config_digest = digest_of(config)
         path = self.work / "config.json"
         path.write_bytes(config)
@@ -393,7 +431,7 @@ class _Append:
         new = json.dumps(doc, separators=(",", ":")).encode()
         return new, len(new)
 
-    def _config(self, desc: dict[str, Any]) -> bytes:
+    def _config(self, desc: dict[str, Any], layers: int, where: str) -> bytes:
         """Return the base config with the diff_id, a history entry, labels and env added."""
         if desc["size"] > MAX_CONFIG:
             raise IntegrityError(
@@ -410,7 +448,7 @@ class _Append:
                     break
         if not hasher.matches(desc["digest"], desc["size"]):
             raise IntegrityError(f"{self.src.ref}: config {desc['digest']} does not match")
-        cfg = json.loads(b"".join(chunks))
+        cfg = read_config(b"".join(chunks), f"{where}: config {desc['digest'][:19]}...", layers)
         arch = self.art.config.architecture
         if cfg.get("architecture", arch) != arch:
             raise UsageError(
@@ -428,7 +466,7 @@ class _Append:
                     "comment": f"compile caches for fingerprint {fp_hash}",
                 }
             )
-        runtime = cfg.setdefault("config", {})
+        runtime = cfg["config"] = cfg.get("config") or {}
         labels = dict(runtime.get("Labels") or {})
         labels[LABEL_FINGERPRINT] = fp_hash
         labels[LABEL_ARTIFACT] = self.art.digest
@@ -441,8 +479,17 @@ class _Append:
 
     def _reuse(self, desc: dict[str, Any]) -> None:
         """Make a base blob present in the target repository without moving its bytes."""
+        self.blobs += 1
+        if self.blobs > MAX_BASE_BLOBS:
+            raise SchemaError(
+                f"the base references more than {MAX_BASE_BLOBS} blobs over its platforms",
+                hint="append to one platform's image (--base REPO@sha256:...)",
+            )
         digest = desc["digest"]
-        if self.dst.has_blob(digest) or self.dst.mount_blob(digest, self.base_repo):
+        if digest in self.present or (
+            self.dst.has_blob(digest) or self.dst.mount_blob(digest, self.base_repo)
+        ):
+            self.present.add(digest)
             self.reused += int(desc.get("size", 0))
             return
         raise NotFoundError(
@@ -452,9 +499,127 @@ class _Append:
             "target repository",
         )
 
-    def _carry(self, data: bytes, media_type: str) -> None:
+    def _carry(self, data: bytes, media_type: str, where: str) -> None:
         """Copy another platform's manifest into the target repository, its blobs by mount."""
-        doc = json.loads(data)
+        doc = read_manifest(data, where)
         for desc in [doc["config"], *doc.get("layers", [])]:
             self._reuse(desc)
         self.dst.put_manifest(data, media_type, [])
+
+
+# --------------------------------------------------------------------------
+# Reading the base: every document is untrusted input
+# --------------------------------------------------------------------------
+#
+# The base comes from a registry (and whoever can push to it): each document
+# is checked for every field append reads, before it is used, so that a
+# malformed one is a SchemaError (exit 5) naming the document and the field,
+# never a crash, and an oversized one costs nothing.
+
+_INDEX_TYPES = (INDEX_MEDIA_TYPE, DOCKER_INDEX)
+
+
+def _media_type(doc: dict[str, Any], where: str) -> str:
+    value = doc.get("mediaType", "")
+    if not isinstance(value, str):
+        raise SchemaError(f"{where}: mediaType is a JSON {json_type(value)}, not a string")
+    return value
+
+
+def _need(value: Any, kind: type, where: str, what: str) -> Any:
+    """Return ``value`` if it has the JSON type ``what`` names (``kind`` in Python), else raise."""
+    if not isinstance(value, kind):
+        raise SchemaError(f"{where} is a JSON {json_type(value)}, not {what}")
+    return value
+
+
+def _descriptor(value: Any, where: str) -> dict[str, Any]:
+    """Check an OCI descriptor: an object with a well-formed ``digest`` and a ``size``."""
+    desc: dict[str, Any] = _need(value, dict, where, "a descriptor object")
+    digest = desc.get("digest")
+    if digest is None:
+        raise SchemaError(f"{where} has no digest")
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        raise SchemaError(f"{where}: digest {str(digest)[:80]!r} is not sha256:<64 hex>")
+    size = desc.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise SchemaError(f"{where}: size {str(size)[:40]!r} is not a byte count")
+    if "mediaType" in desc:
+        _need(desc["mediaType"], str, f"{where}.mediaType", "a string")
+    return desc
+
+
+def read_manifest(data: bytes, where: str) -> dict[str, Any]:
+    """Parse a base image manifest (OCI or Docker schema 2), checking what append reads.
+
+    ``config`` must be a descriptor, ``layers`` (when present) a list of at
+    most :data:`MAX_BASE_LAYERS` descriptors. Raises :class:`SchemaError`.
+    """
+    doc = parse_document(data, source=where, max_bytes=MAX_MANIFEST)
+    if doc.get("schemaVersion", 2) != 2:
+        raise SchemaError(f"{where}: schemaVersion {doc['schemaVersion']!r} is not 2")
+    _media_type(doc, where)
+    if "config" not in doc:
+        raise SchemaError(f"{where} has no config: not an image manifest")
+    _descriptor(doc["config"], f"{where}: config")
+    layers = _need(doc.get("layers", []), list, f"{where}: layers", "an array")
+    if len(layers) > MAX_BASE_LAYERS:
+        raise SchemaError(f"{where} has {len(layers)} layers (at most {MAX_BASE_LAYERS})")
+    for i, desc in enumerate(layers):
+        _descriptor(desc, f"{where}: layers[{i}]")
+    return doc
+
+
+def read_index(data: bytes, where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Parse a base index: at most :data:`MAX_INDEX_MANIFESTS` descriptors with platforms.
+
+    Returns the document and its entries; raises :class:`SchemaError`.
+    """
+    doc = parse_document(data, source=where, max_bytes=MAX_MANIFEST)
+    _media_type(doc, where)
+    if "manifests" not in doc:
+        raise SchemaError(f"{where} has no manifests: not an image index")
+    entries = _need(doc["manifests"], list, f"{where}: manifests", "an array")
+    if len(entries) > MAX_INDEX_MANIFESTS:
+        raise SchemaError(
+            f"{where} lists {len(entries)} manifests (at most {MAX_INDEX_MANIFESTS})",
+            hint="append to one platform's image (--base REPO@sha256:...)",
+        )
+    for i, entry in enumerate(entries):
+        at = f"{where}: manifests[{i}]"
+        _descriptor(entry, at)
+        platform = _need(entry.get("platform") or {}, dict, f"{at}.platform", "an object")
+        for key in ("os", "architecture", "variant"):
+            if key in platform:
+                _need(platform[key], str, f"{at}.platform.{key}", "a string")
+    return doc, entries
+
+
+def read_config(data: bytes, where: str, layers: int) -> dict[str, Any]:
+    """Parse a base image config, checking every field append edits.
+
+    ``architecture`` a string; ``rootfs.diff_ids`` one digest per layer of the
+    manifest (``layers``); ``config``, its ``Labels`` and ``Env`` of the types
+    the image spec gives them. Raises :class:`SchemaError`.
+    """
+    cfg = parse_document(data, source=where, max_bytes=MAX_CONFIG)
+    if "architecture" in cfg:
+        _need(cfg["architecture"], str, f"{where}: architecture", "a string")
+    rootfs = _need(cfg.setdefault("rootfs", {"type": "layers", "diff_ids": []}), dict,
+                   f"{where}: rootfs", "an object")  # fmt: skip
+    diff_ids = _need(rootfs.get("diff_ids"), list, f"{where}: rootfs.diff_ids", "an array")
+    for i, diff_id in enumerate(diff_ids):
+        if not isinstance(diff_id, str) or not DIGEST_RE.match(diff_id):
+            raise SchemaError(f"{where}: rootfs.diff_ids[{i}] is not sha256:<64 hex>")
+    if len(diff_ids) != layers:
+        raise SchemaError(
+            f"{where}: rootfs.diff_ids lists {len(diff_ids)} layer(s), the manifest {layers}"
+        )
+    runtime = _need(cfg.get("config") or {}, dict, f"{where}: config", "an object")
+    labels = _need(runtime.get("Labels") or {}, dict, f"{where}: config.Labels", "an object")
+    for key, value in labels.items():
+        _need(value, str, f"{where}: config.Labels[{key[:40]!r}]", "a string")
+    env = _need(runtime.get("Env") or [], list, f"{where}: config.Env", "an array")
+    for i, entry in enumerate(env):
+        _need(entry, str, f"{where}: config.Env[{i}]", "a string")
+    return cfg
