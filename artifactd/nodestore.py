@@ -128,8 +128,12 @@ def fill(
     families: Sequence[str] | None = None,
     on_event: EventSink = discard,
     signatures: bool = False,
+    refresh: bool = False,
 ) -> FillResult:
     """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
+
+    With ``refresh`` (after :func:`set_aside`), the remote is asked even when
+    the node holds a tag a restore would read: what the node lacks is fetched.
 
     With ``signatures`` (a restore that verifies), an artifact the node holds
     without its ``.sig`` counts as missing: its signatures are fetched (a node
@@ -149,7 +153,7 @@ def fill(
     if signatures:
         missing += [t for t in present if not _signed(node, t)]
     result.tags = present
-    if remote is not None and (missing or not present):
+    if remote is not None and (missing or not present or refresh):
         try:
             _fetch(
                 node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures

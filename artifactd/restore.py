@@ -36,6 +36,7 @@ from artifactd.errors import (
     CacheMissError,
     ConfigError,
     IntegrityError,
+    StoreError,
     UnboundError,
     UsageError,
 )
@@ -45,6 +46,8 @@ from artifactd.resolve import FamilyPlan, RestorePlan, noop_plan, plan_restore
 from artifactd.stores import Store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from artifactd.hashing import Readable
     from artifactd.marker import RestoreMarker
     from artifactd.nodestore import FillResult
@@ -483,7 +486,13 @@ def _via_node_store(
             if damaged is not None:
                 dropped = _set_aside(node, damaged, fp_hash, flat, families, on_event)
             result = _fill(
-                node, request, fp_hash=fp_hash, flat=flat, families=families, on_event=on_event
+                node,
+                request,
+                fp_hash=fp_hash,
+                flat=flat,
+                families=families,
+                on_event=on_event,
+                refresh=damaged is not None,
             )
             result.set_aside = dropped
             return result
@@ -497,14 +506,7 @@ def _via_node_store(
         filled = fill_node()
         outcome = from_node()
         if _damaged(outcome):
-            again = fill_node(outcome)
-            filled.fetched += again.fetched
-            filled.bytes_fetched += again.bytes_fetched
-            filled.set_aside = again.set_aside
-            filled.seconds = round(filled.seconds + again.seconds, 3)
-            if again.fetched:
-                filled.outcome = "fetched"
-                outcome = from_node()
+            outcome = _again(filled, fill_node(outcome), from_node)
     except (UsageError, ConfigError):
         raise
     except (ArtifactdError, OSError) as exc:
@@ -528,6 +530,27 @@ def _via_node_store(
     return outcome._replace(node=filled)
 
 
+def _again(
+    filled: FillResult, again: FillResult, from_node: Callable[[], RestoreOutcome]
+) -> RestoreOutcome:
+    """Restore from the node store again after a repairing fill (``again``, merged into ``filled``).
+
+    Raises :class:`StoreError` when the repair fetched nothing and the node
+    store no longer serves: the registry, asked directly, reports why.
+    """
+    filled.fetched += again.fetched
+    filled.bytes_fetched += again.bytes_fetched
+    filled.set_aside = again.set_aside
+    filled.cleared += again.cleared
+    filled.seconds = round(filled.seconds + again.seconds, 3)
+    if again.fetched:
+        filled.outcome = "fetched"
+    outcome = from_node()  # what the node still holds may serve (a family tag)
+    if not again.fetched and not outcome.cache_hit:
+        raise StoreError(again.error or "the registry had nothing to repair the node store with")
+    return outcome
+
+
 def _fill(
     node: LayoutStore,
     request: RestoreRequest,
@@ -536,6 +559,7 @@ def _fill(
     flat: Mapping[str, Any],
     families: list[str] | None,
     on_event: EventSink,
+    refresh: bool = False,
 ) -> FillResult:
     """Fill the node store from the request's registry (nothing when it cannot be opened)."""
     from artifactd.nodestore import fill
@@ -558,6 +582,7 @@ def _fill(
             families=families,
             on_event=on_event,
             signatures=bool(request.verify_keys),  # a verifying restore needs the signatures too
+            refresh=refresh,
         )
 
 
@@ -635,8 +660,6 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
             plan = _plan(store, raw_fingerprint, volume, request)
             lookup = round(time.monotonic() - started, 4)
             if plan.error is not None:  # the store became unreachable while resolving
-                from artifactd.errors import StoreError
-
                 return _failed(plan, StoreError(plan.error), request.require)
             if request.dry_run:
                 return RestoreOutcome("dry_run", plan, None, None, 0)

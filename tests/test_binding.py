@@ -50,12 +50,12 @@ class World:
     def pod_tag(self, family: str | None) -> str:
         """The tag the pod resolves: ``fp-<hash>``, or the family's scope tag."""
         prefix = f"{family}-" if family else "fp-"
-        return next(t for t in self.pod["tags"] if t.startswith(prefix))
+        return str(next(t for t in self.pod["tags"] if t.startswith(prefix)))
 
     def other_tag(self, family: str | None) -> str:
         """The same tag of the other fingerprint's artifact."""
         prefix = f"{family}-" if family else "fp-"
-        return next(t for t in self.other["tags"] if t.startswith(prefix))
+        return str(next(t for t in self.other["tags"] if t.startswith(prefix)))
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
