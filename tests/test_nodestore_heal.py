@@ -216,8 +216,8 @@ def test_a_fill_killed_mid_write_leaves_nothing_the_next_fill_does_not_remove(
         env, "--store", store, "--node-store", f"oci:{node}", "--target", str(tmp_path / "b")
     )
     assert doc["status"] == "restored" and doc["node_store"]["outcome"] == "fetched"
-    assert doc["node_store"]["cleared"]
     assert _leftovers(node) == []
+    assert doc["node_store"]["cleared"]
 
 
 @pytest.fixture
