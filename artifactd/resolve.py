@@ -360,7 +360,11 @@ def _tags_unchanged(
         return full is not None and all(f["artifact"] == full for f in recorded)
     if full is not None:
         return False  # a whole artifact appeared since: restore it
-    for fam in recorded:
+    for name, fam in marker["families"].items():
+        fam_def = get_family(name)
+        key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
+        if unbound(fam["tag"], "family", fam["scope_key"], key):
+            return False  # a marker written by a release that did not check binding
         if store.tag_digest(fam["tag"]) != fam["artifact"]:
             return False
     for name in marker["missed"]:
