@@ -292,6 +292,13 @@ def test_a_warm_pod_keeps_its_cache_and_a_no_op_never_hides_a_repointed_tag(
         world.pod_tag("generic"),
         world.pod_tag("triton"),
     }
+    # Through a node store: the fill brings the pod's family tags too, so the
+    # pod restores the bound families from the node, and the tag is named.
+    node = f"oci:{tmp_path / 'node'}"
+    proc, doc = restore("--store", ref, "--node-store", node, "--target", str(tmp_path / "n"))
+    assert doc["status"] == "restored" and doc["plan"]["store"] == node, doc
+    assert doc["match"] == "partial" and world.pod_tag(None) in doc["plan"]["unbound"]
+    assert set(installed(tmp_path / "n")) == set(before)  # (triton embeds its own path)
     # The human output names it too.
     plain = cli("restore", "--store", ref, "--target", str(tmp_path / "t2"), "--gpu-arch", POD_ARCH)
     assert "passed over: " + world.pod_tag(None) in plain.stdout, plain.stdout
