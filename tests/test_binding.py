@@ -325,3 +325,32 @@ def test_an_unbound_artifact_was_installed_before_without_a_policy(
     )
     assert json.loads(proc.stdout)["status"] == "restored", proc.stderr
     shutil.rmtree(tmp_path / "t")
+
+
+def test_a_no_op_rechecks_the_scope_key_a_family_marker_records(
+    tmp_path: Path, world: World
+) -> None:
+    """A marker is written only after bound hits; one that records another scope is not trusted.
+
+    Such a marker is what a release that did not check binding left behind
+    after installing a re-pointed family tag.
+    """
+    from artifactd.stores.layout import LayoutStore
+
+    layout = tmp_path / "layout"
+    copy_between(world.pod_signed, f"oci:{layout}", None)
+    LayoutStore(layout).remove_tags([world.pod_tag(None)])  # families resolve by their tags
+    target = tmp_path / "cache"
+    proc, doc = restore("--store", f"oci:{layout}", "--target", str(target))
+    assert doc["status"] == "restored" and doc["match"] == "partial", proc.stderr
+    assert restore("--store", f"oci:{layout}", "--target", str(target))[1]["status"] == "noop"
+    marker_path = target / ".artifactd" / "restored.json"
+    marker = json.loads(marker_path.read_bytes())
+    marker["families"]["generic"]["scope_key"] = world.other_tag("generic").split("-", 1)[1]
+    marker_path.write_text(json.dumps(marker))
+    proc, doc = restore("--store", f"oci:{layout}", "--target", str(target))
+    assert doc["status"] == "restored", doc
+    rewritten = json.loads(marker_path.read_bytes())
+    assert (
+        rewritten["families"]["generic"]["scope_key"] == world.pod_tag("generic").split("-", 1)[1]
+    )
