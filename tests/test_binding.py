@@ -354,3 +354,31 @@ def test_a_no_op_rechecks_the_scope_key_a_family_marker_records(
     assert (
         rewritten["families"]["generic"]["scope_key"] == world.pod_tag("generic").split("-", 1)[1]
     )
+
+
+def test_a_fan_out_cell_of_the_same_fingerprint_is_never_restored(
+    tmp_path: Path, world: World
+) -> None:
+    """One cell's part of a fan-out build carries the pod's fingerprint, but only for merge."""
+    from artifactd.artifacts import read_artifact
+    from artifactd.build import cell_tag
+    from artifactd.harvest import harvest
+
+    layout = f"oci:{tmp_path / 'layout'}"
+    with open_store(world.pod_signed) as st:
+        pod = read_artifact(st, world.pod_tag(None))
+        assert pod is not None
+    tag = cell_tag("run1", 0)
+    with open_store(layout, create=True) as st:
+        environ = build_caches(tmp_path / "build")
+        cell = harvest(st, pod.config.fingerprint, environ=environ, cell_tag=tag)
+        found = st.get_manifest(cell.digest)
+        assert found is not None
+        st.put_manifest(found.data, found.media_type, [world.pod_tag(None)])
+    target = tmp_path / "cache"
+    proc, doc = restore("--store", layout, "--target", str(target))
+    assert proc.returncode == 0 and doc["status"] == "miss", doc
+    assert "fan-out" in doc["plan"]["unbound"][world.pod_tag(None)]
+    proc, doc = restore("--store", layout, "--target", str(target), "--require")
+    assert proc.returncode == 5 and doc["failure"]["kind"] == "corrupt", proc.stderr
+    assert installed(target) == {}
