@@ -119,6 +119,18 @@ class TrustError(ArtifactdError):
         self.reason = reason
 
 
+class UnboundError(IntegrityError):
+    """A tag names an artifact whose own content says it is for something else.
+
+    Another fingerprint behind ``fp-<hash>``, another scope key behind a
+    family tag: a tag re-pointed or mis-published. Such an artifact is never
+    installed; this is the failure of a restore with ``--require`` that met one.
+    """
+
+    exit_code = 5
+    kind = "corrupt"
+
+
 class SchemaError(IntegrityError):
     """An artifact document failed validation or has an unknown schema version."""
 

@@ -17,14 +17,23 @@ Each fill records, per manifest it resolved to, when it was last used
 recently used artifacts (a tag, then every blob no remaining tag references)
 until the store is under ``max_bytes`` and its filesystem has ``min_free``
 percent free; ``artifactd prefetch`` fills a node ahead of a release.
+
+The node store heals. A copy that fails verification when a restore reads it
+(a flipped byte, a truncated or deleted blob: the restore's digests catch it)
+is set aside (:func:`set_aside`: its damaged blobs and its tags removed) and
+fetched again by the fill that follows, in the same restore. A fill killed
+mid-write leaves temp files (``.tmp-*``) that the next fill removes, and a
+full node disk is a :class:`~artifactd.errors.NoSpaceError`, never a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,7 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from artifactd.errors import ArtifactdError, StoreError, TargetError, UsageError
+from artifactd.errors import (
+    ArtifactdError,
+    NoSpaceError,
+    NotFoundError,
+    StoreError,
+    TargetError,
+    UsageError,
+)
 from artifactd.events import EventSink, discard
 from artifactd.fsutil import atomic_write
 
@@ -46,6 +62,8 @@ LOCK_NAME = ".artifactd-node.lock"
 USAGE_NAME = ".artifactd-last-used.json"
 #: How long a restore waits for another pod's fill, at most (seconds).
 LOCK_TIMEOUT = 600.0
+#: What the layout's writers name a file before renaming it into place (and a fill its scratch).
+TMP_PREFIX = ".tmp-"
 
 
 def node_root(ref: str) -> Path:
@@ -95,6 +113,10 @@ class FillResult:
     bytes_fetched: int = 0
     seconds: float = 0.0
     error: str | None = None
+    #: Tags whose copy failed verification and were fetched again (:func:`set_aside`).
+    set_aside: list[str] = field(default_factory=list)
+    #: Temp files and scratch left by a fill killed mid-write, removed (:func:`clear_leftovers`).
+    cleared: list[str] = field(default_factory=list)
 
 
 def fill(
@@ -106,29 +128,38 @@ def fill(
     families: Sequence[str] | None = None,
     on_event: EventSink = discard,
     signatures: bool = False,
+    refresh: bool = False,
 ) -> FillResult:
     """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
+
+    With ``refresh`` (after :func:`set_aside`), the remote is asked even when
+    the node holds a tag a restore would read: what the node lacks is fetched.
 
     With ``signatures`` (a restore that verifies), an artifact the node holds
     without its ``.sig`` counts as missing: its signatures are fetched (a node
     store filled before the publisher signed heals at the next restore).
-    Call it under :func:`node_lock` (exclusive). Never raises for the remote:
+    Call it under :func:`node_lock` (exclusive): it first removes what a
+    fill killed mid-write left (:func:`clear_leftovers`). Never raises for the remote:
     an unreachable or failing registry leaves the node store as it was and is
     reported in the result (``offline``), so a warm node store still serves.
+    A full node disk raises :class:`NoSpaceError`.
     """
     start = time.monotonic()
     result = FillResult(node=node.ref, outcome="node")
+    result.cleared = clear_leftovers(node)
     wanted = _wanted(node, fingerprint_hash, flat, families)
     present = [t for t in wanted if node.tag_digest(t) is not None]
     missing = [t for t in wanted if t not in present]
     if signatures:
         missing += [t for t in present if not _signed(node, t)]
     result.tags = present
-    if remote is not None and (missing or not present):
+    if remote is not None and (missing or not present or refresh):
         try:
             _fetch(
                 node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures
             )
+        except NoSpaceError:
+            raise  # the node's own disk, not the registry: the caller decides
         except ArtifactdError as exc:
             result.outcome, result.error = "offline", exc.message
             on_event({"stage": "node-store", "event": "offline", "error": exc.message})
@@ -150,6 +181,15 @@ def fill(
         }
     )
     return result
+
+
+def restore_tags(
+    fingerprint_hash: str, flat: Mapping[str, Any], families: Sequence[str] | None
+) -> list[str]:
+    """Every tag a restore of ``fingerprint_hash`` may read: the whole artifact's, the families'."""
+    from artifactd.oci import full_tag
+
+    return [full_tag(fingerprint_hash), *_family_tags(flat, families)]
 
 
 def _family_tags(flat: Mapping[str, Any], families: Sequence[str] | None) -> list[str]:
@@ -200,14 +240,18 @@ def _fetch(
     """Copy from ``remote`` what the node lacks: the artifact and its family tags, or those."""
     from artifactd.artifacts import copy_artifacts, read_artifact
     from artifactd.oci import family_tag, full_tag
+    from artifactd.resolve import unbound
 
     full = full_tag(fingerprint_hash)
     tags: list[str] = []
     art = read_artifact(remote, full)
     if art is not None:
         tags = [full] + [family_tag(r.family, r.scope_key) for r in art.config.layers]
-    else:
-        tags = [t for t in _family_tags(flat, families) if remote.tag_digest(t) is not None]
+    if art is None or unbound(full, art.config.kind, art.config.fingerprint_hash, fingerprint_hash):
+        # Copied all the same when it is for another fingerprint, so that the
+        # restore names why; it then resolves the families by their own tags.
+        tags += [t for t in _family_tags(flat, families) if remote.tag_digest(t) is not None]
+        tags = list(dict.fromkeys(tags))
     same = [t for t in tags if node.tag_digest(t) == remote.tag_digest(t)]
     tags = [t for t in tags if t not in same]
     unsigned = [t for t in same if signatures and not _signed(node, t)]
@@ -215,16 +259,97 @@ def _fetch(
         from artifactd.trust import copy_attached
 
         fetched: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="artifactd-node-") as tmp:
-            if tags:  # (an empty list would mean "every artifact")
-                copied = copy_artifacts(remote, node, tags, Path(tmp))
-                fetched += copied.tags + copied.attached
-                result.bytes_fetched = copied.bytes_uploaded
-            for tag in unsigned:
-                digest = node.tag_digest(tag)
-                if digest is not None:
-                    fetched += copy_attached(remote, node, digest, Path(tmp))
+        try:
+            # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
+            with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
+                if tags:  # (an empty list would mean "every artifact")
+                    copied = copy_artifacts(remote, node, tags, Path(tmp))
+                    fetched += copied.tags + copied.attached
+                    result.bytes_fetched = copied.bytes_uploaded
+                for tag in unsigned:
+                    digest = node.tag_digest(tag)
+                    if digest is not None:
+                        fetched += copy_attached(remote, node, digest, Path(tmp))
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpaceError(
+                    f"the node store {node.root} is out of space ({exc.strerror})",
+                    hint="collect it (artifactd gc --store oci:PATH --max-bytes SIZE) "
+                    "or give its disk more room",
+                ) from None
+            raise
         result.fetched = fetched
+
+
+def clear_leftovers(node: LayoutStore) -> list[str]:
+    """Remove the temp files and scratch directories that fills killed mid-write left.
+
+    Only under the exclusive lock, where no other fill is writing: every
+    ``.tmp-*`` in the layout's root and its blob directory is then a dead
+    writer's. Returns the names removed.
+    """
+    removed: list[str] = []
+    for directory in (node.root, node.root / "blobs" / "sha256"):
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith(TMP_PREFIX):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
+    """Remove from the node store every copy of what ``tags`` name that fails verification.
+
+    For a restore whose read of the node store failed (corrupt, missing,
+    re-pointed): each tagged manifest, its config and its layers are hashed
+    against their digests and sizes. A blob that does not match is deleted
+    and every tag naming its manifest removed, so the next :func:`fill`
+    fetches them again (a fill skips a tag the node already holds). Call it
+    under the exclusive lock. Returns the tags removed.
+    """
+    from artifactd.imagemanifest import ImageManifest
+
+    on_disk = node.blob_digests()
+    damaged: set[str] = set()
+    for tag in tags:
+        digest = node.tag_digest(tag)
+        if digest is None:
+            continue
+        try:
+            ref = node.get_manifest(digest)
+            if ref is None:
+                raise NotFoundError(f"{node.ref} has no manifest {digest}")
+            manifest = ImageManifest.from_bytes(ref.data, source=f"{node.ref}@{digest}")
+        except ArtifactdError:
+            node.remove_blob(digest)
+            damaged.add(digest)
+            continue
+        for desc in [manifest.config, *manifest.layers]:
+            if on_disk.get(desc.digest) is None or not _intact(node, desc.digest, desc.size):
+                node.remove_blob(desc.digest)
+                damaged.add(digest)
+    every = {t: d for t in node.list_tags() if (d := node.tag_digest(t)) is not None}
+    return node.remove_tags([t for t, d in every.items() if d in damaged])
+
+
+def _intact(node: LayoutStore, digest: str, size: int) -> bool:
+    """Whether the node's blob ``digest`` holds exactly ``size`` bytes that hash to it."""
+    from artifactd.hashing import copy_hashed
+
+    try:
+        with node.open_blob(digest, size) as blob:
+            return copy_hashed(blob, limit=size).matches(digest, size)
+    except ArtifactdError:
+        return False
 
 
 def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = None) -> None:
@@ -294,7 +419,13 @@ def gc(
     are evicted oldest use first (an artifact never recorded counts as
     oldest, then by tag); after each, the blobs no remaining tag references
     are what it frees. Never removes a blob a remaining tag references.
+    ``max_bytes`` 0 empties the store; a negative target or one outside
+    0-100 percent is a :class:`UsageError` (it would evict everything).
     """
+    if max_bytes is not None and max_bytes < 0:
+        raise UsageError(f"gc --max-bytes must be 0 or more, not {max_bytes}")
+    if min_free_pct is not None and not 0 <= min_free_pct <= 100:
+        raise UsageError(f"gc --min-free must be a percentage (0-100), not {min_free_pct}")
     with node_lock(node.root, timeout=timeout):
         return _collect(node, max_bytes, min_free_pct, dry_run, on_event)
 

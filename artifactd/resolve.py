@@ -9,6 +9,12 @@ through :meth:`CacheVolume.installed <artifactd.destination.CacheVolume.installe
 records the resolution that looking up the tags again would give. It reads no
 config and builds no pydantic model, so a restarted pod with a warm volume
 answers in a fraction of a second. :mod:`artifactd.restore` executes plans.
+
+A tag is not evidence: whoever can push can point ``fp-<hash>`` or a family
+tag at any manifest, signed or not. :func:`unbound` is the one check that an
+artifact is for what the pod resolved, made on every source (stores of every
+kind here, mounted trees in :mod:`artifactd.trees`) with what the artifact's
+own content says; under a signature policy that content is signed.
 """
 
 from __future__ import annotations
@@ -143,6 +149,9 @@ class RestorePlan(NamedTuple):
     noop: bool = False
     #: The key ids every manifest had to be signed by (``--verify-key``), or None.
     trusted: Sequence[str] | None = None
+    #: Each tag resolution looked up and passed over, with why: its artifact is
+    #: for something else (:func:`unbound`). Never installed; ``--require`` fails on it.
+    unbound: Mapping[str, str] = _NONE
 
     @property
     def json_hidden(self) -> tuple[str, ...]:
@@ -162,6 +171,33 @@ class RestorePlan(NamedTuple):
 
 def _family_dirs(fam: Family, target: Path, user: str | None) -> dict[str, str]:
     return {k: str(v) for k, v in fam.restore_dirs(target, user=user).items()}
+
+
+def unbound(tag: str, kind: str, claimed: str | None, wanted: str) -> str | None:
+    """Why the artifact ``tag`` names is not for what the pod resolved; None when it is.
+
+    The one binding check, for every source. ``claimed`` is what the
+    artifact's own content says it is for: the config's fingerprint hash
+    behind a whole-artifact tag ``fp-<hash>``, the scope key of the family's
+    record behind a family tag ``<family>-<scope key>`` (None: it holds no
+    such family); ``wanted`` is the hash or scope key the pod resolved, the
+    one in ``tag``. ``kind`` is the config's: one cell's part of a fan-out
+    build is never restored, whatever it claims. The content read is pinned
+    by the manifest's digest (the config blob's is in it), so under
+    ``--verify-key`` the claim is signed; the tag never is.
+    """
+    whole = tag.startswith(FULL_TAG_PREFIX)
+    if kind == "cell":
+        return f"{tag} names one cell's part of a fan-out build, which is never restored"
+    if claimed == wanted:
+        return None
+    if claimed is None:
+        return f"{tag} names an artifact that holds no {tag.rsplit('-', 1)[0]} cache"
+    what = "fingerprint" if whole else "scope"
+    return (
+        f"{tag} names an artifact built for another {what} ({claimed[:12]}..., "
+        f"not {wanted[:12]}...): a tag re-pointed or mis-published, never installed"
+    )
 
 
 def plan_restore(
@@ -194,13 +230,16 @@ def plan_restore(
     match: Literal["full", "partial", "miss"] = "miss"
     nearest: ClosestSampled | None = None
     error = store_error
+    passed: dict[str, str] = {}
     if store is not None:
         try:
-            plans, match = _resolve(store, local, selected, target, consumer_user, trust=trust)
+            plans, match, passed = _resolve(
+                store, local, selected, target, consumer_user, trust=trust
+            )
             if any(p.verdict == "miss" for p in plans) and match != "full":
                 # Only a miss lists tags: resolving itself is tag lookups, never a scan.
                 nearest = _closest_sampled(store, local)
-                plans = _explain_misses(plans, local, nearest)
+                plans = _explain_misses(plans, local, nearest, keep=list(passed.values()))
         except StoreError as exc:
             if not exc.kind == "unreachable":
                 raise
@@ -232,6 +271,7 @@ def plan_restore(
         nearest=nearest,
         error=error,
         trusted=trust.key_ids if trust is not None else None,
+        unbound=passed,
     )
 
 
@@ -320,7 +360,11 @@ def _tags_unchanged(
         return full is not None and all(f["artifact"] == full for f in recorded)
     if full is not None:
         return False  # a whole artifact appeared since: restore it
-    for fam in recorded:
+    for name, fam in marker["families"].items():
+        fam_def = get_family(name)
+        key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
+        if unbound(fam["tag"], "family", fam["scope_key"], key):
+            return False  # a marker written by a release that did not check binding
         if store.tag_digest(fam["tag"]) != fam["artifact"]:
             return False
     for name in marker["missed"]:
@@ -339,11 +383,19 @@ def _resolve(
     user: str | None,
     *,
     trust: TrustPolicy | None = None,
-) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"]]:
+) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"], dict[str, str]]:
+    """Resolve by tags; also return why each tag passed over was (:func:`unbound`)."""
     from artifactd.artifacts import read_artifact
 
-    full = read_artifact(store, full_tag(local.hash), trust=trust)
+    tag = full_tag(local.hash)
+    full = read_artifact(store, tag, trust=trust)
     plans: list[FamilyPlan] = []
+    passed: dict[str, str] = {}
+    if full is not None and (
+        why := unbound(tag, full.config.kind, full.config.fingerprint_hash, local.hash)
+    ):
+        passed[tag] = why
+        full = None
     if full is not None:
         for fam in selected:
             rec = full.config.layer(fam.name)
@@ -365,25 +417,30 @@ def _resolve(
                         full.digest,
                         rec,
                         dirs=dirs,
-                        tag=full_tag(local.hash),
+                        tag=tag,
                         version=full.config.schema_version,
                         signed_by=full.signed_by,
                     )
                 )
-        return plans, "full"
+        return plans, "full", passed
     for fam in selected:
         key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
         dirs = _family_dirs(fam, target, user)
         tag = family_tag(fam.name, key)
         art = read_artifact(store, tag, trust=trust)
         rec = art.config.layer(fam.name) if art is not None else None
-        if art is None or rec is None:
+        why = None
+        if art is not None:
+            why = unbound(tag, art.config.kind, rec.scope_key if rec else None, key)
+        if why:
+            passed[tag] = why
+        if art is None or rec is None or why:
             plans.append(
                 FamilyPlan(
                     fam.name,
                     "miss",
                     dirs=dirs,
-                    reason="no artifact in the store has this family's scope",
+                    reason=why or "no artifact in the store has this family's scope",
                 )
             )
         else:
@@ -400,7 +457,7 @@ def _resolve(
                 )
             )
     hit = any(p.verdict == "hit" for p in plans)
-    return plans, "partial" if hit else "miss"
+    return plans, "partial" if hit else "miss", passed
 
 
 def _closest_sampled(store: Store, local: Fingerprint) -> ClosestSampled | None:
@@ -426,9 +483,16 @@ def _closest_sampled(store: Store, local: Fingerprint) -> ClosestSampled | None:
 
 
 def _explain_misses(
-    plans: list[FamilyPlan], local: Fingerprint, nearest: ClosestSampled | None
+    plans: list[FamilyPlan],
+    local: Fingerprint,
+    nearest: ClosestSampled | None,
+    *,
+    keep: Sequence[str] = (),
 ) -> list[FamilyPlan]:
-    """Return ``plans`` with each miss the closest artifact explains: its deciding fields."""
+    """Return ``plans`` with each miss the closest artifact explains: its deciding fields.
+
+    A miss whose reason is in ``keep`` (a tag passed over as unbound) keeps it.
+    """
     from artifactd.diff import family_verdict
 
     if nearest is None or nearest.artifact is None:
@@ -437,7 +501,11 @@ def _explain_misses(
     out = []
     for plan in plans:
         explained = plan
-        if plan.verdict == "miss" and art.config.layer(plan.family) is not None:
+        if (
+            plan.verdict == "miss"
+            and plan.reason not in keep
+            and art.config.layer(plan.family) is not None
+        ):
             verdict = family_verdict(get_family(plan.family), art.config.fingerprint, local)
             explained = plan._replace(deciding=verdict.deciding)
             if verdict.deciding:

@@ -17,7 +17,9 @@ Two entry points, shaped like an installer's ``install(source, destination)``:
   such failure (unreachable, not found, corrupt, hostile, schema-invalid, no
   space, target not writable, and any unexpected error) leaves the target
   untouched and is reported with its class; the outcome's exit code is 0
-  unless ``require`` is set, then the failure's documented code (a miss: 6).
+  unless ``require`` is set, then the failure's documented code (a miss: 6;
+  a tag passed over because its artifact is for something else, even when
+  other families hit: 5, ``corrupt``, nothing installed).
 """
 
 from __future__ import annotations
@@ -29,16 +31,27 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.destination import CacheVolume, StepHook, Swap, no_hook, os_error, remove_tree
-from artifactd.errors import ArtifactdError, CacheMissError, ConfigError, UsageError
+from artifactd.errors import (
+    ArtifactdError,
+    CacheMissError,
+    ConfigError,
+    IntegrityError,
+    StoreError,
+    UnboundError,
+    UsageError,
+)
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
 from artifactd.resolve import FamilyPlan, RestorePlan, noop_plan, plan_restore
 from artifactd.stores import Store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from artifactd.hashing import Readable
     from artifactd.marker import RestoreMarker
     from artifactd.nodestore import FillResult
+    from artifactd.stores.layout import LayoutStore
     from artifactd.trees import MountedTree
 
 
@@ -444,11 +457,15 @@ def _via_node_store(
     """Fill the node store from the registry (one pod per node fetches), then restore from it.
 
     A node store that cannot be used (its lock held past the timeout, its disk
-    unwritable) is passed over: the restore goes straight to the registry.
+    unwritable or full) is passed over: the restore goes straight to the
+    registry. A copy in it that fails the restore's checks (damaged: corrupt
+    or missing bytes; or a tag there re-pointed at an artifact for something
+    else) is set aside and fetched again from the registry, and the restore
+    from the node store is tried once more, so the pod still starts warm and
+    the next pod on the node reads the repaired copy.
     """
-    from artifactd.nodestore import LOCK_TIMEOUT, fill, node_lock, node_root
+    from artifactd.nodestore import LOCK_TIMEOUT, node_lock, node_root
     from artifactd.probing import flatten, hashed_view, raw_hash
-    from artifactd.stores import open_store
     from artifactd.stores.layout import LayoutStore
 
     assert request.node_store is not None  # noqa: S101 - the caller checked
@@ -461,48 +478,142 @@ def _via_node_store(
     timeout = request.lock_timeout if request.lock_timeout is not None else LOCK_TIMEOUT
     flat = flatten(hashed_view(raw_fingerprint))
     families = list(request.families) if request.families else None
-    try:
+
+    def fill_node(damaged: RestoreOutcome | None = None) -> FillResult:
         with node_lock(root, timeout=timeout):
             node = LayoutStore(root, create=True)
-            try:
-                remote = open_store(request.store, insecure=request.insecure)
-            except (UsageError, ConfigError):
-                raise
-            except ArtifactdError:
-                remote = None  # unreachable: the node store serves what it has
-            signed = bool(request.verify_keys)  # a verifying restore needs the signatures too
-            if remote is None:
-                filled = fill(node, None, fp_hash, flat, families=families, on_event=on_event)
-            else:
-                with remote:
-                    filled = fill(
-                        node,
-                        remote,
-                        fp_hash,
-                        flat,
-                        families=families,
-                        on_event=on_event,
-                        signatures=signed,
-                    )
+            dropped = []
+            if damaged is not None:
+                dropped = _set_aside(node, damaged, fp_hash, flat, families, on_event)
+            result = _fill(
+                node,
+                request,
+                fp_hash=fp_hash,
+                flat=flat,
+                families=families,
+                on_event=on_event,
+                refresh=damaged is not None,
+            )
+            result.set_aside = dropped
+            return result
+
+    def from_node() -> RestoreOutcome:
         with node_lock(root, shared=True, timeout=timeout):
-            direct = request._replace(store=node.ref)
-            outcome = _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+            direct = request._replace(store=f"oci:{root}")
+            return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+
+    try:
+        filled = fill_node()
+        outcome = from_node()
+        if _damaged(outcome):
+            outcome = _again(filled, fill_node(outcome), from_node)
     except (UsageError, ConfigError):
         raise
     except (ArtifactdError, OSError) as exc:
         on_event({"stage": "node-store", "event": "bypassed", "error": str(exc)[:200]})
         return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
-    if outcome.failure is not None and outcome.failure.kind == "untrusted":
+    failure = outcome.failure
+    if failure is not None and (
+        failure.kind == "untrusted"
+        or (_damaged(outcome) and not isinstance(failure.error, UnboundError))
+    ):
         # The node store is a cache: what it holds unverified (filled before the
-        # publisher signed, or tampered with on the node) is no reason to miss.
-        # The registry's copy gets the same verification.
-        on_event({"stage": "node-store", "event": "bypassed", "error": outcome.failure.message})
+        # publisher signed, or tampered with on the node) or could not repair
+        # (the registry down) is no reason to miss. The registry's copy gets
+        # the same checks.
+        on_event({"stage": "node-store", "event": "bypassed", "error": failure.message})
         return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
     if outcome.result is not None:  # the fill is part of finding what to restore
         lookup = outcome.result.phases.get("lookup", 0.0) + filled.seconds
         phases = {**outcome.result.phases, "lookup": round(lookup, 4)}
         outcome = outcome._replace(result=outcome.result._replace(phases=phases))
     return outcome._replace(node=filled)
+
+
+def _again(
+    filled: FillResult, again: FillResult, from_node: Callable[[], RestoreOutcome]
+) -> RestoreOutcome:
+    """Restore from the node store again after a repairing fill (``again``, merged into ``filled``).
+
+    Raises :class:`StoreError` when the repair fetched nothing and the node
+    store no longer serves: the registry, asked directly, reports why.
+    """
+    filled.fetched += again.fetched
+    filled.bytes_fetched += again.bytes_fetched
+    filled.set_aside = again.set_aside
+    filled.cleared += again.cleared
+    filled.seconds = round(filled.seconds + again.seconds, 3)
+    if again.fetched:
+        filled.outcome = "fetched"
+    outcome = from_node()  # what the node still holds may serve (a family tag)
+    if not again.fetched and not outcome.cache_hit:
+        raise StoreError(again.error or "the registry had nothing to repair the node store with")
+    return outcome
+
+
+def _fill(
+    node: LayoutStore,
+    request: RestoreRequest,
+    *,
+    fp_hash: str,
+    flat: Mapping[str, Any],
+    families: list[str] | None,
+    on_event: EventSink,
+    refresh: bool = False,
+) -> FillResult:
+    """Fill the node store from the request's registry (nothing when it cannot be opened)."""
+    from artifactd.nodestore import fill
+    from artifactd.stores import open_store
+
+    assert request.store is not None  # noqa: S101 - _via_node_store set it
+    try:
+        remote = open_store(request.store, insecure=request.insecure)
+    except (UsageError, ConfigError):
+        raise
+    except ArtifactdError:
+        # Unreachable: the node store serves what it has.
+        return fill(node, None, fp_hash, flat, families=families, on_event=on_event)
+    with remote:
+        return fill(
+            node,
+            remote,
+            fp_hash,
+            flat,
+            families=families,
+            on_event=on_event,
+            signatures=bool(request.verify_keys),  # a verifying restore needs the signatures too
+            refresh=refresh,
+        )
+
+
+def _damaged(outcome: RestoreOutcome) -> bool:
+    """Whether a restore from the node store failed on its copy: bytes, or a re-pointed tag."""
+    from artifactd.errors import NotFoundError
+
+    if outcome.plan.unbound:
+        return True
+    failure = outcome.failure
+    return failure is not None and isinstance(failure.error, (IntegrityError, NotFoundError))
+
+
+def _set_aside(  # noqa: PLR0917 - the restore's state, passed on
+    node: LayoutStore,
+    damaged: RestoreOutcome,
+    fp_hash: str,
+    flat: Mapping[str, Any],
+    families: list[str] | None,
+    on_event: EventSink,
+) -> list[str]:
+    """Drop from the node store what the failed restore read: damaged copies, re-pointed tags."""
+    from artifactd.nodestore import restore_tags, set_aside
+
+    # A tag re-pointed on the node is dropped whole; the fill copies the registry's.
+    dropped = node.remove_tags(list(damaged.plan.unbound))
+    dropped += set_aside(node, restore_tags(fp_hash, flat, families))
+    failure = damaged.failure
+    why = failure.message if failure else "; ".join(damaged.plan.unbound.values())
+    on_event({"stage": "node-store", "event": "set_aside", "tags": dropped, "error": why[:200]})
+    return dropped
 
 
 def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
@@ -549,12 +660,10 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
             plan = _plan(store, raw_fingerprint, volume, request)
             lookup = round(time.monotonic() - started, 4)
             if plan.error is not None:  # the store became unreachable while resolving
-                from artifactd.errors import StoreError
-
                 return _failed(plan, StoreError(plan.error), request.require)
             if request.dry_run:
                 return RestoreOutcome("dry_run", plan, None, None, 0)
-            if not plan.hits:
+            if not plan.hits or (plan.unbound and request.require):
                 return _miss(plan, request.require)
             result = restore(plan, store, volume, on_event=on_event, max_bytes=request.max_bytes)
             result = result._replace(phases={"lookup": lookup, **result.phases})
@@ -668,7 +777,26 @@ def _failed(plan: RestorePlan, exc: BaseException, require: bool) -> RestoreOutc
     return RestoreOutcome("failed", plan, None, failure, failure.exit_code if require else 0)
 
 
+def _unbound_error(plan: RestorePlan) -> UnboundError:
+    """Return the failure of a ``--require`` restore that met an artifact tagged for another."""
+    reasons = list(plan.unbound.values())
+    more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    return UnboundError(
+        f"{reasons[0]}{more}; nothing installed",
+        hint="the store's tag names an artifact built for another machine or model: re-tag "
+        "or re-publish it from CI (`artifactd inspect STORE:TAG` shows what it was built for)",
+    )
+
+
 def _miss(plan: RestorePlan, require: bool) -> RestoreOutcome:
+    """Return the outcome of a plan with nothing to install, or one ``--require`` refuses.
+
+    Under ``--require`` a plan that passed over an artifact tagged for
+    something else fails as corrupt, even when other families hit: the
+    tag is evidence of tampering or a publishing mistake.
+    """
+    if require and plan.unbound:
+        return _failed(plan, _unbound_error(plan), True)
     if not require:
         return RestoreOutcome("miss", plan, None, None, 0)
     exc = CacheMissError(

@@ -19,7 +19,9 @@ image's root holding ``opt/prebuilt-cache/<hash>/``), which is restored like
 any store. A tree is trusted no more than a registry: each family's document
 is held to the layer rules before anything is copied, and every file is
 checked against it while it is copied (:func:`artifactd.unpack.stage_tree`).
-A family hits when its document's scope key is the local one.
+A family hits when its document's scope key is the local one
+(:func:`artifactd.resolve.unbound`, as for a store's family tag); another
+scope key is a miss that names it, and fails ``--require`` as corrupt.
 """
 
 from __future__ import annotations
@@ -84,10 +86,11 @@ class MountedTree:
         """Resolve every selected family against this tree: a hit where the scope keys agree."""
         from artifactd.destination import CacheVolume
         from artifactd.diff import differences
-        from artifactd.resolve import FamilyPlan, RestorePlan
+        from artifactd.resolve import FamilyPlan, RestorePlan, unbound
 
         target = target.absolute()
         plans: list[FamilyPlan] = []
+        passed: dict[str, str] = {}
         env: dict[str, str] = {}
         for fam in select_families(families):
             dirs = {k: str(v) for k, v in fam.restore_dirs(target, user=consumer_user).items()}
@@ -97,18 +100,14 @@ class MountedTree:
                 plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason="not in this tree"))
                 continue
             doc, digest = found
-            if doc.scope_key != key:
+            tag = family_tag(fam.name, key)
+            why = unbound(tag, "family", doc.scope_key, key)
+            if why:
                 deciding = differences(doc.scope, local.select(fam.scope))
                 names = ", ".join(d.path for d in deciding) or "its scope revision"
-                plans.append(
-                    FamilyPlan(
-                        fam.name,
-                        "miss",
-                        dirs=dirs,
-                        reason=f"this tree's {fam.name} cache was built for another {names}",
-                        deciding=deciding,
-                    )
-                )
+                why = f"this tree's {fam.name} cache was built for another {names} ({why})"
+                passed[tag] = why
+                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=why, deciding=deciding))
                 continue
             plans.append(
                 FamilyPlan.hit(
@@ -117,7 +116,7 @@ class MountedTree:
                     digest,
                     doc.record(digest),
                     dirs=dirs,
-                    tag=family_tag(fam.name, key),
+                    tag=tag,
                     version=2,
                 )
             )
@@ -135,6 +134,7 @@ class MountedTree:
             env=env,
             env_file=str((env_file or CacheVolume(target).env_file).absolute()),
             flat=local.flatten(),
+            unbound=passed,
         )
 
     def unchanged(self, marker: RestoreMarker, flat: Mapping[str, Any]) -> bool:

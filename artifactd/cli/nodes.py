@@ -62,8 +62,9 @@ def prefetch(
     --image-digest), then copies from STORE into the node store what a
     restore would pick: the whole artifact and its family tags, else each
     family's. Run it from a DaemonSet or a Job when a release rolls out;
-    pods then restore with no network. An unreachable STORE exits 3; with
-    --verify-key, a --software-from artifact no key signed exits 14.
+    pods then restore with no network. An unreachable STORE exits 3, a full
+    node disk 9; with --verify-key, a --software-from artifact no key signed
+    exits 14.
     """
     from artifactd.nodestore import prefetch as do_prefetch
     from artifactd.probing import probe_request
@@ -106,7 +107,11 @@ def prefetch(
     metavar="oci:PATH",
     help="The node store to collect (a local OCI layout).",
 )
-@click.option("--max-bytes", metavar="SIZE", help="Evict until the store holds at most SIZE (20G).")
+@click.option(
+    "--max-bytes",
+    metavar="SIZE",
+    help="Evict until the store holds at most SIZE (20G; 0 empties it; negative is refused).",
+)
 @click.option(
     "--min-free",
     type=click.FloatRange(0, 100),

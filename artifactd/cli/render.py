@@ -190,6 +190,8 @@ def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> Non
     )
     if plan.error:
         echo(f"  store: {plan.error}")
+    for why in plan.unbound.values():
+        echo(f"  passed over: {why}")
     rows = [("family", "verdict", "via", "files", "size", "where / why")]
     for f in plan.families:
         if f.verdict == "hit":

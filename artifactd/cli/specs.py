@@ -280,13 +280,22 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str, *, option: str = "--max-bytes") -> int:
-    """Read a size given as bytes or with a binary unit: ``500M``, ``20G``, ``1.5GiB``."""
+    """Read a size given as bytes or with a binary unit: ``500M``, ``20G``, ``1.5GiB``.
+
+    0 or more, finite: anything else is a :class:`UsageError`.
+    """
+    import math
+
     value = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
     number = value[: len(value) - len(unit)]
     try:
-        return int(float(number) * _SIZE_UNITS[unit])
+        size = float(number) * _SIZE_UNITS[unit]
     except ValueError:
+        size = math.nan
+    if not math.isfinite(size) or size < 0:
+        # A negative limit would be no limit at all to a comparison, or evict everything.
         raise UsageError(
-            f"{option} {text!r} is not a size", hint="use bytes or a unit: 500M, 20G"
-        ) from None
+            f"{option} {text!r} is not a size", hint="use bytes or a unit, 0 or more: 500M, 20G"
+        )
+    return int(size)
