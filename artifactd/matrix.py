@@ -107,12 +107,12 @@ class ServeRequests(_Frozen):
 class Serve(_Frozen):
     """A cell that serves: start the engine, wait until ready, send requests, stop it."""
 
-    command: str = Field(description="jinja2, like `command`; `port` is the cell's port.")
+    command: str = Field(description="A template, like `command`; `port` is the cell's port.")
     ready_url: str = Field(
-        "http://127.0.0.1:{{ port }}/health", description="jinja2; polled until it answers 200."
+        "http://127.0.0.1:{{ port }}/health", description="A template; polled until it answers 200."
     )
     base_url: str = Field(
-        "http://127.0.0.1:{{ port }}", description="jinja2; where the /v1 endpoints are."
+        "http://127.0.0.1:{{ port }}", description="A template; where the /v1 endpoints are."
     )
     model: str | None = Field(
         None, description="The `model` of each request (default: workload.model)."
@@ -124,7 +124,18 @@ class Serve(_Frozen):
 
 
 class Matrix(_Frozen):
-    """A warm-up matrix file (``warmup_matrices/*.yaml``)."""
+    """A warm-up matrix file (``warmup_matrices/*.yaml``).
+
+    At most 1 MiB of UTF-8 YAML, nested at most 32 levels, each value at
+    most 65536 characters; the axes make at most 10000 cells. Templates
+    (command, gpus, serve.command, serve.ready_url, serve.base_url) are
+    sandboxed jinja2: `{{ expression }}` and `{% if %}` over the axes, the
+    workload's keys, workload, python, matrix_dir, cell_id and (serve) port,
+    with literals, arithmetic, comparisons, and/or/not, `x if c else y`, `~`,
+    item access, tests and the filters abs, capitalize, default, first,
+    float, int, last, length, lower, max, min, round, string, title, trim,
+    upper; no calls, loops, macros or names starting with `_`.
+    """
 
     schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
@@ -134,10 +145,10 @@ class Matrix(_Frozen):
     families: list[str] = Field(default_factory=list)
     workload: dict[str, str] = Field(default_factory=dict)
     axes: dict[str, list[str | int | float | bool]] = Field(default_factory=dict)
-    command: str | None = Field(None, description="jinja2: a one-shot warm-up (or give serve).")
+    command: str | None = Field(None, description="A template: a one-shot warm-up (or give serve).")
     serve: Serve | None = Field(None, description="An engine to serve instead of a command.")
     gpus: int | str = Field(
-        1, description="GPUs a cell needs: a number or a jinja2 expression over the axes."
+        1, description="GPUs a cell needs: a number or a template over the axes."
     )
     env: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(1800, gt=0)
