@@ -119,8 +119,9 @@ def cell_tag(run_id: str, index: int) -> str:
 def check_run_id(run_id: str) -> str:
     """Refuse a run id that is not :data:`RUN_ID_PATTERN` or holds ``..``.
 
-    It becomes part of a tag (``run-<ID>-cell-<I>``) and of file names, so it
-    is one path component and never a relative one.
+    It becomes part of a tag (``run-<ID>-cell-<I>``) and of the provenance,
+    so it is one plain token: nothing that reads as a path (``/``, ``..``) or
+    an option (a leading ``-``), no newline.
     """
     if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise UsageError(

@@ -33,7 +33,7 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jinja2
 import jinja2.exceptions
@@ -150,7 +150,9 @@ class Matrix(_Frozen):
     gpus: int | str = Field(
         1, description="GPUs a cell needs: a number or a template over the axes."
     )
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[Annotated[str, Field(pattern=r"^[^=]+$")], str] = Field(
+        default_factory=dict, description="Extra variables for every cell (a name holds no `=`)."
+    )
     timeout_s: float = Field(1800, gt=0)
     check_tolerance: float = Field(
         1e-6, ge=0, description="Relative tolerance when verify compares numeric checks."
@@ -279,12 +281,18 @@ def _check_shape(text: str, path: Path) -> None:
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-        elif isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_SCALAR_CHARS:
-            raise ConfigError(
-                f"{path}: line {_line(event)}: a value of {len(event.value)} characters, "
-                f"over the limit of {MAX_SCALAR_CHARS}",
-                hint="a command or an axis value is a line or two",
-            )
+        elif isinstance(event, yaml.ScalarEvent):
+            if len(event.value) > MAX_SCALAR_CHARS:
+                raise ConfigError(
+                    f"{path}: line {_line(event)}: a value of {len(event.value)} characters, "
+                    f"over the limit of {MAX_SCALAR_CHARS}",
+                    hint="a command or an axis value is a line or two",
+                )
+            if "\0" in event.value:  # a "\0" escape: no argv, variable or URL can hold it
+                raise ConfigError(
+                    f"{path}: line {_line(event)}: a value holds a NUL character",
+                    hint="remove the \\0 escape",
+                )
 
 
 def _line(event: yaml.Event) -> int:
@@ -419,6 +427,8 @@ def _compile(env: _Sandbox, source: str, field: str, matrix_path: Path) -> Rende
                     raise jinja2.exceptions.SecurityError(
                         f"renders to over {MAX_RENDERED_CHARS} characters"
                     )
+                if "\0" in chunk:  # no argv or URL can hold it
+                    raise jinja2.exceptions.SecurityError("renders a NUL character")
                 out.append(chunk)
             return "".join(out)
         except jinja2.UndefinedError as exc:

@@ -243,6 +243,24 @@ def test_oversized_file_of_small_lines(tmp_path: Path) -> None:
     assert "bytes" in _clean_failure(proc, ConfigError.exit_code)
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        pytest.param('command: "true \\0"\n', "NUL character", id="nul-escape"),
+        pytest.param("command: \"true {{ '\\\\x00' }}\"\n", "NUL character", id="nul-rendered"),
+        pytest.param('command: "true"\nenv: {"A=B": x}\n', "env", id="env-name-with-equals"),
+    ],
+)
+def test_values_no_process_can_take(tmp_path: Path, text: str, needle: str) -> None:
+    """A NUL in an argv or a variable, a '=' in a variable's name: refused before a cell runs."""
+    path = tmp_path / "m.yaml"
+    path.write_text("name: n\ngpus: 0\nfamilies: [generic]\n" + text)
+    store = tmp_path / "store"
+    proc = run_artifactd("build", str(path), "--store", f"oci:{store}", timeout=BOUND * 3)
+    assert needle in _clean_failure(proc, ConfigError.exit_code)
+    assert not store.exists()
+
+
 def test_million_cell_grid(tmp_path: Path) -> None:
     values = list(range(100))
     doc = {"name": "g", "command": "echo {{ a }}", "axes": {"a": values, "b": values, "c": values}}
