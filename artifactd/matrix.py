@@ -56,9 +56,11 @@ MAX_SCALAR_CHARS = 64 << 10
 #: Most cells a matrix may expand to: the product of its axes' lengths,
 #: computed before anything is expanded.
 MAX_CELLS = 10_000
-#: Longest text a template may render to, and longest string or list an
-#: operator inside it may make, in characters or items.
+#: Longest text a template may render to, in characters.
 MAX_RENDERED_CHARS = 64 << 10
+#: Longest string a template may make with ``*`` (kept small: a template of a
+#: few thousand such terms must still render in a few megabytes).
+MAX_REPEAT_CHARS = 4096
 #: Largest integer a template may compute with ``**``, in bits.
 MAX_POWER_BITS = 4096
 
@@ -344,13 +346,14 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             raise jinja2.exceptions.SecurityError("string formatting with % is not allowed")
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, str | list | tuple)
-                    and isinstance(times, int)
-                    and len(seq) * max(times, 0) > MAX_RENDERED_CHARS
-                ):
+                if not isinstance(times, int):
+                    continue
+                if isinstance(seq, list | tuple):
+                    # A list shown renders every item: 4 KiB items x 64 Ki would be 256 GiB.
+                    raise jinja2.exceptions.SecurityError("repeating a list is not allowed")
+                if isinstance(seq, str) and len(seq) * max(times, 0) > MAX_REPEAT_CHARS:
                     raise jinja2.exceptions.SecurityError(
-                        f"repeating makes over {MAX_RENDERED_CHARS} items"
+                        f"repeating makes a string over {MAX_REPEAT_CHARS} characters"
                     )
         if (
             operator == "**"

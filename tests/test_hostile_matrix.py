@@ -81,6 +81,8 @@ ESCAPES = {
 #: Small templates that would make a huge string, number or loop.
 EXHAUSTION = {
     "repeat-string": "{{ 'x' * 100000000 }}",
+    "repeat-list": "{{ ['x' * 4096] * 65536 }}",
+    "many-terms": "{{ " + " ~ ".join(["('x' * 4096)"] * 3000) + " }}",
     "zfill": "{{ 'x'.zfill(100000000) }}",
     "percent-width": "{{ '%0100000000d' % 1 }}",
     "power": "{{ 2 ** 100000000 }}",
