@@ -435,7 +435,10 @@ def _compile(env: _Sandbox, source: str, field: str, matrix_path: Path) -> Rende
                 out.append(chunk)
             return "".join(out)
         except jinja2.UndefinedError as exc:
-            raise ConfigError(f"{matrix_path}: {cell}.{field} template: {exc}") from None
+            raise ConfigError(
+                f"{matrix_path}: {cell}.{field} template: {exc}",
+                hint=f"it sees: {', '.join(sorted(context))}",
+            ) from None
         except jinja2.exceptions.SecurityError as exc:
             raise ConfigError(
                 f"{matrix_path}: {cell}.{field} template: {exc}",
@@ -443,14 +446,20 @@ def _compile(env: _Sandbox, source: str, field: str, matrix_path: Path) -> Rende
             ) from None
         except Exception as exc:  # the matrix's own arithmetic: 1/0, 'a' - 1, 1e308 ** 2...
             raise ConfigError(
-                f"{matrix_path}: {cell}.{field} template: {type(exc).__name__}: {exc}"
+                f"{matrix_path}: {cell}.{field} template: {type(exc).__name__}: {exc}",
+                hint="fix the expression for this cell's values",
             ) from None
 
     return render
 
 
-def _gpus(matrix: Matrix, render: Render | None, context: dict[str, Any], cell: str) -> int:
-    where = f"{cell}.gpus"
+_GPUS_HINT = "gpus is a whole number, or a template that renders one: {{ tp * pp }}"
+
+
+def _gpus(
+    matrix: Matrix, render: Render | None, context: dict[str, Any], cell: str, matrix_path: Path
+) -> int:
+    where = f"{matrix_path}: {cell}.gpus"
     if render is None:
         assert isinstance(matrix.gpus, int)  # noqa: S101 - a string is compiled by the caller
         count = matrix.gpus
@@ -461,10 +470,11 @@ def _gpus(matrix: Matrix, render: Render | None, context: dict[str, Any], cell: 
         except ValueError:
             number = -1.5  # not a number: refused below
         if not number.is_integer():
-            raise ConfigError(f"{where}: gpus rendered to {text!r}, not a whole number")
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            raise ConfigError(f"{where} rendered to {shown!r}, not a whole number", hint=_GPUS_HINT)
         count = int(number)
     if count < 0:
-        raise ConfigError(f"{where}: gpus is {count}; a cell needs 0 or more GPUs")
+        raise ConfigError(f"{where} is {count}; a cell needs 0 or more GPUs", hint=_GPUS_HINT)
     return count
 
 
@@ -505,7 +515,7 @@ def expand(matrix: Matrix, matrix_path: Path) -> list[Cell]:
             "workload": matrix.workload,
         }
         cell = f"cells[{index}]"
-        gpus = _gpus(matrix, gpus_t, context, f"{matrix_path}: {cell}")
+        gpus = _gpus(matrix, gpus_t, context, cell, matrix_path)
         cell_id = f"{index}-{_slug(values)}"
         if serve is None:
             argv = shlex.split(command_t(context, cell))
