@@ -48,7 +48,7 @@ from artifactd.families import select_families
 #: Largest matrix file read, in bytes. A matrix is a page of YAML; a bigger
 #: file is refused before it is parsed.
 MAX_MATRIX_BYTES = 1 << 20
-#: Deepest nesting of YAML sequences and mappings. A matrix needs 4 levels;
+#: Deepest nesting of YAML sequences and mappings. A matrix needs 5 levels;
 #: the bound is checked on the parser's event stream, before any recursion.
 MAX_YAML_DEPTH = 32
 #: Longest YAML scalar (a key, a command, an axis value), in characters.
@@ -64,6 +64,9 @@ MAX_REPEAT_CHARS = 4096
 #: Largest integer a template may compute with ``**``, in bits.
 MAX_POWER_BITS = 4096
 
+#: The highest TCP port: cell i serves on ``serve.port + i``.
+_MAX_PORT = 65535
+
 #: Jinja2 filters a template may use (all pure and cheap on bounded input).
 TEMPLATE_FILTERS = (
     "abs", "capitalize", "d", "default", "first", "float", "int", "last",
@@ -76,7 +79,7 @@ TEMPLATE_RULES = (
     "matrix_dir, cell_id, and port in serve), literals, arithmetic, comparisons, "
     "and/or/not, `x if c else y`, `~`, item access, `is` tests and the filters "
     + ", ".join(TEMPLATE_FILTERS)
-    + "; no calls, loops, macros, imports or names starting with _"
+    + "; no calls, loops, set, macros, imports or names starting with _"
 )
 
 
@@ -136,7 +139,7 @@ class Matrix(_Frozen):
     with literals, arithmetic, comparisons, and/or/not, `x if c else y`, `~`,
     item access, tests and the filters abs, capitalize, default, first,
     float, int, last, length, lower, max, min, round, string, title, trim,
-    upper; no calls, loops, macros or names starting with `_`.
+    upper; no calls, loops, set, macros or names starting with `_`.
     """
 
     schema_version: Literal[1] = 1
@@ -323,9 +326,6 @@ def _check_grid(matrix: Matrix, matrix_path: Path) -> int:
             hint="cell i serves on port + i: lower serve.port",
         )
     return count
-
-
-_MAX_PORT = 65535
 
 
 def _slug(values: dict[str, Any]) -> str:
