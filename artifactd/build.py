@@ -49,13 +49,16 @@ from artifactd.harvest import HarvestResult, harvest
 from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
+from artifactd.probing import check_overrides
 from artifactd.schedule import node_devices, run_packed
 from artifactd.stores import Store, opened
 
 if TYPE_CHECKING:
     from artifactd.keys import PrivateKey
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: A fan-out run id: a letter or digit, then up to 63 of letters, digits, ``.``, ``_``, ``-``.
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 #: Variables cleared before a cell runs, so no cache of the caller leaks in.
 _INHERITED_CACHE_VARS = (*CACHE_ENV_VARS, TORCHINDUCTOR_CACHE_DIR, TRITON_HOME, TEMP, TMP)
 
@@ -114,10 +117,16 @@ def cell_tag(run_id: str, index: int) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    """Refuse a run id that cannot be part of a tag (``[A-Za-z0-9_.-]``, 1 to 64 characters)."""
-    if not _RUN_ID.match(run_id):
+    """Refuse a run id that is not :data:`RUN_ID_PATTERN` or holds ``..``.
+
+    It becomes part of a tag (``run-<ID>-cell-<I>``) and of the provenance,
+    so it is one plain token: nothing that reads as a path (``/``, ``..``) or
+    an option (a leading ``-``), no newline.
+    """
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise UsageError(
-            f"--run-id {run_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'",
+            f"--run-id {run_id!r}: use 1 to 64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'",
             hint="e.g. the CI run's number: --run-id $GITHUB_RUN_ID",
         )
     return run_id
@@ -292,6 +301,7 @@ def build(  # noqa: PLR0915 - one straight run of stages, each timed
     """
     start = time.monotonic()
     started_at = time.time()
+    check_overrides(overrides)  # a bad --set fails now, not after the cells ran
     matrix: Matrix = load_matrix(matrix_path)
     selected = select_cells(expand(matrix, matrix_path), cell, run_id)
     owned = roots is None

@@ -726,10 +726,27 @@ class PendingProbe:
         }
 
 
+def _utf8(value: str, what: str) -> str:
+    """Return ``value``, or raise :class:`UsageError` if it holds bytes that are not UTF-8.
+
+    A command line or an environment variable with such bytes reaches Python
+    as lone surrogates, which no fingerprint, JSON or tag can hold.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise UsageError(
+            f"{what} '{shown}': not UTF-8 text (\\udcXX stands for a byte that is not)",
+            hint="pass UTF-8 text",
+        ) from None
+    return value
+
+
 def parse_pairs(pairs: Sequence[str], *, what: str) -> dict[str, str]:
     """Parse ``KEY=VALUE`` strings (CLI ``--workload`` and friends) into a dict."""
     out: dict[str, str] = {}
-    for pair in pairs:
+    for pair in (_utf8(p, what) for p in pairs):
         for item in (p for p in pair.split(",") if p.strip()):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
@@ -759,6 +776,25 @@ def _parse_value(text: str) -> Any:
     return text
 
 
+def check_overrides(assignments: Sequence[str]) -> list[tuple[str, list[str], str]]:
+    """Split ``PATH=VALUE`` overrides into (path, its dotted keys, value); refuse a malformed one.
+
+    A command that probes late (``build``, after its cells ran) calls this
+    first, so a bad ``--set`` fails before any work.
+    """
+    out = []
+    for item in assignments:
+        path, sep, text = _utf8(item, "--set").partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if not sep or not keys:
+            raise UsageError(
+                f"--set wants PATH=VALUE with a dotted path, got {item!r}",
+                hint="e.g. --set gpu.arch=sm_100a --set workload.tp=8",
+            )
+        out.append((path, keys, text))
+    return out
+
+
 def apply_overrides(raw: Raw, assignments: Sequence[str]) -> Raw:
     """Apply ``PATH=VALUE`` overrides (dotted paths as in the JSON Schema) to a document.
 
@@ -769,14 +805,7 @@ def apply_overrides(raw: Raw, assignments: Sequence[str]) -> Raw:
     be set too (it is never hashed). Returns a new document.
     """
     doc: Raw = json.loads(json.dumps(raw))
-    for item in assignments:
-        path, sep, text = item.partition("=")
-        keys = [k for k in path.strip().split(".") if k]
-        if not sep or not keys:
-            raise UsageError(
-                f"--set wants PATH=VALUE with a dotted path, got {item!r}",
-                hint="e.g. --set gpu.arch=sm_100a --set workload.tp=8",
-            )
+    for path, keys, text in check_overrides(assignments):
         node: Any = doc
         for depth, key in enumerate(keys[:-1]):
             if not isinstance(node, dict):

@@ -17,6 +17,7 @@ from artifactd.cli.options import (
     image_digest_option,
     json_option,
     load_sign_key,
+    run_id_option,
     set_option,
     sign_key_option,
     store_option,
@@ -98,10 +99,9 @@ def harvest(
     help="Build only cell I and push it as a partial artifact for `merge` "
     "[JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job sets it].",
 )
-@click.option(
-    "--run-id",
-    metavar="ID",
-    help="The fan-out run the cell belongs to (the same for every cell and for `merge`).",
+@run_id_option(
+    "The fan-out run the cell belongs to (the same for every cell and for `merge`): "
+    "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
 )
 @cell_options
 @sign_key_option

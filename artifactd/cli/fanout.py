@@ -16,6 +16,7 @@ from artifactd.cli.options import (
     json_option,
     load_sign_key,
     option,
+    run_id_option,
     set_option,
     sign_key_option,
     store_option,
@@ -70,8 +71,9 @@ def cells(*, file: Path, as_json: bool) -> None:
 @cli.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @store_option
-@click.option(
-    "--run-id", required=True, metavar="ID", help="The fan-out run: as every cell's build had it."
+@run_id_option(
+    "The fan-out run: as every cell's build had it (letters, digits, '.', '_', '-').",
+    required=True,
 )
 @sign_key_option
 @json_option

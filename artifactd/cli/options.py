@@ -166,6 +166,22 @@ def fingerprint_options(f: F) -> F:
     return options(S.FINGERPRINT)(f)
 
 
+def run_id_option(help: str, *, required: bool = False) -> Callable[[F], F]:
+    """Add ``--run-id ID``, checked as it is parsed: a bad id fails before a store is opened."""
+    return click.option(
+        "--run-id", metavar="ID", required=required, help=help, callback=_check_run_id
+    )
+
+
+def _check_run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    del ctx, param
+    if value is None:
+        return None
+    from artifactd.build import check_run_id
+
+    return check_run_id(value)
+
+
 def cell_options(fn: F) -> F:
     """``--gpus`` and ``--jobs``: how a node runs a matrix's cells (``build``, ``verify``)."""
     fn = click.option(

@@ -304,6 +304,8 @@ def lint(roots: Mapping[str, object], report: LintReport) -> None:
             f"  {f.severity}: {f.family}/{f.component}/{f.file}: {f.kind} {f.value!r}\n"
             f"      {f.cost}"
         )
+    for entry in report.unreadable:
+        echo(f"  unreadable: {entry}")
     if not report.findings:
         echo("  clean: nothing ties these caches to this machine")
 

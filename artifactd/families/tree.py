@@ -17,6 +17,9 @@ from pathlib import Path, PurePosixPath
 
 from artifactd.families.base import Family
 
+#: Why a name that is not UTF-8 stays out of a layer (lint reports those entries).
+NOT_UTF8 = "file name is not valid UTF-8"
+
 
 @dataclass(frozen=True)
 class TreeEntry:
@@ -55,7 +58,7 @@ def skip_reason(
     try:
         rel.as_posix().encode("utf-8")
     except UnicodeEncodeError:
-        return "file name is not valid UTF-8"  # not representable in tar or JSON config
+        return NOT_UTF8  # not representable in tar or JSON config
     if family.excluded(component, rel, is_dir):
         return "excluded by family"
     return None

@@ -37,7 +37,7 @@ from artifactd.constants import current_environ
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, select_families
 from artifactd.families.base import Family, Located
-from artifactd.families.tree import walk_component
+from artifactd.families.tree import NOT_UTF8, walk_component
 from artifactd.families.vllm import FACTOR_CATEGORIES, FACTORS_FILE, VLLMFamily, volatile_factors
 from artifactd.lint.hazards import MIN_NAME_LEN, Hazards
 from artifactd.lint.report import (
@@ -117,6 +117,14 @@ def lint_caches(
     cache root found.
     """
     environ = current_environ() if environ is None else environ
+    if directory is not None and not directory.is_dir():
+        # A mistyped path must not read as "clean" (a CI gate would pass).
+        raise UsageError(
+            f"lint: {directory} is not a directory"
+            if directory.exists()
+            else f"lint: {directory} does not exist",
+            hint="pass build roots (build --keep-roots DIR) or a restore target",
+        )
     roots = roots_for_lint(directory, families, environ)
     extra = [directory] if directory is not None else list(roots.values())
     return roots, lint(roots, hazards=Hazards.from_environ(environ, extra_paths=extra))
@@ -153,7 +161,7 @@ def lint(roots: Mapping[str, Path], *, hazards: Hazards, max_read: int = MAX_REA
         if comp is None:
             comp = impl.components[0].name if impl.components else "cache"
         root_strs = dict.fromkeys([str(root.absolute()), os.path.realpath(root)])
-        scope = Scope(family_name, comp, impl, tuple(r.encode() for r in root_strs))
+        scope = Scope(family_name, comp, impl, tuple(os.fsencode(r) for r in root_strs))
         findings.extend(_lint_root(root, scope, matcher, report, max_read))
     report.findings = sorted(findings, key=Finding.sort_key)
     report.unknown_families = sorted(unknown)
@@ -172,6 +180,12 @@ def _lint_root(
     for entry in walk_component(
         scope.impl, scope.component, root, on_error=lambda rel, exc: unreadable(str(rel), exc)
     ):
+        if entry.skip == NOT_UTF8:
+            shown = os.fsencode(entry.rel.as_posix()).decode("utf-8", "backslashreplace")
+            report.unreadable.append(
+                f"{scope.family}:{scope.component}:{shown}: {NOT_UTF8}, the harvest leaves it out"
+            )
+            continue
         if entry.skip is not None or not (entry.is_dir or entry.is_file):
             continue  # left out of the layer, or a symlink or special file: no bytes of its own
         rel_s = entry.rel.as_posix()

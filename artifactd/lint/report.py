@@ -44,7 +44,8 @@ class LintReport:
 
     ``files_truncated`` counts files longer than the read cap (searched in
     their first part only); ``unreadable`` lists ``family:component:file``
-    entries that could not be read or parsed; ``unknown_families`` the
+    entries that could not be read or parsed, or whose name is not UTF-8 (the
+    harvest leaves them out; bytes shown as ``\\xNN``); ``unknown_families`` the
     names of ``roots`` keys artifactd has no family for (scanned with default
     rules: nothing is treated as rewritten on restore).
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import os
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -33,7 +34,8 @@ class Matcher:
         every = sorted(
             {*hazards.paths, *hazards.python_paths}, key=lambda s: (-len(s), s)
         )  # longest first: the most specific label wins
-        self.path_needles = [p.encode() for p in every]
+        # A path's bytes as the OS has them: a name that is not UTF-8 is still searched for.
+        self.path_needles = [os.fsencode(p) for p in every]
         self.path_re = (
             re.compile(
                 b"(?:" + b"|".join(re.escape(n) for n in self.path_needles) + rb")(?![\w.-])"
@@ -47,7 +49,7 @@ class Matcher:
         self.name_re = (
             re.compile(
                 rb"(?<![A-Za-z0-9])(?:"
-                + b"|".join(re.escape(n.encode()) for n in names)
+                + b"|".join(re.escape(os.fsencode(n)) for n in names)
                 + rb")(?![A-Za-z0-9])",
                 re.IGNORECASE,
             )
@@ -132,7 +134,7 @@ def scan_content(
             left, right = _token_bounds(data, m.start(), m.end())
             if b"/" not in data[left:right]:
                 continue  # only names inside a path: a bare word is not a location
-            key = matcher.name_kind(m.group().decode("utf-8", errors="replace"))
+            key = matcher.name_kind(os.fsdecode(m.group()))
             hit = names.setdefault(key, _Hit(0, _example(data, left, right)))
             hit.count += 1
 
@@ -185,8 +187,8 @@ def scan_name(name: str, rel: str, is_dir: bool, scope: Scope, matcher: Matcher)
     if matcher.name_re is None:
         return []
     out: dict[tuple[str, str], Finding] = {}
-    for m in matcher.name_re.finditer(name.encode("utf-8", errors="surrogateescape")):
-        kind, value = matcher.name_kind(m.group().decode("utf-8", errors="replace"))
+    for m in matcher.name_re.finditer(os.fsencode(name)):
+        kind, value = matcher.name_kind(os.fsdecode(m.group()))
         out.setdefault(
             (kind, value),
             Finding(
