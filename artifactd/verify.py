@@ -154,6 +154,7 @@ def verify(
     from artifactd.fingerprint import probe
     from artifactd.matrix import expand, load_matrix
     from artifactd.oci import full_tag
+    from artifactd.resolve import unbound
     from artifactd.schedule import node_devices, run_packed
 
     start = time.monotonic()
@@ -167,7 +168,13 @@ def verify(
         environ=base,
         overrides=overrides,
     )
-    art = read_artifact(store, full_tag(fingerprint.hash))
+    tag = full_tag(fingerprint.hash)
+    art = read_artifact(store, tag)
+    if art is not None:
+        # The gate promotes what the tag names: only if it is for this fingerprint.
+        why = unbound(tag, art.config.kind, art.config.fingerprint_hash, fingerprint.hash)
+        if why is not None:
+            raise VerifyError(why, hint="re-publish it with `artifactd build` or `merge`")
     if art is None:
         raise VerifyError(
             f"{store.ref} has no artifact for this machine's fingerprint "

@@ -382,3 +382,45 @@ def test_a_fan_out_cell_of_the_same_fingerprint_is_never_restored(
     proc, doc = restore("--store", layout, "--target", str(target), "--require")
     assert proc.returncode == 5 and doc["failure"]["kind"] == "corrupt", proc.stderr
     assert installed(target) == {}
+
+
+def _generic_matrix(tmp: Path) -> Path:
+    """A one-cell matrix whose command writes one generic-family file: no compiler needed."""
+    import sys
+
+    writes = (
+        "import os, pathlib; d = pathlib.Path(os.environ['ARTIFACTD_GENERIC_DIR']); "
+        "d.mkdir(parents=True, exist_ok=True); (d / 'k.cubin').write_bytes(b'ELF binding')"
+    )
+    matrix = tmp / "m.yaml"
+    matrix.write_text(
+        "schema_version: 1\nname: binding\ntarget: {gpu_arch: sm_90a}\nfamilies: [generic]\n"
+        "gpus: 0\n"
+        f"command: {json.dumps(sys.executable + ' -c ' + json.dumps(writes))}\n"
+    )
+    return matrix
+
+
+def test_verify_never_promotes_an_artifact_tagged_for_another_machine(tmp_path: Path) -> None:
+    """The gate promotes what ``fp-<hash>`` names: a re-pointed tag fails it, nothing is tagged."""
+    matrix = _generic_matrix(tmp_path)
+    store, other = f"oci:{tmp_path / 'store'}", f"oci:{tmp_path / 'other'}"
+    built = json.loads(cli("build", str(matrix), "--store", store, "--json").stdout)
+    theirs = json.loads(
+        cli("build", str(matrix), "--store", other, "--gpu-arch", OTHER_ARCH, "--json").stdout
+    )
+    ours_tag = next(t for t in built["harvest"]["tags"] if t.startswith("fp-"))
+    theirs_tag = next(t for t in theirs["harvest"]["tags"] if t.startswith("fp-"))
+    assert ours_tag != theirs_tag
+    with open_store(other) as src, open_store(store) as dst:
+        found = src.get_manifest(theirs_tag)
+        assert found is not None
+        copy_between(other, store, [theirs_tag])
+        dst.put_manifest(found.data, found.media_type, [ours_tag])
+
+    proc = cli("verify", str(matrix), "--store", store, "--promote", "release")
+    assert proc.returncode == 12, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "built for another fingerprint" in proc.stderr, proc.stderr
+    with open_store(store) as st:
+        assert st.tag_digest("release") is None
