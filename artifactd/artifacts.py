@@ -44,6 +44,12 @@ if TYPE_CHECKING:
     from artifactd.keys import PrivateKey
     from artifactd.trust import SignResult, TrustPolicy
 
+#: An artifact config larger than this is refused before it is read: every
+#: family's file entries (the tree documents' limit, :data:`artifactd.trees.MAX_TREE_DOC`,
+#: sized from a measured harvest) plus room for the fingerprint, the skipped
+#: paths and the provenance.
+MAX_CONFIG_BYTES = 56 << 20
+
 
 @dataclass
 class PublishResult:
@@ -178,7 +184,9 @@ def read_blob(store: Store, digest: str, size: int, *, max_size: int, what: str)
     return buf.getvalue()
 
 
-def read_config(store: Store, manifest: ImageManifest, *, max_size: int = 64 << 20) -> bytes:
+def read_config(
+    store: Store, manifest: ImageManifest, *, max_size: int = MAX_CONFIG_BYTES
+) -> bytes:
     """Fetch and verify the config blob of a manifest."""
     desc = manifest.config
     return read_blob(store, desc.digest, desc.size, max_size=max_size, what="config blob")

@@ -1,0 +1,160 @@
+"""What the document size limits are sized from: a big harvest, and parsing at the limits.
+
+Harvests a synthetic Triton cache of ``--files`` files (real layout: one
+``<key>/`` directory per kernel with ``.cubin``, ``.json``, ``.ptx`` and a
+``__grp__`` file; real-length names) with artifactd's own harvest into a
+fresh OCI layout, then reports the artifact config's size, the family tree
+document's size and their bytes per file entry. Then, each in a fresh Python
+so the peak is its own, it parses a tree document and a config padded to
+:data:`artifactd.trees.MAX_TREE_DOC` and :data:`artifactd.artifacts.MAX_CONFIG_BYTES`
+(the same entries repeated under new names) and reports the peak resident
+memory (``VmHWM``: ``ru_maxrss`` would include the parent's) and the time.
+
+Usage: python bench/doc_limits.py [--files 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: Parses one document from a file in a fresh interpreter; prints seconds and peak RSS.
+PARSE = """
+import resource, sys, time
+from pathlib import Path
+kind, path = sys.argv[1], sys.argv[2]
+
+def peak():
+    # VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child would report its parent's peak.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+base = peak()
+if kind == "tree":
+    from artifactd.manifest import FamilyTree as Doc
+else:
+    from artifactd.manifest import ArtifactConfig as Doc
+data = Path(path).read_bytes()
+t0 = time.monotonic()
+doc = Doc.from_json(data, source=path)
+seconds = time.monotonic() - t0
+print(f"{seconds:.2f} {peak() >> 10} {base >> 10}")
+"""
+
+
+def make_cache(root: Path, files: int) -> None:
+    """A Triton cache of about ``files`` files in its real layout (4 per kernel)."""
+    for i in range(files // 4):
+        key = f"{i:052X}"
+        d = root / key
+        d.mkdir(parents=True)
+        name = f"triton_poi_fused_add_mul_{i}"
+        children = {}
+        for ext in ("cubin", "json", "ptx"):
+            (d / f"{name}.{ext}").write_bytes(f"{i}.{ext}".encode())
+            children[f"{name}.{ext}"] = str(d / f"{name}.{ext}")
+        (d / f"__grp__{name}.json").write_text(json.dumps({"child_paths": children}))
+
+
+def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
+    """Harvest the synthetic cache; return (config bytes, triton tree document bytes)."""
+    from artifactd.artifacts import read_artifact, read_config
+    from artifactd.fingerprint import probe
+    from artifactd.harvest import harvest
+    from artifactd.stores import open_store
+
+    make_cache(work / "triton", files)
+    store = open_store(f"oci:{work / 'store'}", create=True)
+    environ = {
+        "TRITON_CACHE_DIR": str(work / "triton"),
+        "HOME": str(work / "home"),
+        "TMPDIR": str(work / "tmp-empty"),
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "none"),
+    }
+    result = harvest(store, probe(gpu_arch="sm_90a", use_nvml=False), environ=environ)
+    art = read_artifact(store, result.digest)
+    assert art is not None
+    config = read_config(store, art.manifest)
+    tree = next(r for r in art.config.layers if r.family == "triton").tree().canonical()
+    return config, tree
+
+
+def padded(doc: dict[str, Any], size: int, key: str) -> bytes:
+    """``doc`` with its ``files`` list repeated (under new paths) until it is ``size`` bytes."""
+    files = doc[key] if key == "files" else doc["layers"][0]["files"]
+    entry = json.dumps(files[0], separators=(",", ":"))
+    out: list[dict[str, Any]] = []
+    per = len(entry) + 1
+    for i in range(max(1, (size - 4096) // per)):
+        e = dict(files[i % len(files)])
+        e["path"] = f"{e['path'][: max(1, len(e['path']) - 12)]}{i:012d}"
+        out.append(e)
+    if key == "files":
+        doc = {**doc, "files": out}
+        doc["unpacked_size"] = sum(e["size"] for e in out)
+    else:
+        layer = {**doc["layers"][0], "files": out}
+        layer["unpacked_size"] = sum(e["size"] for e in out)
+        doc = {**doc, "layers": [layer]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def parse_cost(kind: str, data: bytes, work: Path) -> tuple[float, int]:
+    """Seconds and peak RSS (MiB, over the interpreter's own) to parse ``data``."""
+    path = work / f"{kind}.json"
+    path.write_bytes(data)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE, kind, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-2000:])
+    seconds, peak, base = proc.stdout.split()
+    return float(seconds), int(peak) - int(base)
+
+
+def main() -> None:
+    """Measure and print."""
+    from artifactd.artifacts import MAX_CONFIG_BYTES
+    from artifactd.trees import MAX_TREE_DOC
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="artifactd-doclimits-") as tmp:
+        work = Path(tmp)
+        t0 = time.monotonic()
+        config, tree = harvest_sizes(work, args.files)
+        n = len(json.loads(tree)["files"])
+        print(f"harvest of {n} files: {time.monotonic() - t0:.1f} s")
+        print(f"  config {len(config)} B ({len(config) / n:.0f} B/file)")
+        print(f"  tree document {len(tree)} B ({len(tree) / n:.0f} B/file)")
+        for kind, limit, key, data in (
+            ("tree", MAX_TREE_DOC, "files", tree),
+            ("config", MAX_CONFIG_BYTES, "layers", config),
+        ):
+            doc = padded(json.loads(data), limit, key)
+            seconds, peak = parse_cost(kind, doc, work)
+            print(
+                f"  parse a {kind} of {len(doc) >> 20} MiB (limit {limit >> 20} MiB): "
+                f"{seconds:.1f} s, peak +{peak} MiB"
+            )
+
+
+if __name__ == "__main__":
+    main()
