@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from artifactd.errors import IntegrityError, NotFoundError
+from artifactd.errors import BuildError, IntegrityError, NotFoundError
 from artifactd.events import EventSink, discard
 from artifactd.hashing import canonical_json, copy_hashed, digest_of
 from artifactd.imagemanifest import Descriptor, ImageManifest
@@ -122,6 +122,14 @@ def publish(
     at a manifest whose blobs are all present.
     """
     result = PublishResult(digest="", tags=[], family_digests={})
+    config = canonical_json(art.model_dump(mode="json"))
+    if len(config) > MAX_CONFIG_BYTES:  # before any upload: no restore would read it
+        files = sum(len(rec.files) for rec in art.layers)
+        raise BuildError(
+            f"the artifact config would take {len(config)} bytes ({files} files), over the "
+            f"{MAX_CONFIG_BYTES >> 20} MiB a restore reads",
+            hint="harvest fewer families at once (--family), or clear stale cache entries",
+        )
     for rec in art.layers:
         layer = packed.get(rec.family)
         if layer is None:  # a layer reused from another artifact: it must be there already
@@ -151,7 +159,7 @@ def publish(
         )
         result.tags.append(tag)
 
-    cfg = _put_small(store, canonical_json(art.model_dump(mode="json")), result, tmp_dir)
+    cfg = _put_small(store, config, result, tmp_dir)
     manifest = build_image_manifest(cfg, art)
     names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
     result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, names)
