@@ -130,10 +130,10 @@ def read_spec(spec: str, *, what: str, environ: Mapping[str, str] | None = None)
         # Followed: a Kubernetes Secret volume holds its keys as symlinks.
         return read_regular(spec, MAX_KEY_FILE, follow=True)
     except InputFileError as exc:
-        unread = exc.reason in ("missing", "unreadable") and exc.errno
+        unread = exc.reason in ("missing", "unreadable")
         raise KeyFileError(
             f"{what} {spec}: "
-            + (f"cannot read it ({os.strerror(exc.errno)})" if unread else exc.problem),
+            + (f"cannot read it ({os.strerror(exc.errno or 0)})" if unread else exc.problem),
             hint="pass the path of a PEM key file (at most "
             f"{MAX_KEY_FILE >> 10} KiB), or env://NAME",
         ) from None

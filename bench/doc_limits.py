@@ -67,6 +67,57 @@ def make_cache(root: Path, files: int) -> None:
         (d / f"__grp__{name}.json").write_text(json.dumps({"child_paths": children}))
 
 
+def restore_cost(tree: Path, target: Path) -> tuple[float, int, str]:
+    """Seconds, peak RSS (MiB) and status of ``artifactd restore --from-dir TREE``."""
+    prelude = (
+        "import atexit, sys\n"
+        "def _peak():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            sys.stderr.write(f'PEAK_KIB={line.split()[1]}\\n')\n"
+        "atexit.register(_peak)\n"
+        "from artifactd.cli import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = ["restore", "--from-dir", str(tree), "--target", str(target), "--gpu-arch", "sm_90a"]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude, *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    seconds = time.monotonic() - t0
+    peak = next(x for x in proc.stderr.splitlines() if x.startswith("PEAK_KIB="))
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    failure = doc.get("failure") or {}
+    status = doc["status"] + (f" ({failure.get('message', '')[:60]})" if failure else "")
+    return seconds, int(peak.split("=")[1]) >> 10, status
+
+
+def runtime_merge(store_dir: Path, dest: Path) -> None:
+    """Unpack every layer of the store's one artifact into ``dest``, as a runtime does."""
+    import io
+    import tarfile
+
+    import zstandard
+
+    from artifactd.artifacts import read_artifact
+    from artifactd.stores import open_store
+
+    store = open_store(f"oci:{store_dir}")
+    tag = next(t for t in store.list_tags() if t.startswith("fp-"))
+    art = read_artifact(store, tag)
+    assert art is not None
+    for desc in art.manifest.layers:
+        with store.open_blob(desc.digest, desc.size) as blob:
+            data = zstandard.ZstdDecompressor().decompressobj().decompress(blob.read())
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(dest)  # noqa: S202 - the layers this script just packed
+
+
 def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
     """Harvest the synthetic cache; return (config bytes, triton tree document bytes)."""
     from artifactd.artifacts import read_artifact, read_config
@@ -154,6 +205,19 @@ def main() -> None:
                 f"  parse a {kind} of {len(doc) >> 20} MiB (limit {limit >> 20} MiB): "
                 f"{seconds:.1f} s, peak +{peak} MiB"
             )
+        tree_dir = work / "mnt"
+        runtime_merge(work / "store", tree_dir)
+        seconds, peak, status = restore_cost(tree_dir, work / "target")
+        print(
+            f"  restore --from-dir of those {n} files: {seconds:.1f} s, peak {peak} MiB: {status}"
+        )
+        doc_path = tree_dir / "triton" / ".artifactd-layer.json"
+        doc_path.write_bytes(padded(json.loads(tree), MAX_TREE_DOC, "files"))
+        seconds, peak, status = restore_cost(tree_dir, work / "target2")
+        print(
+            f"  restore --from-dir, its document padded to {doc_path.stat().st_size >> 20} MiB: "
+            f"{seconds:.1f} s, peak {peak} MiB: {status}"
+        )
 
 
 if __name__ == "__main__":
