@@ -645,7 +645,12 @@ def stage_tree(
     links, and anything the record does not list (a file, a link, a device, a
     component it does not declare) is refused; every listed file must be a
     regular file of the listed size and sha256, every link must have the
-    listed target. Only ``staging`` is written.
+    listed target. Each file is opened with
+    :func:`~artifactd.fsutil.open_regular` and must still be the one the walk
+    saw, so a FIFO or device swapped in meanwhile is refused, never read.
+    Errors reading the source are the source's
+    (:func:`artifactd.trees.source_error`), never the target's. Only
+    ``staging`` is written.
     """
     from artifactd.trees import source_error
 

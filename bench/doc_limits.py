@@ -146,10 +146,10 @@ def padded(doc: dict[str, Any], size: int, key: str) -> bytes:
     files = doc[key] if key == "files" else doc["layers"][0]["files"]
     entry = json.dumps(files[0], separators=(",", ":"))
     out: list[dict[str, Any]] = []
-    per = len(entry) + 1
-    for i in range(max(1, (size - 4096) // per)):
+    per = len(entry) + 9  # each copy's path gains ".<i>"
+    for i in range(max(1, (size - (64 << 10)) // per)):
         e = dict(files[i % len(files)])
-        e["path"] = f"{e['path'][: max(1, len(e['path']) - 12)]}{i:012d}"
+        e["path"] = f"{e['path']}.{i}"
         out.append(e)
     if key == "files":
         doc = {**doc, "files": out}
