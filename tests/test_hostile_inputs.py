@@ -8,8 +8,9 @@ blocking, as a regular file only, and read up to a limit
 real command runs in a subprocess with a timeout of a few seconds: it must
 answer in time with its documented exit code, no traceback, and leave the
 target as it was. The numeric options an init container reads are held to
-their ranges, and a target the env file cannot carry is refused before
-anything is created.
+their ranges, a target the env file cannot carry is refused before
+anything is created, and a harvest publishes no document a restore would
+refuse as too large.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from crashes import leftovers, snapshot
 from hostile import publish
 
 from artifactd.artifacts import MAX_CONFIG_BYTES, read_artifact
+from artifactd.errors import BuildError
 from artifactd.fingerprint import Fingerprint
 from artifactd.harvest import harvest
 from artifactd.manifest import TREE_DOC
@@ -546,3 +548,33 @@ def test_a_consumer_user_with_a_newline_is_refused_before_anything_is_created(
     _ok(proc)
     assert proc.returncode == 2, proc.stderr
     assert not target.exists()
+
+
+# --------------------------------------------------------------------------
+# Publishing: nothing a restore would refuse
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", ["config", "tree document"])
+def test_a_harvest_refuses_documents_a_restore_would_not_read(
+    tmp_path: Path,
+    caches: dict[str, str],
+    local_fp: Fingerprint,
+    monkeypatch: pytest.MonkeyPatch,
+    limit: str,
+) -> None:
+    """The limits are lowered to this small cache's size: as if it held 200,000 files."""
+    import artifactd.artifacts
+    import artifactd.trees
+
+    if limit == "config":
+        monkeypatch.setattr(artifactd.artifacts, "MAX_CONFIG_BYTES", 2000)
+    else:
+        monkeypatch.setattr(artifactd.trees, "MAX_TREE_DOC", 1000)
+    store = open_store(f"oci:{tmp_path / 'store'}", create=True)
+    with pytest.raises(BuildError, match="config would" if limit == "config" else "its tree doc"):
+        harvest(store, local_fp, environ=caches)
+    assert store.list_tags() == []
+    assert isinstance(store, LayoutStore)
+    layers = list((store.root / "blobs" / "sha256").iterdir())
+    assert layers == [], "refused before anything was uploaded"
