@@ -31,7 +31,7 @@ from typing import Any
 
 import zstandard
 
-from artifactd.errors import IntegrityError
+from artifactd.errors import BuildError, IntegrityError
 from artifactd.families.base import Family, Located
 from artifactd.families.tree import walk_component
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
@@ -137,6 +137,7 @@ def pack_family(
                         unpacked_size=sum(f.size for f in files),
                     )
                     doc = tree.canonical()
+                    _check_tree_doc(family.name, doc, len(files))
                     info = _tarinfo(prefix + TREE_DOC, tarfile.REGTYPE, 0o644, FIXED_MTIME)
                     info.size = len(doc)
                     tar.addfile(info, io.BytesIO(doc))
@@ -151,6 +152,18 @@ def pack_family(
         pinned=pinned,
         tree=tree,
     )
+
+
+def _check_tree_doc(family: str, doc: bytes, files: int) -> None:
+    """Refuse to pack a tree document larger than a restore from a mounted tree reads."""
+    from artifactd.trees import MAX_TREE_DOC
+
+    if len(doc) > MAX_TREE_DOC:
+        raise BuildError(
+            f"{family}: its tree document would take {len(doc)} bytes ({files} files), over "
+            f"the {MAX_TREE_DOC >> 20} MiB a restore reads",
+            hint="clear stale entries from the cache before harvesting it",
+        )
 
 
 def _tarinfo(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from artifactd.errors import IntegrityError, NotFoundError, UsageError
+from artifactd.errors import BuildError, IntegrityError, NotFoundError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.hashing import canonical_json, copy_hashed, digest_of
 from artifactd.imagemanifest import Descriptor, ImageManifest
@@ -43,6 +43,13 @@ if TYPE_CHECKING:
     from artifactd.archive import PackedLayer
     from artifactd.keys import PrivateKey
     from artifactd.trust import Basis, SignResult, TrustPolicy
+
+#: An artifact config larger than this is refused before it is read: every
+#: family's file entries (the tree documents' limit, :data:`artifactd.trees.MAX_TREE_DOC`,
+#: about 200,000 files at the 245 bytes an entry a measured harvest writes) plus
+#: room for the fingerprint, the skipped paths and the provenance. Parsing a
+#: config of this size measured 1.7 s and 510 MiB (``python bench/doc_limits.py``).
+MAX_CONFIG_BYTES = 56 << 20
 
 
 @dataclass
@@ -116,6 +123,14 @@ def publish(
     at a manifest whose blobs are all present.
     """
     result = PublishResult(digest="", tags=[], family_digests={})
+    config = canonical_json(art.model_dump(mode="json"))
+    if len(config) > MAX_CONFIG_BYTES:  # before any upload: no restore would read it
+        files = sum(len(rec.files) for rec in art.layers)
+        raise BuildError(
+            f"the artifact config would take {len(config)} bytes ({files} files), over the "
+            f"{MAX_CONFIG_BYTES >> 20} MiB a restore reads",
+            hint="harvest fewer families at once (--family), or clear stale cache entries",
+        )
     for rec in art.layers:
         layer = packed.get(rec.family)
         if layer is None:  # a layer reused from another artifact: it must be there already
@@ -145,7 +160,7 @@ def publish(
         )
         result.tags.append(tag)
 
-    cfg = _put_small(store, canonical_json(art.model_dump(mode="json")), result, tmp_dir)
+    cfg = _put_small(store, config, result, tmp_dir)
     manifest = build_image_manifest(cfg, art)
     names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
     result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, names)
@@ -178,7 +193,9 @@ def read_blob(store: Store, digest: str, size: int, *, max_size: int, what: str)
     return buf.getvalue()
 
 
-def read_config(store: Store, manifest: ImageManifest, *, max_size: int = 64 << 20) -> bytes:
+def read_config(
+    store: Store, manifest: ImageManifest, *, max_size: int = MAX_CONFIG_BYTES
+) -> bytes:
     """Fetch and verify the config blob of a manifest."""
     desc = manifest.config
     return read_blob(store, desc.digest, desc.size, max_size=max_size, what="config blob")

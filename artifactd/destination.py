@@ -41,8 +41,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from artifactd.errors import ArtifactdError, NoSpaceError, TargetError, UsageError
-from artifactd.fsutil import atomic_write, fsync_dir, sync_filesystem, write_temp
+from artifactd.errors import ArtifactdError, ConfigError, NoSpaceError, TargetError, UsageError
+from artifactd.fsutil import atomic_write, fsync_dir, read_regular, sync_filesystem, write_temp
 from artifactd.hashing import sha256_hex
 from artifactd.marker import MarkerFormatError, RestoreMarker, dump, load
 
@@ -55,6 +55,10 @@ JOURNAL_NAME = "journal.json"
 LOCK_NAME = "lock"
 ENV_FILE_NAME = "artifactd.env"
 ENV_TMP_PREFIX = ".tmp-artifactd-env-"
+#: An env file holds a few lines a restore wrote; a larger one is not read.
+MAX_ENV_FILE = 1 << 20
+#: The marker and the journal hold a few paths per family; a larger one is not read.
+MAX_STATE_FILE = 16 << 20
 #: Seconds a restore waits for another restore's lock on the same target.
 DEFAULT_LOCK_TIMEOUT = 600.0
 #: Space asked for on top of the file bytes: per file (block rounding, inode
@@ -99,17 +103,56 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]*$")
 
 
 def parse_env_file(path: Path) -> dict[str, str]:
-    """Read the ``KEY=VALUE`` lines of an env file a restore wrote (see :func:`render_env_file`)."""
+    """Read the ``KEY=VALUE`` lines of an env file a restore wrote (see :func:`render_env_file`).
+
+    The file is opened as :func:`~artifactd.fsutil.read_regular` opens input
+    (a FIFO or a device is refused at once, never waited on) and may hold at
+    most :data:`MAX_ENV_FILE` bytes: an ``OSError`` otherwise, and a
+    ``UnicodeError`` for bytes that are not UTF-8. A line that cannot become an
+    environment variable (a NUL byte, no name before ``=``, unbalanced quotes)
+    is a :class:`ConfigError` naming the line, never its content.
+    """
     import shlex
 
     env: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    text = read_regular(path, MAX_ENV_FILE, follow=True).decode("utf-8")
+    # Lines end at "\n" only, as for the shell: a value may hold other line breaks.
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         key, _, value = line.partition("=")
-        parts = shlex.split(value) if value else [""]
-        env[key.strip()] = parts[0] if parts else ""
+        key = key.strip()
+        problem = (
+            "holds a NUL byte"
+            if "\0" in line
+            else "has no variable name before '='"
+            if not key
+            else None
+        )
+        try:
+            parts = shlex.split(value) if value else [""]
+        except ValueError:
+            problem = problem or "has unbalanced quotes"
+        if problem is not None:
+            raise ConfigError(
+                f"env file {path} line {number} {problem}: not a KEY=VALUE line",
+                hint="a restore writes this file; restore again, or fix or remove the file",
+            )
+        env[key] = parts[0] if parts else ""
     return env
+
+
+def check_env_text(text: str, what: str) -> None:
+    """Refuse text an env file cannot carry: it holds one variable a line, so no newline.
+
+    A restore calls it on what ends up in env values (the target, the consumer
+    user) before it creates anything, and :func:`render_env_file` on each value.
+    """
+    if "\n" in text or "\0" in text:
+        raise UsageError(
+            f"{what} {text!r} holds a newline or NUL byte, which the env file cannot carry",
+            hint="choose a path (and user name) without control characters",
+        )
 
 
 def render_env_file(env: dict[str, str]) -> str:
@@ -117,8 +160,7 @@ def render_env_file(env: dict[str, str]) -> str:
     lines = ["# Written by artifactd restore. Load with: set -a; . THIS_FILE; set +a"]
     for key in sorted(env):
         value = env[key]
-        if "\n" in value:
-            raise UsageError(f"env value for {key} contains a newline")
+        check_env_text(value, f"the env value for {key}")
         lines.append(f"{key}={value if _SAFE_VALUE.match(value) else shlex.quote(value)}")
     return "\n".join(lines) + "\n"
 
@@ -154,7 +196,7 @@ class CacheVolume:
     def read_marker(self) -> RestoreMarker | None:
         """Return the marker, or None when it is missing or malformed."""
         try:
-            return load(RestoreMarker, self.marker_path.read_bytes())
+            return load(RestoreMarker, read_regular(self.marker_path, MAX_STATE_FILE))
         except (OSError, MarkerFormatError):
             return None
 
@@ -173,7 +215,8 @@ class CacheVolume:
         ):
             return None
         try:
-            if self.env_file.read_text(encoding="utf-8") != render_env_file(marker["env"]):
+            text = read_regular(self.env_file, MAX_ENV_FILE, follow=True).decode("utf-8")
+            if text != render_env_file(marker["env"]):
                 return None
         except (OSError, UnicodeError, UsageError):
             return None
@@ -253,7 +296,7 @@ class CacheVolume:
         outcome = None
         journal = None
         try:
-            data: bytes | None = self.journal_path.read_bytes()
+            data: bytes | None = read_regular(self.journal_path, MAX_STATE_FILE)
         except FileNotFoundError:
             data = None
         except OSError:
@@ -275,7 +318,8 @@ class CacheVolume:
             self.journal_path.unlink(missing_ok=True)
         if journal is not None:
             try:
-                committed = sha256_hex(self.marker_path.read_bytes()) == journal.marker_sha256
+                marker = read_regular(self.marker_path, MAX_STATE_FILE)
+                committed = sha256_hex(marker) == journal.marker_sha256
             except OSError:
                 committed = False
             if committed:
@@ -399,9 +443,9 @@ class CacheVolume:
         """
         from artifactd.journal import RestoreJournal
 
-        marker_bytes = dump(marker)
-        env_text = render_env_file(marker["env"])
         try:
+            marker_bytes = dump(marker)
+            env_text = render_env_file(marker["env"])
             entries = _plan_swaps(swaps)
             journal = RestoreJournal(
                 run_id=staging.name,

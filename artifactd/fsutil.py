@@ -1,9 +1,145 @@
-"""Small filesystem helpers shared by the stores and restore."""
+"""Small filesystem helpers shared by the stores and restore.
+
+:func:`open_regular` and :func:`read_regular` own how artifactd opens a file it
+is *given* (a key, an env file, a mounted artifact's files and documents, a
+store's blobs): without blocking, as a regular file only, and read up to a
+limit, so that no input can hang a command (a FIFO), stream forever (a device)
+or fill memory (a huge file).
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO, Literal
+
+#: Why :func:`open_regular` refused a file.
+Refusal = Literal["missing", "unreadable", "not_regular", "too_large"]
+
+
+class InputFileError(OSError):
+    """A file given as input is missing, unreadable, not a regular file, or too large.
+
+    ``problem`` says what is wrong in words that fit after the file's name
+    ("is a FIFO, not a regular file"); ``reason`` says which of the four it is,
+    so each caller raises the error of its own side (a key file's usage error,
+    a mounted artifact's hostile or unreachable source, a store's error). An
+    ``OSError``, so code that treats an unreadable file as absent still does.
+    """
+
+    def __init__(self, path: str | Path, problem: str, *, reason: Refusal, code: int = 0) -> None:
+        super().__init__(code or errno.EINVAL, problem, str(path))
+        self.path = str(path)
+        self.problem = problem
+        self.reason: Refusal = reason
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.problem}"
+
+
+class MissingInputError(InputFileError, FileNotFoundError):
+    """The input file does not exist (still a ``FileNotFoundError`` to code that asks)."""
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symlink"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """Name the type of a file mode in words ("a FIFO", "a directory", "a regular file")."""
+    return next((name for test, name in _KINDS if test(mode)), "a regular file")
+
+
+def open_regular(
+    path: str | Path,
+    *,
+    max_bytes: int | None = None,
+    follow: bool = False,
+    expect: os.stat_result | None = None,
+) -> BinaryIO:
+    """Open a file given as input for reading, refusing anything but a regular file.
+
+    Opened with ``O_NONBLOCK`` (a FIFO or a device answers at once instead of
+    blocking the open) and ``O_NOFOLLOW`` unless ``follow``; then the *open
+    descriptor* is checked with ``fstat``, so what is read is what was checked,
+    whatever is swapped in at that path meanwhile. ``max_bytes`` refuses a
+    larger file; ``expect`` (an earlier ``lstat``) refuses a file that is not
+    that one any more. Raises :class:`InputFileError`.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise MissingInputError(
+            path, "does not exist", reason="missing", code=errno.ENOENT
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise InputFileError(
+                path, "is a symlink, not a regular file", reason="not_regular", code=errno.ELOOP
+            ) from None
+        if exc.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
+            raise InputFileError(
+                path, "is not a regular file (a socket or device)", reason="not_regular"
+            ) from None
+        raise InputFileError(
+            path,
+            f"cannot be read ({exc.strerror or exc})",
+            reason="unreadable",
+            code=exc.errno or errno.EIO,
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError(
+                path, f"is {file_kind(st.st_mode)}, not a regular file", reason="not_regular"
+            )
+        if expect is not None and (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
+            raise InputFileError(path, "was replaced while it was read", reason="not_regular")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise InputFileError(
+                path,
+                f"is larger than {max_bytes} bytes ({st.st_size})",
+                reason="too_large",
+                code=errno.EFBIG,
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | Path, max_bytes: int, *, follow: bool = False) -> bytes:
+    """Return the bytes of a regular file of at most ``max_bytes`` (see :func:`open_regular`).
+
+    Reads at most ``max_bytes + 1`` bytes, so a file that grows after the check
+    costs no more memory than the limit. Raises :class:`InputFileError`.
+    """
+    with open_regular(path, max_bytes=max_bytes, follow=follow) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise InputFileError(
+                path,
+                f"cannot be read ({exc.strerror or exc})",
+                reason="unreadable",
+                code=exc.errno or errno.EIO,
+            ) from None
+    if len(data) > max_bytes:
+        raise InputFileError(
+            path, f"is larger than {max_bytes} bytes", reason="too_large", code=errno.EFBIG
+        )
+    return data
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = False) -> None:

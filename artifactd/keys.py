@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.constants import ENV_KEY_PASSWORD, current_environ
 from artifactd.errors import UsageError
+from artifactd.fsutil import InputFileError, read_regular
 from artifactd.hashing import sha256_hex
 
 if TYPE_CHECKING:
@@ -125,18 +126,17 @@ def read_spec(spec: str, *, what: str, environ: Mapping[str, str] | None = None)
                 hint="env://NAME reads the PEM held in $NAME",
             )
         return value.encode()
-    path = Path(spec)
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_KEY_FILE + 1)
-    except OSError as exc:
+        # Followed: a Kubernetes Secret volume holds its keys as symlinks.
+        return read_regular(spec, MAX_KEY_FILE, follow=True)
+    except InputFileError as exc:
+        unread = exc.reason in ("missing", "unreadable")
         raise KeyFileError(
-            f"{what} {spec}: cannot read it ({exc.strerror or exc})",
-            hint="pass the path of a PEM key file, or env://NAME",
+            f"{what} {spec}: "
+            + (f"cannot read it ({os.strerror(exc.errno or 0)})" if unread else exc.problem),
+            hint="pass the path of a PEM key file (at most "
+            f"{MAX_KEY_FILE >> 10} KiB), or env://NAME",
         ) from None
-    if len(data) > MAX_KEY_FILE:
-        raise KeyFileError(f"{what} {spec}: larger than {MAX_KEY_FILE} bytes, not a key file")
-    return data
 
 
 def load_private_key(

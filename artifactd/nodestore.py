@@ -50,7 +50,7 @@ from artifactd.errors import (
     UsageError,
 )
 from artifactd.events import EventSink, discard
-from artifactd.fsutil import atomic_write
+from artifactd.fsutil import atomic_write, read_regular
 
 if TYPE_CHECKING:
     from artifactd.stores import Store
@@ -365,8 +365,11 @@ def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = No
 
 def read_usage(root: Path) -> dict[str, float]:
     """Return the last-use record (manifest digest -> time); empty when missing or unreadable."""
+    from artifactd.stores.layout import MAX_INDEX_BYTES
+
     try:
-        doc = json.loads((root / USAGE_NAME).read_bytes())
+        # One entry a manifest: the index's own limit bounds it too.
+        doc = json.loads(read_regular(root / USAGE_NAME, MAX_INDEX_BYTES))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict):

@@ -30,7 +30,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from artifactd.destination import CacheVolume, StepHook, Swap, no_hook, os_error, remove_tree
+from artifactd.destination import (
+    CacheVolume,
+    StepHook,
+    Swap,
+    check_env_text,
+    no_hook,
+    os_error,
+    remove_tree,
+)
 from artifactd.errors import (
     ArtifactdError,
     CacheMissError,
@@ -434,6 +442,10 @@ def run_restore(
     own mistakes (:class:`UsageError`, :class:`ConfigError`);
     everything else becomes the outcome's failure.
     """
+    # Checked before anything is created: each ends up in the env file.
+    check_env_text(str(request.target.absolute()), "--target")
+    if request.consumer_user is not None:
+        check_env_text(request.consumer_user, "--consumer-user")
     if request.software_from is not None:
         try:
             raw_fingerprint = _adopt_software(raw_fingerprint, request)

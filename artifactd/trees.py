@@ -32,8 +32,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.constants import DEFAULT_PREBUILT
-from artifactd.errors import IntegrityError, NotFoundError, UnsafeArtifactError
+from artifactd.errors import (
+    ArtifactdError,
+    IntegrityError,
+    NotFoundError,
+    StoreError,
+    UnsafeArtifactError,
+)
 from artifactd.families import FAMILIES, get_family, select_families
+from artifactd.fsutil import InputFileError, read_regular
 from artifactd.manifest import TREE_DOC, FamilyTree
 from artifactd.oci import family_tag
 
@@ -45,8 +52,13 @@ if TYPE_CHECKING:
     from artifactd.resolve import FamilyPlan, RestorePlan
     from artifactd.unpack import UnpackResult
 
-#: A tree document larger than this is refused before it is parsed.
-MAX_TREE_DOC = 256 << 20
+#: A tree document larger than this is refused before it is read. Sized from
+#: what a real one needs: a harvest of a 100,000-file Triton cache in its real
+#: layout writes 245 bytes per file entry (``python bench/doc_limits.py``), so
+#: 48 MiB holds about 200,000 such files, more than any engine's cache. Parsing
+#: a document of this size measured 1.5 s and 440 MiB (the 256 MiB limit before
+#: it let a document cost 3.7 GiB).
+MAX_TREE_DOC = 48 << 20
 #: The prefix of a tree's store reference in plans, markers and reports.
 DIR_PREFIX = "dir:"
 
@@ -186,16 +198,24 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
     """
     prebuilt = DEFAULT_PREBUILT.strip("/")
     for layout in (path, path / fingerprint_hash, path / prebuilt / fingerprint_hash):
-        if (layout / "oci-layout").is_file():
-            return f"oci:{layout}"
+        try:
+            if (layout / "oci-layout").is_file():
+                return f"oci:{layout}"
+        except OSError as exc:
+            raise source_error(exc, path) from None
     docs: dict[str, tuple[FamilyTree, str]] = {}
     for name in FAMILIES:
-        if (path / name).is_symlink():
-            # Followed, it would make files outside the tree look like the family's.
-            raise UnsafeArtifactError(f"{path / name} is a symlink, not the family's directory")
-        doc_path = path / name / TREE_DOC
-        if doc_path.is_file() and not doc_path.is_symlink():
-            docs[name] = _read_doc(doc_path, name)
+        try:
+            if (path / name).is_symlink():
+                # Followed, it would make files outside the tree look like the family's.
+                raise UnsafeArtifactError(f"{path / name} is a symlink, not the family's directory")
+            doc_path = path / name / TREE_DOC
+            # A link is not the family's document (never followed); anything else
+            # that is there is opened, and refused unless it is a regular file.
+            if os.path.lexists(doc_path) and not doc_path.is_symlink():
+                docs[name] = _read_doc(doc_path, name)
+        except OSError as exc:
+            raise source_error(exc, path) from None
     if not docs:
         raise NotFoundError(
             f"{path} holds no artifact for fingerprint {fingerprint_hash[:12]}...: no OCI layout "
@@ -205,14 +225,35 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
     return MountedTree(path.absolute(), docs)
 
 
+def source_error(exc: OSError, root: Path) -> ArtifactdError:
+    """Classify an error reading a mounted artifact under ``root``: the source is at fault.
+
+    A FIFO, device, socket or link where a file belongs is hostile; a file over
+    its limit is corrupt; anything that cannot be read (permissions, I/O
+    errors, a vanished mount) leaves the source unreachable. Never a
+    :class:`~artifactd.errors.TargetError`: the target was not touched.
+    """
+    what = (
+        str(exc)
+        if isinstance(exc, InputFileError)
+        else (f"{exc.filename or root} cannot be read ({exc.strerror or exc})")
+    )
+    reason = exc.reason if isinstance(exc, InputFileError) else "unreadable"
+    if reason == "not_regular":
+        return UnsafeArtifactError(f"the mounted artifact's {what}")
+    if reason in ("too_large", "missing"):
+        return IntegrityError(f"the mounted artifact's {what}")
+    return StoreError(
+        f"the mounted artifact at {root} is unreadable: {what}",
+        hint="check the volume mounted there (--from-dir) and that the init container's "
+        "user may read it",
+    )
+
+
 def _read_doc(path: Path, family: str) -> tuple[FamilyTree, str]:
     from artifactd.hashing import digest_of
 
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_TREE_DOC + 1)
-    if len(data) > MAX_TREE_DOC:
-        raise IntegrityError(f"{path} is larger than {MAX_TREE_DOC} bytes")
+    data = read_regular(path, MAX_TREE_DOC)
     doc = FamilyTree.from_json(data, source=str(path))
     if doc.family != family:
         raise IntegrityError(f"{path} describes family {doc.family!r}, not {family!r}")

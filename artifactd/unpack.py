@@ -49,6 +49,7 @@ import zstandard
 
 from artifactd.archive import link_inside
 from artifactd.errors import IntegrityError, UnsafeArtifactError
+from artifactd.fsutil import file_kind, open_regular
 from artifactd.hashing import Hasher, HashingReader, Readable
 from artifactd.manifest import TREE_DOC, FamilyTree, FileEntry, LayerRecord
 
@@ -458,7 +459,7 @@ class _Extractor:
         # Created after every file: no later member can write through a link.
         self.links.append((self.staging.joinpath(*rel.parts), target))
 
-    def file(self, rel: PurePosixPath, entry: FileEntry, src: IO[bytes]) -> None:
+    def file(self, rel: PurePosixPath, entry: FileEntry, src: Readable) -> None:
         """Verify a file's bytes (of the size its entry says) and queue or stream its write."""
         dest = self.staging.joinpath(*rel.parts)
         self.total += entry.size
@@ -644,10 +645,20 @@ def stage_tree(
     links, and anything the record does not list (a file, a link, a device, a
     component it does not declare) is refused; every listed file must be a
     regular file of the listed size and sha256, every link must have the
-    listed target. Only ``staging`` is written.
+    listed target. Each file is opened with
+    :func:`~artifactd.fsutil.open_regular` and must still be the one the walk
+    saw, so a FIFO or device swapped in meanwhile is refused, never read.
+    Errors reading the source are the source's
+    (:func:`artifactd.trees.source_error`), never the target's. Only
+    ``staging`` is written.
     """
+    from artifactd.trees import source_error
+
     components = frozenset(record.components)
-    found = _scan_family_dir(source, components)
+    try:
+        found = _scan_family_dir(source, components)
+    except OSError as exc:
+        raise source_error(exc, source.parent) from None
     extractor = _Extractor(staging, record.files, relocate, keep_mtimes)
     try:
         staging.mkdir(parents=True, exist_ok=True)
@@ -660,7 +671,11 @@ def stage_tree(
             if kind == "link":
                 if entry.link is None:
                     raise IntegrityError(f"{entry.path!r} is a file in the manifest, a link here")
-                extractor.link(rel, entry, os.readlink(path))
+                try:
+                    target = os.readlink(path)
+                except OSError as exc:
+                    raise source_error(exc, source.parent) from None
+                extractor.link(rel, entry, target)
                 continue
             if entry.link is not None:
                 raise IntegrityError(f"{entry.path!r} is a symlink in the manifest, a file here")
@@ -668,15 +683,37 @@ def stage_tree(
                 raise IntegrityError(
                     f"{entry.path}: size {st.st_size} differs from manifest {entry.size}"
                 )
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as src:
-                now = os.fstat(src.fileno())
-                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-                    raise UnsafeArtifactError(f"{entry.path} changed while it was read")
-                extractor.file(rel, entry, src)
+            # What the scan saw may have been swapped since (for a FIFO, which
+            # would block the copy): the open descriptor is what is checked.
+            try:
+                src = open_regular(path, expect=st)
+            except OSError as exc:
+                raise source_error(exc, source.parent) from None
+            with src:
+                extractor.file(rel, entry, _SourceReader(src, path, source.parent))
         return extractor.finish(str(source), components)
     finally:
         extractor.abort()
+
+
+class _SourceReader:
+    """A mounted artifact's file whose read errors are the source's, not the target's."""
+
+    def __init__(self, handle: IO[bytes], path: Path, root: Path) -> None:
+        self._handle = handle
+        self._path = path
+        self._root = root
+
+    def read(self, n: int = -1, /) -> bytes:
+        """Read up to ``n`` bytes."""
+        from artifactd.trees import source_error
+
+        try:
+            return self._handle.read(n)
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self._path)
+            raise source_error(exc, self._root) from None
 
 
 def _scan_family_dir(
@@ -686,13 +723,12 @@ def _scan_family_dir(
 
     Never follows a link. Refuses an entry that is neither a directory, a
     regular file nor a symlink, and anything in ``source`` but the declared
-    components and the tree document.
+    components and the tree document. Raises ``OSError`` when ``source``
+    cannot be read (the caller blames the source for it).
     """
     found: dict[PurePosixPath, tuple[str, os.stat_result]] = {}
-    try:
-        top = {e.name: e for e in os.scandir(source)}
-    except OSError as exc:
-        raise IntegrityError(f"cannot read {source}: {exc.strerror or exc}") from None
+    with os.scandir(source) as it:
+        top = {e.name: e for e in it}
     extra = sorted(set(top) - components - {TREE_DOC})
     if extra:
         raise UnsafeArtifactError(f"{source} holds {extra[0]!r}, which its record does not list")
@@ -711,7 +747,9 @@ def _scan_family_dir(
             with os.scandir(entry.path) as it:
                 todo.extend((rel / child.name, child) for child in it)
         else:
-            raise UnsafeArtifactError(f"{source / str(rel)} is not a file, link or directory")
+            raise UnsafeArtifactError(
+                f"{source / str(rel)} is {file_kind(st.st_mode)}, not a file, link or directory"
+            )
         check_member_name(rel.as_posix(), components)
     return found
 
@@ -780,7 +818,7 @@ def _write_small(dest: Path, data: bytes, entry: FileEntry, keep_mtimes: bool, u
 
 
 def _stream_member(
-    src: IO[bytes], dest: Path, entry: FileEntry, keep_mtimes: bool, umask: int
+    src: Readable, dest: Path, entry: FileEntry, keep_mtimes: bool, umask: int
 ) -> None:
     """Stream a large file to disk, hashing as it goes."""
     fd = _create(dest, entry, umask)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
-from artifactd.cli.specs import env_flag, family_names, parse_size
+from artifactd.cli.specs import env_flag, family_names, parse_seconds, parse_size
 
 if TYPE_CHECKING:
     from artifactd.restore import RestoreOutcome
@@ -73,6 +73,8 @@ def restore(
     """Restore the matching caches into ``target``; exit with the outcome's code."""
     from artifactd.probing import start_request
 
+    size_limit = parse_size(max_bytes) if max_bytes else None
+    timeout = None if lock_timeout is None else parse_seconds(lock_timeout)
     # The probe's subprocesses and NVML run while the restore modules import.
     pending = start_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
@@ -91,8 +93,8 @@ def restore(
         require=require,
         dry_run=dry_run,
         insecure=insecure,
-        max_bytes=parse_size(max_bytes) if max_bytes else None,
-        lock_timeout=lock_timeout,
+        max_bytes=size_limit,
+        lock_timeout=timeout,
         verify_keys=tuple(verify_keys),
     )
     # Plain data again: a no-op restore (warm volume, marker matches) answers

@@ -13,6 +13,7 @@ same answers.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -209,14 +210,15 @@ DRY_RUN = Opt(
 MAX_BYTES = Opt(
     "--max-bytes",
     "max_bytes",
-    "Refuse to unpack more than SIZE (bytes, or 500M, 20G) into TARGET.",
+    "Refuse to unpack more than SIZE (bytes, or 500M, 20G; at least 0) into TARGET.",
     C.ENV_MAX_BYTES,
     metavar="SIZE",
 )
 LOCK_TIMEOUT = Opt(
     "--lock-timeout",
     "lock_timeout",
-    "How long to wait for another restore into TARGET to finish [600].",
+    "How long to wait for another restore into TARGET to finish, in seconds "
+    "(finite, at least 0; 0: do not wait) [600].",
     C.ENV_LOCK_TIMEOUT,
     metavar="SECONDS",
     kind="float",
@@ -282,10 +284,9 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def parse_size(text: str, *, option: str = "--max-bytes") -> int:
     """Read a size given as bytes or with a binary unit: ``500M``, ``20G``, ``1.5GiB``.
 
-    0 or more, finite: anything else is a :class:`UsageError`.
+    A negative, infinite or NaN size is a :class:`UsageError`, as is anything
+    that is not a number.
     """
-    import math
-
     value = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
     number = value[: len(value) - len(unit)]
@@ -294,8 +295,17 @@ def parse_size(text: str, *, option: str = "--max-bytes") -> int:
     except ValueError:
         size = math.nan
     if not math.isfinite(size) or size < 0:
-        # A negative limit would be no limit at all to a comparison, or evict everything.
         raise UsageError(
-            f"{option} {text!r} is not a size", hint="use bytes or a unit, 0 or more: 500M, 20G"
+            f"{option} {text!r} is not a size", hint="use bytes or a unit, at least 0: 500M, 20G"
         )
     return int(size)
+
+
+def parse_seconds(value: float, *, option: str = "--lock-timeout") -> float:
+    """Check a duration in seconds: a finite number, at least 0 (NaN would wait forever)."""
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(
+            f"{option} {value!r} is not a duration",
+            hint="give seconds, at least 0 (0: try once, do not wait)",
+        )
+    return value

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
-from artifactd.fsutil import atomic_write
+from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
 from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
 from artifactd.stores.base import ManifestRef, Progress, Store
@@ -29,6 +29,9 @@ from artifactd.stores.base import ManifestRef, Progress, Store
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}
 #: Registries refuse manifests over 4 MiB; so do we, before reading one whole.
 MAX_MANIFEST_BYTES = 4 << 20
+#: An index.json larger than this is refused: about 200,000 tags (a descriptor
+#: takes under 300 bytes), far more than a node's or an image's store holds.
+MAX_INDEX_BYTES = 64 << 20
 
 
 class LayoutStore(Store):
@@ -96,11 +99,9 @@ class LayoutStore(Store):
     def open_blob(self, digest: str, size: int) -> Iterator[BinaryIO]:
         """Open the blob file for reading; read errors become :class:`StoreError`."""
         try:
-            f = self._blob_path(digest).open("rb")
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.ref} has no blob {digest}") from None
-        except OSError as exc:
-            raise StoreError(f"cannot read blob {digest} in {self.ref}: {exc.strerror}") from None
+            f = open_regular(self._blob_path(digest))
+        except InputFileError as exc:
+            raise self._input_error(exc, f"blob {digest}") from None
         with f:
             yield _StoreReader(f, f"{self.ref} blob {digest[:19]}")  # type: ignore[misc]
 
@@ -154,17 +155,25 @@ class LayoutStore(Store):
     def _read_manifest(self, path: Path, reference: str) -> bytes:
         """Read a manifest blob, refusing one too large to be a manifest."""
         try:
-            with path.open("rb") as f:
-                data = f.read(MAX_MANIFEST_BYTES + 1)
-        except FileNotFoundError:
-            raise IntegrityError(
-                f"{self.ref}: {reference} points at missing blob {path.name}"
-            ) from None
-        except OSError as exc:
-            raise StoreError(f"cannot read {path} in {self.ref}: {exc.strerror}") from None
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise IntegrityError(f"{self.ref}: manifest {reference} is over {MAX_MANIFEST_BYTES} B")
-        return data
+            return read_regular(path, MAX_MANIFEST_BYTES)
+        except InputFileError as exc:
+            if exc.reason == "missing":
+                raise IntegrityError(
+                    f"{self.ref}: {reference} points at missing blob {path.name}"
+                ) from None
+            raise self._input_error(exc, f"manifest {reference}") from None
+
+    def _input_error(self, exc: InputFileError, what: str) -> StoreError | IntegrityError:
+        """Return the error for a file of this layout that :func:`open_regular` refused."""
+        if exc.reason == "missing":
+            return NotFoundError(f"{self.ref} has no {what}")
+        if exc.reason == "unreadable":
+            return StoreError(f"cannot read {what} in {self.ref}: {exc.problem}")
+        # A FIFO, device or link where a blob belongs, or a file past its limit.
+        return IntegrityError(
+            f"{self.ref}: {what} {exc.problem}",
+            hint="the layout was damaged or written by another tool; re-copy the store",
+        )
 
     def tag_digest(self, tag: str) -> str | None:
         """Read the tag's digest from index.json alone."""
@@ -212,10 +221,12 @@ class LayoutStore(Store):
     # -- index.json --------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
         try:
-            doc = json.loads((self.root / "index.json").read_bytes())
-        except FileNotFoundError:
-            return {"manifests": []}
-        except (OSError, ValueError) as exc:
+            doc = json.loads(read_regular(self.root / "index.json", MAX_INDEX_BYTES))
+        except InputFileError as exc:
+            if exc.reason == "missing":
+                return {"manifests": []}
+            raise StoreError(f"{self.ref}: {exc}") from None
+        except ValueError as exc:
             raise StoreError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
         if not isinstance(doc, dict):
             raise StoreError(f"{self.root / 'index.json'} is not a JSON object")
