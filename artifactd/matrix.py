@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 import shlex
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -222,38 +220,25 @@ _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _read_text(path: Path) -> str:
-    """Return the file's text, read without blocking and at most one byte past the cap."""
+    """Return the file's text: a regular file, read without blocking, at most the cap."""
+    from artifactd.fsutil import InputFileError, read_regular
+
     try:
-        # O_NONBLOCK: a FIFO without a writer must not hang the command.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"matrix file {path} does not exist",
-            hint="the demo matrix is warmup_matrices/cpu-demo.yaml",
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read matrix file {path}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        # Followed: a matrix may be a symlink into a checkout; a FIFO must not hang it.
+        data = read_regular(path, MAX_MATRIX_BYTES, follow=True)
+    except InputFileError as exc:
+        if exc.reason == "missing":
             raise ConfigError(
-                f"matrix file {path} is not a regular file",
-                hint="pass the path of a YAML file (warmup_matrices/*.yaml)",
-            )
-        data = b""
-        while len(data) <= MAX_MATRIX_BYTES:
-            chunk = os.read(fd, MAX_MATRIX_BYTES + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    except OSError as exc:
-        raise ConfigError(f"cannot read matrix file {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_MATRIX_BYTES:
-        raise ConfigError(
-            f"matrix file {path} is over {MAX_MATRIX_BYTES} bytes",
-            hint="a matrix is a page of YAML; check that this is the file you meant",
-        )
+                f"matrix file {path} does not exist",
+                hint="the demo matrix is warmup_matrices/cpu-demo.yaml",
+            ) from None
+        if exc.reason == "too_large":
+            raise ConfigError(
+                f"matrix file {path} is over {MAX_MATRIX_BYTES} bytes",
+                hint="a matrix is a page of YAML; check that this is the file you meant",
+            ) from None
+        hint = "pass the path of a YAML file (warmup_matrices/*.yaml)"
+        raise ConfigError(f"matrix file {exc}", hint=hint) from None
     nul = data.find(b"\0")
     if nul >= 0:
         raise ConfigError(
