@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -84,6 +85,29 @@ def restore_time(marker_path: Path, restored_at: float) -> float:
 def written_after(st: os.stat_result, cutoff: float) -> bool:
     """Whether a file with this stat was written after the restore at ``cutoff``."""
     return st.st_mtime > cutoff
+
+
+def wait_past(directory: Path, cutoff: float, limit: float = 3.0) -> None:
+    """Return once a file written in ``directory`` gets an mtime later than ``cutoff``.
+
+    File times come from a coarse clock (a kernel tick, whole seconds on some
+    file systems): a write in the restore's own tick would look restored. The
+    gate waits here before it starts a cell, so whatever the cell writes
+    counts. Gives up after ``limit`` seconds, or when ``directory`` is not
+    writable (the verdict is then only as fine as the clock).
+    """
+    probe = directory / ".artifactd-clock"
+    deadline = time.monotonic() + limit
+    try:
+        while True:
+            with open(probe, "wb"):
+                pass
+            if written_after(probe.stat(), cutoff) or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        probe.unlink()
+    except OSError:
+        return
 
 
 def judge(
@@ -187,6 +211,7 @@ __all__ = [
     "judge",
     "not_restored",
     "restore_time",
+    "wait_past",
     "written_after",
     "written_files",
     "written_since",

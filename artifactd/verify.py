@@ -330,8 +330,10 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: _Context) -> CellVerif
     """Restore into the cell's own fresh roots, run it there, count and compare."""
     from artifactd.build import CellResult, cell_environ, run_cell, run_serve_cell
     from artifactd.constants import CUDA_VISIBLE_DEVICES
+    from artifactd.destination import CacheVolume
     from artifactd.resolve import plan_restore
     from artifactd.restore import restore
+    from artifactd.verdict import restore_time, wait_past
 
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
@@ -339,6 +341,10 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: _Context) -> CellVerif
     restore(plan, ctx.store)
     families = select_families(matrix.families or None)
     installed = {f.family for f in plan.families if f.verdict == "hit"}
+    volume = CacheVolume(target)
+    if (marker := volume.read_marker()) is not None:
+        # Whatever the cell writes must be later than the restore, to the file clock.
+        wait_past(volume.state, restore_time(volume.marker_path, marker["restored_at"]))
     env = cell_environ(target, matrix.families, matrix.env, ctx.base)
     env[CUDA_VISIBLE_DEVICES] = ",".join(taken)
     log = target / ".artifactd" / "verify-cell.log"

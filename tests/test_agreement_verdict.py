@@ -338,3 +338,17 @@ def test_verify_has_no_snapshot_comparison_of_its_own() -> None:
         for alias in n.names
     }
     assert imported, "verify must decide through artifactd.verdict"
+
+
+def test_the_gate_waits_for_the_file_clock_to_pass_the_restore(tmp_path: Path) -> None:
+    """A cell's first write lands after the restore on the file clock, so it counts."""
+    import time
+
+    from artifactd.verdict import wait_past, written_after
+
+    cutoff = time.time() + 0.3
+    wait_past(tmp_path, cutoff)
+    first = tmp_path / "first-write"
+    first.write_bytes(b"")
+    assert written_after(first.stat(), cutoff)
+    assert list(tmp_path.iterdir()) == [first], "the clock probe is left behind"
