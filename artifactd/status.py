@@ -27,7 +27,7 @@ still 0 for ``not restored``: the verdict only moves from ``used`` to
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -161,8 +161,8 @@ def _with_record(
     verdict: FamilyVerdict, files_restored: int = 0, dirs: dict[str, str] | None = None
 ) -> FamilyStatus:
     """Return ``verdict`` with what the marker records of the family."""
-    fields = {name: getattr(verdict, name) for name in FamilyVerdict.__dataclass_fields__}
-    return FamilyStatus(**fields, files_restored=files_restored, dirs=dirs or {})
+    judged = {f.name: getattr(verdict, f.name) for f in fields(FamilyVerdict)}
+    return FamilyStatus(**judged, files_restored=files_restored, dirs=dirs or {})
 
 
 def _not_restored(name: str, why: str, facts: LogFacts | None) -> FamilyStatus:
@@ -204,9 +204,7 @@ def status_report(status: TargetStatus) -> dict[str, Any]:
 
 
 def _fields(status: TargetStatus) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(status, f.name) for f in dataclasses.fields(status)}
+    return {f.name: getattr(status, f.name) for f in fields(status)}
 
 
 __all__ = [

@@ -286,6 +286,35 @@ def test_a_verdict_from_the_log_alone_is_the_same_in_the_gate(tmp_path: Path) ->
     assert judge_cell(target, [get_family("vllm")])["vllm"].verdict == "used"
 
 
+def test_a_family_the_artifact_lacks_fails_the_gate_only_if_the_cell_filled_it(
+    tmp_path: Path,
+) -> None:
+    """A miss is ``not restored`` for ``status`` and the gate; the gate fails once files appear."""
+    from artifactd.verify import family_failures, judge_cell
+
+    target, log = _case(tmp_path, "untouched")
+    families = [get_family("vllm"), get_family("generic")]
+    status = {f.family: f for f in target_status(target, engine_log=log).families}
+    assert status["generic"].verdict == "not restored"
+    judged = judge_cell(target, families, log)
+    assert {n: v.verdict for n, v in judged.items()} == {"vllm": "used", "generic": "not restored"}
+    assert family_failures("0", judged, installed={"vllm"}) == []
+
+    generic = target / "generic"
+    generic.mkdir()
+    (generic / "axpy.sm_90a.cubin").write_bytes(b"\x7fELF")
+    _later(target, generic / "axpy.sm_90a.cubin")
+    judged = judge_cell(target, families, log)
+    assert judged["generic"].verdict == "not restored"
+    assert judged["generic"].files_written == 1
+    assert family_failures("0", judged, installed={"vllm"}) == [
+        "0: generic is not in the artifact, and the cell compiled 1 file(s) into its dirs"
+    ]
+    # status on the pod keeps a miss fail-open: not restored, exit 0 with --fail-on-compile.
+    again = {f.family: f for f in target_status(target, engine_log=log).families}
+    assert again["generic"].verdict == "not restored"
+
+
 # --------------------------------------------------------------------------
 # One owner: no second copy of the rule
 # --------------------------------------------------------------------------
