@@ -169,7 +169,11 @@ class EngineEvidence:
 
     @property
     def compiled(self) -> bool:
-        """Whether the engine says it compiled (a miss, or its cache was switched off)."""
+        """Whether the engine says it compiled (a miss, or its cache was switched off).
+
+        What the log alone says; a family's verdict weighs it with the files
+        written (:func:`artifactd.verdict.judge`).
+        """
         return self.misses > 0 or self.cache_disabled
 
 
@@ -340,12 +344,18 @@ def key_dir(rel: PurePosixPath) -> PurePosixPath | None:
 
 
 def restored_key_dirs(root: Path, cutoff: float) -> set[PurePosixPath]:
-    """Return the hash dirs under ``root`` holding a file as old as the restore (restored ones)."""
+    """Return the hash dirs under ``root`` holding a file as old as the restore (restored ones).
+
+    A file is the restore's when it was not written after it
+    (:func:`artifactd.verdict.written_after`, the rule ``status`` counts by).
+    """
+    from artifactd.verdict import written_after
+
     found: set[PurePosixPath] = set()
     for top in ("torch_compile_cache", "torch_aot_compile"):
         for rel, st in _files(root / top, PurePosixPath(top)):
             key = key_dir(rel)
-            if key is not None and key not in found and st.st_mtime <= cutoff:
+            if key is not None and key not in found and not written_after(st, cutoff):
                 found.add(key)
     return found
 

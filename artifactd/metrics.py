@@ -19,7 +19,8 @@ stay the timestamped log. The names:
 ``artifactd_restore_family_hits_total{family}``        1 per family restored (or already there)
 ``artifactd_restore_family_misses_total{family}``      1 per family selected and not restored
 ``artifactd_restore_status{status}``                   1 for the last restore's status
-``artifactd_family_compiled_files{family}``            files written since the restore (status)
+``artifactd_family_compiled_files{family}``            files written since the restore (status;
+                                                       what counts: :mod:`artifactd.verdict`)
 ``artifactd_family_used{family}``                      1 when the family's verdict is ``used``
 ``artifactd_node_store_bytes``                         bytes of every blob in the node store
 ``artifactd_node_store_evictions_total``               artifacts gc evicted
@@ -44,6 +45,7 @@ from artifactd.errors import TargetError
 
 if TYPE_CHECKING:
     from artifactd.restore import RestoreOutcome
+    from artifactd.verdict import FamilyVerdict
 
 NAMESPACE = "artifactd"
 # One pod's counters in a textfile: their *_created timestamps would only be noise.
@@ -114,8 +116,8 @@ def restore_registry(outcome: RestoreOutcome) -> CollectorRegistry:
     return reg
 
 
-def status_registry(families: Iterable[tuple[str, str, int]]) -> CollectorRegistry:
-    """Return ``status``'s metrics from (family, verdict, files written since restore)."""
+def status_registry(families: Iterable[FamilyVerdict]) -> CollectorRegistry:
+    """Return ``status``'s metrics from its verdicts (:mod:`artifactd.verdict` decides them)."""
     reg = CollectorRegistry()
     compiled = Gauge(
         "family_compiled_files",
@@ -131,9 +133,9 @@ def status_registry(families: Iterable[tuple[str, str, int]]) -> CollectorRegist
         namespace=NAMESPACE,
         registry=reg,
     )
-    for family, verdict, written in families:
-        compiled.labels(family).set(written)
-        used.labels(family).set(1 if verdict == "used" else 0)
+    for fam in families:
+        compiled.labels(fam.family).set(fam.files_written)
+        used.labels(fam.family).set(1 if fam.used else 0)
     return reg
 
 

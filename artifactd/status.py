@@ -6,24 +6,12 @@ trusted exactly as a no-op restore trusts it
 every recorded dir there, the env file as recorded); nothing is locked,
 repaired or written.
 
-Per family selected at the restore:
-
-* ``files_restored``: the marker's count;
-* ``files_written``: files under the family's installed dirs whose mtime is
-  later than the restore, found by the harvest's own walk
-  (:func:`artifactd.families.tree.walk_component`), so what the family leaves
-  out (locks, temp and staging dirs) never counts, and neither do the files a
-  library rewrites when it merely loads an entry
-  (:attr:`~artifactd.families.base.Family.load_rewrites`). What a written file
-  means for each library is :attr:`~artifactd.families.base.Family.written_since_restore`.
-  An entry the library is still writing (a Triton dir without its group file
-  yet) counts: a compile is under way. The restore time is the later of the
-  marker's ``restored_at`` and the marker file's own mtime (the file clock
-  restored files were stamped with);
-* the verdict: ``used`` (restored, nothing written since), ``compiled anyway``
-  (restored, and files written since, or the engine's log says it compiled:
-  it compiled somewhere the restore did not fill), ``not restored`` (selected
-  but missed, not in the marker, or no trusted marker at all).
+Per family selected at the restore: ``files_restored`` (the marker's count),
+the files written under its restored dirs since the restore, and the verdict
+(``used``, ``compiled anyway``, ``not restored``), decided by
+:mod:`artifactd.verdict`, the one owner of that rule (the ``verify`` gate and
+the metrics apply the same). What a written file means for each library is
+:attr:`~artifactd.families.base.Family.written_since_restore`.
 
 With an engine log (:mod:`artifactd.enginelogs`) each family also gets what
 the engine said.
@@ -39,44 +27,30 @@ still 0 for ``not restored``: the verdict only moves from ``used`` to
 from __future__ import annotations
 
 import os
-import stat
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
 
 from artifactd.destination import CacheVolume
 from artifactd.enginelogs import EngineEvidence, LogFacts, evidence, read_log
 from artifactd.marker import RestoreMarker
-
-if TYPE_CHECKING:
-    from artifactd.families.base import Family
+from artifactd.verdict import FamilyVerdict, judge, not_restored, restore_time
 
 #: ``status --fail-on-compile``: some family was restored and compiled anyway.
 COMPILED_ANYWAY_EXIT = 13
-#: Paths of written files listed per family.
-MAX_EXAMPLES = 5
-
-Verdict = Literal["used", "compiled anyway", "not restored"]
 State = Literal["restored", "no marker", "restore in progress", "stale"]
 
 
 @dataclass(frozen=True)
-class FamilyStatus:
-    """One family's verdict and the evidence for it.
+class FamilyStatus(FamilyVerdict):
+    """One family's verdict (:class:`~artifactd.verdict.FamilyVerdict`) with the restore's record.
 
-    ``written_examples`` holds up to :data:`MAX_EXAMPLES` absolute paths;
-    ``why`` says in one phrase what decided the verdict; ``engine`` is what
-    the engine's log said (None without a log, or when it said nothing).
+    ``files_restored`` is the marker's count of the files installed, ``dirs``
+    its restored dirs by component.
     """
 
-    family: str
-    verdict: Verdict
-    files_restored: int
-    files_written: int
-    written_examples: list[str]
-    why: str
+    files_restored: int = 0
     dirs: dict[str, str] = field(default_factory=dict)
-    engine: EngineEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -179,17 +153,21 @@ def _untrusted(volume: CacheVolume) -> tuple[State, str]:
 
 
 def _cutoff(volume: CacheVolume, marker: RestoreMarker) -> float:
-    """Return the restore time files are compared with (see the module doc)."""
-    try:
-        stamped = volume.marker_path.stat().st_mtime
-    except OSError:
-        stamped = 0.0
-    return max(marker["restored_at"], stamped)
+    """Return the restore time files are compared with (:func:`artifactd.verdict.restore_time`)."""
+    return restore_time(volume.marker_path, marker["restored_at"])
+
+
+def _with_record(
+    verdict: FamilyVerdict, files_restored: int = 0, dirs: dict[str, str] | None = None
+) -> FamilyStatus:
+    """Return ``verdict`` with what the marker records of the family."""
+    judged = {f.name: getattr(verdict, f.name) for f in fields(FamilyVerdict)}
+    return FamilyStatus(**judged, files_restored=files_restored, dirs=dirs or {})
 
 
 def _not_restored(name: str, why: str, facts: LogFacts | None) -> FamilyStatus:
     engine = evidence(facts, name) if facts is not None else None
-    return FamilyStatus(name, "not restored", 0, 0, [], why, {}, engine)
+    return _with_record(not_restored(name, why, engine))
 
 
 def _family(
@@ -205,80 +183,9 @@ def _family(
         return _not_restored(name, why, facts)
     from artifactd.families import get_family
 
-    family = get_family(name)
     dirs = dict(recorded["dirs"])
-    written: list[str] = []
-    count = 0
-    for component, root in sorted(dirs.items()):
-        for path in written_since(family, component, Path(root), cutoff):
-            count += 1
-            if len(written) < MAX_EXAMPLES:
-                written.append(path)
     engine = evidence(facts, name, dirs=dirs, cutoff=cutoff) if facts is not None else None
-    if count:
-        verdict: Verdict = "compiled anyway"
-        why = f"{count} file(s) written under the restored dirs since the restore"
-    elif engine is not None and engine.compiled:
-        verdict = "compiled anyway"
-        why = (
-            f"the engine log says it compiled ({engine.misses} miss(es)"
-            + (", cache disabled" if engine.cache_disabled else "")
-            + ") outside the restored dirs"
-        )
-    else:
-        verdict = "used"
-        why = "restored, and nothing written under its dirs since"
-    return FamilyStatus(name, verdict, recorded["files"], count, written, why, dirs, engine)
-
-
-def written_since(family: Family, component: str, root: Path, cutoff: float) -> list[str]:
-    """Return the files under ``root`` written after ``cutoff`` (absolute paths, walk order).
-
-    Walked as the harvest walks (:func:`walk_component`): what the family
-    excludes is not entered and never counts, nor are its load rewrites. An
-    entry the harvest would skip as invalid (a partial write) is entered, with
-    the same exclusions, since a library writing it is compiling.
-    """
-    from artifactd.families.tree import walk_component
-
-    found: list[str] = []
-    for entry in walk_component(family, component, root):
-        if entry.skip is not None and family.excluded(component, entry.rel, entry.is_dir):
-            continue
-        if entry.skip is not None and entry.is_dir:
-            found.extend(_inside(family, component, root, entry.rel, cutoff))
-        elif entry.is_file and _counts(family, entry.rel, entry.st, cutoff):
-            found.append(str(entry.path))
-    return found
-
-
-def _counts(family: Family, rel: PurePosixPath, st: os.stat_result, cutoff: float) -> bool:
-    return st.st_mtime > cutoff and rel.name not in family.load_rewrites
-
-
-def _inside(
-    family: Family, component: str, root: Path, top: PurePosixPath, cutoff: float
-) -> list[str]:
-    """Walk an entry the harvest skipped as invalid: every file the family does not exclude."""
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root / top):
-        rel_dir = PurePosixPath(Path(dirpath).relative_to(root).as_posix())
-        dirnames[:] = sorted(
-            d for d in dirnames if not family.excluded(component, rel_dir / d, True)
-        )
-        for name in sorted(filenames):
-            rel = rel_dir / name
-            try:
-                st = os.lstat(root / rel)
-            except OSError:
-                continue
-            if (
-                stat.S_ISREG(st.st_mode)
-                and not family.excluded(component, rel, False)
-                and _counts(family, rel, st, cutoff)
-            ):
-                found.append(str(root / rel))
-    return found
+    return _with_record(judge(get_family(name), dirs, cutoff, engine), recorded["files"], dirs)
 
 
 def status_report(status: TargetStatus) -> dict[str, Any]:
@@ -297,9 +204,7 @@ def status_report(status: TargetStatus) -> dict[str, Any]:
 
 
 def _fields(status: TargetStatus) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(status, f.name) for f in dataclasses.fields(status)}
+    return {f.name: getattr(status, f.name) for f in fields(status)}
 
 
 __all__ = [
@@ -309,5 +214,4 @@ __all__ = [
     "TargetStatus",
     "status_report",
     "target_status",
-    "written_since",
 ]

@@ -12,12 +12,16 @@ of the matrix (packed onto the node's GPUs as a build packs them):
    serve cell, the digest of its responses) with those the build recorded in
    the artifact's config: strings and booleans exactly, numbers within the
    matrix's ``check_tolerance``, relative to the larger magnitude;
-4. counts, per family, the files the cell wrote into the restored roots
-   anyway: new files, or files whose size or mtime changed. What the family
-   itself leaves out of a harvest (lock files, temp and staging dirs) does
-   not count.
+4. judges, per family, whether the cell used the restored caches or compiled
+   anyway (:func:`judge_cell`): exactly the verdict ``artifactd status`` gives
+   on that tree with the cell's output as the engine log, decided by
+   :mod:`artifactd.verdict` (the one owner of the rule: files written since
+   the restore, what the family leaves out of a harvest and its load rewrites
+   not counted).
 
-The gate passes only if every check matches and nothing was compiled. With
+The gate passes only if every check matches and every family is ``used``, or
+``not restored`` because the artifact lacks it and the cell wrote nothing
+into its dirs (:func:`family_failures`). With
 ``promote``, the artifact's manifest is tagged with that tag only then, so a
 CI step can gate promotion on it.
 """
@@ -28,7 +32,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
     from artifactd.keys import PrivateKey
     from artifactd.matrix import Cell, Matrix
     from artifactd.stores import Store
+    from artifactd.verdict import FamilyVerdict
 
 
 @dataclass(frozen=True)
@@ -61,15 +66,19 @@ class CellVerified:
 
     id: str
     checks: list[CheckResult]
-    #: Per family: files the cell wrote into the restored roots (compiled anyway).
+    #: Per family: files the cell wrote into the restored roots since the restore.
     compiled: dict[str, int]
     seconds: float
     log: str
+    #: Per family: its verdict on the cell's roots (``used``, ``compiled anyway``...).
+    verdicts: dict[str, str] = field(default_factory=dict)
+    #: Why a family fails the gate, one line each (:func:`family_failures`).
+    family_failures: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        """Whether every check matched and nothing was compiled."""
-        return all(c.ok for c in self.checks) and not any(self.compiled.values())
+        """Whether every check matched and no family failed the gate."""
+        return all(c.ok for c in self.checks) and not self.family_failures
 
 
 @dataclass
@@ -115,16 +124,64 @@ def compare_checks(
     ]
 
 
-def snapshot(family: Family, root: Path) -> dict[str, tuple[int, int]]:
-    """Every file the harvest would see under the family's dirs: path -> (size, mtime_ns)."""
-    from artifactd.families.tree import walk_component
+def judge_cell(
+    target: Path, families: Sequence[Family], log: Path | None = None
+) -> dict[str, FamilyVerdict]:
+    """Return, per family, the verdict on a cell's restored ``target`` after the cell ran.
 
-    seen: dict[str, tuple[int, int]] = {}
-    for comp, path in family.restore_dirs(root).items():
-        for entry in walk_component(family, comp, Path(path)):
-            if entry.skip is None and not entry.is_dir:
-                seen[f"{comp}/{entry.rel}"] = (entry.st.st_size, entry.st.st_mtime_ns)
-    return seen
+    ``artifactd status``'s verdict on that tree (:mod:`artifactd.verdict`),
+    with ``log`` (the cell's output) as the engine log. A family the restore
+    missed stays ``not restored``, with the files the cell wrote under its
+    dirs since the restore counted by the same rule.
+    """
+    from artifactd.destination import CacheVolume
+    from artifactd.status import target_status
+    from artifactd.verdict import not_restored, restore_time, written_files
+
+    status = target_status(target, engine_log=log)
+    volume = CacheVolume(target)
+    cutoff = None
+    if status.restored_at is not None:
+        cutoff = restore_time(volume.marker_path, status.restored_at)
+    elif (marker := volume.read_marker()) is not None:
+        cutoff = restore_time(volume.marker_path, marker["restored_at"])
+    judged: dict[str, FamilyVerdict] = {f.family: f for f in status.families}
+    out: dict[str, FamilyVerdict] = {}
+    for fam in families:
+        verdict: FamilyVerdict | None = judged.get(fam.name)
+        if verdict is None or (verdict.verdict == "not restored" and cutoff is not None):
+            dirs = {c: str(p) for c, p in fam.restore_dirs(target).items()}
+            written = written_files(fam, dirs, cutoff) if cutoff is not None else []
+            why = verdict.why if verdict is not None else "not in the restore marker"
+            verdict = not_restored(
+                fam.name, why, None if verdict is None else verdict.engine, written
+            )
+        out[fam.name] = verdict
+    return out
+
+
+def family_failures(
+    cell_id: str, verdicts: Mapping[str, FamilyVerdict], installed: Collection[str]
+) -> list[str]:
+    """One line per family that fails the gate: compiled anyway, or lost or filled after a miss.
+
+    ``installed`` names the families the cell's restore installed: one of them
+    ``not restored`` after the run lost its restored dirs; one the artifact
+    lacks fails only if the cell wrote into its dirs (the artifact is all a pod
+    would get).
+    """
+    lines = []
+    for name, v in sorted(verdicts.items()):
+        if v.verdict == "compiled anyway":
+            lines.append(f"{cell_id}: {name} compiled anyway: {v.why}")
+        elif v.verdict == "not restored" and name in installed:
+            lines.append(f"{cell_id}: {name} is no longer restored after the run: {v.why}")
+        elif v.verdict == "not restored" and v.files_written:
+            lines.append(
+                f"{cell_id}: {name} is not in the artifact, and the cell compiled "
+                f"{v.files_written} file(s) into its dirs"
+            )
+    return lines
 
 
 def verify(
@@ -212,7 +269,7 @@ def verify(
             "cells": len(results),
             "tolerance": matrix.check_tolerance,
             "failures": failures,
-            "compiled_anyway": {c.id: c.compiled for c in results if any(c.compiled.values())},
+            "compiled_anyway": {c.id: c.compiled for c in results if c.family_failures},
         }
         doc = statement(
             store_identity(store), art.digest, art.config, matrix=matrix_path, verify=verdict
@@ -237,18 +294,13 @@ def verify(
 
 
 def _failures(results: Sequence[CellVerified]) -> list[str]:
-    """One line per check that differs and per family that compiled anyway."""
+    """One line per check that differs and per family that fails the gate."""
     return [
         f"{c.id}: check {r.name}: expected {r.expected!r}, got {r.got!r}"
         for c in results
         for r in c.checks
         if not r.ok
-    ] + [
-        f"{c.id}: {fam} compiled {n} file(s) anyway"
-        for c in results
-        for fam, n in c.compiled.items()
-        if n
-    ]
+    ] + [line for c in results for line in c.family_failures]
 
 
 def _tag(store: Store, digest: str, tag: str) -> None:
@@ -278,15 +330,21 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: _Context) -> CellVerif
     """Restore into the cell's own fresh roots, run it there, count and compare."""
     from artifactd.build import CellResult, cell_environ, run_cell, run_serve_cell
     from artifactd.constants import CUDA_VISIBLE_DEVICES
+    from artifactd.destination import CacheVolume
     from artifactd.resolve import plan_restore
     from artifactd.restore import restore
+    from artifactd.verdict import restore_time, wait_past
 
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
     plan = plan_restore(ctx.store, ctx.fingerprint, target, families=matrix.families or None)
     restore(plan, ctx.store)
     families = select_families(matrix.families or None)
-    before = {fam.name: snapshot(fam, target) for fam in families}
+    installed = {f.family for f in plan.families if f.verdict == "hit"}
+    volume = CacheVolume(target)
+    if (marker := volume.read_marker()) is not None:
+        # Whatever the cell writes must be later than the restore, to the file clock.
+        wait_past(volume.state, restore_time(volume.marker_path, marker["restored_at"]))
     env = cell_environ(target, matrix.families, matrix.env, ctx.base)
     env[CUDA_VISIBLE_DEVICES] = ",".join(taken)
     log = target / ".artifactd" / "verify-cell.log"
@@ -295,9 +353,14 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: _Context) -> CellVerif
         res = run_serve_cell(cell, env, log, ctx.on_event)
     else:
         res = run_cell(cell, env, matrix.timeout_s, log)
-    compiled = {}
-    for fam in families:
-        after = snapshot(fam, target)
-        compiled[fam.name] = sum(1 for k, v in after.items() if before[fam.name].get(k) != v)
+    verdicts = judge_cell(target, families, log if log.is_file() else None)
     checks = compare_checks(ctx.recorded.get(cell.id, {}), res.checks, matrix.check_tolerance)
-    return CellVerified(cell.id, checks, compiled, res.seconds, res.log)
+    return CellVerified(
+        cell.id,
+        checks,
+        {name: v.files_written for name, v in verdicts.items()},
+        res.seconds,
+        res.log,
+        {name: v.verdict for name, v in verdicts.items()},
+        family_failures(cell.id, verdicts, installed),
+    )

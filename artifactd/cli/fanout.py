@@ -163,7 +163,9 @@ def verify(
     For each cell of FILE: restore this machine's artifact into fresh roots,
     run the cell there, compare the checks it prints with those the build
     recorded (strings exactly, numbers within the matrix's check_tolerance),
-    and count per family the files it compiled anyway (lock files excluded).
+    and judge per family whether it used the restored caches, exactly as
+    `artifactd status` judges those roots (files written since the restore;
+    lock files and a library's load rewrites excluded).
     Exits 0 only if every check matches and nothing was compiled, else 12
     with a per-cell, per-family table. --promote TAG tags the artifact only
     then, so a CI job can gate on it. --sign-key attests the artifact's

@@ -216,7 +216,7 @@ def status(
     if metrics_file is not None:
         from artifactd.metrics import status_registry, write_textfile
 
-        write_textfile(metrics_file, status_registry(_metric_rows(result)))
+        write_textfile(metrics_file, status_registry(result.families))
     code = result.exit_code(fail_on_compile=fail_on_compile)
     if as_json:
         render.emit_json({**status_report(result), "exit_code": code})
@@ -233,11 +233,6 @@ def status(
         sys.exit(code)
 
 
-def _metric_rows(result: TargetStatus) -> list[tuple[str, str, int]]:
-    """(family, verdict, files written since restore) for :func:`status_registry`."""
-    return [(f.family, f.verdict, f.files_written) for f in result.families]
-
-
 def _serve_metrics(addr: str, target: Any, env_file: Any, engine_log: str | None) -> None:
     """Answer every scrape with a fresh status of ``target``, until stopped."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -252,7 +247,7 @@ def _serve_metrics(addr: str, target: Any, env_file: Any, engine_log: str | None
                 self.send_error(404)
                 return
             result = target_status(target, env_file=env_file, engine_log=engine_log)
-            body = exposition([status_registry(_metric_rows(result))])
+            body = exposition([status_registry(result.families)])
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

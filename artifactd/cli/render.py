@@ -147,7 +147,7 @@ def verify(result: VerifyResult) -> None:
             f"  {cell.id:<28} {checks:<10} "
             + " ".join(f"{cell.compiled.get(f, 0):>10}" for f in families)
         )
-    echo("  (per family: files compiled anyway on the restored caches)")
+    echo("  (per family: files written on the restored caches since the restore)")
     for line in result.failures:
         echo(f"  FAIL {line}")
     if result.passed:
