@@ -76,6 +76,20 @@ def pod_environ(matrix: Matrix) -> dict[str, str]:
     return {k: v for k, v in matrix.env.items() if k in keyed}
 
 
+def pod_flags(matrix: Matrix) -> list[str]:
+    """Return the ``restore`` (or ``fingerprint``) flags with which a pod asks for this matrix.
+
+    With :func:`pod_environ` set, a pod on the build's machine probes the
+    fingerprint :func:`published_fingerprint` gives.
+    """
+    flags = ["--gpu-arch", matrix.target.gpu_arch] if matrix.target.gpu_arch else []
+    if matrix.base_image:
+        flags += ["--image-digest", matrix.base_image]
+    for key, value in sorted(matrix.workload.items()):
+        flags += ["--workload", f"{key}={value}"]
+    return flags
+
+
 def probe_environ(matrix: Matrix, base: Mapping[str, str]) -> dict[str, str]:
     """Return the environment the fingerprint is probed with: ``base`` plus :func:`pod_environ`.
 
