@@ -49,7 +49,7 @@ from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
 from artifactd.probing import check_overrides
-from artifactd.published import pod_environ, published_fingerprint
+from artifactd.published import check_key, pod_environ, published_fingerprint
 from artifactd.schedule import node_devices, run_packed
 from artifactd.stores import Store, opened
 
@@ -303,6 +303,7 @@ def build(  # noqa: PLR0915 - one straight run of stages, each timed
     started_at = time.time()
     check_overrides(overrides)  # a bad --set fails now, not after the cells ran
     matrix: Matrix = load_matrix(matrix_path)
+    check_key(matrix, matrix_path)  # before any cell runs, as the --set check above
     selected = select_cells(expand(matrix, matrix_path), cell, run_id)
     owned = roots is None
     if roots is None:

@@ -29,7 +29,7 @@ matrix for one layout declares it in ``workload:`` (and its pods pass the same
 ``--workload``); a matrix whose axes span layouts publishes one artifact that
 holds them side by side (each engine names its cache dir by its own config
 hash, which includes the layout), keyed without the layout, and its pods name
-none.
+none. A key in both places is refused (:func:`check_key`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from artifactd.errors import BuildError
+from artifactd.errors import BuildError, ConfigError
 
 if TYPE_CHECKING:
     from artifactd.fingerprint import Fingerprint
@@ -74,6 +74,27 @@ def pod_environ(matrix: Matrix) -> dict[str, str]:
     """Return the variables of the matrix's ``env:`` that enter its fingerprint: pods set them."""
     keyed = key_variables(matrix.families)
     return {k: v for k, v in matrix.env.items() if k in keyed}
+
+
+def check_key(matrix: Matrix, source: object = "matrix") -> None:
+    """Refuse a matrix whose key would say one thing while its cells do another.
+
+    A workload key that is also an axis (``workload: {tp: 8}`` with ``axes:
+    {tp: [1, 2]}``): the cells' templates see the axis's values, the key the
+    workload's, so pods asking for tp=8 would hit caches built for tp=1 and 2.
+    Raises :class:`ConfigError` naming the keys.
+    """
+    both = sorted(set(matrix.workload) & set(matrix.axes))
+    if both:
+        layout = [k for k in both if k in PARALLEL_LAYOUT]
+        what = "parallel layout " if layout == both else ""
+        raise ConfigError(
+            f"{source}: {what}key(s) {', '.join(both)} are both in workload and in axes: "
+            "the cells would run the axis's values while the artifact is keyed on the "
+            "workload's",
+            hint="keep a key in one place: in workload for an artifact of one value (pods "
+            "pass it with --workload), in axes for one artifact holding every value",
+        )
 
 
 def pod_flags(matrix: Matrix) -> list[str]:
@@ -116,6 +137,7 @@ def published_fingerprint(
     from artifactd.constants import current_environ
     from artifactd.fingerprint import probe
 
+    check_key(matrix)
     base = current_environ() if environ is None else environ
     return probe(
         gpu_arch=gpu_arch or matrix.target.gpu_arch,

@@ -286,6 +286,25 @@ def test_a_tp1_pod_seeing_one_gpu_hits_an_8_gpu_builds_vllm_scope(tmp_path: Path
     assert config(store, f"fp-{published}")["fingerprint"]["info"]["gpu_count"] == 8
 
 
+def test_a_layout_in_both_workload_and_axes_is_refused_before_any_cell_runs(
+    tmp_path: Path,
+) -> None:
+    """``workload: {tp: 8}`` with ``axes: {tp: [1, 2]}``: cells of tp 1 and 2 keyed as tp=8."""
+    matrix = write_matrix(
+        tmp_path, "two-layouts",
+        "families: [vllm]\naxes:\n  tp: [1, 2]\ngpus: 0\n"
+        f'command: "{{{{ python }}}} {tmp_path / "cell.py"} tp{{{{ tp }}}}"\n',
+    )  # fmt: skip
+    matrix.write_text(matrix.read_text().replace("workload:\n", "workload:\n  tp: '8'\n"))
+    env = env_for(tmp_path)
+    store = tmp_path / "store"
+    proc = cli("build", str(matrix), "--store", f"oci:{store}", env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tp are both in workload and in axes" in proc.stderr
+    assert not list(tmp_path.glob("artifactd-*")), "no cell ran: no roots were made"
+    assert not (store / "index.json").exists(), "nothing published"
+
+
 # --------------------------------------------------------------------------
 # Agreement: every caller, one input, one hash; and one owner in the source
 # --------------------------------------------------------------------------
