@@ -6,7 +6,7 @@ same fingerprint. So every command that computes "the fingerprint this matrix
 publishes" calls :func:`published_fingerprint` (``build``, ``verify``) or
 :func:`agreed_fingerprint` (``merge``, which composes what the cells
 published), and both rest on the probe a pod runs (:mod:`artifactd.probing`).
-It imports nothing at module level beyond the constants: the matrix, the
+It imports nothing at module level beyond the errors: the matrix, the
 families and the typed model are read when a function is called.
 
 **What the matrix's ``env:`` may change.** The cells run with it; the probe

@@ -298,9 +298,13 @@ def test_a_layout_in_both_workload_and_axes_is_refused_before_any_cell_runs(
     matrix.write_text(matrix.read_text().replace("workload:\n", "workload:\n  tp: '8'\n"))
     env = env_for(tmp_path)
     store = tmp_path / "store"
-    proc = cli("build", str(matrix), "--store", f"oci:{store}", env=env)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "tp are both in workload and in axes" in proc.stderr
+    for argv in (
+        ["build", str(matrix), "--store", f"oci:{store}"],
+        ["matrix", "cells", str(matrix)],
+    ):
+        proc = cli(*argv, env=env)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "tp are both in workload and in axes" in proc.stderr
     assert not list(tmp_path.glob("artifactd-*")), "no cell ran: no roots were made"
     assert not (store / "index.json").exists(), "nothing published"
 
