@@ -44,12 +44,12 @@ from artifactd.constants import (
 from artifactd.errors import BuildError, LintError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.families import select_families
-from artifactd.fingerprint import probe
 from artifactd.harvest import HarvestResult, harvest
 from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.manifest import Provenance
 from artifactd.matrix import Cell, Matrix, expand, load_matrix
 from artifactd.probing import check_overrides
+from artifactd.published import check_key, pod_environ, published_fingerprint
 from artifactd.schedule import node_devices, run_packed
 from artifactd.stores import Store, opened
 
@@ -303,6 +303,7 @@ def build(  # noqa: PLR0915 - one straight run of stages, each timed
     started_at = time.time()
     check_overrides(overrides)  # a bad --set fails now, not after the cells ran
     matrix: Matrix = load_matrix(matrix_path)
+    check_key(matrix, matrix_path)  # before any cell runs, as the --set check above
     selected = select_cells(expand(matrix, matrix_path), cell, run_id)
     owned = roots is None
     if roots is None:
@@ -358,14 +359,19 @@ def build(  # noqa: PLR0915 - one straight run of stages, each timed
                 "or build without --strict",
             )
         t0 = time.monotonic()
-        fingerprint = probe(
-            gpu_arch=gpu_arch or matrix.target.gpu_arch,
-            image_digest=image_digest or matrix.base_image,
-            workload=matrix.workload,
-            environ=env,
-            overrides=overrides,
+        fingerprint = published_fingerprint(
+            matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=base
         )
         timings["probe"] = round(time.monotonic() - t0, 3)
+        on_event(
+            {
+                "stage": "probe",
+                "event": "done",
+                "fingerprint": fingerprint.hash,
+                # What pods must set for their probe to find this artifact.
+                "pod_env": pod_environ(matrix),
+            }
+        )
         provenance = Provenance(
             builder=__version__,
             source="build",

@@ -25,6 +25,7 @@ from artifactd.destination import parse_env_file  # re-exported: tests and calle
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.matrix import expand, load_matrix
+from artifactd.published import pod_environ, pod_flags
 from artifactd.stores import Store, opened
 
 
@@ -103,17 +104,13 @@ def _run_demo(
         "--json",
         "--require",
     ]
-    if matrix.target.gpu_arch:
-        argv += ["--gpu-arch", matrix.target.gpu_arch]
+    argv += pod_flags(matrix)
     if insecure:
         argv.append("--insecure")
-    if matrix.base_image:
-        argv += ["--image-digest", matrix.base_image]
-    for key, value in sorted(matrix.workload.items()):
-        argv += ["--workload", f"{key}={value}"]
     on_event({"stage": "restore", "event": "start", "target": str(target)})
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=dict(environ))
+    pod_env = {**environ, **pod_environ(matrix)}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=pod_env)
     restore_s = round(time.monotonic() - t0, 3)
     if proc.returncode != 0:
         raise BuildError(f"restore failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")

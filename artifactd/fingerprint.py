@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from artifactd import __version__, probing
 from artifactd.errors import ConfigError, UsageError
@@ -53,7 +53,6 @@ class GPUInfo(_Model):
     arch: str | None = Field(None, description="Compile target, e.g. sm_90a.")
     capability: str | None = Field(None, description="Compute capability, e.g. 9.0.")
     name: str | None = Field(None, description="Device name as NVML reports it.")
-    count: int = Field(0, description="Visible GPUs.")
     sm_count: int | None = Field(None, description="Streaming multiprocessors per GPU.")
     mig: bool | None = Field(None, description="MIG mode enabled.")
     source: Literal["nvml", "declared", "absent"] = "absent"
@@ -133,6 +132,11 @@ class Info(_Model):
     probed_at: float | None = None
     cpu_model: str | None = None
     topology: str | None = Field(None, description="GPU interconnect summary (advisory).")
+    gpu_count: int = Field(
+        0,
+        description="GPUs this process saw. Not hashed: what engines key on is the parallel "
+        "layout (workload tp, pp, ep, dp), not how many devices a builder or pod was given.",
+    )
     artifactd_version: str = __version__
 
 
@@ -155,9 +159,25 @@ class Fingerprint(_Model):
     )
     info: Info = Info()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _count_is_informational(cls, data: Any) -> Any:
+        """Read documents written before the GPU count left the hash (``gpu.count``).
+
+        Their ``gpu.count`` becomes ``info.gpu_count``, so older artifacts stay
+        readable (their fingerprint hash, recorded beside it, is never recomputed).
+        """
+        if isinstance(data, dict) and isinstance(data.get("gpu"), dict) and "count" in data["gpu"]:
+            gpu = dict(data["gpu"])
+            count = gpu.pop("count")
+            info = dict(data.get("info") or {})
+            info.setdefault("gpu_count", count)
+            data = {**data, "gpu": gpu, "info": info}
+        return data
+
     def hashed_view(self) -> dict[str, Any]:
         """Return the JSON data that enters the hash (everything but ``info``)."""
-        return self.model_dump(mode="json", exclude={"info"})
+        return probing.hashed_view(self.model_dump(mode="json"))
 
     @property
     def hash(self) -> str:

@@ -5,7 +5,8 @@ runs ``artifactd build FILE --cell I --run-id ID`` and publishes one cell's
 caches as a partial artifact (``kind: cell``) tagged ``run-<ID>-cell-<I>``;
 no restore ever finds those. :func:`merge` reads every cell's partial
 artifact of the run (a missing cell fails the merge), checks that all were
-built for one fingerprint, and composes them, family by family:
+built for one fingerprint (:func:`artifactd.published.agreed_fingerprint`), and
+composes them, family by family:
 
 * a family that one cell alone has, or that every cell has with the same
   layer digest, keeps that layer: it is neither downloaded nor uploaded
@@ -94,6 +95,7 @@ def merge(
     from artifactd.artifacts import publish
     from artifactd.build import check_run_id
     from artifactd.matrix import expand, load_matrix
+    from artifactd.published import agreed_fingerprint
 
     start = time.monotonic()
     check_run_id(run_id)
@@ -101,7 +103,7 @@ def merge(
     cells = expand(matrix, matrix_path)
     parts = _read_parts(store, run_id, cells)
     first = parts[0][1].config
-    _same_fingerprint(parts)
+    fingerprint, fingerprint_hash = agreed_fingerprint([(c.id, a.config) for c, a in parts])
     records: list[LayerRecord] = []
     packed: dict[str, PackedLayer] = {}
     report: list[FamilyMerged] = []
@@ -137,8 +139,8 @@ def merge(
         art = ArtifactConfig(
             architecture=first.architecture,
             rootfs=RootFS(diff_ids=[r.diff_id for r in records]),
-            fingerprint=first.fingerprint,
-            fingerprint_hash=first.fingerprint_hash,
+            fingerprint=fingerprint,
+            fingerprint_hash=fingerprint_hash,
             layers=records,
             provenance=provenance,
         )
@@ -192,23 +194,6 @@ def _read_parts(store: Store, run_id: str, cells: list[Cell]) -> list[tuple[Cell
             f"{run_id}` before the merge; rerun the missing ones",
         )
     return parts
-
-
-def _same_fingerprint(parts: list[tuple[Cell, Artifact]]) -> None:
-    """Refuse cells built for different fingerprints, naming the fields that differ."""
-    from artifactd.diff import differences
-
-    cell0, art0 = parts[0]
-    for cell, art in parts[1:]:
-        if art.config.fingerprint_hash == art0.config.fingerprint_hash:
-            continue
-        fields = differences(art0.config.fingerprint.flatten(), art.config.fingerprint.flatten())
-        names = ", ".join(f"{d.path} ({d.a!r} vs {d.b!r})" for d in fields[:4])
-        raise BuildError(
-            f"cells {cell0.id} and {cell.id} were built for different fingerprints: {names}",
-            hint="build every cell in the same image, for the same target; a GPU count "
-            "that differs per cell can be declared with --set gpu.count=N",
-        )
 
 
 def _families_in(parts: list[tuple[Cell, Artifact]]) -> list[str]:

@@ -56,6 +56,9 @@ TRACKED_LIBRARIES = (
     "nvidia-cutlass-dsl",
 )
 
+#: The variables the probe reads, and the field each one decides (artifactd.published).
+PROBED_ENV = {CC: "compilers.cc", TRITON_PTXAS_PATH: "cuda.ptxas"}
+
 #: Present wherever the NVIDIA kernel driver is (hosts, and GPU containers).
 _DRIVER_MARKERS = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
 
@@ -181,7 +184,7 @@ def arch_for_capability(major: int, minor: int) -> str:
 
 
 def empty_gpu() -> Raw:
-    """Return the GPU section of a machine without a GPU."""
+    """Return the GPU readings of a machine without a GPU (``count`` goes to ``info``)."""
     return {
         "arch": None,
         "capability": None,
@@ -686,6 +689,7 @@ class PendingProbe:
                 source="nvml" if gpu["source"] == "nvml" else "declared",
             )
 
+        gpu_count = gpu.pop("count")  # information, never key: see artifactd.published
         torch = dists.get("torch")
         torch_cuda = torch.version.split("+", 1)[1] if torch and "+" in torch.version else None
         site = str(torch.location) if torch is not None else sysconfig.get_paths()["purelib"]
@@ -721,6 +725,7 @@ class PendingProbe:
                 "probed_at": round(time.time(), 3),
                 "cpu_model": cpu_model,
                 "topology": topology,
+                "gpu_count": gpu_count,
                 "artifactd_version": __version__,
             },
         }

@@ -3,7 +3,7 @@
 A restored cache is only worth promoting when the engine, running on it,
 computes what it computed when the cache was built, and compiles nothing.
 :func:`verify` resolves the artifact for this machine's fingerprint (the
-matrix's target and workload, as ``build`` probes them), then, for every cell
+one ``build`` publishes: :func:`artifactd.published.published_fingerprint`), then, for every cell
 of the matrix (packed onto the node's GPUs as a build packs them):
 
 1. restores the artifact into fresh roots of the cell's own, as a pod would;
@@ -208,9 +208,9 @@ def verify(
     """
     from artifactd.artifacts import read_artifact
     from artifactd.constants import current_environ
-    from artifactd.fingerprint import probe
     from artifactd.matrix import expand, load_matrix
     from artifactd.oci import full_tag
+    from artifactd.published import published_fingerprint
     from artifactd.resolve import unbound
     from artifactd.schedule import node_devices, run_packed
 
@@ -218,12 +218,8 @@ def verify(
     matrix = load_matrix(matrix_path)
     cells = expand(matrix, matrix_path)
     base = current_environ() if environ is None else environ
-    fingerprint = probe(
-        gpu_arch=gpu_arch or matrix.target.gpu_arch,
-        image_digest=image_digest or matrix.base_image,
-        workload=matrix.workload,
-        environ=base,
-        overrides=overrides,
+    fingerprint = published_fingerprint(
+        matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=base
     )
     tag = full_tag(fingerprint.hash)
     art = read_artifact(store, tag)

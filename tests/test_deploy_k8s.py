@@ -627,7 +627,7 @@ def test_the_engine_serves_what_the_warm_up_matrix_built() -> None:
     cells = expand(matrix, path)
     same = [c for c in cells if c.serve is not None and without_address(c.serve.argv) == served]
     assert same, f"the engine's flags are no cell's of {matrix_file}: {served}"
-    assert gpu_limit(ENGINE) == same[0].gpus, "the cell's GPUs (gpu.count is fingerprinted)"
+    assert gpu_limit(ENGINE) == same[0].gpus, "the cell's GPUs (one per rank)"
     for key, value in matrix.env.items():
         assert env_value(ENGINE, key) == str(value), f"{key}: the matrix sets {value}"
 

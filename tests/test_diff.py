@@ -22,7 +22,7 @@ from artifactd.fingerprint import (
 @pytest.fixture
 def base() -> Fingerprint:
     return Fingerprint(
-        gpu=GPUInfo(arch="sm_90a", capability="9.0", name="NVIDIA H200", count=8, source="nvml"),
+        gpu=GPUInfo(arch="sm_90a", capability="9.0", name="NVIDIA H200", source="nvml"),
         cuda=CudaInfo(nvcc="12.8.93", ptxas="12.8.93", torch_cuda="cu128"),
         python=PythonInfo(
             implementation="cpython",

@@ -45,7 +45,6 @@ def make_fingerprint() -> Fingerprint:
             arch="sm_90a",
             capability="9.0",
             name="NVIDIA H200",
-            count=8,
             sm_count=132,
             mig=False,
             source="nvml",
@@ -112,7 +111,7 @@ def test_probe_without_gpu_or_declaration_is_absent() -> None:
     fp = probe(use_nvml=False)
     assert fp.gpu.source == "absent"
     assert fp.gpu.arch is None
-    assert fp.gpu.count == 0
+    assert fp.info.gpu_count == 0
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ def test_existing_fields_and_open_sections(raw: dict[str, Any]) -> None:
         raw,
         [
             "gpu.arch=sm_100a",
-            "gpu.count=8",
+            "gpu.sm_count=8",
             "workload.tp=8",
             "libraries.vllm.version=0.33.0",
             'cpu.features=["avx2"]',
@@ -46,7 +46,7 @@ def test_existing_fields_and_open_sections(raw: dict[str, Any]) -> None:
     assert out["cpu"]["features"] == ["avx2"]
     assert raw["gpu"]["arch"] is None, "the input document is not modified"
     model = from_raw({**out, "libraries": {**out["libraries"], "vllm": {"version": "0.33.0"}}})
-    assert model.gpu.count == 8  # "8" became a number through the schema
+    assert model.gpu.sm_count == 8  # "8" became a number through the schema
     assert model.driver.version == "575.51.03"
     assert raw_hash(out) != raw_hash(raw)
 
@@ -67,8 +67,8 @@ def test_bad_paths_are_usage_errors(raw: dict[str, Any], assignment: str, messag
 
 
 def test_type_errors_name_the_field(raw: dict[str, Any]) -> None:
-    with pytest.raises(UsageError, match=r"gpu\.count"):
-        from_raw(apply_overrides(raw, ["gpu.count=many"]))
+    with pytest.raises(UsageError, match=r"gpu\.sm_count"):
+        from_raw(apply_overrides(raw, ["gpu.sm_count=many"]))
 
 
 def test_probe_request_without_overrides_is_the_plain_probe() -> None:
@@ -84,18 +84,18 @@ def test_probe_request_without_overrides_is_the_plain_probe() -> None:
 
 
 def test_probe_request_validates_overrides_through_the_schema() -> None:
-    raw = probe_request(overrides=["gpu.count=4", "workload.tp=8", "gpu.arch=sm_100a"])
-    assert raw["gpu"]["count"] == 4  # text became the number the schema wants
+    raw = probe_request(overrides=["gpu.sm_count=4", "workload.tp=8", "gpu.arch=sm_100a"])
+    assert raw["gpu"]["sm_count"] == 4  # text became the number the schema wants
     assert raw["workload"] == {"tp": "8"}  # workload values stay text
     assert raw["gpu"]["arch"] == "sm_100a"
     assert raw_hash(raw) == from_raw(raw).hash
-    assert raw_hash(raw) != raw_hash(probe_request(overrides=["gpu.count=5"]))
+    assert raw_hash(raw) != raw_hash(probe_request(overrides=["gpu.sm_count=5"]))
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"overrides": ["gpu.count=many"]}, r"gpu\.count"),
+        ({"overrides": ["gpu.sm_count=many"]}, r"gpu\.sm_count"),
         ({"overrides": ["gpu.nope=1"]}, "no such field"),
         ({"workload": ["model"]}, "--workload must be KEY=VALUE"),
         ({"gpu_arch": "hopper"}, "not a GPU architecture"),
@@ -108,16 +108,16 @@ def test_probe_request_refuses_bad_flags(kwargs: dict[str, Any], message: str) -
 
 def test_a_started_request_answers_like_probe_request() -> None:
     """Started early (a restore imports while the tools run), the answer is the same."""
-    pending = start_request(gpu_arch="sm_90a", workload=["tp=8"], overrides=["gpu.count=2"])
+    pending = start_request(gpu_arch="sm_90a", workload=["tp=8"], overrides=["gpu.sm_count=2"])
     first = pending.result()
     assert pending.result() is first
     assert raw_hash(first) == raw_hash(
-        probe_request(gpu_arch="sm_90a", workload=["tp=8"], overrides=["gpu.count=2"])
+        probe_request(gpu_arch="sm_90a", workload=["tp=8"], overrides=["gpu.sm_count=2"])
     )
     with pytest.raises(UsageError, match="not a GPU architecture"):
         start_request(gpu_arch="sm90")  # before any work starts
-    late = start_request(overrides=["gpu.count=many"])
-    with pytest.raises(UsageError, match=r"gpu\.count"):
+    late = start_request(overrides=["gpu.sm_count=many"])
+    with pytest.raises(UsageError, match=r"gpu\.sm_count"):
         late.result()
 
 
@@ -135,14 +135,14 @@ def test_cli_fingerprint_and_diff_what_if() -> None:
     base = run("fingerprint", "--hash").stdout.strip()
     moved = run("fingerprint", "--hash", "--set", "driver.version=999.1").stdout.strip()
     assert base and moved and base != moved
-    shown = json.loads(run("fingerprint", "--json", "--set", "gpu.count=4").stdout)
-    assert shown["fingerprint"]["gpu"]["count"] == 4
+    shown = json.loads(run("fingerprint", "--json", "--set", "gpu.sm_count=4").stdout)
+    assert shown["fingerprint"]["gpu"]["sm_count"] == 4
     diff = json.loads(run("diff", "local", "local", "--json", "--set", "gpu.arch=sm_100a").stdout)
     verdicts = {v["family"]: v["verdict"] for v in diff["families"]}
     assert verdicts["triton"] == "miss" and verdicts["generic"] == "miss"
     assert [f["path"] for f in diff["fields"]] == ["gpu.arch"]
-    bad = run("fingerprint", "--set", "gpu.count=many")
-    assert bad.returncode == 2 and "gpu.count" in bad.stderr
+    bad = run("fingerprint", "--set", "gpu.sm_count=many")
+    assert bad.returncode == 2 and "gpu.sm_count" in bad.stderr
 
 
 def test_build_elsewhere_then_restore_with_the_same_override(tmp_path: Path) -> None:

@@ -43,8 +43,10 @@ def cells(*, file: Path, as_json: bool) -> None:
     A Kubernetes Indexed Job takes completions = the count.
     """
     from artifactd.matrix import expand, load_matrix
+    from artifactd.published import check_key
 
     loaded = load_matrix(file)
+    check_key(loaded, file)  # a plan job fails before any worker starts
     expanded = expand(loaded, file)
     if as_json:
         from artifactd.reports import versioned

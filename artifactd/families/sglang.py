@@ -132,7 +132,6 @@ class SGLangFamily(Family):
         "libraries.nvidia-cutlass-dsl",
         "gpu.name",
         "gpu.arch",
-        "gpu.count",
         "gpu.sm_count",
         "cuda.torch_cuda",
         "cuda.nvcc",
@@ -141,6 +140,9 @@ class SGLangFamily(Family):
         "python",
         "platform",
     )
+    #: 2: the visible GPU count left the scope; the parallel layout is keyed as the
+    #: workload's tp, pp, ep, dp (a build node's GPU count is not a pod's).
+    scope_revision = 2
     components = (
         Component("cache", "sglang", {SGLANG_CACHE_DIR: "{dir}"}),
         Component("jit", "sglang-jit", {SGLANG_JIT_CACHE_DIR: "{dir}"}),

@@ -467,7 +467,6 @@ class VLLMFamily(Family):
         "libraries.deep_gemm",
         "gpu.name",
         "gpu.arch",
-        "gpu.count",
         "gpu.sm_count",
         "cuda.torch_cuda",
         "cuda.nvcc",
@@ -475,6 +474,9 @@ class VLLMFamily(Family):
         "python",
         "platform",
     )
+    #: 2: the visible GPU count left the scope; the parallel layout is keyed as the
+    #: workload's tp, pp, ep, dp (a build node's GPU count is not a pod's).
+    scope_revision = 2
     components = (
         Component("cache", "vllm", {VLLM_CACHE_ROOT: "{dir}"}),
         Component("deep_gemm", f"vllm/{DEEP_GEMM_DIR}", {}),
