@@ -144,6 +144,8 @@ def fill(
     reported in the result (``offline``), so a warm node store still serves.
     A full node disk raises :class:`NoSpaceError`.
     """
+    from artifactd.resolve import whole_want
+
     start = time.monotonic()
     result = FillResult(node=node.ref, outcome="node")
     result.cleared = clear_leftovers(node)
@@ -157,7 +159,7 @@ def fill(
     # registry may have moved on from (a whole artifact published since, a
     # family re-published): a few tag lookups tell, so the node's pick is the
     # registry's. With it, the node already holds the rule's first choice.
-    by_families = wanted != restore_tags(fingerprint_hash, flat, families)[:1]
+    by_families = wanted != [whole_want(fingerprint_hash).tag]
     if remote is not None and (missing or not present or refresh or by_families):
         try:
             _fetch(
@@ -175,7 +177,10 @@ def fill(
         result.outcome = "offline" if result.error else "miss"
     elif result.fetched:
         result.outcome = "fetched"
-    record_use(node, [d for t in result.tags if (d := node.tag_digest(t))])
+    # What the node picked before a fetch is in use too: gc must not evict,
+    # as never used, a family tag this fill just refreshed.
+    used = dict.fromkeys([*result.tags, *present])
+    record_use(node, [d for t in used if (d := node.tag_digest(t))])
     result.seconds = round(time.monotonic() - start, 3)
     on_event(
         {

@@ -153,8 +153,7 @@ def verify(
     from artifactd.constants import current_environ
     from artifactd.fingerprint import probe
     from artifactd.matrix import expand, load_matrix
-    from artifactd.oci import full_tag
-    from artifactd.resolve import unbound
+    from artifactd.resolve import unbound, whole_want
     from artifactd.schedule import node_devices, run_packed
 
     start = time.monotonic()
@@ -168,7 +167,7 @@ def verify(
         environ=base,
         overrides=overrides,
     )
-    tag = full_tag(fingerprint.hash)
+    tag = whole_want(fingerprint.hash).tag
     art = read_artifact(store, tag)
     if art is not None:
         # The gate promotes what the tag names: only if it is for this fingerprint.
