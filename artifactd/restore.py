@@ -99,8 +99,9 @@ def restore(
 ) -> RestoreResult:
     """Install every family the plan hits into ``volume``, or change nothing and raise.
 
-    ``store`` is where the plan's layers come from: a store, or a mounted tree
-    (:mod:`artifactd.trees`). ``volume`` defaults to the plan's target and env file. Raises
+    ``store`` is where the plan's layers come from: any
+    :class:`~artifactd.source.RestoreSource` (a store, or a mounted tree), read
+    only through :meth:`~artifactd.source.RestoreSource.stage_layer`. ``volume`` defaults to the plan's target and env file. Raises
     :class:`ArtifactdError` subclasses only: filesystem errors on the target
     become :class:`NoSpaceError` or :class:`TargetError`.
     """
@@ -687,7 +688,7 @@ def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:
 def _plan(
     store: RestoreSource, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
 ) -> RestorePlan:
-    """Resolve the request against a store or a mounted tree."""
+    """Resolve the request against its source (:func:`artifactd.resolve.plan_restore`)."""
     from artifactd.fingerprint import from_raw
 
     fams = list(request.families) if request.families else None
@@ -706,7 +707,7 @@ def _plan(
 
 
 def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
-    """Open the store the request names, or what its ``from_dir`` holds."""
+    """Open the source the request names: its store, or what its ``from_dir`` holds."""
     from artifactd.stores import open_store
 
     ref = request.store
