@@ -2,9 +2,11 @@
 
 ``restore --node-store oci:PATH`` (a hostPath on the node's NVMe) first makes
 the node store hold what resolving against the registry would pick
-(:func:`fill`): the artifact tagged ``fp-<hash>`` with its families' scope
-tags, else each family's scope tag. Blobs are copied verified and only when
-missing, and a tag is written only once its blobs are in place. Then the
+(:func:`fill`): every tag the selection rule may read (the artifact tagged
+``fp-<hash>`` and each family's scope tag, :func:`artifactd.resolve.wants`)
+that the registry has. The rule itself is :mod:`artifactd.resolve`'s: the
+node store is a store like any other to it. Blobs are copied verified and
+only when missing, and a tag is written only once its blobs are in place. Then the
 restore runs from the node store, with no network. Filling happens under the
 node store's exclusive lock: when several pods start at once, one fetches and
 the others wait, then find the tags there and fetch nothing. The restore that

@@ -101,7 +101,8 @@ def restore(
 
     ``store`` is where the plan's layers come from: any
     :class:`~artifactd.source.RestoreSource` (a store, or a mounted tree), read
-    only through :meth:`~artifactd.source.RestoreSource.stage_layer`. ``volume`` defaults to the plan's target and env file. Raises
+    only through :meth:`~artifactd.source.RestoreSource.stage_layer`.
+    ``volume`` defaults to the plan's target and env file. Raises
     :class:`ArtifactdError` subclasses only: filesystem errors on the target
     become :class:`NoSpaceError` or :class:`TargetError`.
     """
