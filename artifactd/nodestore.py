@@ -2,9 +2,11 @@
 
 ``restore --node-store oci:PATH`` (a hostPath on the node's NVMe) first makes
 the node store hold what resolving against the registry would pick
-(:func:`fill`): the artifact tagged ``fp-<hash>`` with its families' scope
-tags, else each family's scope tag. Blobs are copied verified and only when
-missing, and a tag is written only once its blobs are in place. Then the
+(:func:`fill`): every tag the selection rule may read (the artifact tagged
+``fp-<hash>`` and each family's scope tag, :func:`artifactd.resolve.wants`)
+that the registry has. The rule itself is :mod:`artifactd.resolve`'s: the
+node store is a store like any other to it. Blobs are copied verified and
+only when missing, and a tag is written only once its blobs are in place. Then the
 restore runs from the node store, with no network. Filling happens under the
 node store's exclusive lock: when several pods start at once, one fetches and
 the others wait, then find the tags there and fetch nothing. The restore that
@@ -144,6 +146,8 @@ def fill(
     reported in the result (``offline``), so a warm node store still serves.
     A full node disk raises :class:`NoSpaceError`.
     """
+    from artifactd.resolve import whole_want
+
     start = time.monotonic()
     result = FillResult(node=node.ref, outcome="node")
     result.cleared = clear_leftovers(node)
@@ -153,7 +157,12 @@ def fill(
     if signatures:
         missing += [t for t in present if not _signed(node, t)]
     result.tags = present
-    if remote is not None and (missing or not present or refresh):
+    # Without the whole artifact the node resolves by family tags, which the
+    # registry may have moved on from (a whole artifact published since, a
+    # family re-published): a few tag lookups tell, so the node's pick is the
+    # registry's. With it, the node already holds the rule's first choice.
+    by_families = wanted != [whole_want(fingerprint_hash).tag]
+    if remote is not None and (missing or not present or refresh or by_families):
         try:
             _fetch(
                 node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures
@@ -170,7 +179,10 @@ def fill(
         result.outcome = "offline" if result.error else "miss"
     elif result.fetched:
         result.outcome = "fetched"
-    record_use(node, [d for t in result.tags if (d := node.tag_digest(t))])
+    # What the node picked before a fetch is in use too: gc must not evict,
+    # as never used, a family tag this fill just refreshed.
+    used = dict.fromkeys([*result.tags, *present])
+    record_use(node, [d for t in used if (d := node.tag_digest(t))])
     result.seconds = round(time.monotonic() - start, 3)
     on_event(
         {
@@ -187,21 +199,9 @@ def restore_tags(
     fingerprint_hash: str, flat: Mapping[str, Any], families: Sequence[str] | None
 ) -> list[str]:
     """Every tag a restore of ``fingerprint_hash`` may read: the whole artifact's, the families'."""
-    from artifactd.oci import full_tag
+    from artifactd.resolve import wants
 
-    return [full_tag(fingerprint_hash), *_family_tags(flat, families)]
-
-
-def _family_tags(flat: Mapping[str, Any], families: Sequence[str] | None) -> list[str]:
-    from artifactd.families import get_family, select_names
-    from artifactd.oci import family_tag
-    from artifactd.probing import scope_key
-
-    tags = []
-    for name in select_names(families):
-        fam = get_family(name)
-        tags.append(family_tag(name, scope_key(flat, name, fam.scope, fam.scope_revision)))
-    return tags
+    return [w.tag for w in wants(fingerprint_hash, flat, families)]
 
 
 def _wanted(
@@ -210,13 +210,10 @@ def _wanted(
     flat: Mapping[str, Any],
     families: Sequence[str] | None,
 ) -> list[str]:
-    """Return the tags a restore resolves: the whole artifact's if here, else the families'."""
-    from artifactd.oci import full_tag
+    """Return the tags a restore from the node reads (:func:`artifactd.resolve.picks`)."""
+    from artifactd.resolve import picks
 
-    full = full_tag(fingerprint_hash)
-    if node.tag_digest(full) is not None:
-        return [full]
-    return _family_tags(flat, families)
+    return [w.tag for w in picks(node, fingerprint_hash, flat, families)]
 
 
 def _signed(node: LayoutStore, tag: str) -> bool:
@@ -237,22 +234,19 @@ def _fetch(
     result: FillResult,
     signatures: bool = False,
 ) -> None:
-    """Copy from ``remote`` what the node lacks: the artifact and its family tags, or those."""
-    from artifactd.artifacts import copy_artifacts, read_artifact
-    from artifactd.oci import family_tag, full_tag
-    from artifactd.resolve import unbound
+    """Copy from ``remote`` what the node lacks of every tag a restore may read.
 
-    full = full_tag(fingerprint_hash)
-    tags: list[str] = []
-    art = read_artifact(remote, full)
-    if art is not None:
-        tags = [full] + [family_tag(r.family, r.scope_key) for r in art.config.layers]
-    if art is None or unbound(full, art.config.kind, art.config.fingerprint_hash, fingerprint_hash):
-        # Copied all the same when it is for another fingerprint, so that the
-        # restore names why; it then resolves the families by their own tags.
-        tags += [t for t in _family_tags(flat, families) if remote.tag_digest(t) is not None]
-        tags = list(dict.fromkeys(tags))
-    same = [t for t in tags if node.tag_digest(t) == remote.tag_digest(t)]
+    The whole artifact's tag and each selected family's scope tag, as far as
+    the registry has them: resolving from the node (:mod:`artifactd.resolve`)
+    then picks what resolving against the registry would, whole artifact or
+    families, and names a tag there that is bound to something else.
+    """
+    from artifactd.resolve import wants
+
+    wanted = wants(fingerprint_hash, flat, families)
+    remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
+    tags = [t for t, d in remote_digests.items() if d is not None]
+    same = [t for t in tags if node.tag_digest(t) == remote_digests[t]]
     tags = [t for t in tags if t not in same]
     unsigned = [t for t in same if signatures and not _signed(node, t)]
     if tags or unsigned:
@@ -263,6 +257,8 @@ def _fetch(
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
             with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
+                    from artifactd.artifacts import copy_artifacts
+
                     copied = copy_artifacts(remote, node, tags, Path(tmp))
                     fetched += copied.tags + copied.attached
                     result.bytes_fetched = copied.bytes_uploaded

@@ -10,11 +10,19 @@ records the resolution that looking up the tags again would give. It reads no
 config and builds no pydantic model, so a restarted pod with a warm volume
 answers in a fraction of a second. :mod:`artifactd.restore` executes plans.
 
+This module alone owns the selection rule, for every source (a
+:class:`~artifactd.source.RestoreSource`: a registry, a local or baked OCI
+layout, the node store, a mounted tree): :func:`whole_want` and
+:func:`family_want` name the tags, :func:`picks` is the rule as tag lookups
+tell it (what the node store fills), :func:`plan_restore` the rule with every
+artifact read and bound (the one place a plan is built), and :func:`noop_plan`
+asks whether the rule would pick what the marker records. A source only
+answers lookups, reads and layer extraction.
+
 A tag is not evidence: whoever can push can point ``fp-<hash>`` or a family
 tag at any manifest, signed or not. :func:`unbound` is the one check that an
-artifact is for what the pod resolved, made on every source (stores of every
-kind here, mounted trees in :mod:`artifactd.trees`) with what the artifact's
-own content says; under a signature policy that content is signed.
+artifact is for what the pod resolved, made on every source with what the
+artifact's own content says; under a signature policy that content is signed.
 """
 
 from __future__ import annotations
@@ -25,11 +33,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.destination import CacheVolume
-from artifactd.errors import ArtifactdError, StoreError
+from artifactd.errors import StoreError
 from artifactd.families import get_family, select_families, select_names
 from artifactd.oci import FULL_TAG_PREFIX, family_tag, full_tag
 from artifactd.probing import scope_key
-from artifactd.stores import Store
+from artifactd.source import Want
 
 if TYPE_CHECKING:
     # Only planning a miss or executing needs these; a no-op restore never imports them.
@@ -39,7 +47,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint import Fingerprint
     from artifactd.manifest import LayerRecord
     from artifactd.marker import RestoreMarker
-    from artifactd.trees import MountedTree
+    from artifactd.source import Found, RestoreSource
     from artifactd.trust import TrustPolicy
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
@@ -200,8 +208,46 @@ def unbound(tag: str, kind: str, claimed: str | None, wanted: str) -> str | None
     )
 
 
+def whole_want(fingerprint_hash: str) -> Want:
+    """Return the tag of the whole artifact built for ``fingerprint_hash``: ``fp-<hash>``."""
+    return Want(full_tag(fingerprint_hash), None, fingerprint_hash)
+
+
+def family_want(family: str, flat: Mapping[str, Any]) -> Want:
+    """Return ``family``'s scope tag for the fingerprint ``flat``: ``<family>-<scope key>``."""
+    fam = get_family(family)
+    key = scope_key(flat, family, fam.scope, fam.scope_revision)
+    return Want(family_tag(family, key), family, key)
+
+
+def wants(
+    fingerprint_hash: str, flat: Mapping[str, Any], families: Sequence[str] | None
+) -> list[Want]:
+    """Return every tag the rule may read, in its order: the whole artifact's, each family's."""
+    return [whole_want(fingerprint_hash), *(family_want(n, flat) for n in select_names(families))]
+
+
+def picks(
+    source: RestoreSource,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+) -> list[Want]:
+    """Return the tags the rule reads as lookups tell it: the whole artifact's, else the families'.
+
+    The whole artifact's tag if ``source`` has it, else each selected
+    family's scope tag (whether each is there or not).
+
+    Reads no artifact, so binding is not checked here: :func:`plan_restore` does.
+    """
+    whole = whole_want(fingerprint_hash)
+    if source.current(whole) is not None:
+        return [whole]
+    return [family_want(n, flat) for n in select_names(families)]
+
+
 def plan_restore(
-    store: Store | None,
+    store: RestoreSource | None,
     local: Fingerprint,
     target: Path,
     *,
@@ -214,7 +260,9 @@ def plan_restore(
 ) -> RestorePlan:
     """Resolve what to restore for ``local`` into ``target``; fetch no layer, write nothing.
 
-    With ``trust``, every manifest resolution picks must be signed by one of
+    ``store`` is any :class:`~artifactd.source.RestoreSource`: a store or a
+    mounted tree, resolved by the same rule. With ``trust``, every manifest
+    resolution picks must be signed by one of
     its keys (checked before its config is read): an unsigned or wrongly
     signed one raises :class:`~artifactd.errors.TrustError`, so nothing is
     installed from any of them. An unreachable store (``store`` None with ``store_error``, or a
@@ -276,7 +324,7 @@ def plan_restore(
 
 
 def noop_plan(
-    store: Store | MountedTree,
+    store: RestoreSource,
     fingerprint_hash: str,
     flat: Mapping[str, Any],
     volume: CacheVolume,
@@ -294,10 +342,10 @@ def noop_plan(
     The one no-op check, made before planning and again under the target's
     lock. It trusts the marker only through :meth:`CacheVolume.installed` (no
     install in progress, every directory there, the env file as recorded),
-    then asks the store whether the same tags still name the same manifests:
-    a few tag lookups, no config parsing (a mounted tree: whether its family
-    documents are the ones installed). An unreachable store means "resolve
-    again", which reports the miss and leaves the installed caches alone.
+    then asks the source whether the same tags still name the same artifacts
+    (:func:`_marker_current`): a few tag lookups, no config parsing. An
+    unreachable store means "resolve again", which reports the miss and
+    leaves the installed caches alone.
     """
     marker = volume.installed()
     names = select_names(families)
@@ -313,10 +361,7 @@ def noop_plan(
     ):
         return None
     try:
-        if isinstance(store, Store):
-            if not _tags_unchanged(store, marker, fingerprint_hash, flat):
-                return None
-        elif not store.unchanged(marker, flat):
+        if not _marker_current(store, marker, fingerprint_hash, flat):
             return None
     except StoreError:
         return None
@@ -350,33 +395,39 @@ def noop_plan(
     )
 
 
-def _tags_unchanged(
-    store: Store, marker: RestoreMarker, fingerprint_hash: str, flat: Mapping[str, Any]
+def _marker_current(
+    source: RestoreSource, marker: RestoreMarker, fingerprint_hash: str, flat: Mapping[str, Any]
 ) -> bool:
-    """Whether resolving now would pick exactly the manifests the marker records."""
+    """Whether resolving now would pick exactly the artifacts the marker records.
+
+    The rule of :func:`_resolve`, asked with tag lookups only. A full match
+    needs only the whole artifact's tag (and imports no family).
+    """
     recorded = marker["families"].values()
-    full = store.tag_digest(full_tag(fingerprint_hash))
+    whole = source.current(whole_want(fingerprint_hash))
     if marker["match"] == "full":
-        return full is not None and all(f["artifact"] == full for f in recorded)
-    if full is not None:
-        return False  # a whole artifact appeared since: restore it
+        return whole is not None and all(f["artifact"] == whole.digest for f in recorded)
+    if whole is not None:
+        return False  # a whole artifact appeared since: resolve it
     for name, fam in marker["families"].items():
-        fam_def = get_family(name)
-        key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
-        if unbound(fam["tag"], "family", fam["scope_key"], key):
+        want = family_want(name, flat)
+        if unbound(want.tag, "family", fam["scope_key"], want.key):
             return False  # a marker written by a release that did not check binding
-        if store.tag_digest(fam["tag"]) != fam["artifact"]:
+        now = source.current(want)
+        if now is None or now.digest != fam["artifact"]:
             return False
     for name in marker["missed"]:
-        fam_def = get_family(name)
-        key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
-        if store.tag_digest(family_tag(name, key)) is not None:
-            return False  # a family that missed last time has an artifact now
+        want = family_want(name, flat)
+        now = source.current(want)
+        if now is not None and (
+            now.claimed is None or not unbound(want.tag, "family", now.claimed, want.key)
+        ):
+            return False  # a family that missed last time may have an artifact now
     return True
 
 
 def _resolve(
-    store: Store,
+    source: RestoreSource,
     local: Fingerprint,
     selected: list[Family],
     target: Path,
@@ -384,97 +435,84 @@ def _resolve(
     *,
     trust: TrustPolicy | None = None,
 ) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"], dict[str, str]]:
-    """Resolve by tags; also return why each tag passed over was (:func:`unbound`)."""
-    from artifactd.artifacts import read_artifact
+    """Apply the selection rule: the whole artifact's tag, else each family's scope tag.
 
-    tag = full_tag(local.hash)
-    full = read_artifact(store, tag, trust=trust)
-    plans: list[FamilyPlan] = []
+    Every artifact read is held to :func:`unbound`; one that is not for the
+    pod is passed over (and named, in the returned mapping of tag -> why).
+    """
+    whole = whole_want(local.hash)
+    full = source.find(whole, trust=trust)
     passed: dict[str, str] = {}
     if full is not None and (
-        why := unbound(tag, full.config.kind, full.config.fingerprint_hash, local.hash)
+        why := unbound(whole.tag, full.kind, full.fingerprint_hash, whole.key)
     ):
-        passed[tag] = why
+        passed[whole.tag] = why
         full = None
-    if full is not None:
-        for fam in selected:
-            rec = full.config.layer(fam.name)
-            dirs = _family_dirs(fam, target, user)
-            if rec is None:
-                plans.append(
-                    FamilyPlan(
-                        fam.name,
-                        "miss",
-                        dirs=dirs,
-                        reason="the matching artifact has no such cache",
-                    )
-                )
-            else:
-                plans.append(
-                    FamilyPlan.hit(
-                        fam.name,
-                        "full",
-                        full.digest,
-                        rec,
-                        dirs=dirs,
-                        tag=tag,
-                        version=full.config.schema_version,
-                        signed_by=full.signed_by,
-                    )
-                )
-        return plans, "full", passed
+    plans: list[FamilyPlan] = []
+    flat = local.flatten()
     for fam in selected:
-        key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
         dirs = _family_dirs(fam, target, user)
-        tag = family_tag(fam.name, key)
-        art = read_artifact(store, tag, trust=trust)
-        rec = art.config.layer(fam.name) if art is not None else None
+        if full is not None:
+            rec = full.records.get(fam.name)
+            if rec is None:
+                reason = "the matching artifact has no such cache"
+                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=reason))
+            else:
+                plans.append(_hit(fam.name, "full", full, rec, dirs))
+            continue
+        want = family_want(fam.name, flat)
+        art = source.find(want, trust=trust)
+        rec = art.records.get(fam.name) if art is not None else None
         why = None
+        deciding: Sequence[FieldDiff] = ()
         if art is not None:
-            why = unbound(tag, art.config.kind, rec.scope_key if rec else None, key)
+            why = unbound(want.tag, art.kind, rec.scope_key if rec else None, want.key)
+        if why and rec is not None and art is not None and art.kind != "cell":
+            from artifactd.diff import differences
+
+            deciding = differences(rec.scope, local.select(fam.scope))
+            names = ", ".join(d.path for d in deciding) or "its scope revision"
+            why = f"{why}; it differs in {names}"
         if why:
-            passed[tag] = why
+            passed[want.tag] = why
         if art is None or rec is None or why:
-            plans.append(
-                FamilyPlan(
-                    fam.name,
-                    "miss",
-                    dirs=dirs,
-                    reason=why or "no artifact in the store has this family's scope",
-                )
-            )
+            reason = why or f"no artifact in {source.ref} has this family's scope"
+            plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=reason, deciding=deciding))
         else:
-            plans.append(
-                FamilyPlan.hit(
-                    fam.name,
-                    "family",
-                    art.digest,
-                    rec,
-                    dirs=dirs,
-                    tag=tag,
-                    version=art.config.schema_version,
-                    signed_by=art.signed_by,
-                )
-            )
+            plans.append(_hit(fam.name, "family", art, rec, dirs))
+    if full is not None:
+        return plans, "full", passed
     hit = any(p.verdict == "hit" for p in plans)
     return plans, "partial" if hit else "miss", passed
 
 
-def _closest_sampled(store: Store, local: Fingerprint) -> ClosestSampled | None:
+def _hit(
+    family: str,
+    source: Literal["full", "family"],
+    found: Found,
+    rec: LayerRecord,
+    dirs: Mapping[str, str],
+) -> FamilyPlan:
+    return FamilyPlan.hit(
+        family,
+        source,
+        found.digest,
+        rec,
+        dirs=dirs,
+        tag=found.tag,
+        version=found.version,
+        signed_by=found.signed_by,
+    )
+
+
+def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSampled | None:
     """Read up to :data:`SAMPLE_SIZE` whole artifacts and pick the least different."""
-    from artifactd.artifacts import read_artifact
     from artifactd.diff import differences
 
     best: tuple[int, ClosestSampled] | None = None
     compared = 0
     here = local.flatten()
-    for tag in list(store.iter_tags(FULL_TAG_PREFIX))[:SAMPLE_SIZE]:
-        try:
-            art = read_artifact(store, tag)
-        except ArtifactdError:
-            continue
-        if art is None:
-            continue
+    for tag, art in source.sample(SAMPLE_SIZE):
         differing = differences(art.config.fingerprint.flatten(), here)
         if best is None or len(differing) < best[0]:
             best = (len(differing), ClosestSampled(tag, art.digest, differing, 0, art))

@@ -51,16 +51,14 @@ from artifactd.errors import (
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
 from artifactd.resolve import FamilyPlan, RestorePlan, noop_plan, plan_restore
-from artifactd.stores import Store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from artifactd.hashing import Readable
     from artifactd.marker import RestoreMarker
     from artifactd.nodestore import FillResult
+    from artifactd.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
-    from artifactd.trees import MountedTree
 
 
 _NO_PHASES: Mapping[str, float] = MappingProxyType({})
@@ -92,7 +90,7 @@ class RestoreResult(NamedTuple):
 
 def restore(
     plan: RestorePlan,
-    store: Store | MountedTree,
+    store: RestoreSource,
     volume: CacheVolume | None = None,
     *,
     on_event: EventSink = discard,
@@ -101,8 +99,10 @@ def restore(
 ) -> RestoreResult:
     """Install every family the plan hits into ``volume``, or change nothing and raise.
 
-    ``store`` is where the plan's layers come from: a store, or a mounted tree
-    (:mod:`artifactd.trees`). ``volume`` defaults to the plan's target and env file. Raises
+    ``store`` is where the plan's layers come from: any
+    :class:`~artifactd.source.RestoreSource` (a store, or a mounted tree), read
+    only through :meth:`~artifactd.source.RestoreSource.stage_layer`.
+    ``volume`` defaults to the plan's target and env file. Raises
     :class:`ArtifactdError` subclasses only: filesystem errors on the target
     become :class:`NoSpaceError` or :class:`TargetError`.
     """
@@ -159,7 +159,7 @@ def restore(
 
 def _restore_locked(
     plan: RestorePlan,
-    store: Store | MountedTree,
+    store: RestoreSource,
     volume: CacheVolume,
     *,
     on_event: EventSink,
@@ -233,37 +233,17 @@ def _marker(plan: RestorePlan) -> RestoreMarker:
     return marker
 
 
-class _Progress:
-    """Count bytes read from a layer stream; report them as throttled ``progress`` events."""
-
-    def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
-        from artifactd.stores.base import progress_events
-
-        self._source = source
-        self._done = 0
-        self._report = progress_events(on_event, stage="fetch", family=family, total=total)
-
-    def read(self, n: int = -1, /) -> bytes:
-        data = self._source.read(n)
-        self._done += len(data)
-        self._report(self._done)
-        return data
-
-
 def _stage_all(
     hits: list[FamilyPlan],
-    store: Store | MountedTree,
+    source: RestoreSource,
     staging: Path,
     bounds: dict[str, int],
     *,
     on_event: EventSink,
     workers: int,
 ) -> list[tuple[int, int]]:
-    from artifactd.unpack import unpack_layer  # zstd and tarfile: only when there is work
-
     def stage(fp: FamilyPlan) -> tuple[int, int]:
-        layer = fp.layer
-        if layer is None:  # pragma: no cover - hits always carry a layer
+        if fp.layer is None:  # pragma: no cover - hits always carry a layer
             return 0, 0
         fam = get_family(fp.family)
         t0 = time.monotonic()
@@ -272,25 +252,14 @@ def _stage_all(
             comp = member.split("/", 1)[0]
             return fam.relocate(data, fp.dirs[comp])
 
-        if isinstance(store, Store):
-            with store.open_blob(layer.digest, layer.size) as blob:
-                res = unpack_layer(
-                    _Progress(blob, fp.family, layer.size, on_event),
-                    digest=layer.digest,
-                    size=layer.size,
-                    entries=layer.files,
-                    staging=staging / fp.family,
-                    components=frozenset(layer.components),
-                    max_tar_bytes=bounds[fp.family],
-                    relocate=relocate,
-                    keep_mtimes=fam.keep_mtimes,
-                    record=layer,
-                    prefix=fp.member_prefix,
-                )
-        else:  # a mounted tree: the same checks, file by file
-            res = store.stage(
-                fp, staging / fp.family, relocate=relocate, keep_mtimes=fam.keep_mtimes
-            )
+        res = source.stage_layer(
+            fp,
+            staging / fp.family,
+            relocate=relocate,
+            keep_mtimes=fam.keep_mtimes,
+            max_tar_bytes=bounds[fp.family],
+            on_event=on_event,
+        )
         on_event(
             {
                 "stage": "fetch",
@@ -718,9 +687,9 @@ def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:
 
 
 def _plan(
-    store: Store | MountedTree, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
+    store: RestoreSource, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
 ) -> RestorePlan:
-    """Resolve the request against a store or a mounted tree."""
+    """Resolve the request against its source (:func:`artifactd.resolve.plan_restore`)."""
     from artifactd.fingerprint import from_raw
 
     fams = list(request.families) if request.families else None
@@ -735,23 +704,11 @@ def _plan(
         from artifactd.trust import TrustPolicy
 
         trust = TrustPolicy.from_specs(request.verify_keys)
-    if isinstance(store, Store):
-        return plan_restore(store, local, volume.root, trust=trust, **options)
-    if trust is not None:
-        from artifactd.errors import TrustError
-
-        raise TrustError(
-            f"{store.ref} is a mounted tree: it carries no signature to verify",
-            reason="unsigned",
-            hint="with --verify-key, restore from a store (a registry, an OCI layout, or a "
-            "derived image's /opt/prebuilt-cache, which keep signatures); an image volume "
-            "is verified, if at all, by the cluster's admission policy when kubelet pulls it",
-        )
-    return store.plan(local, volume.root, **options)
+    return plan_restore(store, local, volume.root, trust=trust, **options)
 
 
-def _open_source(request: RestoreRequest, fp_hash: str) -> Store | MountedTree:
-    """Open the store the request names, or what its ``from_dir`` holds."""
+def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
+    """Open the source the request names: its store, or what its ``from_dir`` holds."""
     from artifactd.stores import open_store
 
     ref = request.store

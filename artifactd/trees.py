@@ -19,7 +19,11 @@ image's root holding ``opt/prebuilt-cache/<hash>/``), which is restored like
 any store. A tree is trusted no more than a registry: each family's document
 is held to the layer rules before anything is copied, and every file is
 checked against it while it is copied (:func:`artifactd.unpack.stage_tree`).
-A family hits when its document's scope key is the local one
+
+A tree is a :class:`~artifactd.source.RestoreSource` like any store, resolved
+by the same rule (:mod:`artifactd.resolve`): it has no ``fp-<hash>`` tag, so
+each family resolves by its scope tag, which names the family's directory. A
+family hits when its document's scope key is the local one
 (:func:`artifactd.resolve.unbound`, as for a store's family tag); another
 scope key is a miss that names it, and fails ``--require`` as corrupt.
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from artifactd.constants import DEFAULT_PREBUILT
 from artifactd.errors import (
@@ -39,17 +43,18 @@ from artifactd.errors import (
     StoreError,
     UnsafeArtifactError,
 )
-from artifactd.families import FAMILIES, get_family, select_families
+from artifactd.families import FAMILIES
 from artifactd.fsutil import InputFileError, read_regular
 from artifactd.manifest import TREE_DOC, FamilyTree
-from artifactd.oci import family_tag
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from artifactd.fingerprint import Fingerprint
-    from artifactd.marker import RestoreMarker
-    from artifactd.resolve import FamilyPlan, RestorePlan
+    from artifactd.artifacts import Artifact
+    from artifactd.events import EventSink
+    from artifactd.resolve import FamilyPlan
+    from artifactd.source import Current, Found, Want
+    from artifactd.trust import TrustPolicy
     from artifactd.unpack import UnpackResult
 
 #: A tree document larger than this is refused before it is read. Sized from
@@ -67,7 +72,7 @@ class MountedTree:
     """A format-2 artifact as a runtime unpacked it: ``<root>/<family>/`` per family.
 
     Read-only: it reads each family's tree document when opened and copies
-    files only through :meth:`stage`. Usable as a context manager, like a store.
+    files only through :meth:`stage_layer`. Usable as a context manager, like a store.
     """
 
     def __init__(self, root: Path, docs: Mapping[str, tuple[FamilyTree, str]]) -> None:
@@ -86,92 +91,53 @@ class MountedTree:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def plan(
-        self,
-        local: Fingerprint,
-        target: Path,
-        *,
-        families: Sequence[str] | None = None,
-        consumer_user: str | None = None,
-        env_file: Path | None = None,
-    ) -> RestorePlan:
-        """Resolve every selected family against this tree: a hit where the scope keys agree."""
-        from artifactd.destination import CacheVolume
-        from artifactd.diff import differences
-        from artifactd.resolve import FamilyPlan, RestorePlan, unbound
+    # The restore source (artifactd.source). A tree has no ``fp-<hash>`` tag: it
+    # holds one directory per family, which is what that family's scope tag
+    # names, whatever scope its document claims (resolve checks the claim).
 
-        target = target.absolute()
-        plans: list[FamilyPlan] = []
-        passed: dict[str, str] = {}
-        env: dict[str, str] = {}
-        for fam in select_families(families):
-            dirs = {k: str(v) for k, v in fam.restore_dirs(target, user=consumer_user).items()}
-            found = self.docs.get(fam.name)
-            key = local.scope_key(fam.name, fam.scope, fam.scope_revision)
-            if found is None:
-                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason="not in this tree"))
-                continue
-            doc, digest = found
-            tag = family_tag(fam.name, key)
-            why = unbound(tag, "family", doc.scope_key, key)
-            if why:
-                deciding = differences(doc.scope, local.select(fam.scope))
-                names = ", ".join(d.path for d in deciding) or "its scope revision"
-                why = f"this tree's {fam.name} cache was built for another {names} ({why})"
-                passed[tag] = why
-                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=why, deciding=deciding))
-                continue
-            plans.append(
-                FamilyPlan.hit(
-                    fam.name,
-                    "family",
-                    digest,
-                    doc.record(digest),
-                    dirs=dirs,
-                    tag=tag,
-                    version=2,
-                )
+    def current(self, want: Want) -> Current | None:
+        """Return the digest of ``want``'s family document, if any (never a whole artifact)."""
+        from artifactd.source import Current
+
+        found = self.docs.get(want.family) if want.family is not None else None
+        return None if found is None else Current(found[1], found[0].scope_key)
+
+    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
+        """Read ``want``'s family directory: a layer record named by its document's digest.
+
+        A tree carries no signature: with ``trust`` it raises :class:`TrustError`.
+        """
+        from artifactd.source import Found
+
+        if trust is not None:
+            from artifactd.errors import TrustError
+
+            raise TrustError(
+                f"{self.ref} is a mounted tree: it carries no signature to verify",
+                reason="unsigned",
+                hint="with --verify-key, restore from a store (a registry, an OCI layout, or a "
+                "derived image's /opt/prebuilt-cache, which keep signatures); an image volume "
+                "is verified, if at all, by the cluster's admission policy when kubelet pulls it",
             )
-            env.update(fam.restore_env(target, user=consumer_user))
-        hits = [p for p in plans if p.verdict == "hit"]
-        match: Literal["full", "partial", "miss"] = (
-            "miss" if not hits else "full" if len(hits) == len(plans) else "partial"
-        )
-        return RestorePlan(
-            store=self.ref,
-            target=str(target),
-            fingerprint_hash=local.hash,
-            match=match,
-            families=plans,
-            env=env,
-            env_file=str((env_file or CacheVolume(target).env_file).absolute()),
-            flat=local.flatten(),
-            unbound=passed,
-        )
+        found = self.docs.get(want.family) if want.family is not None else None
+        if found is None:
+            return None
+        doc, digest = found
+        return Found(want.tag, digest, "family", None, {doc.family: doc.record(digest)}, 2)
 
-    def unchanged(self, marker: RestoreMarker, flat: Mapping[str, Any]) -> bool:
-        """Whether resolving against this tree now would pick what ``marker`` records."""
-        from artifactd.probing import scope_key
+    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
+        """Return nothing: a tree holds one artifact's families, no whole artifacts to compare."""
+        return ()
 
-        for name, fam in marker["families"].items():
-            found = self.docs.get(name)
-            if found is None or found[1] != fam["artifact"]:
-                return False
-        for name in marker["missed"]:
-            found = self.docs.get(name)
-            fam_def = get_family(name)
-            key = scope_key(flat, name, fam_def.scope, fam_def.scope_revision)
-            if found is not None and found[0].scope_key == key:
-                return False  # a family that missed last time is here now
-        return True
-
-    def stage(
+    def stage_layer(
         self,
         plan: FamilyPlan,
         staging: Path,
         *,
         relocate: Callable[[str, bytes], bytes],
         keep_mtimes: bool,
+        max_tar_bytes: int,
+        on_event: EventSink,
     ) -> UnpackResult:
         """Verify and copy one planned family into ``staging`` (see :func:`stage_tree`)."""
         from artifactd.unpack import stage_tree

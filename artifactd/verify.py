@@ -209,9 +209,8 @@ def verify(
     from artifactd.artifacts import read_artifact
     from artifactd.constants import current_environ
     from artifactd.matrix import expand, load_matrix
-    from artifactd.oci import full_tag
     from artifactd.published import published_fingerprint
-    from artifactd.resolve import unbound
+    from artifactd.resolve import unbound, whole_want
     from artifactd.schedule import node_devices, run_packed
 
     start = time.monotonic()
@@ -221,7 +220,7 @@ def verify(
     fingerprint = published_fingerprint(
         matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=base
     )
-    tag = full_tag(fingerprint.hash)
+    tag = whole_want(fingerprint.hash).tag
     art = read_artifact(store, tag)
     if art is not None:
         # The gate promotes what the tag names: only if it is for this fingerprint.

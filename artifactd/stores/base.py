@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from artifactd.events import EventSink
+
+if TYPE_CHECKING:
+    from artifactd.artifacts import Artifact
+    from artifactd.hashing import Readable
+    from artifactd.resolve import FamilyPlan
+    from artifactd.source import Current, Found, Want
+    from artifactd.trust import TrustPolicy
+    from artifactd.unpack import UnpackResult
 
 #: Called with the bytes transferred so far.
 Progress = Callable[[int], None]
@@ -60,7 +68,11 @@ class ManifestRef(NamedTuple):
 
 
 class Store(abc.ABC):
-    """Blobs by digest, manifests by tag or digest."""
+    """Blobs by digest, manifests by tag or digest.
+
+    Every store is a :class:`~artifactd.source.RestoreSource` (:meth:`current`,
+    :meth:`find`, :meth:`stage_layer`): a restore reads from it through those alone.
+    """
 
     #: The reference the user gave (``oci:DIR``, ``HOST/REPO``), for messages.
     ref: str
@@ -109,3 +121,93 @@ class Store(abc.ABC):
     def iter_tags(self, prefix: str) -> Iterator[str]:
         """Yield tags starting with ``prefix``."""
         return (t for t in self.list_tags() if t.startswith(prefix))
+
+    # The restore source (artifactd.source): what a restore reads, and nothing about which tag.
+
+    def current(self, want: Want) -> Current | None:
+        """Return what ``want``'s tag names now: one tag lookup, no config read."""
+        from artifactd.source import Current
+
+        digest = self.tag_digest(want.tag)
+        return None if digest is None else Current(digest)
+
+    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
+        """Read and verify the artifact ``want``'s tag names (signature first, with ``trust``)."""
+        from artifactd.artifacts import read_artifact
+        from artifactd.source import Found
+
+        art = read_artifact(self, want.tag, trust=trust)
+        if art is None:
+            return None
+        return Found(
+            want.tag,
+            art.digest,
+            art.config.kind,
+            art.config.fingerprint_hash,
+            {rec.family: rec for rec in art.config.layers},
+            art.config.schema_version,
+            art.signed_by,
+        )
+
+    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
+        """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
+        from artifactd.artifacts import read_artifact
+        from artifactd.errors import ArtifactdError
+        from artifactd.oci import FULL_TAG_PREFIX
+
+        out = []
+        for tag in list(self.iter_tags(FULL_TAG_PREFIX))[:limit]:
+            try:
+                art = read_artifact(self, tag)
+            except ArtifactdError:
+                continue
+            if art is not None:
+                out.append((tag, art))
+        return out
+
+    def stage_layer(
+        self,
+        plan: FamilyPlan,
+        staging: Path,
+        *,
+        relocate: Callable[[str, bytes], bytes],
+        keep_mtimes: bool,
+        max_tar_bytes: int,
+        on_event: EventSink,
+    ) -> UnpackResult:
+        """Stream the planned layer from this store, verified, into ``staging``."""
+        from artifactd.errors import IntegrityError
+        from artifactd.unpack import unpack_layer  # zstd and tarfile: only when there is work
+
+        layer = plan.layer
+        if layer is None:  # pragma: no cover - hits always carry a layer
+            raise IntegrityError(f"no record for {plan.family}")
+        with self.open_blob(layer.digest, layer.size) as blob:
+            return unpack_layer(
+                _Progress(blob, plan.family, layer.size, on_event),
+                digest=layer.digest,
+                size=layer.size,
+                entries=layer.files,
+                staging=staging,
+                components=frozenset(layer.components),
+                max_tar_bytes=max_tar_bytes,
+                relocate=relocate,
+                keep_mtimes=keep_mtimes,
+                record=layer,
+                prefix=plan.member_prefix,
+            )
+
+
+class _Progress:
+    """Count bytes read from a layer stream; report them as throttled ``progress`` events."""
+
+    def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
+        self._source = source
+        self._done = 0
+        self._report = progress_events(on_event, stage="fetch", family=family, total=total)
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._source.read(n)
+        self._done += len(data)
+        self._report(self._done)
+        return data
