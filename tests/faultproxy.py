@@ -273,9 +273,7 @@ class FaultProxy:
                 self._threads = [x for x in self._threads if x.is_alive()] + [t]
             t.start()
 
-    def _take_fault(
-        self, rec: Record
-    ) -> tuple[int | None, str | None, _BodyFault | None]:
+    def _take_fault(self, rec: Record) -> tuple[int | None, str | None, _BodyFault | None]:
         """Decide, atomically, what happens to this request: (status, Retry-After, body fault)."""
         with self._lock:
             self.log.append(rec)

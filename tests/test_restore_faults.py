@@ -312,7 +312,6 @@ def test_5xx_forever_fails_open_as_unreachable(scene: Scene) -> None:
     _assert_untouched(target, before)
 
 
-
 def _waits(proxy: FaultProxy) -> list[float]:
     """Seconds between each faulted request and the attempt after it (the same request)."""
     log = proxy.log
@@ -376,6 +375,7 @@ def test_retry_after_cap_is_documented_and_garbage_is_ignored() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert "Retry-After" in readme
     assert f"{transport.MAX_RETRY_AFTER_S:g} s" in readme
+
 
 def test_connection_cut_mid_blob_fails_open_as_unreachable(scene: Scene) -> None:
     target = scene.tmp / "target"
