@@ -697,3 +697,18 @@ def test_status_serve_is_prometheus_clients_server(tmp_path: Path) -> None:
         server.terminate()
         _, err = server.communicate(timeout=10)
     assert "Traceback" not in err, err
+
+
+def test_metrics_are_served_by_one_server_prometheus_clients() -> None:
+    """No second, hand-written HTTP server: metrics.serving is the one that answers scrapes."""
+    import artifactd
+
+    package = Path(artifactd.__file__).parent
+    hand_written = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        for word in ("http.server", "socketserver", "wsgiref", "BaseHTTPRequestHandler")
+        if word in path.read_text()
+    ]
+    assert hand_written == [], hand_written
+    assert "start_http_server" in (package / "metrics.py").read_text()
