@@ -9,12 +9,13 @@ Each file is hashed while it is copied into the tar.
 Every component root is written as a directory member first, even when it is
 empty: restore refuses a layer that declares a component it does not carry.
 
-Given the family's scope, the layer is written in format 2: every member sits
-under ``<family>/`` and the layer ends with the family's tree document
+Layers are written in format 2 only: every member sits under ``<family>/``
+and the layer ends with the family's tree document
 (:class:`~artifactd.manifest.FamilyTree` at ``<family>/.artifactd-layer.json``),
 so a runtime that merges several layers gives one self-describing directory
-per family. Without it, format 1 (members ``<component>/...``), which only
-tests still write, to prove that restore reads old artifacts.
+per family. Format 1 (members ``<component>/...``) is still read, never
+written: restore is tested against an artifact an old release wrote
+(``tests/fixtures/format-v1``), not against an imitation.
 Unpacking, the dangerous half, lives in :mod:`artifactd.unpack`.
 """
 
@@ -64,10 +65,10 @@ class PackedLayer:
     size: int
     diff_id: str
     files: list[FileEntry]
+    #: The tree document the layer ends with.
+    tree: FamilyTree
     skipped: list[SkippedEntry] = field(default_factory=list)
     pinned: list[str] = field(default_factory=list)
-    #: Format 2 only: the tree document the layer ends with.
-    tree: FamilyTree | None = None
 
     @property
     def unpacked_size(self) -> int:
@@ -99,19 +100,18 @@ def pack_family(
     located: list[Located],
     out: Path,
     *,
-    scope_key: str | None = None,
-    scope: Mapping[str, Any] | None = None,
+    scope_key: str,
+    scope: Mapping[str, Any],
 ) -> PackedLayer:
-    """Pack the located components of ``family`` into ``out`` (a .tar.zst file).
+    """Pack the located components of ``family`` into ``out`` (a .tar.zst file), format 2.
 
-    With ``scope_key`` (and the ``scope`` fields it hashes), format 2: members
-    are ``<family>/<component>/<relative path>``, then ``<family>/`` plus
-    :data:`~artifactd.manifest.TREE_DOC`. Without, format 1: members are
-    ``<component>/<relative path>``. Files the family marks as path-bearing are
-    stored with their root replaced by a placeholder.
+    Members are ``<family>/`` (the directory), ``<family>/<component>/<relative
+    path>``, then ``<family>/`` plus :data:`~artifactd.manifest.TREE_DOC`: the
+    tree document for ``scope_key`` and the ``scope`` fields it hashes. Files
+    the family marks as path-bearing are stored with their root replaced by a
+    placeholder.
     """
-    prefix = f"{family.name}/" if scope_key is not None else ""
-    tree: FamilyTree | None = None
+    prefix = f"{family.name}/"
     files: list[FileEntry] = []
     skipped: list[SkippedEntry] = []
     pinned = sorted(
@@ -123,24 +123,22 @@ def pack_family(
         with cctx.stream_writer(compressed, closefd=False) as zw:  # type: ignore[arg-type]
             plain = HashingWriter(zw)
             with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-                if prefix:
-                    tar.addfile(_tarinfo(family.name, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
+                tar.addfile(_tarinfo(family.name, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
                 for loc in sorted(located, key=lambda item: item.component.name):
                     _pack_component(family, loc, tar, files, skipped, prefix=prefix)
-                if scope_key is not None:
-                    tree = FamilyTree(
-                        family=family.name,
-                        scope_key=scope_key,
-                        scope=dict(scope or {}),
-                        components=sorted({loc.component.name for loc in located}),
-                        files=files,
-                        unpacked_size=sum(f.size for f in files),
-                    )
-                    doc = tree.canonical()
-                    _check_tree_doc(family.name, doc, len(files))
-                    info = _tarinfo(prefix + TREE_DOC, tarfile.REGTYPE, 0o644, FIXED_MTIME)
-                    info.size = len(doc)
-                    tar.addfile(info, io.BytesIO(doc))
+                tree = FamilyTree(
+                    family=family.name,
+                    scope_key=scope_key,
+                    scope=dict(scope),
+                    components=sorted({loc.component.name for loc in located}),
+                    files=files,
+                    unpacked_size=sum(f.size for f in files),
+                )
+                doc = tree.canonical()
+                _check_tree_doc(family.name, doc, len(files))
+                info = _tarinfo(prefix + TREE_DOC, tarfile.REGTYPE, 0o644, FIXED_MTIME)
+                info.size = len(doc)
+                tar.addfile(info, io.BytesIO(doc))
         diff_id = plain.hasher.digest
     return PackedLayer(
         path=out,

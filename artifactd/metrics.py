@@ -3,8 +3,9 @@
 Built with the ``prometheus-client`` package and written as a node-exporter
 textfile (``--metrics-file``: atomically, so a scrape never reads half a
 file) by ``restore`` and ``status``; ``status --serve ADDR`` serves them for
-a scrape. One pod's numbers, labelled by family and source; the JSON events
-stay the timestamped log. The names:
+a scrape with the package's own HTTP server (:func:`serving`: it negotiates
+the OpenMetrics format and gzip as Prometheus asks). One pod's numbers,
+labelled by family and source; the JSON events stay the timestamped log. The names:
 
 =====================================================  =========================================
 ``artifactd_restore_duration_seconds{phase}``          seconds per phase of the last restore:
@@ -29,7 +30,8 @@ stay the timestamped log. The names:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +40,11 @@ from prometheus_client import (
     Counter,
     Gauge,
     disable_created_metrics,
+    start_http_server,
     write_to_textfile,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from artifactd.errors import TargetError
 
@@ -173,17 +178,50 @@ def write_textfile(path: Path, registry: CollectorRegistry) -> None:
         ) from None
 
 
-def render(registries: Iterable[CollectorRegistry]) -> bytes:
-    """Return the exposition text of several registries, one after another."""
-    from prometheus_client import generate_latest
+class _Fresh(Collector):
+    """A collector that builds its registry afresh at each scrape."""
 
-    return b"".join(generate_latest(r) for r in registries)
+    def __init__(self, make: Callable[[], CollectorRegistry]) -> None:
+        self._make = make
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metrics of a registry made now."""
+        yield from self._make().collect()
+
+
+@contextmanager
+def serving(addr: str, make: Callable[[], CollectorRegistry]) -> Iterator[tuple[str, int]]:
+    """Serve ``make()``'s metrics at ``addr`` (``HOST:PORT`` or ``:PORT``), made at each scrape.
+
+    prometheus-client's server answers from its own threads while the context
+    is open; the context gives the host and port it listens on (the port
+    picked for port 0) and shuts the server down on leaving. Raises :class:`UsageError`
+    when ``addr`` is malformed or cannot be listened on.
+    """
+    from artifactd.errors import UsageError
+
+    host, port = parse_address(addr)
+    registry = CollectorRegistry(auto_describe=False)  # describe would run a scrape
+    registry.register(_Fresh(make))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise UsageError(
+            f"--serve {addr}: cannot listen: {exc.strerror or exc}",
+            hint="pick a free port, or an address of this host",
+        ) from None
+    try:
+        yield host, int(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 def parse_address(addr: str) -> tuple[str, int]:
     """Parse ``HOST:PORT`` or ``:PORT`` (all interfaces) into (host, port)."""
     host, _, port = addr.rpartition(":")
-    if not port.isdigit():
+    if not port.isdigit() or int(port) > 65535:
         from artifactd.errors import UsageError
 
         raise UsageError(f"--serve {addr!r}: give HOST:PORT or :PORT", hint="e.g. --serve :9400")

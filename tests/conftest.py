@@ -81,9 +81,25 @@ def detect_gpu_host() -> GpuHost:
 GPU_HOST = detect_gpu_host()
 
 
+#: Markers that say what a test needs or does and imply ``slow`` (pyproject.toml).
+SLOW_KINDS = ("podman", "image", "killloop")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: the added slow must count
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``@pytest.mark.gpu`` runs only with a GPU; ``gpu(absent=True)`` only without a driver."""
+    """Add ``slow`` to podman/image/killloop tests; ``gpu`` runs only where it can.
+
+    A test that uses the container engine (tests/engine.py's ``engine``
+    fixture) must say so with ``podman``: collection fails otherwise, so the
+    inner loop (``-m "not slow"``) never starts an engine by accident.
+    ``@pytest.mark.gpu`` runs only with a GPU; ``gpu(absent=True)`` only
+    without a driver.
+    """
     for item in items:
+        if "engine" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("podman"):
+            raise pytest.UsageError(f"{item.nodeid} uses the engine: mark it podman")
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
         marker = item.get_closest_marker("gpu")
         if marker is None:
             continue

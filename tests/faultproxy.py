@@ -6,7 +6,8 @@ connection, keep-alive on both sides). Faults are switched at runtime, from
 any thread, and apply to the requests that arrive after the switch:
 
 * :meth:`FaultProxy.fail_next` / :meth:`FaultProxy.fail_always`: answer with
-  an HTTP 5xx without forwarding (a burst, or an outage);
+  an HTTP 5xx (or 429) without forwarding (a burst, or an outage), with a
+  ``Retry-After`` header when given one;
 * :meth:`FaultProxy.cut_blobs`: forward a blob download but close the
   connection after ``after`` bytes of its body;
 * :meth:`FaultProxy.drip_blobs`: forward a blob download ``chunk`` bytes at a
@@ -21,8 +22,9 @@ them or only those whose digest is in ``digests``; with ``path`` (a regular
 expression searched in the request path) to the GETs it matches instead, such
 as manifests. Every request is recorded
 in :attr:`FaultProxy.log` (method, path, status, the fault applied, the
-``Authorization`` header), so tests and benchmarks can count requests and
-retries, and see which credentials a registry was sent.
+``Authorization`` header, when it arrived), so tests and benchmarks can count
+requests and retries, time the waits between them, and see which credentials a
+registry was sent.
 
 Only as much HTTP as that needs is parsed: request lines, headers and
 ``Content-Length`` or chunked request bodies; responses come from
@@ -37,8 +39,9 @@ import http.client
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 _BLOB_GET = re.compile(r"^/v2/.+/blobs/(sha256:[0-9a-f]{64})(?:\?.*)?$")
@@ -67,6 +70,8 @@ class Record:
     sent: int = 0
     #: The request's ``Authorization`` header as the client sent it, or None.
     authorization: str | None = None
+    #: ``time.monotonic()`` when the request had arrived.
+    at: float = field(default_factory=time.monotonic)
 
     @property
     def blob_digest(self) -> str | None:
@@ -100,6 +105,7 @@ class _Faults:
     fail_left: int = 0
     fail_forever: bool = False
     fail_status: int = 503
+    retry_after: str | None = None
     blob: _BodyFault | None = None
 
 
@@ -134,18 +140,20 @@ class FaultProxy:
         """``127.0.0.1:PORT/REPO`` through this proxy."""
         return f"{self.host}/{repo}"
 
-    def fail_next(self, n: int, status: int = 503) -> None:
-        """Answer the next ``n`` requests with ``status`` without forwarding them."""
+    def fail_next(self, n: int, status: int = 503, *, retry_after: str | None = None) -> None:
+        """Answer the next ``n`` requests with ``status`` (and ``Retry-After``) unforwarded."""
         with self._lock:
             self._faults.fail_left = n
             self._faults.fail_forever = False
             self._faults.fail_status = status
+            self._faults.retry_after = retry_after
 
-    def fail_always(self, status: int = 503) -> None:
-        """Answer every request with ``status`` until :meth:`clear`."""
+    def fail_always(self, status: int = 503, *, retry_after: str | None = None) -> None:
+        """Answer every request with ``status`` (and ``Retry-After``) until :meth:`clear`."""
         with self._lock:
             self._faults.fail_forever = True
             self._faults.fail_status = status
+            self._faults.retry_after = retry_after
 
     def cut_blobs(
         self,
@@ -265,8 +273,8 @@ class FaultProxy:
                 self._threads = [x for x in self._threads if x.is_alive()] + [t]
             t.start()
 
-    def _take_fault(self, rec: Record) -> tuple[int | None, _BodyFault | None]:
-        """Decide, atomically, what happens to this request."""
+    def _take_fault(self, rec: Record) -> tuple[int | None, str | None, _BodyFault | None]:
+        """Decide, atomically, what happens to this request: (status, Retry-After, body fault)."""
         with self._lock:
             self.log.append(rec)
             f = self._faults
@@ -274,16 +282,16 @@ class FaultProxy:
                 if not f.fail_forever:
                     f.fail_left -= 1
                 rec.fault = "5xx"
-                return f.fail_status, None
+                return f.fail_status, f.retry_after, None
             blob = f.blob
             if blob is not None and blob.matches(rec):
                 if blob.times is not None:
                     if blob.times <= 0:
-                        return None, None
+                        return None, None, None
                     blob.times -= 1
                 rec.fault = blob.kind
-                return None, blob
-        return None, None
+                return None, None, blob
+        return None, None, None
 
     def _serve(self, conn: socket.socket) -> None:
         rfile = conn.makefile("rb")
@@ -296,10 +304,10 @@ class FaultProxy:
                 method, path, headers, body = request
                 auth = [v for k, v in headers.items() if k.lower() == "authorization"]
                 rec = Record(method, path, authorization=auth[0] if auth else None)
-                status, blob_fault = self._take_fault(rec)
+                status, retry_after, blob_fault = self._take_fault(rec)
                 if status is not None:
                     rec.status = status
-                    _send_error(conn, status, head=method == "HEAD")
+                    _send_error(conn, status, head=method == "HEAD", retry_after=retry_after)
                     continue
                 hook = self.on_blob_get
                 if hook is not None and rec.blob_digest is not None:
@@ -467,10 +475,14 @@ def _send_head(
         raise _ClosedError from None
 
 
-def _send_error(conn: socket.socket, status: int, *, head: bool) -> None:
+def _send_error(
+    conn: socket.socket, status: int, *, head: bool, retry_after: str | None = None
+) -> None:
     body = b'{"errors":[{"code":"UNAVAILABLE","message":"injected by faultproxy"}]}'
     reason = http.client.responses.get(status, "Error")
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    if retry_after is not None:
+        headers.append(("Retry-After", retry_after))
     _send_head(conn, status, reason, headers)
     if not head:
         try:

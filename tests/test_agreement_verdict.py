@@ -30,12 +30,13 @@ from typing import Any
 import pytest
 from cachetrees import ENGINE_SITE, VLLM_CLEAN_HASH, make_vllm_tree, vllm_factors
 from conftest import clean_env, run_artifactd, run_artifactd_json
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import artifactd
 from artifactd.enginelogs import restored_key_dirs, scan
 from artifactd.families import get_family
-from artifactd.metrics import render, status_registry
+from artifactd.metrics import status_registry
 from artifactd.status import target_status
 
 TESTS = Path(__file__).resolve().parent
@@ -244,7 +245,7 @@ def test_every_caller_agrees_on_the_same_input(tmp_path: Path, case: str, verdic
     failures = family_failures("0", {"vllm": gate}, installed={"vllm"})
     assert bool(failures) is (verdict != "used"), failures
 
-    text = render([status_registry(status.families)]).decode()
+    text = generate_latest(status_registry(status.families)).decode()
     assert _metric(text, "artifactd_family_used", "vllm") == (1.0 if verdict == "used" else 0.0)
     assert _metric(text, "artifactd_family_compiled_files", "vllm") == fam.files_written
 

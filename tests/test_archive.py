@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import layers
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from artifactd.archive import PackedLayer, pack_family
+from artifactd.archive import PackedLayer
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Family, Located
 from artifactd.families.base import ROOT_PLACEHOLDER
@@ -80,7 +81,7 @@ def pack_tree(
     root: Path, out: Path, family: Family = GENERIC, component: str = "cache"
 ) -> PackedLayer:
     comp = next(c for c in family.components if c.name == component)
-    return pack_family(family, [Located(comp, root)], out)
+    return layers.pack(family, [Located(comp, root)], out)
 
 
 def unpack_packed(
@@ -89,26 +90,12 @@ def unpack_packed(
     *,
     relocate: Callable[[str, bytes], bytes] | None = None,
 ) -> UnpackResult:
-    with layer.path.open("rb") as blob:
-        return unpack_layer(
-            blob,
-            digest=layer.digest,
-            size=layer.size,
-            entries=layer.files,
-            staging=staging,
-            components=CACHE,
-            relocate=relocate,
-        )
+    return layers.unpack(layer, staging, relocate=relocate)
 
 
-def tar_members(path: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
-    raw = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
-    out: list[tuple[tarfile.TarInfo, bytes | None]] = []
-    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-        for m in tar:
-            f = tar.extractfile(m) if m.isreg() else None
-            out.append((m, f.read() if f else None))
-    return out
+def tar_members(layer: PackedLayer) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """The members under the family directory, named without it (the frame checked)."""
+    return layers.family_members(layer)
 
 
 def make_sample_tree(root: Path) -> None:
@@ -164,12 +151,32 @@ def test_round_trip_generic_tree(tmp_path: Path) -> None:
     assert (staging / "cache" / "sublink" / "deep.ptx").is_file()
 
 
+def test_pack_family_writes_only_the_format_production_restores(tmp_path: Path) -> None:
+    """Format 1 is read, never written: a layer without its family's scope cannot be packed."""
+    import inspect
+
+    from artifactd.archive import pack_family
+
+    params = inspect.signature(pack_family).parameters
+    assert params["scope_key"].default is inspect.Parameter.empty
+    assert params["scope"].default is inspect.Parameter.empty
+    src = tmp_path / "src"
+    make_sample_tree(src)
+    located = [Located(GENERIC.components[0], src)]
+    with pytest.raises(TypeError):
+        pack_family(GENERIC, located, tmp_path / "v1.tar.zst")  # type: ignore[call-arg]
+    # What the round trips here pack is what harvest packs: the format-2 frame.
+    layer = pack_tree(src, tmp_path / "v2.tar.zst")
+    assert next(m.name for m, _ in tar_members(layer)) == "cache"
+    assert layers.record(layer).tree() == layer.tree
+
+
 def test_tar_members_are_normalised(tmp_path: Path) -> None:
     src = tmp_path / "src"
     make_sample_tree(src)
     os.utime(src / "a.cubin", (1_700_000_000, 1_700_000_000))
     layer = pack_tree(src, tmp_path / "g.tar.zst")
-    members = tar_members(layer.path)
+    members = tar_members(layer)
     names = [m.name for m, _ in members]
     assert names[0] == "cache"
     assert all(n == "cache" or n.startswith("cache/") for n in names)
@@ -183,7 +190,7 @@ def test_tar_members_are_normalised(tmp_path: Path) -> None:
     assert siblings["cache/bin"] == ["sub", "tool.so", "up.cubin"]
     for children in siblings.values():
         assert children == sorted(children)
-    for m, _ in members:
+    for m, _ in layers.tar_members(layer.path):  # the format-2 frame too
         assert (m.uid, m.gid, m.uname, m.gname) == (0, 0, "", "")
         assert m.mtime == 0
         assert m.isreg() or m.isdir() or m.issym()
@@ -225,7 +232,7 @@ def test_pack_skips_escaping_symlinks_and_special_files(tmp_path: Path) -> None:
     assert set(reasons) == {"cache/abs", "cache/up", "cache/d/up2", "cache/fifo"}
     assert "leaves root" in reasons["cache/abs"]
     assert "not a regular file" in reasons["cache/fifo"]
-    assert {m.name for m, _ in tar_members(layer.path)} == {"cache", "cache/ok", "cache/d"}
+    assert {m.name for m, _ in tar_members(layer)} == {"cache", "cache/ok", "cache/d"}
 
 
 SEGMENT = st.text(alphabet="abcdefghij0123456789_-", min_size=1, max_size=6)
@@ -351,7 +358,7 @@ def test_excluded_names_are_skipped_and_reported(tmp_path: Path) -> None:
         "cache/bin/tmp.pid_99_x",
     }
     assert all(s.reason for s in packed_dirty.skipped)
-    names = {m.name for m, _ in tar_members(packed_dirty.path)}
+    names = {m.name for m, _ in tar_members(packed_dirty)}
     assert not any("lock" in n or ".tmp" in n or "tmp.pid_" in n for n in names)
 
 
@@ -386,7 +393,7 @@ def test_triton_group_files_are_stored_with_placeholder_and_relocated(tmp_path: 
     assert entries[f"cache/{KEY}/k.cubin"].rewrite is False
     assert entries[f"cache/{KEY}/k.json"].rewrite is False
 
-    stored = {m.name: data for m, data in tar_members(layer.path)}[grp]
+    stored = {m.name: data for m, data in tar_members(layer)}[grp]
     assert stored is not None
     assert str(root).encode() not in stored
     assert ROOT_PLACEHOLDER.encode() in stored
@@ -432,7 +439,7 @@ def test_triton_root_reached_through_a_symlink_is_normalised(tmp_path: Path) -> 
     alias = tmp_path / "alias"
     os.symlink(real, alias)
     layer = pack_tree(alias, tmp_path / "t.tar.zst", family=TRITON)
-    stored = {m.name: d for m, d in tar_members(layer.path)}[f"cache/{KEY}/__grp__k.json"]
+    stored = {m.name: d for m, d in tar_members(layer)}[f"cache/{KEY}/__grp__k.json"]
     assert stored is not None
     assert str(real).encode() not in stored
     assert json.loads(stored)["child_paths"]["k.cubin"].startswith(ROOT_PLACEHOLDER + "/")
@@ -879,4 +886,4 @@ def test_non_utf8_names_are_skipped_not_packed(tmp_path: Path) -> None:
     assert [f.path for f in layer.files] == ["cache/ok.bin"]
     assert len(layer.skipped) == 1
     layer.skipped[0].path.encode("utf-8")
-    assert {m.name for m, _ in tar_members(layer.path)} == {"cache", "cache/ok.bin"}
+    assert {m.name for m, _ in tar_members(layer)} == {"cache", "cache/ok.bin"}

@@ -699,6 +699,8 @@ def _user(doc: Mapping[str, Any], c: Mapping[str, Any]) -> str | None:
     return None if uid is None else f"{uid}:{uid}"
 
 
+@pytest.mark.podman
+@pytest.mark.image
 def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     engine: Engine,
     init_image: dict[str, Any],

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+import layers
 import pytest
 from cachetrees import (
     ENGINE_CUDA,
@@ -21,7 +22,7 @@ from cachetrees import (
     make_vllm_tree,
 )
 
-from artifactd.archive import PackedLayer, pack_family
+from artifactd.archive import PackedLayer
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily
 from artifactd.families.ninja import NinjaFile
@@ -37,7 +38,6 @@ from artifactd.families.vllm import (
     volatile_factors,
 )
 from artifactd.fingerprint import Fingerprint, LibraryInfo
-from artifactd.unpack import unpack_layer
 
 FLASHINFER = FlashInferFamily()
 VLLM = VLLMFamily()
@@ -50,24 +50,14 @@ def round_trip(
     family: Family, located: list[Located], tmp_path: Path
 ) -> tuple[PackedLayer, dict[str, Path]]:
     """Pack, then unpack into ``tmp_path/staging`` relocating to the staged component dirs."""
-    layer = pack_family(family, located, tmp_path / "layer.tar.zst")
+    layer = layers.pack(family, located, tmp_path / "layer.tar.zst")
     staging = tmp_path / "staging"
     dirs = {loc.component.name: staging / loc.component.name for loc in located}
 
     def relocate(member: str, data: bytes) -> bytes:
         return family.relocate(data, str(dirs[member.split("/", 1)[0]]))
 
-    with layer.path.open("rb") as blob:
-        unpack_layer(
-            blob,
-            digest=layer.digest,
-            size=layer.size,
-            entries=layer.files,
-            staging=staging,
-            components=frozenset(dirs),
-            relocate=relocate,
-            keep_mtimes=family.keep_mtimes,
-        )
+    layers.unpack(layer, staging, relocate=relocate, keep_mtimes=family.keep_mtimes)
     return layer, dirs
 
 
@@ -145,7 +135,7 @@ def test_flashinfer_round_trip_keeps_mtimes_and_skips_what_ninja_rebuilds(tmp_pa
 
 def test_flashinfer_pins_the_workspace_and_the_paths_its_ninja_files_name(tmp_path: Path) -> None:
     root = make_flashinfer_tree(tmp_path / "home")
-    layer = pack_family(
+    layer = layers.pack(
         FLASHINFER, FLASHINFER.locate({"HOME": str(tmp_path / "home")}), tmp_path / "l"
     )
     pinned = FLASHINFER.pinned_paths("cache", root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path, PurePosixPath
 
+import layers
 import pytest
 from cachetrees import (
     make_cudajit_tree,
@@ -14,14 +15,13 @@ from cachetrees import (
     make_tilelang_tree,
 )
 
-from artifactd.archive import PackedLayer, pack_family
+from artifactd.archive import PackedLayer
 from artifactd.families.base import Family, Located, sanitize_user
 from artifactd.families.cudajit import CudaJitFamily
 from artifactd.families.cutedsl import CuteDSLFamily
 from artifactd.families.deepgemm import PARTIAL_REASON, DeepGEMMFamily
 from artifactd.families.tilelang import TileLangFamily
 from artifactd.fingerprint import Fingerprint, LibraryInfo
-from artifactd.unpack import unpack_layer
 
 DEEPGEMM = DeepGEMMFamily()
 TILELANG = TileLangFamily()
@@ -31,7 +31,7 @@ MINE: tuple[Family, ...] = (DEEPGEMM, TILELANG, CUTEDSL, CUDAJIT)
 
 
 def pack(fam: Family, located: list[Located], tmp_path: Path) -> PackedLayer:
-    return pack_family(fam, located, tmp_path / f"{fam.name}.tar.zst")
+    return layers.pack(fam, located, tmp_path / f"{fam.name}.tar.zst")
 
 
 def packed(layer: PackedLayer) -> set[str]:
@@ -44,15 +44,7 @@ def skipped(layer: PackedLayer) -> dict[str, str]:
 
 def roundtrip(fam: Family, located: list[Located], layer: PackedLayer, staging: Path) -> None:
     """Unpack the layer and check every packed file came back byte for byte."""
-    with layer.path.open("rb") as blob:
-        result = unpack_layer(
-            blob,
-            digest=layer.digest,
-            size=layer.size,
-            entries=layer.files,
-            staging=staging,
-            components=frozenset(c.name for c in fam.components),
-        )
+    result = layers.unpack(layer, staging)
     assert result.files == len(layer.files)
     roots = {loc.component.name: loc.path for loc in located}
     for entry in layer.files:
@@ -318,8 +310,8 @@ def test_cudajit_ships_the_opaque_tree(tmp_path: Path) -> None:
 def test_packing_is_reproducible(tmp_path: Path) -> None:
     root = make_deepgemm_tree(tmp_path / "dg")
     located = DEEPGEMM.locate({"DG_JIT_CACHE_DIR": str(root)})
-    first = pack_family(DEEPGEMM, located, tmp_path / "one.tar.zst")
-    second = pack_family(DEEPGEMM, located, tmp_path / "two.tar.zst")
+    first = layers.pack(DEEPGEMM, located, tmp_path / "one.tar.zst")
+    second = layers.pack(DEEPGEMM, located, tmp_path / "two.tar.zst")
     assert first.digest == second.digest
 
 

@@ -188,6 +188,8 @@ def test_without_the_docker_sdk_the_error_names_the_extra(tmp_path: Path) -> Non
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.podman
+@pytest.mark.image
 def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
     engine: Engine, init_image: dict[str, Any]
 ) -> None:
@@ -250,7 +252,8 @@ def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
     print(f"\ninit image {init_image['size'] / 2**20:.1f} MiB; du (KiB): {' '.join(sizes.split())}")
 
 
-@pytest.mark.slow
+@pytest.mark.podman
+@pytest.mark.image
 def test_init_container_restores_the_cpu_demo_and_the_warm_up_compiles_nothing(
     engine: Engine,
     init_image: dict[str, Any],
@@ -327,6 +330,8 @@ def test_init_container_restores_the_cpu_demo_and_the_warm_up_compiles_nothing(
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.podman
+@pytest.mark.image
 def test_runtime_image_bakes_the_artifact_onto_the_base_and_pushes(
     engine: Engine, base: PythonBase, registry: RegistryServer, repo: str, tmp_path: Path
 ) -> None:
@@ -411,6 +416,8 @@ def test_runtime_image_bakes_the_artifact_onto_the_base_and_pushes(
     assert len(config["rootfs"]["diff_ids"]) == len(base_ids) + 1
 
 
+@pytest.mark.podman
+@pytest.mark.image
 def test_an_appended_image_runs_and_restores_its_baked_caches_with_no_network(
     engine: Engine,
     init_image: dict[str, Any],
@@ -479,6 +486,8 @@ def test_an_appended_image_runs_and_restores_its_baked_caches_with_no_network(
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.podman
+@pytest.mark.image
 def test_a_failing_build_is_an_artifactd_error_with_the_engines_message(
     engine: Engine, registry: RegistryServer, tmp_path: Path
 ) -> None:
@@ -501,6 +510,7 @@ def test_a_failing_build_is_an_artifactd_error_with_the_engines_message(
     assert engine.podman("ps", "-a", "--external", "-q").stdout.strip() == ""
 
 
+@pytest.mark.podman
 def test_a_base_tag_the_registry_lacks_exits_4(
     engine: Engine, registry: RegistryServer, tmp_path: Path
 ) -> None:

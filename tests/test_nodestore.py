@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -190,29 +191,45 @@ def test_prefetch_warms_a_node_for_pods_that_then_need_no_registry(
     assert dead.returncode == 3, dead.stderr
 
 
-def _node_with_three_models(
-    tmp_path: Path, registry: RegistryServer, repo: str, env: dict[str, str]
-) -> tuple[LayoutStore, list[str]]:
-    """A node store that restored three models, in order m1, m2, m3, a second apart in use."""
-    store = registry.ref(repo)
+@pytest.fixture(scope="module")
+def three_models(
+    tmp_path_factory: pytest.TempPathFactory, registry: RegistryServer
+) -> tuple[Path, list[str]]:
+    """A node store that restored three models, in order m1, m2, m3, a second apart in use.
+
+    Built once per module (three harvests and three restores, all real CLI
+    runs); each test gets a copy of its own to gc.
+    """
+    base = tmp_path_factory.mktemp("three-models")
+    tree = make_generic_tree(base / "gen")
+    (tree / "big.cubin").write_bytes(os.urandom(256 << 10))
+    env = clean_env({"HOME": str(base / "home"), "ARTIFACTD_GENERIC_DIR": str(tree)})
+    store = registry.ref("t/nodestore-three-models")
     hashes = []
     for i, model in enumerate(("m1", "m2", "m3")):
-        (Path(env["ARTIFACTD_GENERIC_DIR"]) / f"only-{model}.cubin").write_bytes(
-            os.urandom(64 << 10)
-        )
+        (tree / f"only-{model}.cubin").write_bytes(os.urandom(64 << 10))
         hashes.append(_harvest(store, env, f"model={model}"))
         _restore(
-            env, "--store", store, "--node-store", f"oci:{tmp_path / 'node'}",
-            "--workload", f"model={model}", "--target", str(tmp_path / f"t{i}"),
+            env, "--store", store, "--node-store", f"oci:{base / 'node'}",
+            "--workload", f"model={model}", "--target", str(base / f"t{i}"),
         )  # fmt: skip
         time.sleep(0.01)
-    return LayoutStore(tmp_path / "node"), hashes
+    return base / "node", hashes
+
+
+def _node_with_three_models(
+    tmp_path: Path, three_models: tuple[Path, list[str]]
+) -> tuple[LayoutStore, list[str]]:
+    """A copy of :func:`three_models`'s node store in ``tmp_path``, and the models' hashes."""
+    node, hashes = three_models
+    shutil.copytree(node, tmp_path / "node", symlinks=True)
+    return LayoutStore(tmp_path / "node"), list(hashes)
 
 
 def test_gc_evicts_least_recently_used_and_keeps_what_remains_whole(
-    tmp_path: Path, registry: RegistryServer, repo: str, env: dict[str, str]
+    tmp_path: Path, three_models: tuple[Path, list[str]]
 ) -> None:
-    node, hashes = _node_with_three_models(tmp_path, registry, repo, env)
+    node, hashes = _node_with_three_models(tmp_path, three_models)
     tags_before = node.list_tags()
     size = sum(node.blob_digests().values())
     dry = gc(node, max_bytes=size - 1, dry_run=True)
@@ -236,9 +253,9 @@ def test_gc_evicts_least_recently_used_and_keeps_what_remains_whole(
 
 
 def test_gc_waits_for_a_restore_in_progress(
-    tmp_path: Path, registry: RegistryServer, repo: str, env: dict[str, str]
+    tmp_path: Path, three_models: tuple[Path, list[str]], env: dict[str, str]
 ) -> None:
-    node, _ = _node_with_three_models(tmp_path, registry, repo, env)
+    node, _ = _node_with_three_models(tmp_path, three_models)
     tags = node.list_tags()
     with node_lock(node.root, shared=True), pytest.raises(TargetError, match="stayed locked"):
         gc(node, max_bytes=0, timeout=0.3)

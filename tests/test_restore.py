@@ -195,11 +195,19 @@ def test_hostile_artifact_writes_nothing_outside_staging(
 
     src = make_generic_tree(tmp_path / "src")
     fam = FAMILIES["generic"]
-    packed = pack_family(fam, [Located(fam.components[0], src)], tmp_path / "g.tar.zst")
-    # Same manifest entries, but the blob carries an escaping member.
+    key = local_fp.scope_key(fam.name, fam.scope)
+    packed = pack_family(
+        fam,
+        [Located(fam.components[0], src)],
+        tmp_path / "g.tar.zst",
+        scope_key=key,
+        scope=local_fp.select(fam.scope),
+    )
+    # Same manifest entries, but the blob carries an escaping member (format 2:
+    # inside the family directory, so the escape itself is what is refused).
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:
-        info = tarfile.TarInfo("cache/../../escaped.txt")
+        info = tarfile.TarInfo("generic/cache/../../../escaped.txt")
         payload = b"pwned"
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
@@ -210,7 +218,6 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     packed.path = evil
     packed.digest = "sha256:" + hashlib.sha256(evil.read_bytes()).hexdigest()
     packed.size = evil.stat().st_size
-    key = local_fp.scope_key(fam.name, fam.scope)
     from artifactd.manifest import LayerRecord
 
     rec = LayerRecord(

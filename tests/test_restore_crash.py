@@ -370,6 +370,7 @@ def big_pair(tmp_path_factory: pytest.TempPathFactory, local_fp: Fingerprint) ->
     )
 
 
+@pytest.mark.killloop
 def test_kill9_at_random_points(tmp_path: Path, big_pair: Pair) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     duration, records = kill_loop(

@@ -312,6 +312,71 @@ def test_5xx_forever_fails_open_as_unreachable(scene: Scene) -> None:
     _assert_untouched(target, before)
 
 
+def _waits(proxy: FaultProxy) -> list[float]:
+    """Seconds between each faulted request and the attempt after it (the same request)."""
+    log = proxy.log
+    out = []
+    for i, rec in enumerate(log[:-1]):
+        if rec.fault == "5xx":
+            nxt = log[i + 1]
+            assert (nxt.method, nxt.path) == (rec.method, rec.path), (rec, nxt)
+            out.append(nxt.at - rec.at)
+    return out
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_seconds_is_waited_before_the_retry(scene: Scene, status: int) -> None:
+    """A 429/503 answer's Retry-After: 1 holds the next attempt back 1 s (the backoff is 0.01)."""
+    _publish(scene.registry, scene.repo, scene.trees, scene.fp)
+    scene.proxy.fail_next(1, status, retry_after="1")
+    proc, doc, _ = _cli(scene.ref, scene.tmp / "target", require=True, cwd=scene.tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert doc["status"] == "restored", doc
+    (wait,) = _waits(scene.proxy)
+    assert wait >= 1.0, f"retried {wait:.2f} s after a Retry-After of 1 s"
+
+
+def test_retry_after_http_date_is_waited_before_the_retry(scene: Scene) -> None:
+    from email.utils import formatdate
+
+    _publish(scene.registry, scene.repo, scene.trees, scene.fp)
+    # HTTP dates have whole seconds: 3 s from now is at least 2 s from the answer.
+    scene.proxy.fail_next(1, 503, retry_after=formatdate(time.time() + 3, usegmt=True))
+    proc, doc, _ = _cli(scene.ref, scene.tmp / "target", require=True, cwd=scene.tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert doc["status"] == "restored", doc
+    (wait,) = _waits(scene.proxy)
+    assert wait >= 1.5, f"retried {wait:.2f} s after a Retry-After date 2-3 s ahead"
+
+
+def test_retry_after_longer_than_the_cap_waits_the_cap(scene: Scene) -> None:
+    """Retry-After: 3600 waits MAX_RETRY_AFTER_S (patched to 0.5 s here), then retries."""
+    _publish(scene.registry, scene.repo, scene.trees, scene.fp)
+    scene.proxy.fail_next(ATTEMPTS - 1, 429, retry_after="3600")
+    patch = {**FAST, "MAX_RETRY_AFTER_S": 0.5}
+    proc, doc, elapsed = _cli(
+        scene.ref, scene.tmp / "target", require=True, cwd=scene.tmp, patch=patch
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert doc["status"] == "restored", doc
+    waits = _waits(scene.proxy)
+    assert len(waits) == ATTEMPTS - 1
+    assert all(0.5 <= w < 3.0 for w in waits), waits
+    assert elapsed < BOUND
+
+
+def test_retry_after_cap_is_documented_and_garbage_is_ignored() -> None:
+    from artifactd.stores import transport
+
+    assert transport.retry_after("7") == 7.0
+    assert transport.retry_after("86400") == transport.MAX_RETRY_AFTER_S
+    assert transport.retry_after("soon") is None  # the backoff alone applies
+    assert transport.retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "Retry-After" in readme
+    assert f"{transport.MAX_RETRY_AFTER_S:g} s" in readme
+
+
 def test_connection_cut_mid_blob_fails_open_as_unreachable(scene: Scene) -> None:
     target = scene.tmp / "target"
     ref = scene.ref

@@ -621,3 +621,94 @@ def test_status_metrics_as_a_textfile_and_for_a_scrape(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_status_serve_is_prometheus_clients_server(tmp_path: Path) -> None:
+    """--serve answers as Prometheus asks (OpenMetrics, gzip), afresh, and a busy port is exit 2."""
+    import gzip
+    import time
+    import urllib.request
+
+    from cachetrees import make_generic_tree
+
+    env = clean_env(
+        {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
+    )
+    store = f"oci:{tmp_path / 'store'}"
+    assert (
+        run_artifactd("harvest", "--store", store, "--family", "generic", env=env).returncode == 0
+    )
+    target = tmp_path / "cache"
+    done = run_artifactd(
+        "restore", "--store", store, "--target", str(target), "--family", "generic", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    port = _free_port()
+    server = subprocess.Popen(
+        [PYTHON, "-m", "artifactd", "status", "--target", str(target)],
+        env={**env, "ARTIFACTD_STATUS_SERVE": f"127.0.0.1:{port}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def scrape(**headers: str) -> tuple[dict[str, str], bytes]:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=5) as r:  # noqa: S310 - loopback
+            return dict(r.headers), r.read()
+
+    try:
+        for _ in range(100):
+            try:
+                scrape()
+                break
+            except OSError:
+                time.sleep(0.1)
+        head, body = scrape(Accept="application/openmetrics-text; version=1.0.0")
+        assert head["Content-Type"].startswith("application/openmetrics-text"), head
+        text = body.decode()
+        assert text.endswith("# EOF\n"), text[-200:]
+        assert 'artifactd_family_compiled_files{family="generic"} 0.0' in text
+        # Afresh at each scrape: a file the engine compiles now shows in the next one.
+        time.sleep(0.05)
+        (target / "generic" / "compiled-later.cubin").write_bytes(b"\x7fELF")
+        head, body = scrape(**{"Accept-Encoding": "gzip"})
+        assert head.get("Content-Encoding") == "gzip", head
+        assert head["Content-Type"].startswith("text/plain; version=0.0.4"), head
+        assert b'artifactd_family_compiled_files{family="generic"} 1.0' in gzip.decompress(body)
+        # The port is taken now: a second server says so in one line, exit 2.
+        busy = run_artifactd(
+            "status", "--target", str(target), "--serve", f"127.0.0.1:{port}", env=env
+        )
+        assert busy.returncode == 2, (busy.returncode, busy.stderr)
+        assert "cannot listen" in busy.stderr and "Traceback" not in busy.stderr, busy.stderr
+        bad = run_artifactd("status", "--target", str(target), "--serve", ":99999", env=env)
+        assert bad.returncode == 2 and "HOST:PORT" in bad.stderr, bad.stderr
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=10)
+    assert "Traceback" not in err, err
+
+
+def test_metrics_are_served_by_one_server_prometheus_clients() -> None:
+    """No second, hand-written HTTP server: metrics.serving is the one that answers scrapes."""
+    import artifactd
+
+    package = Path(artifactd.__file__).parent
+    hand_written = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        for word in ("http.server", "socketserver", "wsgiref", "BaseHTTPRequestHandler")
+        if word in path.read_text()
+    ]
+    assert hand_written == [], hand_written
+    assert "start_http_server" in (package / "metrics.py").read_text()

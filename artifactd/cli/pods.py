@@ -23,6 +23,8 @@ from artifactd.cli.specs import Opt
 from artifactd.errors import UsageError
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from artifactd.status import FamilyStatus, TargetStatus
 
 #: The variables of the flags these commands add (the others are the restore's).
@@ -235,42 +237,20 @@ def status(
 
 def _serve_metrics(addr: str, target: Any, env_file: Any, engine_log: str | None) -> None:
     """Answer every scrape with a fresh status of ``target``, until stopped."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+    from contextlib import suppress
 
-    from artifactd.metrics import parse_address, status_registry
-    from artifactd.metrics import render as exposition
+    from artifactd.metrics import serving, status_registry
     from artifactd.status import target_status
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/", "/metrics"):
-                self.send_error(404)
-                return
-            result = target_status(target, env_file=env_file, engine_log=engine_log)
-            body = exposition([status_registry(result.families)])
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def fresh() -> CollectorRegistry:
+        result = target_status(target, env_file=env_file, engine_log=engine_log)
+        return status_registry(result.families)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    host, port = parse_address(addr)
-    try:
-        server = ThreadingHTTPServer((host, port), Handler)
-    except OSError as exc:
-        raise UsageError(f"--serve {addr}: cannot listen: {exc.strerror or exc}") from None
-    render.echo(
-        f"serving status metrics for {target} at http://{host}:{server.server_port}/metrics"
-    )
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    with serving(addr, fresh) as (host, port):
+        render.echo(f"serving status metrics for {target} at http://{host}:{port}/metrics")
+        with suppress(KeyboardInterrupt):
+            threading.Event().wait()  # the server answers from its threads until a signal
 
 
 def _render_status(result: TargetStatus) -> None:

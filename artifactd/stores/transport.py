@@ -16,7 +16,10 @@ Basic challenge anyway.
 
 Every request has the :data:`TIMEOUT` pair; connection errors, timeouts, 429
 and 5xx answers are retried up to :data:`ATTEMPTS` times with doubling backoff
-from :data:`BACKOFF_S`; a body that arrives slower than :data:`MIN_RATE` on
+from :data:`BACKOFF_S`. A 429 or 5xx answer's ``Retry-After`` (seconds or an
+HTTP date) is honoured: the wait before the next attempt is at least what it
+asks, capped at :data:`MAX_RETRY_AFTER_S` so a registry cannot hold a pod's
+start for longer than the cap allows; a body that arrives slower than :data:`MIN_RATE` on
 average (after a grace of the read timeout) is given up on, so every call ends
 in bounded time. The constants are read when used, so tests may patch them on
 this module.
@@ -43,6 +46,9 @@ TIMEOUT = (5.0, 60.0)
 #: Attempts for requests that fail with a connection error, a timeout or a 5xx.
 ATTEMPTS = 4
 BACKOFF_S = 0.25
+#: Longest wait a ``Retry-After`` header may ask for between two attempts
+#: (seconds); a longer one is waited for this long, then the request is retried.
+MAX_RETRY_AFTER_S = 10.0
 #: Slowest average rate (bytes/s) a blob download may keep after a grace of
 #: ``TIMEOUT[1]`` seconds; a registry that drips bytes slower is given up on,
 #: so a restore always ends in bounded time (a read timeout alone never fires
@@ -285,7 +291,8 @@ class Transport:
 
         Returns the response for a status in ``ok`` or ``missing`` (the caller
         tells them apart); raises :class:`StoreError` for anything else.
-        Connection errors, timeouts, 429 and 5xx are retried with backoff.
+        Connection errors, timeouts, 429 and 5xx are retried with backoff (at
+        least what a 429 or 5xx answer's ``Retry-After`` asks, capped).
         """
         session = self._session()
         hdrs = dict(headers or {})
@@ -312,15 +319,17 @@ class Transport:
                 if not self._authenticate(session, resp, hdrs):
                     raise self._auth_error(resp.status_code)
                 continue
+            asked: float | None = None
             if resp is not None:
                 if resp.status_code in ok or resp.status_code in missing:
                     return resp
                 self._raise_for(resp, what or method)
                 last_error = f"HTTP {resp.status_code}"
+                asked = retry_after(resp.headers.get("Retry-After"))
                 resp.close()
             attempt += 1
             if attempt < ATTEMPTS:
-                time.sleep(delay)
+                time.sleep(delay if asked is None else max(delay, asked))
                 delay *= 2
         raise StoreError(
             f"cannot reach registry {self.host} ({what or method}): {last_error} "
@@ -352,6 +361,33 @@ class Transport:
             f"{self.credentials.username!r} ({status})",
             hint="check the password or token in the Docker config or ARTIFACTD_REGISTRY_*",
         )
+
+
+def retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Return the seconds a ``Retry-After`` header value asks to wait, at most the cap.
+
+    The value is delta-seconds or an HTTP date (RFC 9110, 10.2.3); a date in
+    the past asks for no wait. None when there is no value or it is neither
+    form (the backoff alone applies). Never more than :data:`MAX_RETRY_AFTER_S`.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        seconds = float(text)
+    else:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # an HTTP date is GMT; parsedate leaves "-0000" naive
+            from datetime import timezone
+
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return min(seconds, MAX_RETRY_AFTER_S)
 
 
 def _attempt(
