@@ -2,7 +2,8 @@
 
 Publishes one synthetic artifact (one generic cache of ``--files`` random
 files of ``--size`` bytes, signed with a fresh key) into a fresh local OCI
-layout with THIS tree's artifactd, then times, side by side in one run and
+layout with each tree's own artifactd (so a change of format or key does not
+make the baseline miss), then times, side by side in one run and
 interleaved (medians of ``--runs``), each as a new process the way an init
 container runs it, with this tree's library and with ``--baseline``'s:
 
@@ -83,20 +84,24 @@ def main() -> None:
             "TORCHINDUCTOR_CACHE_DIR": str(work / "no-inductor"),
             "PYTHONPYCACHEPREFIX": str(work / "pycache"),
         }
-        store = f"oci:{work / 'store'}"
         run(REPO, ["keygen", "--out", str(work / "k")], env)
-        run(REPO, ["harvest", "--store", store, "--family", "generic", "--gpu-arch", "sm_90a",
-                   "--sign-key", str(work / "k.key")], env)  # fmt: skip
-        base = ["restore", "--store", store, "--gpu-arch", "sm_90a", "--family", "generic"]
-        key = ["--verify-key", str(work / "k.pub")]
         trees = {"this": REPO, "baseline": baseline}
+        stores = {name: f"oci:{work / ('store-' + name)}" for name in trees}
+        for name, tree in trees.items():  # each publishes its own: formats and keys may differ
+            run(tree, ["harvest", "--store", stores[name], "--family", "generic",
+                       "--gpu-arch", "sm_90a", "--sign-key", str(work / "k.key")], env)  # fmt: skip
+        key = ["--verify-key", str(work / "k.pub")]
         times: dict[tuple[str, str], list[float]] = {(t, r): [] for t in trees for r in ROWS}
         for i in range(opts.runs + 1):  # the first round only fills the bytecode caches
             for name, tree in trees.items():
+                base = ["restore", "--store", stores[name], "--gpu-arch", "sm_90a"]
+                base += ["--family", "generic"]
                 for row, extra in (("restore", []), ("restore+verify", key)):
                     target = work / f"t-{name}-{row}-{i}"
                     took = run(tree, [*base, "--target", str(target), *extra], env)
                     again = run(tree, [*base, "--target", str(target), *extra], env)
+                    if not (target / ".artifactd" / "restored.json").is_file():
+                        sys.exit(f"{tree}: the restore installed nothing: not a fair comparison")
                     if i:
                         times[name, row].append(took)
                         times[name, row.replace("restore", "no-op")].append(again)
