@@ -85,3 +85,20 @@ def make_base(tmp: Path, payload: bytes | None = None) -> Path:
     }
     (layout / "index.json").write_text(json.dumps(index))
     return layout
+
+
+def mount_artifact(store: str, tag: str, where: Path) -> None:
+    """Merge an artifact's layers into one tree, as a runtime mounts an image volume."""
+    import zstandard
+
+    from artifactd.stores import open_store
+
+    where.mkdir(parents=True)
+    with open_store(store) as st:
+        found = st.get_manifest(tag)
+        assert found is not None
+        for layer in json.loads(found.data)["layers"]:
+            with st.open_blob(layer["digest"], layer["size"]) as blob:
+                stream = zstandard.ZstdDecompressor().stream_reader(blob)
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                    tar.extractall(where, filter="data")

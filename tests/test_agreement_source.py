@@ -20,16 +20,15 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
-import tarfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zstandard
 from cachetrees import build_caches
 from conftest import clean_env, run_artifactd
+from images import mount_artifact
 from registry_server import RegistryServer
 
 import artifactd
@@ -109,19 +108,6 @@ def restore(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any
     return proc, doc
 
 
-def _mount(store: str, tag: str, where: Path) -> None:
-    """Merge an artifact's layers into one tree, as a runtime mounts an image volume."""
-    where.mkdir(parents=True)
-    with open_store(store) as st:
-        found = st.get_manifest(tag)
-        assert found is not None
-        for layer in json.loads(found.data)["layers"]:
-            with st.open_blob(layer["digest"], layer["size"]) as blob:
-                stream = zstandard.ZstdDecompressor().stream_reader(blob)
-                with tarfile.open(fileobj=stream, mode="r|") as tar:
-                    tar.extractall(where, filter="data")
-
-
 def _sources(
     pub: Published, registry: RegistryServer, tmp: Path, *, image: bool
 ) -> dict[str, list[str]]:
@@ -136,7 +122,7 @@ def _sources(
     copy_between(pub.store, layout, None)
     baked = tmp / "image" / "opt" / "prebuilt-cache" / pub.fingerprint_hash
     copy_between(pub.store, f"oci:{baked}", None)
-    _mount(pub.store, pub.tag, tmp / "mounted")
+    mount_artifact(pub.store, pub.tag, tmp / "mounted")
     return {
         "registry": ["--store", ref],
         "layout": ["--store", layout],
@@ -326,7 +312,7 @@ def test_a_tree_no_op_rechecks_the_scope_key_a_marker_records_as_a_store_does(
     pub, _ = built
     layout = tmp_path / "layout"
     copy_between(pub.store, f"oci:{layout}", None)
-    _mount(pub.store, pub.tag, tmp_path / "mounted")
+    mount_artifact(pub.store, pub.tag, tmp_path / "mounted")
     sources = {
         "layout": ["--store", f"oci:{layout}"],
         "tree": ["--from-dir", str(tmp_path / "mounted")],

@@ -14,16 +14,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tarfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zstandard
 from cachetrees import build_caches
 from conftest import clean_env, run_artifactd
+from images import mount_artifact
 from registry_server import RegistryServer
 
 from artifactd.artifacts import copy_between
@@ -224,24 +223,11 @@ def test_a_baked_store_refuses_an_artifact_tagged_for_another_machine(
     assert_refused(["--from-dir", str(baked)], tmp_path / "c2", world.pod_tag(family), policy)
 
 
-def _mount(store: str, tag: str, where: Path) -> None:
-    """Merge an artifact's layers into one tree, as a runtime mounts an image volume."""
-    where.mkdir(parents=True)
-    with open_store(store) as st:
-        found = st.get_manifest(tag)
-        assert found is not None
-        for layer in json.loads(found.data)["layers"]:
-            with st.open_blob(layer["digest"], layer["size"]) as blob:
-                stream = zstandard.ZstdDecompressor().stream_reader(blob)
-                with tarfile.open(fileobj=stream, mode="r|") as tar:
-                    tar.extractall(where, filter="data")
-
-
 def test_a_mounted_tree_of_another_scope_is_refused_by_the_same_check(
     tmp_path: Path, world: World
 ) -> None:
     mounted = tmp_path / "mounted"
-    _mount(world.other_unsigned, world.other_tag(None), mounted)
+    mount_artifact(world.other_unsigned, world.other_tag(None), mounted)
     target = tmp_path / "cache"
     proc, doc = restore("--from-dir", str(mounted), "--target", str(target))
     assert proc.returncode == 0 and doc["status"] == "miss", doc
@@ -254,7 +240,7 @@ def test_a_mounted_tree_of_another_scope_is_refused_by_the_same_check(
     assert installed(target) == {}
     # The control: the pod's own tree restores.
     mine = tmp_path / "mine"
-    _mount(world.pod_signed, world.pod_tag(None), mine)
+    mount_artifact(world.pod_signed, world.pod_tag(None), mine)
     proc, doc = restore("--from-dir", str(mine), "--target", str(target), "--require")
     assert proc.returncode == 0 and doc["status"] == "restored", proc.stderr
 
