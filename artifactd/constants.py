@@ -40,12 +40,12 @@ ENV_MEGACACHE_DIR = "ARTIFACTD_MEGACACHE_DIR"
 ENV_REGISTRY_HOST = "ARTIFACTD_REGISTRY_HOST"
 ENV_REGISTRY_USERNAME = "ARTIFACTD_REGISTRY_USERNAME"
 ENV_REGISTRY_PASSWORD = "ARTIFACTD_REGISTRY_PASSWORD"  # noqa: S105 - a variable name
-#: Key specs (a PEM file's path, or ``env://NAME``): see :mod:`artifactd.keys`.
+#: Key specs (a PEM file's path, or ``env://NAME``): see :mod:`artifactd.trust.keys`.
 ENV_SIGN_KEY = "ARTIFACTD_SIGN_KEY"
 ENV_VERIFY_KEY = "ARTIFACTD_VERIFY_KEY"
 #: The password of an encrypted private key (``keygen`` and every ``--sign-key``).
 ENV_KEY_PASSWORD = "ARTIFACTD_KEY_PASSWORD"  # noqa: S105 - a variable name
-#: Where the probe keeps the digests it may reuse (see :mod:`artifactd.probecache`);
+#: Where the probe keeps the digests it may reuse (see :mod:`artifactd.fingerprint.probecache`);
 #: default ``$XDG_CACHE_HOME/artifactd``, else ``~/.cache/artifactd``. Safe to delete.
 ENV_CACHE_DIR = "ARTIFACTD_CACHE_DIR"
 #: Where a runtime image carries baked stores (``<dir>/<fingerprint hash>/``).

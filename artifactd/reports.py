@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from artifactd.artifacts import Artifact
-    from artifactd.demo import DemoResult
-    from artifactd.diff import FactDiff, FingerprintDiff, Side
+    from artifactd.build.demo import DemoResult
+    from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
-    from artifactd.restore import RestoreOutcome
-    from artifactd.trust import TrustReport
+    from artifactd.restore.policy import RestoreOutcome
+    from artifactd.stores.artifacts import Artifact
+    from artifactd.trust.policy import TrustReport
 
 #: Version of every ``--json`` document (the ``schema_version`` key).
 REPORT_SCHEMA_VERSION = 1
@@ -60,9 +60,9 @@ def versioned(body: Mapping[str, Any]) -> dict[str, Any]:
 def result_report(result: Any) -> dict[str, Any]:
     """Return the document of a command that prints a library result as it is.
 
-    ``harvest`` (:class:`~artifactd.harvest.HarvestResult`), ``build``
-    (:class:`~artifactd.build.BuildResult`) and ``copy``
-    (:class:`~artifactd.artifacts.CopyResult`): their fields, plus ``schema_version``.
+    ``harvest`` (:class:`~artifactd.build.harvest.HarvestResult`), ``build``
+    (:class:`~artifactd.build.run.BuildResult`) and ``copy``
+    (:class:`~artifactd.stores.artifacts.CopyResult`): their fields, plus ``schema_version``.
     """
     return {"schema_version": REPORT_SCHEMA_VERSION, **jsonable(result)}
 

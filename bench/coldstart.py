@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"
 sys.path.insert(0, str(REPO))
 
-from artifactd.build import cell_environ  # noqa: E402
+from artifactd.build.demo import restored_environ  # noqa: E402
+from artifactd.build.run import cell_environ  # noqa: E402
 from artifactd.constants import ENV_CACHE_DIR, ENV_GENERIC_DIR  # noqa: E402
-from artifactd.demo import restored_environ  # noqa: E402
 
 #: Modules neither start-up command may import (torch and engines, pydantic, the
 #: registry client, compression, templating).

@@ -6,7 +6,8 @@ Harvests a synthetic Triton cache of ``--files`` files (real layout: one
 fresh OCI layout, then reports the artifact config's size, the family tree
 document's size and their bytes per file entry. Then, each in a fresh Python
 so the peak is its own, it parses a tree document and a config padded to
-:data:`artifactd.trees.MAX_TREE_DOC` and :data:`artifactd.artifacts.MAX_CONFIG_BYTES`
+:data:`artifactd.restore.mounted.MAX_TREE_DOC` and
+:data:`artifactd.stores.artifacts.MAX_CONFIG_BYTES`
 (the same entries repeated under new names) and reports the peak resident
 memory (``VmHWM``: ``ru_maxrss`` would include the parent's) and the time.
 Last, ``artifactd restore --from-dir`` of the harvested artifact unpacked as
@@ -51,9 +52,9 @@ def peak():
 
 base = peak()
 if kind == "tree":
-    from artifactd.manifest import FamilyTree as Doc
+    from artifactd.format.config import FamilyTree as Doc
 else:
-    from artifactd.manifest import ArtifactConfig as Doc
+    from artifactd.format.config import ArtifactConfig as Doc
 data = Path(path).read_bytes()
 t0 = time.monotonic()
 doc = Doc.from_json(data, source=path)
@@ -113,8 +114,8 @@ def runtime_merge(store_dir: Path, dest: Path) -> None:
 
     import zstandard
 
-    from artifactd.artifacts import read_artifact
     from artifactd.stores import open_store
+    from artifactd.stores.artifacts import read_artifact
 
     store = open_store(f"oci:{store_dir}")
     tag = next(t for t in store.list_tags() if t.startswith("fp-"))
@@ -129,10 +130,10 @@ def runtime_merge(store_dir: Path, dest: Path) -> None:
 
 def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
     """Harvest the synthetic cache; return (config bytes, triton tree document bytes)."""
-    from artifactd.artifacts import read_artifact, read_config
-    from artifactd.fingerprint import probe
-    from artifactd.harvest import harvest
+    from artifactd.build.harvest import harvest
+    from artifactd.fingerprint.model import probe
     from artifactd.stores import open_store
+    from artifactd.stores.artifacts import read_artifact, read_config
 
     make_cache(work / "triton", files)
     store = open_store(f"oci:{work / 'store'}", create=True)
@@ -190,8 +191,8 @@ def parse_cost(kind: str, data: bytes, work: Path) -> tuple[float, int]:
 
 def main() -> None:
     """Measure and print."""
-    from artifactd.artifacts import MAX_CONFIG_BYTES
-    from artifactd.trees import MAX_TREE_DOC
+    from artifactd.restore.mounted import MAX_TREE_DOC
+    from artifactd.stores.artifacts import MAX_CONFIG_BYTES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)

@@ -82,10 +82,10 @@ from faultproxy import FaultProxy  # noqa: E402
 from hostile import CASES, EXIT, PWN, Case  # noqa: E402
 from registry_server import RegistryServer, free_port, start_registry  # noqa: E402
 
-from artifactd.destination import LOCK_NAME, MARKER_NAME, STATE_DIR, CacheVolume  # noqa: E402
-from artifactd.fingerprint import Fingerprint, probe  # noqa: E402
-from artifactd.harvest import harvest  # noqa: E402
-from artifactd.restore import RestoreOutcome, RestoreRequest, run_restore  # noqa: E402
+from artifactd.build.harvest import harvest  # noqa: E402
+from artifactd.fingerprint.model import Fingerprint, probe  # noqa: E402
+from artifactd.restore.destination import LOCK_NAME, MARKER_NAME, STATE_DIR, CacheVolume  # noqa: E402
+from artifactd.restore.policy import RestoreOutcome, RestoreRequest, run_restore  # noqa: E402
 from artifactd.stores import open_store  # noqa: E402
 from artifactd.stores.transport import ATTEMPTS  # noqa: E402
 

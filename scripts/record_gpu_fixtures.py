@@ -5,7 +5,7 @@ machines without a GPU. Run this on a GPU host to add or refresh one:
 
     python scripts/record_gpu_fixtures.py tests/fixtures/gpu/<name>.json
 
-It asks exactly what ``artifactd.probing`` asks (counts, driver and CUDA
+It asks exactly what ``artifactd.fingerprint.probe`` asks (counts, driver and CUDA
 versions, name, capability, MIG mode, NVLink states, the GPU0-GPU1
 topology, and through libcuda the driver version and SM count) and writes
 the answers, errors included, in the format the doubles read. Needs

@@ -18,7 +18,7 @@ from cachetrees import build_caches
 from registry_server import RegistryServer, start_registry
 
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
-from artifactd.fingerprint import Fingerprint, probe
+from artifactd.fingerprint.model import Fingerprint, probe
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MATRIX = REPO / "warmup_matrices" / "cpu-demo.yaml"

@@ -34,8 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artifactd.build.harvest import harvest
 from artifactd.constants import CACHE_ENV_VARS
-from artifactd.destination import (
+from artifactd.events import EventSink, discard
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore.destination import (
     ENV_TMP_PREFIX,
     JOURNAL_NAME,
     STATE_DIR,
@@ -44,12 +47,9 @@ from artifactd.destination import (
     no_hook,
     render_env_file,
 )
-from artifactd.events import EventSink, discard
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.marker import RestoreMarker
-from artifactd.resolve import plan_restore
-from artifactd.restore import RestoreResult, restore
+from artifactd.restore.install import RestoreResult, restore
+from artifactd.restore.marker import RestoreMarker
+from artifactd.restore.resolve import plan_restore
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
 
@@ -395,10 +395,10 @@ def raising_hook(step: str) -> StepHook:
 _KILL_SCRIPT = """\
 import json, os, signal, sys
 from pathlib import Path
-import artifactd.destination as D
-from artifactd.fingerprint import from_raw
-from artifactd.resolve import plan_restore
-from artifactd.restore import restore
+import artifactd.restore.destination as D
+from artifactd.fingerprint.model import from_raw
+from artifactd.restore.resolve import plan_restore
+from artifactd.restore.install import restore
 from artifactd.stores import open_store
 
 store_ref, target, fp_json, step, mode, env_file = sys.argv[1:7]
@@ -603,8 +603,8 @@ def kill_loop(
     env file and no leftovers. Returns
     (duration, records); ``record.problems`` lists any broken invariant.
     """
-    from artifactd.resolve import noop_plan
-    from artifactd.restore import RestoreRequest, run_restore
+    from artifactd.restore.policy import RestoreRequest, run_restore
+    from artifactd.restore.resolve import noop_plan
 
     rng = random.Random(seed)  # noqa: S311 - delays, not secrets
     if duration_s is None:

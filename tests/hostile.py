@@ -40,10 +40,9 @@ from typing import Any, Literal
 import zstandard
 
 from artifactd.families import get_family
-from artifactd.fingerprint import Fingerprint
-from artifactd.hashing import canonical_json
-from artifactd.manifest import goarch
-from artifactd.oci import (
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.format.config import goarch
+from artifactd.format.oci import (
     ANN_FAMILY,
     ANN_FILES,
     ANN_FINGERPRINT,
@@ -57,6 +56,7 @@ from artifactd.oci import (
     MANIFEST_MEDIA_TYPE,
     full_tag,
 )
+from artifactd.hashing import canonical_json
 from artifactd.stores import Store
 from artifactd.stores.layout import LayoutStore
 

@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from artifactd.manifest import goarch
+from artifactd.format.config import goarch
 
 #: This machine's architecture, as OCI names it: the artifacts built here are for it.
 ARCH = goarch(platform.machine())

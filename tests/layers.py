@@ -1,6 +1,6 @@
 """Family layers packed as production packs them (format 2) and unpacked as a restore does.
 
-:func:`artifactd.archive.pack_family` writes format 2 only (members under
+:func:`artifactd.format.archive.pack_family` writes format 2 only (members under
 ``<family>/``, then the family's tree document), so round-trip tests pack and
 unpack through here: :func:`pack` gives the layer a fixed scope, :func:`record`
 is the layer record a harvest would write for it, and :func:`unpack` extracts
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import zstandard
 
-from artifactd.archive import PackedLayer, pack_family
 from artifactd.families import Family, Located
-from artifactd.manifest import TREE_DOC, LayerRecord
-from artifactd.unpack import UnpackResult, unpack_layer
+from artifactd.format.archive import PackedLayer, pack_family
+from artifactd.format.config import TREE_DOC, LayerRecord
+from artifactd.format.unpack import UnpackResult, unpack_layer
 
 #: The fingerprint fields a test layer's scope key stands for.
 SCOPE: dict[str, object] = {"round_trip": "test"}

@@ -3,7 +3,7 @@
 Every command here is the real entry point in its own process, on real
 files: ``build`` (whole, or one cell of a fan-out), ``merge``, ``verify``, and
 the pod's side (``fingerprint --hash`` and ``restore``, with the flags and
-variables :mod:`artifactd.published` says a pod passes). Cells are small
+variables :mod:`artifactd.build.published` says a pod passes). Cells are small
 Python programs that write a cache file.
 
 GPUs: this machine has none, so processes that must see some get the
@@ -59,7 +59,7 @@ def gpus(count: int) -> str:
 import sys, types
 sys.path.insert(0, {str(TESTS)!r})
 from gpudoubles import RecordedLibcuda, RecordedNvml, load_recording
-from artifactd import probing
+from artifactd.fingerprint import probe as probing
 doc = load_recording("h200x8-nvswitch")
 doc["nvml"]["nvmlDeviceGetCount"] = {{"value": {count}}}
 doc["nvml"]["devices"] = doc["nvml"]["devices"][:{count}]
@@ -317,8 +317,8 @@ def test_a_layout_in_both_workload_and_axes_is_refused_before_any_cell_runs(
 def published_in_process(matrix: Path, env: dict[str, str], n_gpus: int) -> str:
     code = (
         gpus(n_gpus)
-        + "from pathlib import Path\nfrom artifactd.matrix import load_matrix\n"
-        + "from artifactd.published import published_fingerprint\n"
+        + "from pathlib import Path\nfrom artifactd.build.matrix import load_matrix\n"
+        + "from artifactd.build.published import published_fingerprint\n"
         + f"print(published_fingerprint(load_matrix(Path({str(matrix)!r}))).hash)\n"
     )
     proc = subprocess.run(
@@ -382,14 +382,14 @@ def _calls(tree: ast.AST, name: str) -> list[int]:
 def test_the_published_fingerprint_has_one_owner() -> None:
     """No command probes a matrix's fingerprint, or builds a pod's flags for it, on its own.
 
-    ``artifactd.published`` is the one place that turns a matrix (its target,
+    ``artifactd.build.published`` is the one place that turns a matrix (its target,
     image, workload, ``env:``) into a probe; the commands that publish or look
     up an artifact for a matrix call it. A second copy (a ``probe(...)`` in
     build, verify or merge; ``matrix.target.gpu_arch`` read elsewhere) fails here.
     """
     package = Path(artifactd.__file__).resolve().parent  # the code under test
-    owner = package / "published.py"
-    assert owner.is_file(), "no artifactd.published: the rule has no owner"
+    owner = package / "build" / "published.py"
+    assert owner.is_file(), "no artifactd.build.published: the rule has no owner"
     for path in sorted(package.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         if path == owner:
@@ -400,6 +400,11 @@ def test_the_published_fingerprint_has_one_owner() -> None:
         if "load_matrix" in text:  # a command working from a matrix
             for name in ("probe", "probe_raw", "probe_request", "start_request", "PendingProbe"):
                 assert not _calls(tree, name), f"{rel} probes a matrix's fingerprint itself"
-    for command in ("build", "verify", "merge", "demo"):
-        text = (package / f"{command}.py").read_text(encoding="utf-8")
-        assert "artifactd.published import" in text, f"{command} does not call the owner"
+    for command, module in (
+        ("build", "run"),
+        ("verify", "gate"),
+        ("merge", "merge"),
+        ("demo", "demo"),
+    ):
+        text = (package / "build" / f"{module}.py").read_text(encoding="utf-8")
+        assert "artifactd.build.published import" in text, f"{command} does not call the owner"

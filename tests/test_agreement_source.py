@@ -32,10 +32,10 @@ from images import mount_artifact
 from registry_server import RegistryServer
 
 import artifactd
-from artifactd.artifacts import copy_between, read_artifact
+from artifactd.format.config import LayerRecord
 from artifactd.hashing import digest_of
-from artifactd.manifest import LayerRecord
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import copy_between, read_artifact
 
 #: The package under test (the one imported, wherever it is).
 PACKAGE = Path(artifactd.__file__).resolve().parent
@@ -333,19 +333,19 @@ def test_a_tree_no_op_rechecks_the_scope_key_a_marker_records_as_a_store_does(
 
 
 # --------------------------------------------------------------------------
-# One owner: the rule lives in artifactd/resolve.py alone
+# One owner: the rule lives in artifactd/restore/resolve.py alone
 # --------------------------------------------------------------------------
 
 #: What names a restore's tags or keys: the selection rule's vocabulary.
 RULE_CALLS = {"full_tag", "family_tag", "scope_key"}
 #: Modules that call them for something other than choosing what to restore.
 ALLOWED = {
-    "resolve.py": "the selection rule itself",
-    "artifacts.py": "tags what it publishes, from the artifact's own records",
+    "restore/resolve.py": "the selection rule itself",
+    "stores/artifacts.py": "tags what it publishes, from the artifact's own records",
     "images/append.py": "tags what it bakes into an image, from the artifact's own records",
-    "harvest.py": "records each family's scope key in the artifact it packs",
-    "diff.py": "explains which fields decide a family's verdict",
-    "fingerprint.py": "the model's own scope_key method",
+    "build/harvest.py": "records each family's scope key in the artifact it packs",
+    "fingerprint/diff.py": "explains which fields decide a family's verdict",
+    "fingerprint/model.py": "the model's own scope_key method",
 }
 
 
@@ -376,7 +376,9 @@ def test_only_resolve_names_the_tags_a_restore_reads() -> None:
         for name, line in _called(tree)
         if name in RULE_CALLS
     ]
-    assert copies == [], "the selection rule belongs to artifactd/resolve.py:\n" + "\n".join(copies)
+    assert copies == [], (
+        "the selection rule belongs to artifactd/restore/resolve.py:\n" + "\n".join(copies)
+    )
 
 
 def test_one_plan_builder_and_no_dispatch_on_the_kind_of_source() -> None:
@@ -385,14 +387,19 @@ def test_one_plan_builder_and_no_dispatch_on_the_kind_of_source() -> None:
     builders = [
         f"{path}:{line}"
         for path, tree in modules.items()
-        if path != "resolve.py"
+        if path != "restore/resolve.py"
         for name, line in _called(tree)
         if name in {"RestorePlan", "FamilyPlan"} or name == "hit"
     ]
     assert builders == [], builders
     kinds = {"Store", "LayoutStore", "RegistryStore", "MountedTree"}
     dispatch = []
-    for path in ("restore.py", "resolve.py", "nodestore.py"):
+    for path in (
+        "restore/install.py",
+        "restore/policy.py",
+        "restore/resolve.py",
+        "pod/nodestore.py",
+    ):
         for node in ast.walk(modules[path]):
             if (
                 isinstance(node, ast.Call)

@@ -1,6 +1,6 @@
 """One "compiled anyway" verdict: ``status``, ``verify``, the metrics and the engine log agree.
 
-The rule lives in :mod:`artifactd.verdict`; these tests hold every caller to it
+The rule lives in :mod:`artifactd.pod.verdict`; these tests hold every caller to it
 on the same trees:
 
 * end to end: a real ``build`` of a vLLM-layout matrix into a local OCI
@@ -12,10 +12,10 @@ on the same trees:
   the engine log: the same verdict, and the gate fails exactly when ``status``
   says anything but ``used``;
 * in process, on one restored tree per case: ``status``, verify's cell
-  comparison (:func:`artifactd.verify.judge_cell`), the status metrics and the
+  comparison (:func:`artifactd.build.gate.judge_cell`), the status metrics and the
   engine-log evidence;
 * a structural guard: the comparison with the restore time and the load
-  rewrites are read nowhere but in :mod:`artifactd.verdict`.
+  rewrites are read nowhere but in :mod:`artifactd.pod.verdict`.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import artifactd
-from artifactd.enginelogs import restored_key_dirs, scan
 from artifactd.families import get_family
-from artifactd.metrics import status_registry
-from artifactd.status import target_status
+from artifactd.pod.enginelogs import restored_key_dirs, scan
+from artifactd.pod.metrics import status_registry
+from artifactd.pod.status import target_status
 
 TESTS = Path(__file__).resolve().parent
 
@@ -230,8 +230,8 @@ def _metric(text: str, name: str, family: str) -> float:
 )
 def test_every_caller_agrees_on_the_same_input(tmp_path: Path, case: str, verdict: str) -> None:
     """``status``, verify's cell comparison, the metrics and the engine log: one verdict."""
-    from artifactd.verdict import restore_time, written_after
-    from artifactd.verify import family_failures, judge_cell
+    from artifactd.build.gate import family_failures, judge_cell
+    from artifactd.pod.verdict import restore_time, written_after
 
     target, log = _case(tmp_path, case)
     vllm = get_family("vllm")
@@ -275,7 +275,7 @@ def test_every_caller_agrees_on_the_same_input(tmp_path: Path, case: str, verdic
 
 def test_a_verdict_from_the_log_alone_is_the_same_in_the_gate(tmp_path: Path) -> None:
     """A cell whose log says it compiled (nothing written) fails the gate as status says."""
-    from artifactd.verify import judge_cell
+    from artifactd.build.gate import judge_cell
 
     target, log = _case(tmp_path, "compiled elsewhere")
     facts = scan(log.read_text().splitlines())
@@ -291,7 +291,7 @@ def test_a_family_the_artifact_lacks_fails_the_gate_only_if_the_cell_filled_it(
     tmp_path: Path,
 ) -> None:
     """A miss is ``not restored`` for ``status`` and the gate; the gate fails once files appear."""
-    from artifactd.verify import family_failures, judge_cell
+    from artifactd.build.gate import family_failures, judge_cell
 
     target, log = _case(tmp_path, "untouched")
     families = [get_family("vllm"), get_family("generic")]
@@ -322,7 +322,7 @@ def test_a_family_the_artifact_lacks_fails_the_gate_only_if_the_cell_filled_it(
 
 #: The package under test (its sources, wherever it is imported from).
 PACKAGE = Path(artifactd.__file__).resolve().parent
-OWNER = PACKAGE / "verdict.py"
+OWNER = PACKAGE / "pod" / "verdict.py"
 
 
 def _sources() -> list[Path]:
@@ -330,7 +330,7 @@ def _sources() -> list[Path]:
 
 
 def test_the_rule_is_decided_in_one_module() -> None:
-    """Only ``artifactd/verdict.py`` compares an mtime with the restore or reads load rewrites.
+    """Only ``artifactd/pod/verdict.py`` compares an mtime with the restore or reads load rewrites.
 
     A family declares its ``load_rewrites`` (an assignment in its class); any
     other read, or a comparison of ``st_mtime`` with anything, is a second copy
@@ -353,28 +353,28 @@ def test_the_rule_is_decided_in_one_module() -> None:
                 and isinstance(node.ctx, ast.Load)
             ):
                 copies.append(f"{rel}:{node.lineno}: reads load_rewrites")
-    assert copies == [], "decide through artifactd.verdict instead:\n" + "\n".join(copies)
+    assert copies == [], "decide through artifactd.pod.verdict instead:\n" + "\n".join(copies)
 
 
 def test_verify_has_no_snapshot_comparison_of_its_own() -> None:
-    """The gate judges a cell's roots through ``artifactd.verdict``, not a listing of its own."""
-    tree = ast.parse((PACKAGE / "verify.py").read_text())
+    """The gate judges a cell's roots through ``artifactd.pod.verdict``, not its own listing."""
+    tree = ast.parse((PACKAGE / "build" / "gate.py").read_text())
     attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not attrs & {"st_mtime", "st_mtime_ns", "st_size"}
     imported = {
         alias.name
         for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and n.module == "artifactd.verdict"
+        if isinstance(n, ast.ImportFrom) and n.module == "artifactd.pod.verdict"
         for alias in n.names
     }
-    assert imported, "verify must decide through artifactd.verdict"
+    assert imported, "verify must decide through artifactd.pod.verdict"
 
 
 def test_the_gate_waits_for_the_file_clock_to_pass_the_restore(tmp_path: Path) -> None:
     """A cell's first write lands after the restore on the file clock, so it counts."""
     import time
 
-    from artifactd.verdict import wait_past, written_after
+    from artifactd.pod.verdict import wait_past, written_after
 
     cutoff = time.time() + 0.3
     wait_past(tmp_path, cutoff)

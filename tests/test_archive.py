@@ -19,12 +19,12 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from artifactd.archive import PackedLayer
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Family, Located
 from artifactd.families.base import ROOT_PLACEHOLDER
-from artifactd.manifest import FileEntry
-from artifactd.unpack import UnpackResult, unpack_layer
+from artifactd.format.archive import PackedLayer
+from artifactd.format.config import FileEntry
+from artifactd.format.unpack import UnpackResult, unpack_layer
 
 GENERIC = FAMILIES["generic"]
 TRITON = FAMILIES["triton"]
@@ -155,7 +155,7 @@ def test_pack_family_writes_only_the_format_production_restores(tmp_path: Path) 
     """Format 1 is read, never written: a layer without its family's scope cannot be packed."""
     import inspect
 
-    from artifactd.archive import pack_family
+    from artifactd.format.archive import pack_family
 
     params = inspect.signature(pack_family).parameters
     assert params["scope_key"].default is inspect.Parameter.empty

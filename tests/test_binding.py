@@ -25,9 +25,9 @@ from conftest import clean_env, run_artifactd
 from images import mount_artifact
 from registry_server import RegistryServer
 
-from artifactd.artifacts import copy_between
-from artifactd.keys import KeyPair, generate
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import copy_between
+from artifactd.trust.keys import KeyPair, generate
 
 PASSWORD = "binding test password"
 POD_ARCH = "sm_90a"
@@ -346,9 +346,9 @@ def test_a_fan_out_cell_of_the_same_fingerprint_is_never_restored(
     tmp_path: Path, world: World
 ) -> None:
     """One cell's part of a fan-out build carries the pod's fingerprint, but only for merge."""
-    from artifactd.artifacts import read_artifact
-    from artifactd.build import cell_tag
-    from artifactd.harvest import harvest
+    from artifactd.build.harvest import harvest
+    from artifactd.build.run import cell_tag
+    from artifactd.stores.artifacts import read_artifact
 
     layout = f"oci:{tmp_path / 'layout'}"
     with open_store(world.pod_signed) as st:

@@ -249,7 +249,7 @@ def test_build_strict_gives_the_same_code_as_lint_strict(tmp_path: Path) -> None
 
 
 BOOM = (
-    "import artifactd.probing as _p\n"
+    "import artifactd.fingerprint.probe as _p\n"
     "def _boom(**kw):\n    raise RuntimeError('boom')\n"
     "_p.probe_request = _boom\n"
 )

@@ -68,12 +68,12 @@ from test_fanout_examples import PINNED, container_env, container_lines
 from test_image_build import base, docker_client, init_image, run_in, tree_digests
 
 from artifactd import __version__
+from artifactd.build.matrix import expand, load_matrix
 from artifactd.cli import cli
 from artifactd.cli.specs import parse_size
-from artifactd.destination import parse_env_file
 from artifactd.families import FAMILIES, get_family
 from artifactd.images.build import INIT_UID
-from artifactd.matrix import expand, load_matrix
+from artifactd.restore.destination import parse_env_file
 
 # The session fixtures of tests/engine.py and the init image of test_image_build.py, by name.
 __all__ = ["base", "engine", "init_image", "python_base"]

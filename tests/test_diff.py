@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from artifactd.diff import FieldDiff, diff
 from artifactd.errors import UsageError
-from artifactd.fingerprint import (
+from artifactd.fingerprint.diff import FieldDiff, diff
+from artifactd.fingerprint.model import (
     CPUInfo,
     CudaInfo,
     Fingerprint,

@@ -20,7 +20,7 @@ import pytest
 from conftest import DEMO_MATRIX, PYTHON, WARMUP, clean_env
 from conftest import run_artifactd_json as artifactd
 
-from artifactd.destination import parse_env_file
+from artifactd.restore.destination import parse_env_file
 
 pytestmark = pytest.mark.slow
 

@@ -25,11 +25,11 @@ from cachetrees import (
     make_vllm_tree,
 )
 
+from artifactd.build.harvest import harvest
 from artifactd.families import FAMILIES, Family
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.resolve import plan_restore
-from artifactd.restore import restore
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore.install import restore
+from artifactd.restore.resolve import plan_restore
 from artifactd.stores import open_store
 
 

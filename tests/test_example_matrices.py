@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from artifactd.build.matrix import Cell, Matrix, expand, load_matrix
 from artifactd.constants import CACHE_ENV_VARS
 from artifactd.families import FAMILIES
-from artifactd.matrix import Cell, Matrix, expand, load_matrix
 
 MATRICES = REPO / "warmup_matrices"
 #: matrix name: (the engine's TP flag, its context-length flag, argv prefix).

@@ -22,7 +22,6 @@ from cachetrees import (
     make_vllm_tree,
 )
 
-from artifactd.archive import PackedLayer
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily
 from artifactd.families.ninja import NinjaFile
@@ -37,7 +36,8 @@ from artifactd.families.vllm import (
     read_factors,
     volatile_factors,
 )
-from artifactd.fingerprint import Fingerprint, LibraryInfo
+from artifactd.fingerprint.model import Fingerprint, LibraryInfo
+from artifactd.format.archive import PackedLayer
 
 FLASHINFER = FlashInferFamily()
 VLLM = VLLMFamily()
@@ -454,11 +454,11 @@ def test_engine_modules_read_only_named_env_vars() -> None:
 def test_harvest_and_restore_engine_families(
     tmp_path: Path, local_fp: Fingerprint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from artifactd.destination import CacheVolume
+    from artifactd.build.harvest import harvest
     from artifactd.families import FAMILIES
-    from artifactd.harvest import harvest
-    from artifactd.resolve import noop_plan, plan_restore
-    from artifactd.restore import restore
+    from artifactd.restore.destination import CacheVolume
+    from artifactd.restore.install import restore
+    from artifactd.restore.resolve import noop_plan, plan_restore
     from artifactd.stores import open_store
 
     for fam in (FLASHINFER, VLLM, SGLANG):

@@ -15,13 +15,13 @@ from cachetrees import (
     make_tilelang_tree,
 )
 
-from artifactd.archive import PackedLayer
 from artifactd.families.base import Family, Located, sanitize_user
 from artifactd.families.cudajit import CudaJitFamily
 from artifactd.families.cutedsl import CuteDSLFamily
 from artifactd.families.deepgemm import PARTIAL_REASON, DeepGEMMFamily
 from artifactd.families.tilelang import TileLangFamily
-from artifactd.fingerprint import Fingerprint, LibraryInfo
+from artifactd.fingerprint.model import Fingerprint, LibraryInfo
+from artifactd.format.archive import PackedLayer
 
 DEEPGEMM = DeepGEMMFamily()
 TILELANG = TileLangFamily()

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from conftest import REPO, clean_env, run_artifactd
 
-from artifactd.matrix import Cell, expand, load_matrix
-from artifactd.schedule import run_packed
+from artifactd.build.matrix import Cell, expand, load_matrix
+from artifactd.build.schedule import run_packed
 
 CELLS_MATRIX = REPO / "warmup_matrices" / "cpu-demo-cells.yaml"
 WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"

@@ -45,7 +45,7 @@ from test_ci_examples import (
     used_options,
 )
 
-from artifactd.matrix import Cell, expand, load_matrix
+from artifactd.build.matrix import Cell, expand, load_matrix
 
 K8S = REPO / "examples" / "k8s"
 FANOUT = REPO / "examples" / "ci" / "github-fanout.yml"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from artifactd import probing
 from artifactd.errors import ConfigError, UsageError
 from artifactd.families import FAMILIES
-from artifactd.fingerprint import (
+from artifactd.fingerprint import probe as probing
+from artifactd.fingerprint.model import (
     CompilersInfo,
     CPUInfo,
     CudaInfo,
@@ -32,7 +32,7 @@ from artifactd.fingerprint import (
     parse_gpu_arch,
     probe,
 )
-from artifactd.probing import gpu_from_nvml, probe_cpu
+from artifactd.fingerprint.probe import gpu_from_nvml, probe_cpu
 
 # --------------------------------------------------------------------------
 # A fixed, synthetic fingerprint (no probing) and helpers to make variants
@@ -410,7 +410,7 @@ def test_fingerprint_cli_does_not_import_torch_or_triton() -> None:
 
 def test_probe_does_not_import_torch_or_triton() -> None:
     script = (
-        "import sys, artifactd.fingerprint as f; f.probe(); "
+        "import sys, artifactd.fingerprint.model as f; f.probe(); "
         "print(','.join(m for m in ('torch', 'triton') if m in sys.modules) or 'none')"
     )
     proc = subprocess.run(

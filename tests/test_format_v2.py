@@ -28,18 +28,18 @@ import zstandard
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer
 
-from artifactd.artifacts import read_artifact
-from artifactd.destination import CacheVolume
+from artifactd.build.harvest import harvest
 from artifactd.errors import IntegrityError, SchemaError, UnsafeArtifactError
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.manifest import TREE_DOC, ArtifactConfig, FamilyTree
-from artifactd.resolve import noop_plan
-from artifactd.restore import RestoreRequest, run_restore
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.format.config import TREE_DOC, ArtifactConfig, FamilyTree
+from artifactd.format.unpack import check_layer, unpack_layer
+from artifactd.restore.destination import CacheVolume
+from artifactd.restore.mounted import MountedTree, open_dir
+from artifactd.restore.policy import RestoreRequest, run_restore
+from artifactd.restore.resolve import noop_plan
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.base import Store
-from artifactd.trees import MountedTree, open_dir
-from artifactd.unpack import check_layer, unpack_layer
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "format-v1" / "store"
 SKOPEO = shutil.which("skopeo")

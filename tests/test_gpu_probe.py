@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from gpudoubles import FIXTURES, FORMAT, RecordedLibcuda, RecordedNvml, load_recording
 
-from artifactd import probing
-from artifactd.probing import gpu_from_nvml, probe_libcuda, topology_from_nvml
+from artifactd.fingerprint import probe as probing
+from artifactd.fingerprint.probe import gpu_from_nvml, probe_libcuda, topology_from_nvml
 
 RECORDER = Path(__file__).resolve().parent.parent / "scripts" / "record_gpu_fixtures.py"
 RECORDINGS = sorted(p.stem for p in FIXTURES.glob("*.json"))

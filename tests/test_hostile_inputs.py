@@ -34,15 +34,15 @@ from conftest import PYTHON, clean_env, run_artifactd
 from crashes import leftovers, snapshot
 from hostile import publish
 
-from artifactd.artifacts import MAX_CONFIG_BYTES, read_artifact
+from artifactd.build.harvest import harvest
 from artifactd.errors import BuildError
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.manifest import TREE_DOC
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.format.config import TREE_DOC
+from artifactd.restore.mounted import MAX_TREE_DOC
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact
 from artifactd.stores.base import Store
 from artifactd.stores.layout import LayoutStore
-from artifactd.trees import MAX_TREE_DOC
 
 #: Seconds any of these commands may take: each must answer at once, never wait.
 QUICK = 30
@@ -246,7 +246,7 @@ def test_a_fifo_as_sign_key_is_refused_at_once(tmp_path: Path, caches: dict[str,
 #: a regular file there, and before it is copied.
 SWAP_PRELUDE = """
 import os, socket
-import artifactd.unpack as u
+import artifactd.format.unpack as u
 
 _scan = u._scan_family_dir
 
@@ -623,13 +623,13 @@ def test_a_harvest_refuses_documents_a_restore_would_not_read(
     limit: str,
 ) -> None:
     """The limits are lowered to this small cache's size: as if it held 200,000 files."""
-    import artifactd.artifacts
-    import artifactd.trees
+    import artifactd.restore.mounted
+    import artifactd.stores.artifacts
 
     if limit == "config":
-        monkeypatch.setattr(artifactd.artifacts, "MAX_CONFIG_BYTES", 2000)
+        monkeypatch.setattr(artifactd.stores.artifacts, "MAX_CONFIG_BYTES", 2000)
     else:
-        monkeypatch.setattr(artifactd.trees, "MAX_TREE_DOC", 1000)
+        monkeypatch.setattr(artifactd.restore.mounted, "MAX_TREE_DOC", 1000)
     store = open_store(f"oci:{tmp_path / 'store'}", create=True)
     with pytest.raises(BuildError, match="config would" if limit == "config" else "its tree doc"):
         harvest(store, local_fp, environ=caches)

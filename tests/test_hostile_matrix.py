@@ -24,9 +24,9 @@ import pytest
 import yaml
 from conftest import PYTHON, clean_env, run_artifactd
 
-import artifactd.matrix as matrix_mod
+import artifactd.build.matrix as matrix_mod
+from artifactd.build.matrix import Matrix, expand, load_matrix
 from artifactd.errors import ConfigError
-from artifactd.matrix import Matrix, expand, load_matrix
 
 #: Every hostile run must end well within this (seconds).
 BOUND = 10.0

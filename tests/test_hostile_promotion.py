@@ -19,11 +19,12 @@ import pytest
 from registry_server import RegistryServer
 from test_trust import Keys, cli, doc_of, harvest, restore
 
-from artifactd.artifacts import copy_between
 from artifactd.errors import TrustError, UsageError
-from artifactd.keys import load_private_key, load_public_keys
 from artifactd.stores import open_store
-from artifactd.trust import TrustPolicy, attached_tag
+from artifactd.stores.artifacts import copy_between
+from artifactd.trust.keys import load_private_key, load_public_keys
+from artifactd.trust.policy import TrustPolicy
+from artifactd.trust.signatures import attached_tag
 
 #: The image the caches were built for: a software field the pod's probe cannot see.
 IMAGE = "sha256:" + "ab" * 32
@@ -171,7 +172,7 @@ def test_sign_unverified_is_the_explicit_way_to_vouch_for_unchecked_content(
     assert doc_of(proc)["verified"] == {}
     assert signed_by(prod, pub["digest"], keys.two.public)
     # In the library the opt-out is a named object, not a missing argument.
-    from artifactd.trust import UNSAFE_NO_VERIFICATION
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
     assert repr(UNSAFE_NO_VERIFICATION) == "UNSAFE_NO_VERIFICATION"
     result = copy_between(

@@ -28,10 +28,10 @@ from engine import Engine, PythonBase, engine, python_base, require_tool
 from registry_server import RegistryServer
 
 from artifactd import __version__
-from artifactd.destination import parse_env_file
 from artifactd.errors import UsageError
 from artifactd.images.append import LABEL_ARTIFACT, LABEL_FAMILIES, LABEL_FINGERPRINT
 from artifactd.images.build import INIT_UID, render_dockerfile
+from artifactd.restore.destination import parse_env_file
 
 # The session fixtures of tests/engine.py, used here by name.
 __all__ = ["engine", "python_base"]

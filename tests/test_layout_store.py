@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from cachetrees import harvest_environ
 
-from artifactd.artifacts import read_artifact
+from artifactd.build.harvest import HarvestResult, harvest
 from artifactd.errors import IntegrityError, NotFoundError, UsageError
 from artifactd.families import FAMILIES
 from artifactd.families.base import Family
-from artifactd.fingerprint import Fingerprint, probe
-from artifactd.harvest import HarvestResult, harvest
-from artifactd.oci import ANN_REF_NAME, MANIFEST_MEDIA_TYPE, family_tag, full_tag
+from artifactd.fingerprint.model import Fingerprint, probe
+from artifactd.format.oci import ANN_REF_NAME, MANIFEST_MEDIA_TYPE, family_tag, full_tag
+from artifactd.format.unpack import unpack_layer
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.layout import LayoutStore
-from artifactd.unpack import unpack_layer
 
 KEY = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo"
 

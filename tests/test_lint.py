@@ -408,7 +408,7 @@ def test_from_environ_does_not_import_torch() -> None:
 
 def test_build_lint_step_sees_what_harvest_will_pack(tmp_path: Path) -> None:
     """build.lint_roots lints the caches a matrix wrote, found as harvest finds them."""
-    from artifactd.build import lint_roots
+    from artifactd.build.run import lint_roots
 
     home = tmp_path / "home" / "builduser"
     roots = tmp_path / "roots"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from artifactd.build.matrix import expand, load_matrix
 from artifactd.errors import ArtifactdError, ConfigError, UsageError
-from artifactd.matrix import expand, load_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_DEMO = REPO / "warmup_matrices" / "cpu-demo.yaml"

@@ -22,9 +22,9 @@ from cachetrees import make_generic_tree
 from conftest import PYTHON, clean_env, run_artifactd
 from registry_server import RegistryServer
 
-from artifactd.artifacts import read_artifact
 from artifactd.errors import TargetError
-from artifactd.nodestore import USAGE_NAME, gc, node_lock, read_usage
+from artifactd.pod.nodestore import USAGE_NAME, gc, node_lock, read_usage
+from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.layout import LayoutStore
 
 

@@ -13,14 +13,9 @@ from cachetrees import make_triton_tree
 from conftest import clean_env
 
 from artifactd.errors import UsageError
-from artifactd.fingerprint import from_raw
-from artifactd.probing import (
-    apply_overrides,
-    probe_raw,
-    probe_request,
-    raw_hash,
-    start_request,
-)
+from artifactd.fingerprint.key import apply_overrides, raw_hash
+from artifactd.fingerprint.model import from_raw
+from artifactd.fingerprint.probe import probe_raw, probe_request, start_request
 
 
 @pytest.fixture(scope="module")

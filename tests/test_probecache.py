@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from artifactd import probecache
-from artifactd.probecache import CACHE_FILE_NAME, ProbeCache, default_path
-from artifactd.probing import record_digest
+from artifactd.fingerprint import probecache
+from artifactd.fingerprint.probe import record_digest
+from artifactd.fingerprint.probecache import CACHE_FILE_NAME, ProbeCache, default_path
 
 
 class Counting:

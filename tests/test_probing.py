@@ -13,10 +13,11 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env
 
-from artifactd import probing
-from artifactd.fingerprint import Fingerprint
-from artifactd.probecache import CACHE_FILE_NAME, ProbeCache
-from artifactd.probing import flatten, hashed_view, probe_raw, raw_hash
+from artifactd.fingerprint import probe as probing
+from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.fingerprint.probe import probe_raw
+from artifactd.fingerprint.probecache import CACHE_FILE_NAME, ProbeCache
 
 
 def test_raw_probe_has_the_models_exact_shape() -> None:

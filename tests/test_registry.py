@@ -23,12 +23,12 @@ from cachetrees import build_caches, make_generic_tree
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer, start_registry
 
-from artifactd.destination import STATE_DIR, CacheVolume
+from artifactd.build.harvest import harvest
 from artifactd.errors import ArtifactdError, StoreError, UsageError
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.resolve import noop_plan, plan_restore
-from artifactd.restore import restore
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore.destination import STATE_DIR, CacheVolume
+from artifactd.restore.install import restore
+from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.base import progress_events
 from artifactd.stores.registry import (

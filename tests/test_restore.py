@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from cachetrees import make_generic_tree
 
-from artifactd.archive import pack_family
-from artifactd.artifacts import publish
-from artifactd.destination import MARKER_NAME, STATE_DIR, CacheVolume
+from artifactd.build.harvest import harvest
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Located
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.manifest import ArtifactConfig, Provenance, RootFS
-from artifactd.resolve import noop_plan, plan_restore
-from artifactd.restore import restore
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.format.archive import pack_family
+from artifactd.format.config import ArtifactConfig, Provenance, RootFS
+from artifactd.restore.destination import MARKER_NAME, STATE_DIR, CacheVolume
+from artifactd.restore.install import restore
+from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import publish
 from artifactd.stores.layout import LayoutStore
 
 
@@ -218,7 +218,7 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     packed.path = evil
     packed.digest = "sha256:" + hashlib.sha256(evil.read_bytes()).hexdigest()
     packed.size = evil.stat().st_size
-    from artifactd.manifest import LayerRecord
+    from artifactd.format.config import LayerRecord
 
     rec = LayerRecord(
         family="generic",
@@ -282,9 +282,9 @@ def test_a_forged_journal_is_discarded_not_followed(
     """The volume is shared with the engine: a journal naming paths outside it is not acted on."""
     import hashlib
 
-    from artifactd.destination import JOURNAL_NAME
-    from artifactd.journal import JournalEntry, RestoreJournal
-    from artifactd.marker import dump
+    from artifactd.restore.destination import JOURNAL_NAME
+    from artifactd.restore.journal import JournalEntry, RestoreJournal
+    from artifactd.restore.marker import dump
 
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
@@ -334,8 +334,8 @@ def test_a_noop_removes_what_a_restore_killed_after_its_commit_left(
     """
     import fcntl
 
-    from artifactd.destination import LOCK_NAME
-    from artifactd.restore import RestoreRequest, run_restore
+    from artifactd.restore.destination import LOCK_NAME
+    from artifactd.restore.policy import RestoreRequest, run_restore
 
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
@@ -363,7 +363,7 @@ def test_a_noop_stands_when_removing_leftovers_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Tidying is best effort: the caches in place are intact, so the no-op stands."""
-    from artifactd.restore import RestoreRequest, run_restore
+    from artifactd.restore.policy import RestoreRequest, run_restore
 
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"

@@ -45,11 +45,11 @@ from crashes import (
     snapshot,
 )
 
-from artifactd import destination
-from artifactd.destination import STATE_DIR, CacheVolume
-from artifactd.fingerprint import Fingerprint
-from artifactd.resolve import noop_plan
-from artifactd.restore import RestoreRequest, run_restore
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore import destination
+from artifactd.restore.destination import STATE_DIR, CacheVolume
+from artifactd.restore.policy import RestoreRequest, run_restore
+from artifactd.restore.resolve import noop_plan
 
 #: The random-kill suite's size (the benchmark runs ~300 MB and 20 iterations).
 KILL_FILES = 3000

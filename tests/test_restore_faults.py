@@ -39,10 +39,10 @@ from diskfaults import fill, free_bytes, mount_tmpfs, unmount
 from faultproxy import FaultProxy
 from registry_server import RegistryServer, free_port
 
-from artifactd.destination import JOURNAL_NAME, LOCK_NAME, MARKER_NAME, STATE_DIR
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import HarvestResult, harvest
-from artifactd.restore import RestoreRequest, run_restore
+from artifactd.build.harvest import HarvestResult, harvest
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore.destination import JOURNAL_NAME, LOCK_NAME, MARKER_NAME, STATE_DIR
+from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.stores import open_store
 from artifactd.stores.transport import ATTEMPTS
 

@@ -29,10 +29,10 @@ from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
 from conftest import run_artifactd
 from hostile import CASE_NAMES, CASES, EXIT, PWN, Case, blob_path, get_case, honest
 
-from artifactd.destination import MARKER_NAME, STATE_DIR
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.restore import RestoreOutcome, RestoreRequest, run_restore
+from artifactd.build.harvest import harvest
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore.destination import MARKER_NAME, STATE_DIR
+from artifactd.restore.policy import RestoreOutcome, RestoreRequest, run_restore
 from artifactd.stores import Store, open_store
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from artifactd.fingerprint import probe
-from artifactd.schema import render_schemas
+from artifactd.fingerprint.model import probe
+from artifactd.format.schemas import render_schemas
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "registry-schema"
 

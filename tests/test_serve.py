@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, clean_env
 
+from artifactd.build.cells import ServeResult, prompt_text, responses_digest, run_serve
+from artifactd.build.matrix import Cell, expand, load_matrix
 from artifactd.errors import BuildError
 from artifactd.events import Event
-from artifactd.matrix import Cell, expand, load_matrix
-from artifactd.serve import ServeResult, prompt_text, responses_digest, run_serve
 
 ENGINE = Path(__file__).resolve().parent / "engines" / "tiny_engine.py"
 MODEL = "tiny-llm"

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from artifactd.fingerprint import Fingerprint
-from artifactd.harvest import harvest
-from artifactd.probing import SOFTWARE_FIELDS, adopt_software, raw_hash
-from artifactd.restore import RestoreRequest, run_restore
+from artifactd.build.harvest import harvest
+from artifactd.fingerprint.key import SOFTWARE_FIELDS, adopt_software, raw_hash
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.stores import open_store
 
 

@@ -30,14 +30,15 @@ from pathlib import Path
 
 path, store, target, workload = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 if path == "fingerprint":
-    from artifactd.probing import probe_request, raw_hash
+    from artifactd.fingerprint.probe import probe_request
+    from artifactd.fingerprint.key import raw_hash
 
     status = raw_hash(probe_request(workload=workload))
 else:
-    from artifactd.probing import start_request
+    from artifactd.fingerprint.probe import start_request
 
     pending = start_request(workload=[w for w in workload if not w.endswith(".pub")])
-    from artifactd.restore import RestoreRequest, run_restore
+    from artifactd.restore.policy import RestoreRequest, run_restore
 
     keys = tuple(k for k in workload if k.endswith(".pub"))
     workload = [w for w in workload if not w.endswith(".pub")]
@@ -57,11 +58,11 @@ WRITE_HELPERS = {"tempfile", "shutil"}
 VLLM_PARSERS = {"pprint", "ipaddress"}
 #: Only planning a miss or installing needs these.
 RESTORE_WORK = {
-    "artifactd.artifacts",
-    "artifactd.unpack",
-    "artifactd.diff",
-    "artifactd.fingerprint",
-    "artifactd.journal",
+    "artifactd.stores.artifacts",
+    "artifactd.format.unpack",
+    "artifactd.fingerprint.diff",
+    "artifactd.fingerprint.model",
+    "artifactd.restore.journal",
 }
 
 
@@ -134,13 +135,13 @@ def test_full_match_noop_restore_loads_no_family(store: str, tmp_path: Path) -> 
         "_hashlib",
     }
     assert _forbidden(doc["loaded"], heavy) == set()
-    assert "artifactd.marker" in doc["loaded"]  # the no-op did read the marker
+    assert "artifactd.restore.marker" in doc["loaded"]  # the no-op did read the marker
 
 
 def test_noop_restore_under_a_verification_policy_loads_no_crypto(
     store: str, tmp_path: Path
 ) -> None:
-    from artifactd.keys import generate
+    from artifactd.trust.keys import generate
 
     pair = generate(tmp_path / "k")
     sign = run_artifactd(
@@ -158,7 +159,7 @@ def test_noop_restore_under_a_verification_policy_loads_no_crypto(
     heavy = {*FAMILY_MODULES, *WRITE_HELPERS, *RESTORE_WORK, "dataclasses", "_hashlib"}
     assert _forbidden(doc["loaded"], heavy) == set()
     assert not [m for m in doc["loaded"] if m.startswith("cryptography")]
-    assert "artifactd.keys" in doc["loaded"]
+    assert "artifactd.trust.keys" in doc["loaded"]
 
 
 def _fp_tag(store: str) -> str:

@@ -53,9 +53,9 @@ from cachetrees import (
 )
 from conftest import DEMO_MATRIX, PYTHON, WARMUP, clean_env, run_artifactd, run_artifactd_json
 
-from artifactd.enginelogs import scan
+from artifactd.pod.enginelogs import scan
+from artifactd.pod.status import COMPILED_ANYWAY_EXIT
 from artifactd.reports import REPORT_SCHEMA_VERSION
-from artifactd.status import COMPILED_ANYWAY_EXIT
 
 DEMO_WORKLOAD = ("--gpu-arch", "sm_90a", "--workload", "model=artifactd/cpu-demo,dtype=float32")
 
@@ -711,4 +711,4 @@ def test_metrics_are_served_by_one_server_prometheus_clients() -> None:
         if word in path.read_text()
     ]
     assert hand_written == [], hand_written
-    assert "start_http_server" in (package / "metrics.py").read_text()
+    assert "start_http_server" in (package / "pod" / "metrics.py").read_text()

@@ -1,4 +1,4 @@
-"""Merging the cache trees of isolated warm-up cells, per family (artifactd.treemerge).
+"""Merging the cache trees of isolated warm-up cells, per family (artifactd.build.treemerge).
 
 Every test builds real trees on disk (the libraries' layouts from cachetrees)
 and merges them into a fresh destination.
@@ -25,11 +25,11 @@ from cachetrees import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from artifactd.build.treemerge import FamilyMerge, merge_family
 from artifactd.errors import BuildError
 from artifactd.families import FAMILIES
 from artifactd.families.base import ROOT_PLACEHOLDER
 from artifactd.families.vllm import merge_handles
-from artifactd.treemerge import FamilyMerge, merge_family
 
 GENERIC = FAMILIES["generic"]
 TRITON = FAMILIES["triton"]

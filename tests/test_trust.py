@@ -27,14 +27,14 @@ from registry_server import RegistryServer, start_registry
 
 from artifactd.errors import TrustError
 from artifactd.hashing import digest_of
-from artifactd.keys import KeyFileError, generate, load_private_key, load_public_keys
 from artifactd.stores import open_store
-from artifactd.trust import (
+from artifactd.trust.keys import KeyFileError, generate, load_private_key, load_public_keys
+from artifactd.trust.policy import TrustPolicy
+from artifactd.trust.signatures import (
     ANN_PREDICATE_TYPE,
     ANN_SIGNATURE,
     DSSE_MEDIA_TYPE,
     SIMPLESIGNING_MEDIA_TYPE,
-    TrustPolicy,
     attached_tag,
     pae,
     read_attestations,
@@ -198,8 +198,8 @@ def _cosign_vector(name: str) -> tuple[Path, bytes, str]:
 
 def _plant_signature(store_ref: str, digest: str, payload: bytes, signature_b64: str) -> None:
     """Push a ``.sig`` manifest holding this payload and signature, as cosign lays it out."""
-    from artifactd.imagemanifest import Descriptor
-    from artifactd.trust import _write_attached
+    from artifactd.format.imagemanifest import Descriptor
+    from artifactd.trust.signatures import _write_attached
 
     with open_store(store_ref, create=True) as store:
         layer = Descriptor(
@@ -372,9 +372,9 @@ def test_sign_and_verify_round_trip_and_no_op(
 def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
 ) -> None:
-    from artifactd.fingerprint import from_raw
-    from artifactd.probing import probe_request
-    from artifactd.resolve import plan_restore
+    from artifactd.fingerprint.model import from_raw
+    from artifactd.fingerprint.probe import probe_request
+    from artifactd.restore.resolve import plan_restore
     from artifactd.stores.registry import RegistryStore, parse_registry_ref
 
     ref = registry.ref(repo)
@@ -652,8 +652,8 @@ def test_hostile_signature_manifests_fail_cleanly(
         load_private_key(keys.one.private, password=PASSWORD).sign(payload)
     ).decode()
     cases = ["not json", "too many layers", "huge payload", "no annotation", "garbage signature"]
-    from artifactd.imagemanifest import Descriptor
-    from artifactd.trust import _write_attached
+    from artifactd.format.imagemanifest import Descriptor
+    from artifactd.trust.signatures import _write_attached
 
     layout = f"oci:{tmp_path / 'layout'}"
     assert cli("copy", ref, layout).returncode == 0
@@ -731,7 +731,7 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
     assert doc_of(third)["status"] == "restored", third.stdout
     assert '"bypassed"' in third.stdout or "bypassed" in third.stderr
     # gc never strips a signature from a kept artifact, and drops it with its subject.
-    from artifactd.nodestore import gc
+    from artifactd.pod.nodestore import gc
     from artifactd.stores.layout import LayoutStore
 
     layout = LayoutStore(node)
@@ -745,8 +745,8 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
 def test_the_baked_store_of_a_derived_image_keeps_signatures(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
 ) -> None:
-    from artifactd.artifacts import open_artifact
     from artifactd.images.append import write_layout
+    from artifactd.stores.artifacts import open_artifact
 
     ref = registry.ref(repo)
     pub = harvest(ref, caches, "--sign-key", keys.one.private)
@@ -867,7 +867,8 @@ def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
 
 
 def test_attestations_do_not_grow_past_what_readers_accept(tmp_path: Path, keys: Keys) -> None:
-    from artifactd.trust import MAX_LAYERS, attest, examine
+    from artifactd.trust.policy import examine
+    from artifactd.trust.signatures import MAX_LAYERS, attest
 
     key = load_private_key(keys.two.private)
     digest = "sha256:" + "1" * 64
@@ -922,8 +923,9 @@ def test_merge_signs_the_whole_artifact_and_attests_the_cells(
 def test_hostile_attestations_are_reported_not_trusted_and_never_crash(
     tmp_path: Path, keys: Keys
 ) -> None:
-    from artifactd.imagemanifest import Descriptor
-    from artifactd.trust import _write_attached, attest, examine
+    from artifactd.format.imagemanifest import Descriptor
+    from artifactd.trust.policy import examine
+    from artifactd.trust.signatures import _write_attached, attest
 
     key = load_private_key(keys.two.private)
     (pub,) = load_public_keys([keys.two.public])
@@ -961,7 +963,7 @@ def test_hostile_attestations_are_reported_not_trusted_and_never_crash(
 
 
 def _read_layers(store: Any, digest: str) -> list[Any]:
-    from artifactd.imagemanifest import ImageManifest
+    from artifactd.format.imagemanifest import ImageManifest
 
     ref = store.get_manifest(attached_tag(digest, "att"))
     return list(ImageManifest.from_bytes(ref.data).layers)

@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from artifactd.errors import ArtifactdError
-from artifactd.fingerprint import Fingerprint
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.format.config import ArtifactConfig, FileEntry, LayerRecord
+from artifactd.format.unpack import MAX_REWRITE_BYTES, check_layer, unpack_layer
 from artifactd.hashing import canonical_json
-from artifactd.manifest import ArtifactConfig, FileEntry, LayerRecord
-from artifactd.unpack import MAX_REWRITE_BYTES, check_layer, unpack_layer
 
 COMPONENTS = frozenset({"cache", "jit"})
 #: The layer unpacked below declares "cache" only (every declared one must be there).

@@ -1,20 +1,28 @@
 """The ``artifactd`` command line: parse, call one library function, render.
 
 Layout: :mod:`~artifactd.cli.main` is the entry point (errors to exit codes);
-:mod:`~artifactd.cli.app` holds the click group; :mod:`~artifactd.cli.specs`
-declares the pod-start commands' options as data, :mod:`~artifactd.cli.options`
-turns them (and the other shared options) into click options, and
-:mod:`~artifactd.cli.fast` parses the ordinary ``fingerprint`` and ``restore``
-command lines without importing click; :mod:`~artifactd.cli.render` is how
-results look to people (``--json`` documents are built in
-:mod:`artifactd.reports`); one module per command group:
+:mod:`~artifactd.cli.group` holds the bare click group and
+:mod:`~artifactd.cli.app` the group with every command registered;
+:mod:`~artifactd.cli.specs` declares the pod-start commands' options as data,
+:mod:`~artifactd.cli.options` turns them (and the other shared options) into
+click options, and :mod:`~artifactd.cli.fast` parses the ordinary
+``fingerprint`` and ``restore`` command lines without importing click;
+:mod:`~artifactd.cli.render` is how results look to people (``--json``
+documents are built in :mod:`artifactd.reports`); one module per command group:
 :mod:`~artifactd.cli.fingerprints` (``fingerprint``, ``diff``),
 :mod:`~artifactd.cli.builds` (``harvest``, ``build``, ``demo``, ``lint``),
 :mod:`~artifactd.cli.restores` (``restore``), :mod:`~artifactd.cli.stores`
 (``inspect``, ``ls``, ``copy``), :mod:`~artifactd.cli.schemas` (``schema``);
 what ``fingerprint`` and ``restore`` do lives in :mod:`~artifactd.cli.podstart`.
 Commands import the library inside each command, so that a command loads only
-what it uses.
+what it uses. The library is laid out by stage: :mod:`artifactd.fingerprint`
+(the model, the probe, the key), :mod:`artifactd.format` (config, layers,
+archive, unpack, schemas), :mod:`artifactd.stores`, :mod:`artifactd.families`,
+:mod:`artifactd.build` (matrix, schedule, cells, merge, gate, harvest),
+:mod:`artifactd.restore` (source, resolve, install, policy, destination,
+journal, marker), :mod:`artifactd.pod` (exec, status, verdict, engine logs,
+metrics, node store), :mod:`artifactd.trust` (keys, signatures, policy,
+provenance), :mod:`artifactd.images` and :mod:`artifactd.lint`.
 
 Every command has ``--json``; errors become one line on stderr (plus a hint)
 and a documented exit code:

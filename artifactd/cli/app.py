@@ -1,30 +1,12 @@
-"""The ``artifactd`` click group; importing it registers every command."""
+"""The ``artifactd`` click group with every command registered.
+
+The group itself is :mod:`artifactd.cli.group`; the command modules decorate
+it, and importing them here registers them.
+"""
 
 from __future__ import annotations
 
-import click
-
-from artifactd import __version__
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="artifactd")
-def cli() -> None:
-    """Fingerprinted compile caches for LLM inference pods.
-
-    \b
-    Build once, restore everywhere:
-      artifactd build warmup_matrices/cpu-demo.yaml     # CI: warm up, harvest, push
-      artifactd restore --target /cache                 # init container: install warm caches
-      artifactd diff local oci:.artifactd/store:TAG     # operator: why did this pod recompile?
-
-    The default store is a local OCI layout directory (oci:.artifactd/store);
-    set ARTIFACTD_STORE or pass --store. Run `artifactd demo` for a timed round trip.
-    """
-
-
-# The command modules decorate ``cli``; importing them here registers them.
-from artifactd.cli import (  # noqa: E402
+from artifactd.cli import (
     builds,
     fanout,
     fingerprints,
@@ -36,6 +18,7 @@ from artifactd.cli import (  # noqa: E402
     schemas,
     stores,
 )
+from artifactd.cli.group import cli
 
 __all__ = [
     "builds",

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import (
     cell_options,
     family_option,
@@ -51,7 +51,7 @@ def harvest(
     ARTIFACTD_GENERIC_DIR, or their defaults. Run it right after your own
     warm-up, with the same environment.
     """
-    from artifactd.harvest import harvest_here
+    from artifactd.build.harvest import harvest_here
 
     key = load_sign_key(sign_key)
     result = harvest_here(
@@ -137,8 +137,8 @@ def build(
       artifactd build FILE --cell I --run-id ID ...    # on each worker: one cell
       artifactd merge FILE --run-id ID --store REF     # then: the whole artifact
     """
-    from artifactd.build import build as do_build
-    from artifactd.schedule import parse_gpus
+    from artifactd.build.run import build as do_build
+    from artifactd.build.schedule import parse_gpus
 
     key = load_sign_key(sign_key)  # before the cells run: a bad key fails in a second
     result = do_build(
@@ -185,7 +185,7 @@ def build(
 @json_option
 def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bool) -> None:
     """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
-    from artifactd.demo import run_demo
+    from artifactd.build.demo import run_demo
 
     if not as_json:
         click.echo(f"building {matrix} cold (fresh caches; about a minute on 2 cores)...", err=True)

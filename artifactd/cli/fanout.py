@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import (
     cell_options,
     gpu_arch_option,
@@ -42,8 +42,8 @@ def cells(*, file: Path, as_json: bool) -> None:
       strategy: {matrix: {include: ${{ fromJSON(needs.plan.outputs.cells) }}}}
     A Kubernetes Indexed Job takes completions = the count.
     """
-    from artifactd.matrix import expand, load_matrix
-    from artifactd.published import check_key
+    from artifactd.build.matrix import expand, load_matrix
+    from artifactd.build.published import check_key
 
     loaded = load_matrix(file)
     check_key(loaded, file)  # a plan job fails before any worker starts
@@ -92,7 +92,7 @@ def merge(
     naming both) and packed again. Publishes fp-<hash> and the family tags,
     like `build`. Merging again writes the same digests and uploads nothing.
     """
-    from artifactd.merge import merge as do_merge
+    from artifactd.build.merge import merge as do_merge
     from artifactd.stores import open_store
 
     key = load_sign_key(sign_key)
@@ -173,9 +173,9 @@ def verify(
     then, so a CI job can gate on it. --sign-key attests the artifact's
     provenance again with the gate's verdict in it (sha256-<hex>.att).
     """
-    from artifactd.schedule import parse_gpus
+    from artifactd.build.gate import verify as do_verify
+    from artifactd.build.schedule import parse_gpus
     from artifactd.stores import open_store
-    from artifactd.verify import verify as do_verify
 
     key = load_sign_key(sign_key)
     with open_store(store, insecure=insecure) as st:

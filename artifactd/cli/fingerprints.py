@@ -8,7 +8,7 @@ import click
 
 from artifactd.cli import podstart, render
 from artifactd.cli import specs as S  # noqa: N812
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import (
     family_option,
     gpu_arch_option,
@@ -62,7 +62,7 @@ def diff(
     asks what a driver upgrade would invalidate). A cache built on A
     is judged for use on B.
     """
-    from artifactd.diff import explain
+    from artifactd.fingerprint.diff import explain
 
     ex = explain(
         a,

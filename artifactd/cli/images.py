@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import insecure_option, json_option
 
 

@@ -9,7 +9,7 @@ import click
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import (
     insecure_option,
     json_option,
@@ -49,7 +49,7 @@ def keygen(*, prefix: Path, force: bool, as_json: bool) -> None:
       artifactd build MATRIX --sign-key ci/signing.key --store REGISTRY/REPO
       artifactd restore --verify-key ci/signing.pub --target /cache ...
     """
-    from artifactd.keys import generate
+    from artifactd.trust.keys import generate
 
     pair = generate(prefix, password=os.environ.get(C.ENV_KEY_PASSWORD) or None, force=force)
     if as_json:
@@ -95,7 +95,7 @@ def sign(
     under one of those keys first: a second signer, a key rotation) or, for
     content published before signing began, an explicit --sign-unverified.
     """
-    from artifactd.trust import sign_ref
+    from artifactd.trust.policy import sign_ref
 
     basis = signing_basis(verify_keys, sign_unverified, signing=True, what="sign")
     result = sign_ref(ref, load_sign_key(sign_key), basis=basis, insecure=insecure)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import (
     family_option,
     fingerprint_options,
@@ -66,14 +66,14 @@ def prefetch(
     node disk 9; with --verify-key, a --software-from artifact no key signed
     exits 14.
     """
-    from artifactd.nodestore import prefetch as do_prefetch
-    from artifactd.probing import probe_request
+    from artifactd.fingerprint.probe import probe_request
+    from artifactd.pod.nodestore import prefetch as do_prefetch
 
     raw = probe_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
     )
     if software_from is not None:
-        from artifactd.artifacts import adopt_software_from
+        from artifactd.stores.artifacts import adopt_software_from
 
         raw = adopt_software_from(
             raw, software_from, store=store, verify_keys=verify_keys, insecure=insecure
@@ -145,8 +145,8 @@ def gc(
     has --min-free percent free.
     """
     from artifactd.errors import UsageError
-    from artifactd.nodestore import gc as do_gc
-    from artifactd.nodestore import node_root
+    from artifactd.pod.nodestore import gc as do_gc
+    from artifactd.pod.nodestore import node_root
     from artifactd.stores.layout import LayoutStore
 
     if max_bytes is None and min_free is None:
@@ -160,7 +160,7 @@ def gc(
         on_event=render.event_printer(as_json),
     )
     if metrics_file is not None and not dry_run:
-        from artifactd.metrics import node_store_registry, write_textfile
+        from artifactd.pod.metrics import node_store_registry, write_textfile
 
         write_textfile(metrics_file, node_store_registry(result.bytes_after, len(result.evicted)))
     if as_json:

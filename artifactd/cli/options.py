@@ -17,7 +17,7 @@ from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.specs import Opt
 
 if TYPE_CHECKING:
-    from artifactd.trust import Basis
+    from artifactd.trust.policy import Basis
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,7 +80,7 @@ def load_sign_key(spec: str | None) -> Any:
     """Load the private key ``--sign-key`` names (None when not given)."""
     if not spec:
         return None
-    from artifactd.keys import load_private_key
+    from artifactd.trust.keys import load_private_key
 
     return load_private_key(spec)
 
@@ -113,7 +113,7 @@ def signing_basis(
     (one of them would be ignored).
     """
     from artifactd.errors import UsageError
-    from artifactd.trust import UNSAFE_NO_VERIFICATION, TrustPolicy
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy
 
     if sign_unverified and verify_keys:
         raise UsageError(
@@ -177,7 +177,7 @@ def _check_run_id(ctx: click.Context, param: click.Parameter, value: str | None)
     del ctx, param
     if value is None:
         return None
-    from artifactd.build import check_run_id
+    from artifactd.build.run import check_run_id
 
     return check_run_id(value)
 

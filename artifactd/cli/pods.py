@@ -1,6 +1,6 @@
 """``exec`` and ``status``: the engine's side of a restore, in the pod.
 
-What they do lives in :mod:`artifactd.podexec` and :mod:`artifactd.status`.
+What they do lives in :mod:`artifactd.pod.exec` and :mod:`artifactd.pod.status`.
 ``exec`` reuses the restore command's option declarations
 (``COMMANDS["restore"]`` in :mod:`artifactd.cli.specs`), so every restore flag
 and ``ARTIFACTD_*`` variable means the same with ``exec --restore``.
@@ -17,7 +17,7 @@ import click
 
 from artifactd.cli import render
 from artifactd.cli import specs as S  # noqa: N812
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import options
 from artifactd.cli.specs import Opt
 from artifactd.errors import UsageError
@@ -25,7 +25,7 @@ from artifactd.errors import UsageError
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from artifactd.status import FamilyStatus, TargetStatus
+    from artifactd.pod.status import FamilyStatus, TargetStatus
 
 #: The variables of the flags these commands add (the others are the restore's).
 ENV_EXEC_RESTORE = "ARTIFACTD_EXEC_RESTORE"
@@ -86,7 +86,7 @@ def exec_(command: tuple[str, ...], restore: bool, **opts: Any) -> None:
     ARTIFACTD_REQUIRE, ARTIFACTD_EXEC_RESTORE, ARTIFACTD_JSON, and with
     --restore every variable `artifactd restore` reads.
     """
-    from artifactd.podexec import exec_plan, run
+    from artifactd.pod.exec import exec_plan, run
 
     if not command:
         raise UsageError(
@@ -209,14 +209,14 @@ def status(
     ARTIFACTD_ENGINE_LOG, ARTIFACTD_FAIL_ON_COMPILE, ARTIFACTD_METRICS_FILE,
     ARTIFACTD_STATUS_SERVE, ARTIFACTD_JSON.
     """
-    from artifactd.status import status_report, target_status
+    from artifactd.pod.status import status_report, target_status
 
     if serve is not None:
         _serve_metrics(serve, target, env_file, engine_log)
         return
     result = target_status(target, env_file=env_file, engine_log=engine_log)
     if metrics_file is not None:
-        from artifactd.metrics import status_registry, write_textfile
+        from artifactd.pod.metrics import status_registry, write_textfile
 
         write_textfile(metrics_file, status_registry(result.families))
     code = result.exit_code(fail_on_compile=fail_on_compile)
@@ -240,8 +240,8 @@ def _serve_metrics(addr: str, target: Any, env_file: Any, engine_log: str | None
     import threading
     from contextlib import suppress
 
-    from artifactd.metrics import serving, status_registry
-    from artifactd.status import target_status
+    from artifactd.pod.metrics import serving, status_registry
+    from artifactd.pod.status import target_status
 
     def fresh() -> CollectorRegistry:
         result = target_status(target, env_file=env_file, engine_log=engine_log)

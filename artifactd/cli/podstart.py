@@ -16,7 +16,7 @@ from artifactd.cli import render
 from artifactd.cli.specs import env_flag, family_names, parse_seconds, parse_size
 
 if TYPE_CHECKING:
-    from artifactd.restore import RestoreOutcome
+    from artifactd.restore.policy import RestoreOutcome
 
 
 def fingerprint(
@@ -29,7 +29,8 @@ def fingerprint(
     hash_only: bool,
 ) -> None:
     """Probe this machine and print its fingerprint (the hash, the fields, or JSON)."""
-    from artifactd.probing import probe_request, raw_hash
+    from artifactd.fingerprint.key import raw_hash
+    from artifactd.fingerprint.probe import probe_request
 
     # Plain data, no model: the probe's document has the Fingerprint schema's exact
     # shape (a test holds the two together), and printing it needs no validation.
@@ -71,7 +72,7 @@ def restore(
     as_json: bool,
 ) -> None:
     """Restore the matching caches into ``target``; exit with the outcome's code."""
-    from artifactd.probing import start_request
+    from artifactd.fingerprint.probe import start_request
 
     size_limit = parse_size(max_bytes) if max_bytes else None
     timeout = None if lock_timeout is None else parse_seconds(lock_timeout)
@@ -79,7 +80,7 @@ def restore(
     pending = start_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
     )
-    from artifactd.restore import RestoreRequest, run_restore
+    from artifactd.restore.policy import RestoreRequest, run_restore
 
     request = RestoreRequest(
         store=store,
@@ -118,7 +119,7 @@ def restore(
 def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:
     """Write the restore's metrics; a failure to is reported, never fatal to the restore."""
     from artifactd.errors import ArtifactdError
-    from artifactd.metrics import restore_registry, write_textfile
+    from artifactd.pod.metrics import restore_registry, write_textfile
 
     try:
         write_textfile(path, restore_registry(outcome))

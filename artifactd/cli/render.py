@@ -13,16 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from artifactd.artifacts import Artifact, CopyResult
-    from artifactd.build import BuildResult
-    from artifactd.demo import DemoResult
-    from artifactd.diff import FactDiff, FingerprintDiff, Side
-    from artifactd.harvest import HarvestResult
+    from artifactd.build.demo import DemoResult
+    from artifactd.build.gate import VerifyResult
+    from artifactd.build.harvest import HarvestResult
+    from artifactd.build.run import BuildResult
+    from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
-    from artifactd.resolve import RestorePlan
-    from artifactd.restore import RestoreOutcome, RestoreResult
-    from artifactd.trust import SignResult, TrustReport
-    from artifactd.verify import VerifyResult
+    from artifactd.restore.install import RestoreResult
+    from artifactd.restore.policy import RestoreOutcome
+    from artifactd.restore.resolve import RestorePlan
+    from artifactd.stores.artifacts import Artifact, CopyResult
+    from artifactd.trust.policy import TrustReport
+    from artifactd.trust.signatures import SignResult
 
 
 def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
@@ -88,7 +90,7 @@ def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
 
 def fingerprint(raw: Mapping[str, Any], digest: str) -> None:
     """Print the hash, then every hashed field, then the informational ones."""
-    from artifactd.probing import flatten, hashed_view
+    from artifactd.fingerprint.key import flatten, hashed_view
 
     echo(f"fingerprint {digest}")
     for key, value in flatten(hashed_view(raw)).items():

@@ -6,7 +6,7 @@ from typing import Any
 
 from artifactd.cli import podstart
 from artifactd.cli import specs as S  # noqa: N812
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import options
 
 

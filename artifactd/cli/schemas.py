@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import json_option
 
 
@@ -22,7 +22,7 @@ from artifactd.cli.options import json_option
 @json_option
 def schema(*, out: Path, as_json: bool) -> None:
     """Write the JSON Schemas of artifactd's documents (artifact config, fingerprint...)."""
-    from artifactd.schema import write_schemas
+    from artifactd.format.schemas import write_schemas
 
     written = write_schemas(out)
     if as_json:

@@ -8,7 +8,7 @@ import click
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
-from artifactd.cli.app import cli
+from artifactd.cli.group import cli
 from artifactd.cli.options import (
     insecure_option,
     json_option,
@@ -40,8 +40,8 @@ def inspect(
     they are checked, and the command fails (exit 14) unless a given key
     signed exactly this artifact's digest.
     """
-    from artifactd.keys import load_public_keys
-    from artifactd.trust import inspect_ref
+    from artifactd.trust.keys import load_public_keys
+    from artifactd.trust.policy import inspect_ref
 
     keys = load_public_keys(verify_keys) if verify_keys else []
     art, trust = inspect_ref(ref, keys=keys, insecure=insecure)
@@ -120,7 +120,7 @@ def copy(
     or signed, so an artifact someone else pushed to SOURCE never leaves with
     your signature. --sign-unverified signs without that check, explicitly.
     """
-    from artifactd.artifacts import copy_between
+    from artifactd.stores.artifacts import copy_between
 
     basis = signing_basis(verify_keys, sign_unverified, signing=bool(sign_key), what="copy")
     key = load_sign_key(sign_key)

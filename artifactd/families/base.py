@@ -185,7 +185,7 @@ class Family(ABC):
     ) -> bytes | None:
         """Merge two warm-up cells' different copies of one file; None when they conflict.
 
-        Called by :func:`artifactd.treemerge.merge_family` only when the copies
+        Called by :func:`artifactd.build.treemerge.merge_family` only when the copies
         differ. ``ours`` is what the merge holds so far (the first cell's copy,
         or an earlier merge), ``theirs`` the next cell's; a path-bearing file
         comes in normalised form (its root replaced by the placeholder). By

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
-from artifactd.artifacts import Artifact, copy_blob, open_artifact, read_artifact
 from artifactd.constants import DEFAULT_PREBUILT, ENV_IMAGE_DIGEST, ENV_PREBUILT
 from artifactd.errors import (
     ArtifactdError,
@@ -53,14 +52,21 @@ from artifactd.errors import (
     UsageError,
 )
 from artifactd.events import EventSink, discard
+from artifactd.format.imagemanifest import json_type, parse_document
+from artifactd.format.oci import (
+    DIGEST_RE,
+    INDEX_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    family_tag,
+    full_tag,
+)
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
-from artifactd.imagemanifest import json_type, parse_document
-from artifactd.oci import DIGEST_RE, INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.stores import open_store, parse_artifact_ref
+from artifactd.stores.artifacts import Artifact, copy_blob, open_artifact, read_artifact
 from artifactd.stores.base import progress_events
 from artifactd.stores.credentials import check_unbound_pair
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
-from artifactd.trust import copy_attached
+from artifactd.trust.signatures import copy_attached
 
 Compression = Literal["gzip", "zstd"]
 

@@ -359,8 +359,8 @@ def _runtime_context(
     *, base: str, artifact: str, ctx: Path, work: Path, insecure: bool, on_event: EventSink
 ) -> _Job:
     """Resolve the base to a digest; write the artifact as ``ctx/prebuilt/`` (an OCI layout)."""
-    from artifactd.artifacts import open_artifact
     from artifactd.images.append import write_layout
+    from artifactd.stores.artifacts import open_artifact
 
     base_ref, base_digest = resolve_base(base, insecure=insecure)
     on_event({"stage": "image", "event": "resolved", "base": base_ref})

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 from artifactd.events import EventSink
 
 if TYPE_CHECKING:
-    from artifactd.artifacts import Artifact
+    from artifactd.format.unpack import UnpackResult
     from artifactd.hashing import Readable
-    from artifactd.resolve import FamilyPlan
-    from artifactd.source import Current, Found, Want
-    from artifactd.trust import TrustPolicy
-    from artifactd.unpack import UnpackResult
+    from artifactd.restore.resolve import FamilyPlan
+    from artifactd.restore.source import Current, Found, Want
+    from artifactd.stores.artifacts import Artifact
+    from artifactd.trust.policy import TrustPolicy
 
 #: Called with the bytes transferred so far.
 Progress = Callable[[int], None]
@@ -70,7 +70,7 @@ class ManifestRef(NamedTuple):
 class Store(abc.ABC):
     """Blobs by digest, manifests by tag or digest.
 
-    Every store is a :class:`~artifactd.source.RestoreSource` (:meth:`current`,
+    Every store is a :class:`~artifactd.restore.source.RestoreSource` (:meth:`current`,
     :meth:`find`, :meth:`stage_layer`): a restore reads from it through those alone.
     """
 
@@ -122,19 +122,20 @@ class Store(abc.ABC):
         """Yield tags starting with ``prefix``."""
         return (t for t in self.list_tags() if t.startswith(prefix))
 
-    # The restore source (artifactd.source): what a restore reads, and nothing about which tag.
+    # The restore source (artifactd.restore.source): what a restore reads, and nothing
+    # about which tag.
 
     def current(self, want: Want) -> Current | None:
         """Return what ``want``'s tag names now: one tag lookup, no config read."""
-        from artifactd.source import Current
+        from artifactd.restore.source import Current
 
         digest = self.tag_digest(want.tag)
         return None if digest is None else Current(digest)
 
     def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
         """Read and verify the artifact ``want``'s tag names (signature first, with ``trust``)."""
-        from artifactd.artifacts import read_artifact
-        from artifactd.source import Found
+        from artifactd.restore.source import Found
+        from artifactd.stores.artifacts import read_artifact
 
         art = read_artifact(self, want.tag, trust=trust)
         if art is None:
@@ -151,9 +152,9 @@ class Store(abc.ABC):
 
     def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
         """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
-        from artifactd.artifacts import read_artifact
         from artifactd.errors import ArtifactdError
-        from artifactd.oci import FULL_TAG_PREFIX
+        from artifactd.format.oci import FULL_TAG_PREFIX
+        from artifactd.stores.artifacts import read_artifact
 
         out = []
         for tag in list(self.iter_tags(FULL_TAG_PREFIX))[:limit]:
@@ -177,7 +178,9 @@ class Store(abc.ABC):
     ) -> UnpackResult:
         """Stream the planned layer from this store, verified, into ``staging``."""
         from artifactd.errors import IntegrityError
-        from artifactd.unpack import unpack_layer  # zstd and tarfile: only when there is work
+        from artifactd.format.unpack import (
+            unpack_layer,  # zstd and tarfile: only when there is work
+        )
 
         layer = plan.layer
         if layer is None:  # pragma: no cover - hits always carry a layer

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
+from artifactd.format.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
 from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
-from artifactd.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
 from artifactd.stores.base import ManifestRef, Progress, Store
 
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}

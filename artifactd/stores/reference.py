@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from artifactd.errors import UsageError
-from artifactd.oci import check_digest, check_tag
+from artifactd.format.oci import check_digest, check_tag
 
 _REPO_RE = re.compile(
     r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"

@@ -22,8 +22,8 @@ from typing import Any, BinaryIO
 from urllib.parse import urljoin
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
+from artifactd.format.oci import DIGEST_RE, MANIFEST_MEDIA_TYPE, check_digest, check_tag
 from artifactd.hashing import digest_of
-from artifactd.oci import DIGEST_RE, MANIFEST_MEDIA_TYPE, check_digest, check_tag
 from artifactd.stores.base import ManifestRef, Progress, Store
 from artifactd.stores.credentials import Credentials, find_credentials
 from artifactd.stores.reference import (

@@ -1,0 +1,15 @@
+"""The fingerprint: what a machine and its software are, and the keys derived from it.
+
+Modules:
+
+* :mod:`~artifactd.fingerprint.model`: the typed :class:`Fingerprint` (pydantic), for
+  commands that validate or display one.
+* :mod:`~artifactd.fingerprint.probe`: probe this machine into a plain fingerprint
+  document, fast (NVML, dist-info, toolchains), started early and answered later.
+* :mod:`~artifactd.fingerprint.key`: the canonical hash, per-family scope keys, and
+  parsing of what a command states (``--workload``, ``--set``, ``--gpu-arch``).
+* :mod:`~artifactd.fingerprint.probecache`: the probe's on-disk cache of library hashes.
+* :mod:`~artifactd.fingerprint.diff`: explain why two fingerprints differ.
+
+Nothing is imported here: a no-op restore loads only ``probe`` and ``key``.
+"""

@@ -1,0 +1,673 @@
+"""Probe the local environment into a plain fingerprint document, fast.
+
+This module imports nothing heavy (no pydantic, no torch, no engine): a no-op
+restore in an init container probes, hashes and compares without building a
+single model. :func:`probe_raw` returns exactly the JSON shape of
+:class:`artifactd.fingerprint.model.Fingerprint` (every field present), so
+``raw_hash(probe_raw())`` equals ``Fingerprint.model_validate(raw).hash``; a
+test keeps the two in step. :class:`PendingProbe` (and :func:`start_request`)
+start the slow part, subprocesses and NVML (on a thread), and answer later, so
+a command can import what it needs meanwhile.
+
+The hash, the scope keys and the parsing of what a command states about
+the document (``--workload``, ``--set``, ``--gpu-arch``) are
+:mod:`artifactd.fingerprint.key`'s.
+
+Where each fact comes from:
+
+* GPU and driver: NVML (``nvidia-ml-py``) when a driver is present, else
+  ``/proc/driver/nvidia/version``; a declared ``--gpu-arch`` for GPU-less builds.
+* Library versions and content hashes: ``<name>-<version>.dist-info`` and the
+  sha256 of its ``RECORD`` (torch and Triton hash their own files into keys),
+  kept in the :mod:`probe cache <artifactd.fingerprint.probecache>` while the file is unchanged.
+* Toolchains: ``nvcc --version``, Triton's bundled ``ptxas --version``,
+  ``cc --version``, run concurrently.
+* Python ABI, platform, glibc, CPU ISA level (Inductor compiles with ``-march=native``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from artifactd import __version__
+from artifactd.constants import CC, TRITON_PTXAS_PATH, current_environ
+from artifactd.fingerprint.key import (
+    Raw,
+    apply_overrides,
+    parse_gpu_arch,
+    parse_image_digest,
+    parse_pairs,
+)
+from artifactd.fingerprint.probecache import ProbeCache, default_path
+from artifactd.hashing import sha256_hex
+
+if TYPE_CHECKING:
+    import threading
+
+#: Distributions whose version and content hash enter the fingerprint.
+TRACKED_LIBRARIES = (
+    "torch",
+    "triton",
+    "vllm",
+    "sglang",
+    "deep_gemm",
+    "tilelang",
+    "flashinfer-python",
+    "flashinfer-cubin",
+    "flashinfer-jit-cache",
+    "nvidia-cutlass-dsl",
+)
+
+#: The variables the probe reads, and the field each one decides (artifactd.build.published).
+PROBED_ENV = {CC: "compilers.cc", TRITON_PTXAS_PATH: "cuda.ptxas"}
+
+#: Present wherever the NVIDIA kernel driver is (hosts, and GPU containers).
+_DRIVER_MARKERS = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
+
+
+# --------------------------------------------------------------------------
+# GPU
+# --------------------------------------------------------------------------
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    """Return the compile target Triton uses: ``sm_XYa`` from capability 9.0 on."""
+    suffix = "a" if major >= 9 else ""
+    return f"sm_{major}{minor}{suffix}"
+
+
+def empty_gpu() -> Raw:
+    """Return the GPU readings of a machine without a GPU (``count`` goes to ``info``)."""
+    return {
+        "arch": None,
+        "capability": None,
+        "name": None,
+        "count": 0,
+        "sm_count": None,
+        "mig": None,
+        "source": "absent",
+    }
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_from_nvml(nvml: Any) -> tuple[Raw, Raw]:
+    """Read GPU and driver sections from an initialised NVML module (or a recorded double).
+
+    The SM count is left to other probes: NVML has no whole-GPU SM query
+    (``nvmlDeviceGetNumGpuCores`` counts CUDA cores, not SMs).
+    """
+    count = int(nvml.nvmlDeviceGetCount())
+    driver: Raw = {"version": _text(nvml.nvmlSystemGetDriverVersion()), "cuda_version": None}
+    try:
+        cuda_v = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+        driver["cuda_version"] = f"{cuda_v // 1000}.{cuda_v % 1000 // 10}"
+    except Exception:  # noqa: S110 - older drivers lack the call; the field stays None
+        pass
+    gpu = empty_gpu() | {"source": "nvml"}
+    if count == 0:
+        return gpu, driver
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    major, minor = (int(v) for v in nvml.nvmlDeviceGetCudaComputeCapability(handle))
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        gpu["mig"] = bool(current)
+    except Exception:  # noqa: S110 - MIG unsupported on this GPU: unknown, not "off"
+        pass
+    gpu.update(
+        arch=arch_for_capability(major, minor),
+        capability=f"{major}.{minor}",
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        count=count,
+    )
+    return gpu, driver
+
+
+#: nvmlGpuTopologyLevel_t values, as nvidia-ml-py names them.
+_TOPOLOGY_LEVELS = {
+    0: "same board",
+    10: "PCIe switch",
+    20: "PCIe switches",
+    30: "host bridge",
+    40: "NUMA node",
+    50: "system (SMP link)",
+}
+_NVLINK_LINKS = 18
+
+
+def topology_from_nvml(nvml: Any) -> str | None:
+    """Summarise GPU interconnect (advisory: it changes tuning, not kernel validity)."""
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        if count < 1:
+            return None
+        first = nvml.nvmlDeviceGetHandleByIndex(0)
+        active = 0
+        for link in range(_NVLINK_LINKS):
+            try:
+                active += int(bool(nvml.nvmlDeviceGetNvLinkState(first, link)))
+            except Exception:
+                break
+        parts = [f"{count} GPU(s)", f"GPU0 NVLink links active: {active}"]
+        if count > 1:
+            second = nvml.nvmlDeviceGetHandleByIndex(1)
+            level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(first, second))
+            parts.append(f"GPU0-GPU1 common ancestor: {_TOPOLOGY_LEVELS.get(level, level)}")
+        return "; ".join(parts)
+    except Exception:
+        return None
+
+
+#: CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT in cuda.h.
+_CU_MULTIPROCESSOR_COUNT = 16
+
+
+def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
+    """Ask libcuda (through ctypes) for the driver's CUDA version and the SM count.
+
+    ``cuDriverGetVersion`` needs no ``cuInit``; the SM count does, so it is read
+    only with ``init=True`` (a GPU is known to be present): DeepGEMM bakes it
+    into its kernels. ``lib`` is a loaded libcuda, or a recorded double in tests.
+    """
+    out: Raw = {"cuda_version": None, "sm_count": None}
+    if lib is None:
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return out
+    import ctypes
+
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
+        out["cuda_version"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    if init and lib.cuInit(0) == 0:
+        device, count = ctypes.c_int(0), ctypes.c_int(0)
+        if (
+            lib.cuDeviceGet(ctypes.byref(device), 0) == 0
+            and lib.cuDeviceGetAttribute(ctypes.byref(count), _CU_MULTIPROCESSOR_COUNT, device) == 0
+        ):
+            out["sm_count"] = count.value or None
+    return out
+
+
+def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
+    """Read GPU, driver and topology facts from NVML (+ libcuda for the SM count).
+
+    ``None`` without nvidia-ml-py or a driver.
+    """
+    if not any(Path(p).exists() for p in _DRIVER_MARKERS):
+        return None  # no NVIDIA driver on this host: skip importing and loading NVML
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound and friends: no NVML here
+        return None
+    try:
+        gpu, driver = gpu_from_nvml(pynvml)
+        topology = topology_from_nvml(pynvml)
+    finally:
+        with contextlib.suppress(Exception):  # a failed shutdown changes nothing we report
+            pynvml.nvmlShutdown()
+    if gpu["count"]:
+        gpu["sm_count"] = probe_libcuda()["sm_count"]
+    return gpu, driver, topology
+
+
+def proc_driver_version(path: Path = Path("/proc/driver/nvidia/version")) -> str | None:
+    """Read the kernel module version from ``/proc`` (no NVML needed)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+([\d.]+)", text)
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------
+# CPU
+# --------------------------------------------------------------------------
+
+_X86_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
+    ("x86-64-v3", frozenset({"avx2", "bmi1", "bmi2", "fma", "movbe", "f16c", "abm"})),
+    ("x86-64-v2", frozenset({"sse4_2", "popcnt", "ssse3", "cx16", "sse4_1"})),
+)
+_NOTABLE = re.compile(r"^(avx512\w*|amx\w*|avx_vnni\w*|avx10\w*|sve\w*|sve2|asimd\w*|bf16|i8mm)$")
+
+
+def probe_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[Raw, str | None]:
+    """Return the CPU section (ISA level, codegen-relevant extensions) and the model name."""
+    machine = machine or os.uname().machine
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    model = None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+        elif key == "model name" and model is None:
+            model = value.strip()
+    level = machine
+    if machine in ("x86_64", "AMD64"):
+        level = "x86-64"
+        for name, needed in _X86_LEVELS:
+            if needed <= flags:
+                level = name
+                break
+    features = sorted(f for f in flags if _NOTABLE.match(f))
+    return {"isa_level": level, "features": features}, model
+
+
+# --------------------------------------------------------------------------
+# Libraries and toolchains
+# --------------------------------------------------------------------------
+
+
+class InstalledDist(NamedTuple):
+    """An installed distribution found by its ``*.dist-info`` directory.
+
+    A named tuple, not a dataclass: ``dataclasses`` imports ``inspect``, which
+    would add a third of a bare Python start to every ``fingerprint``.
+    """
+
+    name: str
+    version: str
+    dist_info: Path
+
+    @property
+    def location(self) -> Path:
+        """The directory the distribution is installed into (site-packages)."""
+        return self.dist_info.parent
+
+    def read_text(self, name: str) -> str | None:
+        """Return a metadata file's text, or None when absent."""
+        try:
+            return (self.dist_info / name).read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def find_distributions(
+    names: Sequence[str], paths: Sequence[str] | None = None
+) -> dict[str, InstalledDist]:
+    """Find installed distributions by name, the first on ``sys.path`` winning.
+
+    Reads ``<name>-<version>.dist-info`` directory names (PEP 376/427) with one
+    ``listdir`` per path entry: much cheaper than ``importlib.metadata``, which
+    parses every METADATA file it touches. A missing name is simply absent.
+    """
+    wanted = {_normalize(n): n for n in names}
+    found: dict[str, InstalledDist] = {}
+    for entry in sys.path if paths is None else paths:
+        try:
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in listing:
+            if not item.endswith(".dist-info"):
+                continue
+            dist_name, sep, version = item[: -len(".dist-info")].partition("-")
+            original = wanted.get(_normalize(dist_name))
+            if sep and original and original not in found:
+                found[original] = InstalledDist(original, version, Path(entry or ".") / item)
+    return found
+
+
+def record_digest(path: Path) -> str | None:
+    """Return the sha256 of a ``RECORD``'s text; None when it is missing, unreadable or empty.
+
+    The text is the file decoded as UTF-8 with universal newlines, encoded again.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if data.isascii() and b"\r" not in data:
+        # Decoding changes nothing here, so the bytes are the text: hash them as
+        # they are (a third of the time for torch's 1.5 MB).
+        return sha256_hex(data) if data else None
+    try:
+        record = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return sha256_hex(record.encode()) if record else None
+
+
+def library_info(dist: InstalledDist, cache: ProbeCache | None = None) -> Raw:
+    """Version, RECORD hash (a cheap content proxy) and whether it is a source install.
+
+    ``cache`` reuses the RECORD's digest while the file is unchanged.
+    """
+    record = dist.dist_info / "RECORD"
+    direct_url = dist.read_text("direct_url.json") or ""
+    return {
+        "version": dist.version,
+        "content_hash": (cache or ProbeCache(None)).digest(record, record_digest),
+        "source_install": '"dir_info"' in direct_url or '"vcs_info"' in direct_url,
+    }
+
+
+#: Seconds a ``tool --version`` may take before it counts as failed.
+TOOL_TIMEOUT_S = 10.0
+
+
+class _Tool:
+    """A ``tool --version`` started now and read later, so several run side by side.
+
+    Spawned from the calling thread with ``posix_spawn``: a thread per tool
+    would cost more to start than the tool takes to answer, and the
+    :mod:`subprocess` module alone (with ``locale``, ``signal`` and
+    ``selectors``) costs about 3.5 ms of every pod start. stdin and stderr are
+    ``/dev/null``; stdout is read through a pipe until the tool closes it or
+    the deadline passes (then the tool is killed).
+    """
+
+    def __init__(self, argv: list[str]) -> None:
+        self._deadline = time.monotonic() + TOOL_TIMEOUT_S
+        self._pid: int | None = None
+        read, write = os.pipe()
+        devnull = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
+        try:
+            self._pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=[
+                    devnull,
+                    (os.POSIX_SPAWN_DUP2, write, 1),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_CLOSE, read),
+                    (os.POSIX_SPAWN_CLOSE, write),
+                ],
+            )
+        except OSError:
+            os.close(read)
+            read = -1
+        os.close(write)
+        self._read = read
+
+    def output(self) -> str | None:
+        """Wait for the tool; its stdout when it exits 0, else None (missing, failed, too slow)."""
+        if self._pid is None:
+            return None
+        import select  # a C module: cheap
+
+        chunks: list[bytes] = []
+        try:
+            while True:
+                left = self._deadline - time.monotonic()
+                if left <= 0 or not select.select([self._read], [], [], left)[0]:
+                    os.kill(self._pid, 9)  # SIGKILL, without importing signal
+                    os.waitpid(self._pid, 0)
+                    return None
+                chunk = os.read(self._read, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(self._read)
+        _, status = os.waitpid(self._pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            return None
+        return b"".join(chunks).decode("utf-8", "replace")
+
+
+def run_version(argv: list[str]) -> str | None:
+    """Run ``tool --version``; None when the tool is missing or fails."""
+    return _Tool(argv).output()
+
+
+_RELEASE_RE = re.compile(r"release [\d.]+, V([\d.]+)")
+
+
+def cuda_release(text: str | None) -> str | None:
+    """Extract ``13.0.88`` from nvcc's or ptxas's ``--version`` text."""
+    if not text:
+        return None
+    m = _RELEASE_RE.search(text)
+    return m.group(1) if m else None
+
+
+class _Background:
+    """Run a few probes on threads; collect their results."""
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._results: dict[str, Any] = {}
+
+    def start(self, name: str, fn: Callable[[], Any]) -> None:
+        import threading
+
+        def run() -> None:
+            self._results[name] = fn()
+
+        thread = threading.Thread(target=run, name=f"probe-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def results(self) -> dict[str, Any]:
+        for thread in self._threads:
+            thread.join()
+        return self._results
+
+
+def _user() -> str | None:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+def probe_raw(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    use_nvml: bool = True,
+    cache: ProbeCache | None = None,
+) -> Raw:
+    """Probe this machine; return the fingerprint document as plain JSON data.
+
+    ``gpu_arch`` declares the target for builds without a GPU (``sm_90a``); it
+    overrides the architecture NVML reports. ``cache`` holds the RECORD digests
+    of earlier probes (default: the one :func:`~artifactd.fingerprint.probecache.default_path`
+    names for ``environ``); it changes how fast the answer comes, never the answer.
+    """
+    return PendingProbe(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        environ=environ,
+        use_nvml=use_nvml,
+        cache=cache,
+    ).result()
+
+
+class PendingProbe:
+    """A probe under way: the toolchains and NVML answer while the caller does other work.
+
+    Creating one checks the arguments (a bad ``gpu_arch`` raises here, before
+    any work) and starts the slow part: the ``nvcc``, ``ptxas`` and ``cc``
+    subprocesses, and the NVML query on a thread. :meth:`result` does the rest and
+    returns the document :func:`probe_raw` returns. A restore imports its own
+    modules in between, so the two overlap. Arguments as :func:`probe_raw`'s;
+    ``overrides`` are applied as :func:`probe_request` applies them.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpu_arch: str | None = None,
+        image_digest: str | None = None,
+        workload: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        use_nvml: bool = True,
+        cache: ProbeCache | None = None,
+        overrides: Sequence[str] = (),
+    ) -> None:
+        environ = current_environ() if environ is None else environ
+        self._arch = parse_gpu_arch(gpu_arch) if gpu_arch else None  # fails before any work
+        self._image_digest = parse_image_digest(image_digest) if image_digest else None
+        self._workload = dict(workload or {})
+        self._cache = ProbeCache(default_path(environ)) if cache is None else cache
+        self._overrides = list(overrides)
+        self._dists = find_distributions(TRACKED_LIBRARIES)
+        self._raw: Raw | None = None
+        triton = self._dists.get("triton")
+        ptxas_path = environ.get(TRITON_PTXAS_PATH) or (
+            str(triton.location / "triton" / "backends" / "nvidia" / "bin" / "ptxas")
+            if triton
+            else None
+        )
+        self._tools = {"nvcc": _Tool(["nvcc", "--version"])}
+        if ptxas_path:
+            self._tools["ptxas"] = _Tool([ptxas_path, "--version"])
+        self._tools["cc"] = _Tool([environ.get(CC, "cc"), "--version"])
+        self._bg = _Background()
+        if use_nvml:
+            self._bg.start("nvml", probe_gpu_nvml)
+
+    def result(self) -> Raw:
+        """Wait for the probe and return its document (the same one on every call)."""
+        if self._raw is None:
+            raw = self._finish()
+            if self._overrides:
+                # The one use of the typed model here: only overrides need its coercion.
+                from artifactd.fingerprint.model import from_raw
+
+                raw = from_raw(apply_overrides(raw, self._overrides)).model_dump(mode="json")
+            self._raw = raw
+        return self._raw
+
+    def _finish(self) -> Raw:
+        import sysconfig
+
+        dists = self._dists
+        libraries = {name: library_info(d, self._cache) for name, d in sorted(dists.items())}
+        self._cache.save()
+        cpu, cpu_model = probe_cpu()
+        found = self._bg.results() | {name: t.output() for name, t in self._tools.items()}
+
+        nvml = found.get("nvml")
+        topology = None
+        if nvml is not None:
+            gpu, driver, topology = nvml
+        else:
+            gpu, driver = empty_gpu(), {"version": proc_driver_version(), "cuda_version": None}
+            if driver["version"] is not None:  # a driver without NVML bindings: ask libcuda
+                driver["cuda_version"] = probe_libcuda(init=False)["cuda_version"]
+        if self._arch:
+            gpu.update(
+                arch=self._arch[0],
+                capability=self._arch[1],
+                source="nvml" if gpu["source"] == "nvml" else "declared",
+            )
+
+        gpu_count = gpu.pop("count")  # information, never key: see artifactd.build.published
+        torch = dists.get("torch")
+        torch_cuda = torch.version.split("+", 1)[1] if torch and "+" in torch.version else None
+        site = str(torch.location) if torch is not None else sysconfig.get_paths()["purelib"]
+        glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+        uname = os.uname()
+        cc_out = found.get("cc")
+        return {
+            "schema_version": 1,
+            "gpu": gpu,
+            "driver": driver,
+            "cuda": {
+                "nvcc": cuda_release(found.get("nvcc")),
+                "ptxas": cuda_release(found.get("ptxas")),
+                "torch_cuda": torch_cuda,
+            },
+            "python": {
+                "implementation": sys.implementation.name,
+                "version": f"{sys.version_info.major}.{sys.version_info.minor}",
+                "cache_tag": sys.implementation.cache_tag,
+                "soabi": sysconfig.get_config_var("SOABI"),
+                "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+            },
+            "platform": {"system": uname.sysname, "machine": uname.machine, "glibc": glibc},
+            "cpu": cpu,
+            "compilers": {"cc": cc_out.splitlines()[0].strip() if cc_out else None},
+            "libraries": libraries,
+            "paths": {"site_packages": os.path.realpath(site)},
+            "image": {"digest": self._image_digest or None},
+            "workload": self._workload,
+            "info": {
+                "hostname": uname.nodename,
+                "user": _user(),
+                "probed_at": round(time.time(), 3),
+                "cpu_model": cpu_model,
+                "topology": topology,
+                "gpu_count": gpu_count,
+                "artifactd_version": __version__,
+            },
+        }
+
+
+def start_request(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+) -> PendingProbe:
+    """Start :func:`probe_request`'s probe and return it under way (see :class:`PendingProbe`).
+
+    Bad ``gpu_arch`` or ``workload`` raise here; bad ``overrides`` at ``result()``.
+    """
+    return PendingProbe(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=parse_pairs(workload, what="--workload"),
+        overrides=overrides,
+    )
+
+
+def probe_request(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+) -> Raw:
+    """Probe this machine as a command asks: flags in, the fingerprint document out.
+
+    ``workload`` holds ``KEY=VALUE`` strings (``--workload``, repeatable or
+    comma-separated); ``overrides`` holds ``PATH=VALUE`` assignments (``--set``).
+    Without overrides the probe's plain document is returned as is: no model
+    is built, which keeps a no-op restore fast. With them, the overridden
+    document is validated by :class:`~artifactd.fingerprint.model.Fingerprint` and
+    dumped back, so a value like ``"8"`` becomes the number the schema wants
+    and the document hashes as the typed model does; an invalid value raises
+    :class:`UsageError`.
+    """
+    return start_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    ).result()

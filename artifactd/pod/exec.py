@@ -1,0 +1,148 @@
+"""``artifactd exec``: start the engine with the restored caches' environment.
+
+A restore writes ``<target>/artifactd.env``: the ``KEY=VALUE`` lines that
+point each library at its restored directory. Something has to put them into
+the engine's environment; ``artifactd exec --target DIR -- CMD ARGS...`` is
+that something: it reads the env file (as :func:`artifactd.restore.destination.parse_env_file`
+reads it), overlays it on its own environment and replaces itself with CMD
+(``os.execvpe``, no shell). CMD keeps artifactd's process id, so signals sent
+to the container's main process and CMD's exit status pass through untouched.
+
+Failure policy (the README's): a missing or unreadable env file means the
+restore did not run or missed, and CMD runs anyway on its own caches, with one
+warning line on stderr; with ``require`` it is a :class:`TargetError` (exit 10)
+and CMD does not run.
+
+Before the exec, the signals the Python runtime set to "ignore" at start-up
+(``SIGPIPE``, ``SIGXFSZ``) are reset to their defaults, as ``subprocess``
+does for its children: an ignored signal survives ``exec``, and an engine
+that gets EPIPE instead of dying of SIGPIPE behaves differently in a pipe.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple, NoReturn
+
+from artifactd.errors import ArtifactdError, TargetError, UsageError
+from artifactd.restore.destination import CacheVolume
+
+#: Exit codes of a CMD that cannot be started, as POSIX shells use them.
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+class ExecError(ArtifactdError):
+    """CMD cannot be started: not found (exit 127) or not executable (exit 126)."""
+
+    exit_code = EXIT_NOT_FOUND
+    kind = "exec"
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code
+
+
+class ExecPlan(NamedTuple):
+    """What :func:`exec_plan` decided: the command, its environment and what was read.
+
+    ``overlay`` is what the env file set (empty when it was not read);
+    ``warning`` is the one line to print when CMD runs without restored caches.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    env_file: Path
+    overlay: dict[str, str]
+    warning: str | None
+
+
+def env_file_path(target: Path, env_file: Path | None = None) -> Path:
+    """Return the env file a restore into ``target`` writes (``--env-file``, else the default)."""
+    return CacheVolume(target, env_file=env_file).env_file
+
+
+def exec_plan(
+    argv: Sequence[str],
+    *,
+    target: Path,
+    env_file: Path | None = None,
+    require: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> ExecPlan:
+    """Read the env file and overlay it on ``environ`` (default: this process's).
+
+    Raises :class:`UsageError` without a command, and :class:`TargetError`
+    (exit 10) when ``require`` is set and the env file cannot be read.
+    """
+    if not argv:
+        raise UsageError(
+            "no command to run",
+            hint="put the engine's command line after --: artifactd exec --target DIR -- CMD",
+        )
+    path = env_file_path(target, env_file)
+    env = dict(os.environ if environ is None else environ)
+    try:
+        from artifactd.restore.destination import parse_env_file
+
+        overlay = parse_env_file(path)
+    except (OSError, UnicodeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if require:
+            raise TargetError(
+                f"no restored caches to run {argv[0]} with: cannot read the env file {path} "
+                f"({why})",
+                hint="run `artifactd restore --target DIR` first (an init container), "
+                "add --restore, or drop --require to run without restored caches",
+            ) from None
+        return ExecPlan(
+            list(argv),
+            env,
+            path,
+            {},
+            f"artifactd: warning: no env file at {path} ({why}); running {argv[0]} "
+            "without restored caches: it compiles as before",
+        )
+    env.update(overlay)
+    return ExecPlan(list(argv), env, path, overlay, None)
+
+
+def _reset_signals() -> dict[int, object]:
+    """Give CMD the default dispositions Python replaced with "ignore"; return the old ones."""
+    old: dict[int, object] = {}
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
+        number = getattr(signal, name, None)
+        if number is not None:
+            old[number] = signal.signal(number, signal.SIG_DFL)
+    return old
+
+
+def run(plan: ExecPlan) -> NoReturn:
+    """Replace this process with the plan's command (no shell); never returns.
+
+    Raises :class:`ExecError` when it cannot be started (exit 127 when it is
+    not found, 126 when it is not executable), before anything was replaced.
+    """
+    command = plan.argv[0]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    old = _reset_signals()
+    try:
+        os.execvpe(command, plan.argv, plan.env)  # noqa: S606 - no shell, on purpose
+    except OSError as exc:
+        for number, handler in old.items():  # artifactd goes on: its own settings again
+            signal.signal(number, handler)  # type: ignore[arg-type]
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise ExecError(
+                f"cannot run {command}: not found",
+                hint="give an absolute path, or check PATH (the env file can change it)",
+                exit_code=EXIT_NOT_FOUND,
+            ) from None
+        raise ExecError(
+            f"cannot run {command}: {exc.strerror or exc}", exit_code=EXIT_NOT_EXECUTABLE
+        ) from None

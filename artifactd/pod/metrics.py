@@ -1,0 +1,228 @@
+"""Prometheus metrics: what restores did and whether their caches were used.
+
+Built with the ``prometheus-client`` package and written as a node-exporter
+textfile (``--metrics-file``: atomically, so a scrape never reads half a
+file) by ``restore`` and ``status``; ``status --serve ADDR`` serves them for
+a scrape with the package's own HTTP server (:func:`serving`: it negotiates
+the OpenMetrics format and gzip as Prometheus asks). One pod's numbers,
+labelled by family and source; the JSON events stay the timestamped log. The names:
+
+=====================================================  =========================================
+``artifactd_restore_duration_seconds{phase}``          seconds per phase of the last restore:
+                                                       ``lookup`` (probe to plan, a node store
+                                                       fill included), ``verify`` (records,
+                                                       space, target), ``fetch`` (download,
+                                                       verified and extracted as it streams),
+                                                       ``install`` (the transaction)
+``artifactd_restore_fetched_bytes_total{source}``      compressed bytes read: ``registry``,
+                                                       ``node`` (the node store), ``local``
+                                                       (a layout or baked store), ``dir``
+``artifactd_restore_family_hits_total{family}``        1 per family restored (or already there)
+``artifactd_restore_family_misses_total{family}``      1 per family selected and not restored
+``artifactd_restore_status{status}``                   1 for the last restore's status
+``artifactd_family_compiled_files{family}``            files written since the restore (status;
+                                                       what counts: :mod:`artifactd.pod.verdict`)
+``artifactd_family_used{family}``                      1 when the family's verdict is ``used``
+``artifactd_node_store_bytes``                         bytes of every blob in the node store
+``artifactd_node_store_evictions_total``               artifacts gc evicted
+=====================================================  =========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    start_http_server,
+    write_to_textfile,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from artifactd.errors import TargetError
+
+if TYPE_CHECKING:
+    from artifactd.pod.verdict import FamilyVerdict
+    from artifactd.restore.policy import RestoreOutcome
+
+NAMESPACE = "artifactd"
+# One pod's counters in a textfile: their *_created timestamps would only be noise.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def _source(store: str) -> str:
+    """Return the ``source`` label of a store reference."""
+    if store.startswith("dir:"):
+        return "dir"
+    if store.startswith("oci:"):
+        return "local"
+    return "registry"
+
+
+def restore_registry(outcome: RestoreOutcome) -> CollectorRegistry:
+    """Return the metrics of one restore (see the module doc for the names)."""
+    reg = CollectorRegistry()
+    duration = Gauge(
+        "restore_duration_seconds",
+        "Seconds per phase of the last restore",
+        ["phase"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    fetched = Counter(
+        "restore_fetched_bytes",
+        "Compressed bytes a restore read, by source",
+        ["source"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    hits = Counter(
+        "restore_family_hits",
+        "Families restored (or already in place)",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    misses = Counter(
+        "restore_family_misses",
+        "Families selected and not restored",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    status = Gauge(
+        "restore_status",
+        "1 for the last restore's status",
+        ["status"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    status.labels(outcome.status).set(1)
+    result = outcome.result
+    for phase in ("lookup", "verify", "fetch", "install"):
+        duration.labels(phase).set(result.phases.get(phase, 0.0) if result else 0.0)
+    source = "node" if outcome.node is not None else _source(outcome.plan.store)
+    fetched.labels(source).inc(result.bytes_fetched if result else 0)
+    if outcome.node is not None:
+        fetched.labels("registry").inc(outcome.node.bytes_fetched)
+    hit = outcome.status in ("restored", "noop")
+    for fp in outcome.plan.families:
+        if fp.verdict == "hit" and hit:
+            hits.labels(fp.family).inc()
+        else:
+            misses.labels(fp.family).inc()
+    return reg
+
+
+def status_registry(families: Iterable[FamilyVerdict]) -> CollectorRegistry:
+    """Return ``status``'s metrics from its verdicts (:mod:`artifactd.pod.verdict` decides them)."""
+    reg = CollectorRegistry()
+    compiled = Gauge(
+        "family_compiled_files",
+        "Files written since the restore (compiled anyway)",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    used = Gauge(
+        "family_used",
+        "1 when the family's restored cache was used",
+        ["family"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    for fam in families:
+        compiled.labels(fam.family).set(fam.files_written)
+        used.labels(fam.family).set(1 if fam.used else 0)
+    return reg
+
+
+def node_store_registry(size: int, evictions: int = 0) -> CollectorRegistry:
+    """Return the node store's metrics: its size, and the artifacts a gc evicted."""
+    reg = CollectorRegistry()
+    Gauge(
+        "node_store_bytes",
+        "Bytes of every blob in the node store",
+        namespace=NAMESPACE,
+        registry=reg,
+    ).set(size)
+    Counter(
+        "node_store_evictions",
+        "Artifacts gc evicted from the node store",
+        namespace=NAMESPACE,
+        registry=reg,
+    ).inc(evictions)
+    return reg
+
+
+def write_textfile(path: Path, registry: CollectorRegistry) -> None:
+    """Write ``registry`` for node-exporter's textfile collector, atomically.
+
+    Raises :class:`TargetError` when the file cannot be written (the caller
+    decides; a restore reports it and keeps its own outcome).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(path), registry)
+    except OSError as exc:
+        raise TargetError(
+            f"cannot write metrics to {path}: {exc.strerror or exc}",
+            hint="point --metrics-file at node-exporter's textfile directory, writable here",
+        ) from None
+
+
+class _Fresh(Collector):
+    """A collector that builds its registry afresh at each scrape."""
+
+    def __init__(self, make: Callable[[], CollectorRegistry]) -> None:
+        self._make = make
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metrics of a registry made now."""
+        yield from self._make().collect()
+
+
+@contextmanager
+def serving(addr: str, make: Callable[[], CollectorRegistry]) -> Iterator[tuple[str, int]]:
+    """Serve ``make()``'s metrics at ``addr`` (``HOST:PORT`` or ``:PORT``), made at each scrape.
+
+    prometheus-client's server answers from its own threads while the context
+    is open; the context gives the host and port it listens on (the port
+    picked for port 0) and shuts the server down on leaving. Raises :class:`UsageError`
+    when ``addr`` is malformed or cannot be listened on.
+    """
+    from artifactd.errors import UsageError
+
+    host, port = parse_address(addr)
+    registry = CollectorRegistry(auto_describe=False)  # describe would run a scrape
+    registry.register(_Fresh(make))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise UsageError(
+            f"--serve {addr}: cannot listen: {exc.strerror or exc}",
+            hint="pick a free port, or an address of this host",
+        ) from None
+    try:
+        yield host, int(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` or ``:PORT`` (all interfaces) into (host, port)."""
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        from artifactd.errors import UsageError
+
+        raise UsageError(f"--serve {addr!r}: give HOST:PORT or :PORT", hint="e.g. --serve :9400")
+    return host or "0.0.0.0", int(port)  # noqa: S104 - a scrape target listens on the pod

@@ -1,0 +1,565 @@
+"""The node-local tier: an OCI layout on the node's disk, between its pods and the registry.
+
+``restore --node-store oci:PATH`` (a hostPath on the node's NVMe) first makes
+the node store hold what resolving against the registry would pick
+(:func:`fill`): every tag the selection rule may read (the artifact tagged
+``fp-<hash>`` and each family's scope tag, :func:`artifactd.restore.resolve.wants`)
+that the registry has. The rule itself is :mod:`artifactd.restore.resolve`'s: the
+node store is a store like any other to it. Blobs are copied verified and
+only when missing, and a tag is written only once its blobs are in place. Then the
+restore runs from the node store, with no network. Filling happens under the
+node store's exclusive lock: when several pods start at once, one fetches and
+the others wait, then find the tags there and fetch nothing. The restore that
+follows holds the lock shared, so :func:`gc` (which takes it exclusive) never
+removes what a restore in progress reads. With the registry down, a warm
+node store still restores; with a cold one, the restore fails open as ever.
+
+Each fill records, per manifest it resolved to, when it was last used
+(``.artifactd-last-used.json`` in the layout). :func:`gc` evicts the least
+recently used artifacts (a tag, then every blob no remaining tag references)
+until the store is under ``max_bytes`` and its filesystem has ``min_free``
+percent free; ``artifactd prefetch`` fills a node ahead of a release.
+
+The node store heals. A copy that fails verification when a restore reads it
+(a flipped byte, a truncated or deleted blob: the restore's digests catch it)
+is set aside (:func:`set_aside`: its damaged blobs and its tags removed) and
+fetched again by the fill that follows, in the same restore. A fill killed
+mid-write leaves temp files (``.tmp-*``) that the next fill removes, and a
+full node disk is a :class:`~artifactd.errors.NoSpaceError`, never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from artifactd.errors import (
+    ArtifactdError,
+    NoSpaceError,
+    NotFoundError,
+    StoreError,
+    TargetError,
+    UsageError,
+)
+from artifactd.events import EventSink, discard
+from artifactd.fsutil import atomic_write, read_regular
+
+if TYPE_CHECKING:
+    from artifactd.stores import Store
+    from artifactd.stores.layout import LayoutStore
+
+#: The node store's lock: exclusive to fill or collect, shared while a restore reads.
+LOCK_NAME = ".artifactd-node.lock"
+#: When each manifest was last resolved to by a restore or prefetch on this node.
+USAGE_NAME = ".artifactd-last-used.json"
+#: How long a restore waits for another pod's fill, at most (seconds).
+LOCK_TIMEOUT = 600.0
+#: What the layout's writers name a file before renaming it into place (and a fill its scratch).
+TMP_PREFIX = ".tmp-"
+
+
+def node_root(ref: str) -> Path:
+    """Return the directory of a node store reference: only a local OCI layout, ``oci:PATH``."""
+    if not ref.startswith("oci:") or not ref[4:]:
+        raise UsageError(
+            f"node store {ref!r} must be a local OCI layout, oci:PATH",
+            hint="a hostPath on the node's disk, e.g. --node-store oci:/var/lib/artifactd/store",
+        )
+    return Path(ref[4:])
+
+
+@contextlib.contextmanager
+def node_lock(root: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold the node store's lock (exclusive, or ``shared``) for the block; wait ``timeout`` s."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TargetError(
+                        f"the node store {root} stayed locked for {timeout:.0f} s",
+                        hint="another pod is filling it, or a gc is running; retry",
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclass
+class FillResult:
+    """What :func:`fill` found in the node store and what it fetched into it."""
+
+    node: str
+    #: "node": everything wanted was there; "fetched": some came from the registry;
+    #: "miss": neither has it; "offline": the registry could not be reached.
+    outcome: str
+    tags: list[str] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)
+    bytes_fetched: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    #: Tags whose copy failed verification and were fetched again (:func:`set_aside`).
+    set_aside: list[str] = field(default_factory=list)
+    #: Temp files and scratch left by a fill killed mid-write, removed (:func:`clear_leftovers`).
+    cleared: list[str] = field(default_factory=list)
+
+
+def fill(
+    node: LayoutStore,
+    remote: Store | None,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    *,
+    families: Sequence[str] | None = None,
+    on_event: EventSink = discard,
+    signatures: bool = False,
+    refresh: bool = False,
+) -> FillResult:
+    """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
+
+    With ``refresh`` (after :func:`set_aside`), the remote is asked even when
+    the node holds a tag a restore would read: what the node lacks is fetched.
+
+    With ``signatures`` (a restore that verifies), an artifact the node holds
+    without its ``.sig`` counts as missing: its signatures are fetched (a node
+    store filled before the publisher signed heals at the next restore).
+    Call it under :func:`node_lock` (exclusive): it first removes what a
+    fill killed mid-write left (:func:`clear_leftovers`). Never raises for the remote:
+    an unreachable or failing registry leaves the node store as it was and is
+    reported in the result (``offline``), so a warm node store still serves.
+    A full node disk raises :class:`NoSpaceError`.
+    """
+    from artifactd.restore.resolve import whole_want
+
+    start = time.monotonic()
+    result = FillResult(node=node.ref, outcome="node")
+    result.cleared = clear_leftovers(node)
+    wanted = _wanted(node, fingerprint_hash, flat, families)
+    present = [t for t in wanted if node.tag_digest(t) is not None]
+    missing = [t for t in wanted if t not in present]
+    if signatures:
+        missing += [t for t in present if not _signed(node, t)]
+    result.tags = present
+    # Without the whole artifact the node resolves by family tags, which the
+    # registry may have moved on from (a whole artifact published since, a
+    # family re-published): a few tag lookups tell, so the node's pick is the
+    # registry's. With it, the node already holds the rule's first choice.
+    by_families = wanted != [whole_want(fingerprint_hash).tag]
+    if remote is not None and (missing or not present or refresh or by_families):
+        try:
+            _fetch(
+                node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures
+            )
+        except NoSpaceError:
+            raise  # the node's own disk, not the registry: the caller decides
+        except ArtifactdError as exc:
+            result.outcome, result.error = "offline", exc.message
+            on_event({"stage": "node-store", "event": "offline", "error": exc.message})
+        result.tags = [
+            t for t in _wanted(node, fingerprint_hash, flat, families) if node.tag_digest(t)
+        ]
+    if not result.tags:
+        result.outcome = "offline" if result.error else "miss"
+    elif result.fetched:
+        result.outcome = "fetched"
+    # What the node picked before a fetch is in use too: gc must not evict,
+    # as never used, a family tag this fill just refreshed.
+    used = dict.fromkeys([*result.tags, *present])
+    record_use(node, [d for t in used if (d := node.tag_digest(t))])
+    result.seconds = round(time.monotonic() - start, 3)
+    on_event(
+        {
+            "stage": "node-store",
+            "event": result.outcome,
+            "tags": len(result.tags),
+            "bytes": result.bytes_fetched,
+        }
+    )
+    return result
+
+
+def restore_tags(
+    fingerprint_hash: str, flat: Mapping[str, Any], families: Sequence[str] | None
+) -> list[str]:
+    """Every tag a restore of ``fingerprint_hash`` may read: the whole artifact's, the families'."""
+    from artifactd.restore.resolve import wants
+
+    return [w.tag for w in wants(fingerprint_hash, flat, families)]
+
+
+def _wanted(
+    node: LayoutStore,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+) -> list[str]:
+    """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
+    from artifactd.restore.resolve import picks
+
+    return [w.tag for w in picks(node, fingerprint_hash, flat, families)]
+
+
+def _signed(node: LayoutStore, tag: str) -> bool:
+    """Whether the manifest ``tag`` names has a ``.sig`` in the node store."""
+    from artifactd.trust.signatures import attached_tag
+
+    digest = node.tag_digest(tag)
+    return digest is not None and node.tag_digest(attached_tag(digest, "sig")) is not None
+
+
+def _fetch(
+    node: LayoutStore,
+    remote: Store,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+    *,
+    result: FillResult,
+    signatures: bool = False,
+) -> None:
+    """Copy from ``remote`` what the node lacks of every tag a restore may read.
+
+    The whole artifact's tag and each selected family's scope tag, as far as
+    the registry has them: resolving from the node (:mod:`artifactd.restore.resolve`)
+    then picks what resolving against the registry would, whole artifact or
+    families, and names a tag there that is bound to something else.
+    """
+    from artifactd.restore.resolve import wants
+
+    wanted = wants(fingerprint_hash, flat, families)
+    remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
+    tags = [t for t, d in remote_digests.items() if d is not None]
+    same = [t for t in tags if node.tag_digest(t) == remote_digests[t]]
+    tags = [t for t in tags if t not in same]
+    unsigned = [t for t in same if signatures and not _signed(node, t)]
+    if tags or unsigned:
+        from artifactd.trust.signatures import copy_attached
+
+        fetched: list[str] = []
+        try:
+            # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
+            with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
+                if tags:  # (an empty list would mean "every artifact")
+                    from artifactd.stores.artifacts import copy_artifacts
+
+                    copied = copy_artifacts(remote, node, tags, Path(tmp))
+                    fetched += copied.tags + copied.attached
+                    result.bytes_fetched = copied.bytes_uploaded
+                for tag in unsigned:
+                    digest = node.tag_digest(tag)
+                    if digest is not None:
+                        fetched += copy_attached(remote, node, digest, Path(tmp))
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpaceError(
+                    f"the node store {node.root} is out of space ({exc.strerror})",
+                    hint="collect it (artifactd gc --store oci:PATH --max-bytes SIZE) "
+                    "or give its disk more room",
+                ) from None
+            raise
+        result.fetched = fetched
+
+
+def clear_leftovers(node: LayoutStore) -> list[str]:
+    """Remove the temp files and scratch directories that fills killed mid-write left.
+
+    Only under the exclusive lock, where no other fill is writing: every
+    ``.tmp-*`` in the layout's root and its blob directory is then a dead
+    writer's. Returns the names removed.
+    """
+    removed: list[str] = []
+    for directory in (node.root, node.root / "blobs" / "sha256"):
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith(TMP_PREFIX):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
+    """Remove from the node store every copy of what ``tags`` name that fails verification.
+
+    For a restore whose read of the node store failed (corrupt, missing,
+    re-pointed): each tagged manifest, its config and its layers are hashed
+    against their digests and sizes. A blob that does not match is deleted
+    and every tag naming its manifest removed, so the next :func:`fill`
+    fetches them again (a fill skips a tag the node already holds). Call it
+    under the exclusive lock. Returns the tags removed.
+    """
+    from artifactd.format.imagemanifest import ImageManifest
+
+    on_disk = node.blob_digests()
+    damaged: set[str] = set()
+    for tag in tags:
+        digest = node.tag_digest(tag)
+        if digest is None:
+            continue
+        try:
+            ref = node.get_manifest(digest)
+            if ref is None:
+                raise NotFoundError(f"{node.ref} has no manifest {digest}")
+            manifest = ImageManifest.from_bytes(ref.data, source=f"{node.ref}@{digest}")
+        except ArtifactdError:
+            node.remove_blob(digest)
+            damaged.add(digest)
+            continue
+        for desc in [manifest.config, *manifest.layers]:
+            if on_disk.get(desc.digest) is None or not _intact(node, desc.digest, desc.size):
+                node.remove_blob(desc.digest)
+                damaged.add(digest)
+    every = {t: d for t in node.list_tags() if (d := node.tag_digest(t)) is not None}
+    return node.remove_tags([t for t, d in every.items() if d in damaged])
+
+
+def _intact(node: LayoutStore, digest: str, size: int) -> bool:
+    """Whether the node's blob ``digest`` holds exactly ``size`` bytes that hash to it."""
+    from artifactd.hashing import copy_hashed
+
+    try:
+        with node.open_blob(digest, size) as blob:
+            return copy_hashed(blob, limit=size).matches(digest, size)
+    except ArtifactdError:
+        return False
+
+
+def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = None) -> None:
+    """Record that these manifests were just resolved to (for :func:`gc`'s LRU order)."""
+    if not digests:
+        return
+    usage = read_usage(node.root)
+    stamp = round(time.time() if now is None else now, 3)
+    for digest in digests:
+        usage[digest] = stamp
+    atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
+
+
+def read_usage(root: Path) -> dict[str, float]:
+    """Return the last-use record (manifest digest -> time); empty when missing or unreadable."""
+    from artifactd.stores.layout import MAX_INDEX_BYTES
+
+    try:
+        # One entry a manifest: the index's own limit bounds it too.
+        doc = json.loads(read_regular(root / USAGE_NAME, MAX_INDEX_BYTES))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: float(v) for k, v in doc.items() if isinstance(v, (int, float))}
+
+
+# --------------------------------------------------------------------------
+# Garbage collection
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Evicted:
+    """One tag gc removed, and when its manifest was last used."""
+
+    tag: str
+    digest: str
+    last_used: float | None
+
+
+@dataclass
+class GcResult:
+    """What :func:`gc` removed (or, with ``dry_run``, would remove)."""
+
+    store: str
+    dry_run: bool
+    bytes_before: int
+    bytes_after: int
+    freed: int
+    evicted: list[Evicted]
+    blobs_removed: int
+    free_pct_after: float
+    #: Why it stopped short of the targets, if it did.
+    note: str | None = None
+
+
+def gc(
+    node: LayoutStore,
+    *,
+    max_bytes: int | None = None,
+    min_free_pct: float | None = None,
+    dry_run: bool = False,
+    timeout: float = LOCK_TIMEOUT,
+    on_event: EventSink = discard,
+) -> GcResult:
+    """Evict least recently used artifacts until the store fits ``max_bytes`` and ``min_free_pct``.
+
+    Under the node store's exclusive lock (so no restore is reading it): tags
+    are evicted oldest use first (an artifact never recorded counts as
+    oldest, then by tag); after each, the blobs no remaining tag references
+    are what it frees. Never removes a blob a remaining tag references.
+    ``max_bytes`` 0 empties the store; a negative target or one outside
+    0-100 percent is a :class:`UsageError` (it would evict everything).
+    """
+    if max_bytes is not None and max_bytes < 0:
+        raise UsageError(f"gc --max-bytes must be 0 or more, not {max_bytes}")
+    if min_free_pct is not None and not 0 <= min_free_pct <= 100:
+        raise UsageError(f"gc --min-free must be a percentage (0-100), not {min_free_pct}")
+    with node_lock(node.root, timeout=timeout):
+        return _collect(node, max_bytes, min_free_pct, dry_run, on_event)
+
+
+def _collect(
+    node: LayoutStore,
+    max_bytes: int | None,
+    min_free_pct: float | None,
+    dry_run: bool,
+    on_event: EventSink,
+) -> GcResult:
+    from artifactd.trust.signatures import parse_attached_tag
+
+    blobs = node.blob_digests()
+    before = sum(blobs.values())
+    usage = read_usage(node.root)
+    every = {t: d for t in node.list_tags() if (d := node.tag_digest(t))}
+    # Signatures and attestations are not evicted on their own (they would go
+    # first: nothing records their use); they live as long as their subject.
+    attached = {t: s[0] for t in every if (s := parse_attached_tag(t)) is not None}
+    tags = {t: d for t, d in every.items() if t not in attached}
+    order = sorted(tags, key=lambda t: (usage.get(tags[t], 0.0), t))
+    kept = dict(tags)
+    evicted: list[Evicted] = []
+    size = before
+    stat = os.statvfs(node.root)
+    free = stat.f_bavail * stat.f_frsize
+    total = stat.f_blocks * stat.f_frsize or 1
+
+    def satisfied(size: int, free: int) -> bool:
+        fits = max_bytes is None or size <= max_bytes
+        roomy = min_free_pct is None or 100.0 * free / total >= min_free_pct
+        return fits and roomy
+
+    free_before = free
+    for tag in order:
+        if satisfied(size, free):
+            break
+        digest = kept.pop(tag)
+        referenced = _referenced(node, _live(kept, attached, every))
+        size = before - sum(n for d, n in blobs.items() if d not in referenced)
+        free = free_before + (before - size)
+        evicted.append(Evicted(tag, digest, usage.get(digest)))
+    referenced = _referenced(node, _live(kept, attached, every))
+    unreferenced = [d for d in blobs if d not in referenced]
+    orphans = [t for t, subject in attached.items() if subject not in set(kept.values())]
+    if not dry_run and (evicted or orphans):
+        node.remove_tags([e.tag for e in evicted] + orphans)
+        for digest in unreferenced:
+            node.remove_blob(digest)
+        live = {d for d in tags.values() if d in set(kept.values())}
+        usage = {d: t for d, t in usage.items() if d in live}
+        atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
+    note = (
+        None if satisfied(size, free) else "every artifact was evicted and the targets still fail"
+    )
+    result = GcResult(
+        store=node.ref,
+        dry_run=dry_run,
+        bytes_before=before,
+        bytes_after=size,
+        freed=before - size,
+        evicted=evicted,
+        blobs_removed=len(unreferenced) if evicted else 0,
+        free_pct_after=round(100.0 * free / total, 2),
+        note=note if evicted or not satisfied(size, free) else None,
+    )
+    on_event({"stage": "gc", "event": "done", "freed": result.freed, "evicted": len(evicted)})
+    return result
+
+
+def _live(kept: dict[str, str], attached: dict[str, str], every: dict[str, str]) -> set[str]:
+    """Return the manifests still tagged: the kept ones, their signatures and attestations."""
+    subjects = set(kept.values())
+    return subjects | {every[t] for t, subject in attached.items() if subject in subjects}
+
+
+def _referenced(node: LayoutStore, manifests: set[str]) -> set[str]:
+    """Every blob the given manifests reference: themselves, their configs and layers."""
+    from artifactd.format.imagemanifest import ImageManifest
+
+    out: set[str] = set()
+    for digest in manifests:
+        ref = node.get_manifest(digest)
+        if ref is None:
+            continue
+        out.add(digest)
+        try:
+            manifest = ImageManifest.from_bytes(ref.data, source=f"{node.ref}@{digest}")
+        except ArtifactdError:
+            continue  # not ours: keep what we can name, never guess
+        out.add(manifest.config.digest)
+        out.update(d.digest for d in manifest.layers)
+    return out
+
+
+def store_bytes(node: LayoutStore) -> int:
+    """Return the bytes of every blob in the node store."""
+    try:
+        return sum(node.blob_digests().values())
+    except OSError as exc:
+        raise StoreError(f"cannot read {node.ref}: {exc}") from exc
+
+
+def prefetch(
+    remote_ref: str,
+    node_ref: str,
+    raw_fingerprint: Mapping[str, Any],
+    *,
+    families: Sequence[str] | None = None,
+    insecure: bool = False,
+    timeout: float = LOCK_TIMEOUT,
+    on_event: EventSink = discard,
+) -> FillResult:
+    """Fill the node store for a fingerprint ahead of the pods (a new release's DaemonSet).
+
+    The same fill a restore makes, without installing anything, that also
+    fetches the signatures of what the node holds unsigned (the pods may
+    verify; the few KiB are off their critical path). Unlike a restore's, an
+    unreachable registry is an error here: a prefetch that fetched nothing
+    must not look like success.
+    """
+    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+    from artifactd.stores import open_store
+    from artifactd.stores.layout import LayoutStore
+
+    root = node_root(node_ref)
+    fp_hash = raw_hash(raw_fingerprint)
+    flat = flatten(hashed_view(raw_fingerprint))
+    with node_lock(root, timeout=timeout):
+        node = LayoutStore(root, create=True)
+        with open_store(remote_ref, insecure=insecure) as remote:
+            result = fill(
+                node, remote, fp_hash, flat, families=families, on_event=on_event, signatures=True
+            )
+    if result.outcome == "offline":
+        raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")
+    return result

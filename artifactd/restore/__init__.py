@@ -1,0 +1,16 @@
+"""Restore: pick the artifact a pod needs and install it, crash-safely.
+
+Modules:
+
+* :mod:`~artifactd.restore.source`: the :class:`RestoreSource` protocol (a store, a
+  mounted tree, the node store).
+* :mod:`~artifactd.restore.resolve`: the tag-selection rule and the restore plan.
+* :mod:`~artifactd.restore.install`: the mechanism: stage, swap, write the marker.
+* :mod:`~artifactd.restore.policy`: the policy: :func:`run_restore`, node store, misses.
+* :mod:`~artifactd.restore.destination`: the target directory: lock, staging, swap.
+* :mod:`~artifactd.restore.journal`: the journal that makes an interrupted restore recoverable.
+* :mod:`~artifactd.restore.marker`: the marker a restore leaves (what is installed).
+* :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
+
+Nothing is imported here: the no-op restore path stays light.
+"""

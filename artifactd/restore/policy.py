@@ -1,0 +1,498 @@
+"""Restore's policy: the init container's whole job, and what every failure means.
+
+:func:`run_restore` takes probe data in and gives a :class:`RestoreOutcome`
+out, never an exception for anything an artifact, a store or the target can
+do. Every such failure (unreachable, not found, corrupt, hostile,
+schema-invalid, no space, target not writable, and any unexpected error)
+leaves the target untouched and is reported with its class; the outcome's exit
+code is 0 unless ``require`` is set, then the failure's documented code (a
+miss: 6; a tag passed over because its artifact is for something else, even
+when other families hit: 5, ``corrupt``, nothing installed). The mechanism it
+drives is :mod:`artifactd.restore.install`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from artifactd.errors import (
+    ArtifactdError,
+    CacheMissError,
+    ConfigError,
+    IntegrityError,
+    StoreError,
+    UnboundError,
+    UsageError,
+)
+from artifactd.events import EventSink, discard
+from artifactd.restore.destination import (
+    CacheVolume,
+    StepHook,
+    check_env_text,
+    no_hook,
+    os_error,
+)
+from artifactd.restore.install import RestoreResult, restore
+from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from artifactd.pod.nodestore import FillResult
+    from artifactd.restore.source import RestoreSource
+    from artifactd.stores.layout import LayoutStore
+
+
+class RestoreRequest(NamedTuple):
+    """Everything the init container is told (flags or ``ARTIFACTD_*`` variables).
+
+    ``store`` None means the default: the store baked into this image for this
+    fingerprint, if there is one, else the local one (:func:`default_store`),
+    unless ``from_dir`` names a directory to restore from.
+    """
+
+    store: str | None
+    target: Path
+    families: Sequence[str] | None = None
+    #: An unpacked artifact or image to restore from instead of a store
+    #: (:mod:`artifactd.restore.mounted`).
+    from_dir: Path | None = None
+    #: An artifact whose fingerprint gives the software fields (the init image's case).
+    software_from: str | None = None
+    #: ``oci:PATH`` on the node's disk: restore from it, fetching into it what it lacks.
+    node_store: str | None = None
+    consumer_user: str | None = None
+    env_file: Path | None = None
+    require: bool = False
+    dry_run: bool = False
+    insecure: bool = False
+    max_bytes: int | None = None
+    lock_timeout: float | None = None
+    #: Key specs (``--verify-key``): install only manifests one of these keys signed.
+    verify_keys: Sequence[str] = ()
+
+
+class Failure(NamedTuple):
+    """Why a restore changed nothing: the error's class, message and advice."""
+
+    kind: str
+    message: str
+    hint: str | None
+    exit_code: int
+    error: BaseException
+
+
+Status = Literal["restored", "noop", "miss", "failed", "dry_run"]
+
+
+class RestoreOutcome(NamedTuple):
+    """What :func:`run_restore` did, and the exit code the policy gives it."""
+
+    status: Status
+    plan: RestorePlan
+    result: RestoreResult | None
+    failure: Failure | None
+    exit_code: int
+    #: With ``--node-store``: what the node store held, and what was fetched into it.
+    node: FillResult | None = None
+
+    @property
+    def cache_hit(self) -> bool:
+        """Whether the target holds restored caches for this machine now."""
+        return self.status in ("restored", "noop")
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """Classify any exception a restore can meet into a :class:`Failure`."""
+    if isinstance(exc, OSError):
+        exc = os_error(exc, "restore")
+    if isinstance(exc, ArtifactdError):
+        return Failure(exc.kind, exc.message, exc.hint, exc.exit_code, exc)
+    return Failure(
+        "internal",
+        f"unexpected {type(exc).__name__}: {str(exc)[:200]}",
+        "this is a bug in artifactd; set ARTIFACTD_TRACEBACK=1 and report the traceback",
+        1,
+        exc,
+    )
+
+
+def run_restore(
+    request: RestoreRequest,
+    raw_fingerprint: dict[str, Any],
+    *,
+    on_event: EventSink = discard,
+    step_hook: StepHook = no_hook,
+) -> RestoreOutcome:
+    """Restore for the init container: resolve, install, and apply the failure policy.
+
+    ``raw_fingerprint`` is the probe's plain document
+    (:func:`artifactd.fingerprint.probe.probe_raw`), so a no-op answers without
+    building a model. Raises only for the caller's own mistakes
+    (:class:`UsageError`, :class:`ConfigError`); everything else becomes the outcome's failure.
+    """
+    # Checked before anything is created: each ends up in the env file.
+    check_env_text(str(request.target.absolute()), "--target")
+    if request.consumer_user is not None:
+        check_env_text(request.consumer_user, "--consumer-user")
+    if request.software_from is not None:
+        try:
+            raw_fingerprint = _adopt_software(raw_fingerprint, request)
+        except (UsageError, ConfigError):
+            raise
+        except ArtifactdError as exc:
+            volume = CacheVolume(request.target, env_file=request.env_file)
+            return _failed(_unresolved(request, raw_fingerprint, volume, exc), exc, request.require)
+    if request.node_store is not None:
+        return _via_node_store(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+    return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+
+
+def _via_node_store(
+    request: RestoreRequest,
+    raw_fingerprint: dict[str, Any],
+    *,
+    on_event: EventSink,
+    step_hook: StepHook,
+) -> RestoreOutcome:
+    """Fill the node store from the registry (one pod per node fetches), then restore from it.
+
+    A node store that cannot be used (its lock held past the timeout, its disk
+    unwritable or full) is passed over: the restore goes straight to the
+    registry. A copy in it that fails the restore's checks (damaged: corrupt
+    or missing bytes; or a tag there re-pointed at an artifact for something
+    else) is set aside and fetched again from the registry, and the restore
+    from the node store is tried once more, so the pod still starts warm and
+    the next pod on the node reads the repaired copy.
+    """
+    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+    from artifactd.pod.nodestore import LOCK_TIMEOUT, node_lock, node_root
+    from artifactd.stores.layout import LayoutStore
+
+    assert request.node_store is not None  # noqa: S101 - the caller checked
+    if request.from_dir is not None:
+        raise UsageError("--from-dir and --node-store name two sources", hint="pass one of them")
+    root = node_root(request.node_store)
+    fp_hash = raw_hash(raw_fingerprint)
+    request = _with_source(request, fp_hash)._replace(node_store=None)
+    assert request.store is not None  # noqa: S101 - _with_source set the default
+    timeout = request.lock_timeout if request.lock_timeout is not None else LOCK_TIMEOUT
+    flat = flatten(hashed_view(raw_fingerprint))
+    families = list(request.families) if request.families else None
+
+    def fill_node(damaged: RestoreOutcome | None = None) -> FillResult:
+        with node_lock(root, timeout=timeout):
+            node = LayoutStore(root, create=True)
+            dropped = []
+            if damaged is not None:
+                dropped = _set_aside(node, damaged, fp_hash, flat, families, on_event)
+            result = _fill(
+                node,
+                request,
+                fp_hash=fp_hash,
+                flat=flat,
+                families=families,
+                on_event=on_event,
+                refresh=damaged is not None,
+            )
+            result.set_aside = dropped
+            return result
+
+    def from_node() -> RestoreOutcome:
+        with node_lock(root, shared=True, timeout=timeout):
+            direct = request._replace(store=f"oci:{root}")
+            return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+
+    try:
+        filled = fill_node()
+        outcome = from_node()
+        if _damaged(outcome):
+            outcome = _again(filled, fill_node(outcome), from_node)
+    except (UsageError, ConfigError):
+        raise
+    except (ArtifactdError, OSError) as exc:
+        on_event({"stage": "node-store", "event": "bypassed", "error": str(exc)[:200]})
+        return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+    failure = outcome.failure
+    if failure is not None and (
+        failure.kind == "untrusted"
+        or (_damaged(outcome) and not isinstance(failure.error, UnboundError))
+    ):
+        # The node store is a cache: what it holds unverified (filled before the
+        # publisher signed, or tampered with on the node) or could not repair
+        # (the registry down) is no reason to miss. The registry's copy gets
+        # the same checks.
+        on_event({"stage": "node-store", "event": "bypassed", "error": failure.message})
+        return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
+    if outcome.result is not None:  # the fill is part of finding what to restore
+        lookup = outcome.result.phases.get("lookup", 0.0) + filled.seconds
+        phases = {**outcome.result.phases, "lookup": round(lookup, 4)}
+        outcome = outcome._replace(result=outcome.result._replace(phases=phases))
+    return outcome._replace(node=filled)
+
+
+def _again(
+    filled: FillResult, again: FillResult, from_node: Callable[[], RestoreOutcome]
+) -> RestoreOutcome:
+    """Restore from the node store again after a repairing fill (``again``, merged into ``filled``).
+
+    Raises :class:`StoreError` when the repair fetched nothing and the node
+    store no longer serves: the registry, asked directly, reports why.
+    """
+    filled.fetched += again.fetched
+    filled.bytes_fetched += again.bytes_fetched
+    filled.set_aside = again.set_aside
+    filled.cleared += again.cleared
+    filled.seconds = round(filled.seconds + again.seconds, 3)
+    if again.fetched:
+        filled.outcome = "fetched"
+    outcome = from_node()  # what the node still holds may serve (a family tag)
+    if not again.fetched and not outcome.cache_hit:
+        raise StoreError(again.error or "the registry had nothing to repair the node store with")
+    return outcome
+
+
+def _fill(
+    node: LayoutStore,
+    request: RestoreRequest,
+    *,
+    fp_hash: str,
+    flat: Mapping[str, Any],
+    families: list[str] | None,
+    on_event: EventSink,
+    refresh: bool = False,
+) -> FillResult:
+    """Fill the node store from the request's registry (nothing when it cannot be opened)."""
+    from artifactd.pod.nodestore import fill
+    from artifactd.stores import open_store
+
+    assert request.store is not None  # noqa: S101 - _via_node_store set it
+    try:
+        remote = open_store(request.store, insecure=request.insecure)
+    except (UsageError, ConfigError):
+        raise
+    except ArtifactdError:
+        # Unreachable: the node store serves what it has.
+        return fill(node, None, fp_hash, flat, families=families, on_event=on_event)
+    with remote:
+        return fill(
+            node,
+            remote,
+            fp_hash,
+            flat,
+            families=families,
+            on_event=on_event,
+            signatures=bool(request.verify_keys),  # a verifying restore needs the signatures too
+            refresh=refresh,
+        )
+
+
+def _damaged(outcome: RestoreOutcome) -> bool:
+    """Whether a restore from the node store failed on its copy: bytes, or a re-pointed tag."""
+    from artifactd.errors import NotFoundError
+
+    if outcome.plan.unbound:
+        return True
+    failure = outcome.failure
+    return failure is not None and isinstance(failure.error, (IntegrityError, NotFoundError))
+
+
+def _set_aside(  # noqa: PLR0917 - the restore's state, passed on
+    node: LayoutStore,
+    damaged: RestoreOutcome,
+    fp_hash: str,
+    flat: Mapping[str, Any],
+    families: list[str] | None,
+    on_event: EventSink,
+) -> list[str]:
+    """Drop from the node store what the failed restore read: damaged copies, re-pointed tags."""
+    from artifactd.pod.nodestore import restore_tags, set_aside
+
+    # A tag re-pointed on the node is dropped whole; the fill copies the registry's.
+    dropped = node.remove_tags(list(damaged.plan.unbound))
+    dropped += set_aside(node, restore_tags(fp_hash, flat, families))
+    failure = damaged.failure
+    why = failure.message if failure else "; ".join(damaged.plan.unbound.values())
+    on_event({"stage": "node-store", "event": "set_aside", "tags": dropped, "error": why[:200]})
+    return dropped
+
+
+def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
+    request: RestoreRequest,
+    raw_fingerprint: dict[str, Any],
+    *,
+    on_event: EventSink,
+    step_hook: StepHook,
+) -> RestoreOutcome:
+    """:func:`run_restore` once the fingerprint is final."""
+    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+
+    started = time.monotonic()
+    fp_hash = raw_hash(raw_fingerprint)
+    request = _with_source(request, fp_hash)
+    kwargs: dict[str, Any] = {"env_file": request.env_file, "step_hook": step_hook}
+    if request.lock_timeout is not None:
+        kwargs["lock_timeout"] = request.lock_timeout
+    volume = CacheVolume(request.target, **kwargs)
+    fams = list(request.families) if request.families else None
+    plan: RestorePlan | None = None
+    trusted = None
+    if request.verify_keys:
+        from artifactd.trust.keys import verification_key_ids
+
+        trusted = verification_key_ids(request.verify_keys)  # PEM only: a no-op stays light
+    try:
+        try:
+            store = _open_source(request, fp_hash)
+        except (UsageError, ConfigError):
+            raise
+        except ArtifactdError as exc:
+            plan = _unresolved(request, raw_fingerprint, volume, exc)
+            return _failed(plan, exc, request.require)
+        with store:
+            flat = flatten(hashed_view(raw_fingerprint))
+            quick = noop_plan(store, fp_hash, flat, volume, families=fams, trusted=trusted)
+            if quick is not None:
+                if not request.dry_run:
+                    volume.tidy()  # a restore killed after its commit left the old trees
+                    on_event({"stage": "restore", "event": "noop", "target": quick.target})
+                status: Status = "dry_run" if request.dry_run else "noop"
+                return RestoreOutcome(status, quick, None, None, 0)
+            plan = _plan(store, raw_fingerprint, volume, request)
+            lookup = round(time.monotonic() - started, 4)
+            if plan.error is not None:  # the store became unreachable while resolving
+                return _failed(plan, StoreError(plan.error), request.require)
+            if request.dry_run:
+                return RestoreOutcome("dry_run", plan, None, None, 0)
+            if not plan.hits or (plan.unbound and request.require):
+                return _miss(plan, request.require)
+            result = restore(plan, store, volume, on_event=on_event, max_bytes=request.max_bytes)
+            result = result._replace(phases={"lookup": lookup, **result.phases})
+    except (UsageError, ConfigError):
+        raise
+    except Exception as exc:  # the fail-open policy: nothing escapes as a crash
+        if plan is None:
+            plan = _unresolved(request, raw_fingerprint, volume, exc)
+        return _failed(plan, exc, request.require)
+    status = "noop" if result.noop else "restored"
+    return RestoreOutcome(status, plan, result, None, 0)
+
+
+def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, Any]:
+    """Return ``raw`` with the software fields of the artifact ``software_from`` names."""
+    from artifactd.stores.artifacts import adopt_software_from
+
+    assert request.software_from is not None  # noqa: S101 - the caller checked
+    return adopt_software_from(
+        raw,
+        request.software_from,
+        store=request.store,
+        verify_keys=request.verify_keys,
+        insecure=request.insecure,
+    )
+
+
+def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:
+    """Check the request names one source at most; fill in the default store when it names none."""
+    from artifactd.stores import default_store
+
+    if request.from_dir is not None and request.store is not None:
+        raise UsageError(
+            "--from-dir and --store name two sources to restore from",
+            hint="pass one of them",
+        )
+    if request.store is None and request.from_dir is None:
+        return request._replace(store=default_store(fp_hash))
+    return request
+
+
+def _plan(
+    store: RestoreSource, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
+) -> RestorePlan:
+    """Resolve the request against its source (:func:`artifactd.restore.resolve.plan_restore`)."""
+    from artifactd.fingerprint.model import from_raw
+
+    fams = list(request.families) if request.families else None
+    local = from_raw(raw)
+    options: dict[str, Any] = {
+        "families": fams,
+        "consumer_user": request.consumer_user,
+        "env_file": volume.env_file,
+    }
+    trust = None
+    if request.verify_keys:
+        from artifactd.trust.policy import TrustPolicy
+
+        trust = TrustPolicy.from_specs(request.verify_keys)
+    return plan_restore(store, local, volume.root, trust=trust, **options)
+
+
+def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
+    """Open the source the request names: its store, or what its ``from_dir`` holds."""
+    from artifactd.stores import open_store
+
+    ref = request.store
+    if request.from_dir is not None:
+        from artifactd.restore.mounted import open_dir
+
+        found = open_dir(request.from_dir, fp_hash)
+        if not isinstance(found, str):
+            return found
+        ref = found
+    assert ref is not None  # noqa: S101 - run_restore set the default
+    return open_store(ref, insecure=request.insecure)
+
+
+def _unresolved(
+    request: RestoreRequest, raw: dict[str, Any], volume: CacheVolume, exc: BaseException
+) -> RestorePlan:
+    from artifactd.fingerprint.model import from_raw
+
+    return plan_restore(
+        None,
+        from_raw(raw),
+        volume.root,
+        families=list(request.families) if request.families else None,
+        consumer_user=request.consumer_user,
+        env_file=volume.env_file,
+        store_ref=request.store or f"dir:{request.from_dir}",
+        store_error=failure_of(exc).message,
+    )
+
+
+def _failed(plan: RestorePlan, exc: BaseException, require: bool) -> RestoreOutcome:
+    failure = failure_of(exc)
+    plan = plan._replace(error=failure.message)
+    return RestoreOutcome("failed", plan, None, failure, failure.exit_code if require else 0)
+
+
+def _unbound_error(plan: RestorePlan) -> UnboundError:
+    """Return the failure of a ``--require`` restore that met an artifact tagged for another."""
+    reasons = list(plan.unbound.values())
+    more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    return UnboundError(
+        f"{reasons[0]}{more}; nothing installed",
+        hint="the store's tag names an artifact built for another machine or model: re-tag "
+        "or re-publish it from CI (`artifactd inspect STORE:TAG` shows what it was built for)",
+    )
+
+
+def _miss(plan: RestorePlan, require: bool) -> RestoreOutcome:
+    """Return the outcome of a plan with nothing to install, or one ``--require`` refuses.
+
+    Under ``--require`` a plan that passed over an artifact tagged for
+    something else fails as corrupt, even when other families hit: the
+    tag is evidence of tampering or a publishing mistake.
+    """
+    if require and plan.unbound:
+        return _failed(plan, _unbound_error(plan), True)
+    if not require:
+        return RestoreOutcome("miss", plan, None, None, 0)
+    exc = CacheMissError(
+        f"no artifact in {plan.store} matches this machine",
+        hint="see the per-family reasons above; `artifactd diff` explains field by field",
+    )
+    return RestoreOutcome("miss", plan, None, failure_of(exc), exc.exit_code)

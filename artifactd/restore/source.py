@@ -1,0 +1,110 @@
+"""What a restore reads from: the :class:`RestoreSource` protocol.
+
+Three kinds of source serve a restore: a store (a registry, a local OCI
+layout, a derived image's baked layout, the node store in front of a
+registry: every :class:`~artifactd.stores.base.Store`), and a tree a
+container runtime unpacked (:class:`~artifactd.restore.mounted.MountedTree`). Each
+answers three questions, and nothing else:
+
+* :meth:`~RestoreSource.current`: what a tag names now, by a cheap lookup
+  (no config read), for the no-op check;
+* :meth:`~RestoreSource.find`: the artifact a tag names, read and verified,
+  with what its own content claims it is for;
+* :meth:`~RestoreSource.stage_layer`: open one planned family's layer and
+  extract it, verified, into staging.
+
+(and, to explain a miss, :meth:`~RestoreSource.sample`: a few whole artifacts.)
+
+Which tags are read, in which order, and whether what they name is bound to
+the pod is decided once, in :mod:`artifactd.restore.resolve` ("the whole artifact's
+tag, else each family's scope tag"); a source never decides it. This module
+holds only types, so importing it costs a no-op restore nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from artifactd.events import EventSink
+    from artifactd.format.config import LayerRecord
+    from artifactd.format.unpack import UnpackResult
+    from artifactd.restore.resolve import FamilyPlan
+    from artifactd.stores.artifacts import Artifact
+    from artifactd.trust.policy import TrustPolicy
+
+
+class Want(NamedTuple):
+    """One tag the selection rule reads: the whole artifact's, or one family's scope tag."""
+
+    tag: str
+    #: The family whose scope tag this is; None for the whole artifact's ``fp-<hash>``.
+    family: str | None
+    #: What the pod resolved: the fingerprint hash (whole), or the family's scope key.
+    key: str
+
+
+class Current(NamedTuple):
+    """What a tag names now, as a cheap lookup tells it."""
+
+    digest: str
+    #: The key its content claims, when the source knows it without reading a
+    #: config (a mounted tree's document); None when only reading would tell.
+    claimed: str | None = None
+
+
+class Found(NamedTuple):
+    """The artifact a tag names, read and verified: what resolving needs of it."""
+
+    tag: str
+    #: How plans and markers name it: the manifest digest (a tree: its document's).
+    digest: str
+    #: The config's kind: one cell's part of a fan-out build is never restored.
+    kind: str
+    #: The fingerprint hash its config claims; None where the source has none (a tree).
+    fingerprint_hash: str | None
+    #: Its layer records, by family.
+    records: Mapping[str, LayerRecord]
+    #: The artifact's format version.
+    version: int
+    #: The key that signed its manifest, when the restore verified signatures.
+    signed_by: str | None = None
+
+
+class RestoreSource(Protocol):
+    """Where a restore's artifacts come from (see the module's docstring)."""
+
+    @property
+    def ref(self) -> str:
+        """How plans, markers and reports name this source."""
+
+    def __enter__(self) -> RestoreSource: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def current(self, want: Want) -> Current | None:
+        """Return what ``want``'s tag names now (a cheap lookup); None when nothing."""
+
+    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
+        """Read and verify what ``want``'s tag names; None when nothing.
+
+        With ``trust``, its signature is checked before its content is read
+        (:class:`~artifactd.errors.TrustError` when no key signed it).
+        """
+
+    def stage_layer(
+        self,
+        plan: FamilyPlan,
+        staging: Path,
+        *,
+        relocate: Callable[[str, bytes], bytes],
+        keep_mtimes: bool,
+        max_tar_bytes: int,
+        on_event: EventSink,
+    ) -> UnpackResult:
+        """Verify and extract the layer ``plan`` hit into ``staging`` (``<staging>/<family>``)."""
+
+    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
+        """Return up to ``limit`` whole artifacts (tag, artifact) to explain a miss, or none."""

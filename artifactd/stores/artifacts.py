@@ -1,0 +1,468 @@
+"""Publish and read artifacts over any :class:`~artifactd.stores.Store`.
+
+One artifact per fingerprint: an OCI image manifest with ``artifactType``
+:data:`~artifactd.format.oci.ARTIFACT_TYPE`, the :class:`ArtifactConfig` as config
+blob, and one tar.zst layer per family. It is tagged ``fp-<fingerprint hash>``.
+Each family layer is also published as a one-layer manifest tagged
+``<family>-<scope key>``, so a restore whose whole fingerprint differs (another
+model, another TP) still finds the families whose scope matches. Layers are
+shared by digest: the store keeps each one once.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from artifactd.errors import BuildError, IntegrityError, NotFoundError, UsageError
+from artifactd.events import EventSink, discard
+from artifactd.format.config import ArtifactConfig
+from artifactd.format.imagemanifest import Descriptor, ImageManifest
+from artifactd.format.oci import (
+    ANN_FAMILY,
+    ANN_FILES,
+    ANN_FINGERPRINT,
+    ANN_KIND,
+    ANN_SCOPE_KEY,
+    ANN_TITLE,
+    ARTIFACT_TYPE,
+    CONFIG_MEDIA_TYPE,
+    LAYER_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    family_tag,
+    full_tag,
+)
+from artifactd.hashing import canonical_json, copy_hashed, digest_of
+from artifactd.stores import Store
+from artifactd.stores.base import ManifestRef, progress_events
+
+if TYPE_CHECKING:
+    from artifactd.format.archive import PackedLayer
+    from artifactd.trust.keys import PrivateKey
+    from artifactd.trust.policy import Basis, TrustPolicy
+    from artifactd.trust.signatures import SignResult
+
+#: An artifact config larger than this is refused before it is read: every
+#: family's file entries (the tree documents' limit, :data:`artifactd.restore.mounted.MAX_TREE_DOC`,
+#: about 200,000 files at the 245 bytes an entry a measured harvest writes) plus
+#: room for the fingerprint, the skipped paths and the provenance. Parsing a
+#: config of this size measured 1.7 s and 510 MiB (``python bench/doc_limits.py``).
+MAX_CONFIG_BYTES = 56 << 20
+
+
+@dataclass
+class PublishResult:
+    """What :func:`publish` did."""
+
+    digest: str
+    tags: list[str]
+    family_digests: dict[str, str]
+    bytes_uploaded: int = 0
+    bytes_skipped: int = 0
+    blobs_uploaded: list[str] = field(default_factory=list)
+
+
+def _descriptor(data: bytes, media_type: str) -> Descriptor:
+    return Descriptor(media_type=media_type, digest=digest_of(data), size=len(data))
+
+
+def _put_small(store: Store, data: bytes, result: PublishResult, tmp_dir: Path) -> Descriptor:
+    desc = _descriptor(data, CONFIG_MEDIA_TYPE)
+    if store.has_blob(desc.digest):
+        result.bytes_skipped += desc.size
+        return desc
+    path = tmp_dir / desc.digest.replace(":", "-")
+    path.write_bytes(data)
+    result.bytes_uploaded += store.put_blob(path, desc.digest, desc.size)
+    result.blobs_uploaded.append(desc.digest)
+    return desc
+
+
+def build_image_manifest(config: Descriptor, art: ArtifactConfig) -> ImageManifest:
+    """Return the OCI image manifest for an artifact config and its layers."""
+    layers = [
+        Descriptor(
+            media_type=LAYER_MEDIA_TYPE,
+            digest=rec.digest,
+            size=rec.size,
+            annotations={
+                ANN_TITLE: f"{rec.family}.tar.zst",
+                ANN_FAMILY: rec.family,
+                ANN_SCOPE_KEY: rec.scope_key,
+                ANN_FILES: str(len(rec.files)),
+            },
+        )
+        for rec in art.layers
+    ]
+    return ImageManifest(
+        artifact_type=ARTIFACT_TYPE,
+        config=config,
+        layers=layers,
+        annotations={ANN_FINGERPRINT: art.fingerprint_hash, ANN_KIND: art.kind},
+    )
+
+
+def publish(
+    store: Store,
+    art: ArtifactConfig,
+    packed: dict[str, PackedLayer],
+    tmp_dir: Path,
+    *,
+    on_event: EventSink = discard,
+    tags: Sequence[str] | None = None,
+) -> PublishResult:
+    """Upload layers the store lacks, then the configs and manifests, then the tags.
+
+    A family missing from ``packed`` reuses a layer the store already holds
+    (a merge of cells' artifacts). The tags are ``fp-<hash>`` and each
+    family's scope tag; with ``tags``, only
+    the whole artifact is written, under those (a cell's part of a fan-out
+    build, which no restore may find). Order matters: a tag only ever points
+    at a manifest whose blobs are all present.
+    """
+    result = PublishResult(digest="", tags=[], family_digests={})
+    config = canonical_json(art.model_dump(mode="json"))
+    if len(config) > MAX_CONFIG_BYTES:  # before any upload: no restore would read it
+        files = sum(len(rec.files) for rec in art.layers)
+        raise BuildError(
+            f"the artifact config would take {len(config)} bytes ({files} files), over the "
+            f"{MAX_CONFIG_BYTES >> 20} MiB a restore reads",
+            hint="harvest fewer families at once (--family), or clear stale cache entries",
+        )
+    for rec in art.layers:
+        layer = packed.get(rec.family)
+        if layer is None:  # a layer reused from another artifact: it must be there already
+            if not store.has_blob(rec.digest):
+                raise NotFoundError(f"{store.ref} lacks layer {rec.digest} of {rec.family}")
+            result.bytes_skipped += rec.size
+            continue
+        if store.has_blob(layer.digest):
+            result.bytes_skipped += layer.size
+            continue
+        result.bytes_uploaded += store.put_blob(
+            layer.path,
+            layer.digest,
+            layer.size,
+            progress=progress_events(on_event, stage="push", family=rec.family, total=layer.size),
+        )
+        result.blobs_uploaded.append(layer.digest)
+        on_event({"stage": "push", "event": "done", "family": rec.family, "bytes": layer.size})
+
+    for rec in art.layers if tags is None else []:
+        fam_art = art.for_family(rec.family)
+        cfg = _put_small(store, canonical_json(fam_art.model_dump(mode="json")), result, tmp_dir)
+        fam_manifest = build_image_manifest(cfg, fam_art)
+        tag = family_tag(rec.family, rec.scope_key)
+        result.family_digests[rec.family] = store.put_manifest(
+            fam_manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag]
+        )
+        result.tags.append(tag)
+
+    cfg = _put_small(store, config, result, tmp_dir)
+    manifest = build_image_manifest(cfg, art)
+    names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
+    result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, names)
+    result.tags[:0] = names
+    return result
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An artifact read from a store: its manifest, digest and config."""
+
+    digest: str
+    manifest: ImageManifest
+    config: ArtifactConfig
+    #: The key that signed it, when it was read under a :class:`TrustPolicy`.
+    signed_by: str | None = None
+
+
+def read_blob(store: Store, digest: str, size: int, *, max_size: int, what: str) -> bytes:
+    """Fetch a small blob whole and verify it against its digest and size."""
+    if size > max_size:
+        raise IntegrityError(f"{what} {digest} is implausibly large ({size} B)")
+    buf = io.BytesIO()
+    with store.open_blob(digest, size) as f:
+        read = copy_hashed(f, buf, limit=size)
+    if read.size > size:
+        raise IntegrityError(f"{what} {digest} is longer than its descriptor")
+    if not read.matches(digest, size):
+        raise IntegrityError(f"{what} {digest} does not match its digest")
+    return buf.getvalue()
+
+
+def read_config(
+    store: Store, manifest: ImageManifest, *, max_size: int = MAX_CONFIG_BYTES
+) -> bytes:
+    """Fetch and verify the config blob of a manifest."""
+    desc = manifest.config
+    return read_blob(store, desc.digest, desc.size, max_size=max_size, what="config blob")
+
+
+def read_artifact(
+    store: Store, reference: str, *, trust: TrustPolicy | None = None
+) -> Artifact | None:
+    """Read the artifact a tag or digest names; ``None`` when the store has no such reference.
+
+    Everything is verified against its digest, and the config must be consistent
+    with the manifest (same layers, same digests) or :class:`IntegrityError` is raised.
+    With ``trust``, the manifest's signature is checked first, before its
+    config is read: :class:`~artifactd.errors.TrustError` when no key of the
+    policy signed exactly this digest.
+    """
+    ref = store.get_manifest(reference)
+    if ref is None:
+        return None
+    signed_by = None
+    if trust is not None:
+        signed_by = trust.check(store, ref.digest, what=f"{store.ref}:{reference}")
+    manifest = ImageManifest.from_bytes(ref.data, source=f"{store.ref} {reference}")
+    if not manifest.is_artifactd:
+        raise NotFoundError(
+            f"{store.ref} {reference} is not an artifactd artifact "
+            f"(artifactType {manifest.artifact_type!r})"
+        )
+    config = ArtifactConfig.from_json(
+        read_config(store, manifest), source=f"config of {store.ref} {reference}"
+    )
+    by_digest = {layer.digest: layer for layer in manifest.layers}
+    for rec in config.layers:
+        desc = by_digest.get(rec.digest)
+        if desc is None or desc.size != rec.size:
+            raise IntegrityError(
+                f"{store.ref} {reference}: config lists layer {rec.digest} for {rec.family} "
+                "that the manifest does not carry"
+            )
+    listed = {rec.digest for rec in config.layers}
+    extra = [desc.digest for desc in manifest.layers if desc.digest not in listed]
+    if extra:
+        raise IntegrityError(
+            f"{store.ref} {reference}: the manifest carries layer {extra[0]} "
+            "that the config does not list"
+        )
+    return Artifact(digest=ref.digest, manifest=manifest, config=config, signed_by=signed_by)
+
+
+@dataclass
+class CopyResult:
+    """What :func:`copy_artifacts` did."""
+
+    source: str
+    destination: str
+    tags: list[str]
+    manifests: int = 0
+    bytes_uploaded: int = 0
+    bytes_skipped: int = 0
+    #: Signature and attestation tags carried along (``sha256-<hex>.sig|.att``).
+    attached: list[str] = field(default_factory=list)
+    #: The manifest digest each copied tag names.
+    digests: dict[str, str] = field(default_factory=dict)
+    #: With a policy: each copied manifest digest and the key id that verified it.
+    verified: dict[str, str] = field(default_factory=dict)
+    #: What ``--sign-key`` signed in the destination.
+    signing: SignResult | None = None
+
+
+def copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
+    """Stream one blob through a temp file, verifying it; return bytes uploaded."""
+    path = tmp_dir / digest.replace(":", "-")
+    with src.open_blob(digest, size) as reader, path.open("wb") as out:
+        copied = copy_hashed(reader, out)
+    if not copied.matches(digest, size):
+        path.unlink(missing_ok=True)
+        raise IntegrityError(f"{src.ref}: blob {digest} does not match its digest or size")
+    try:
+        return dst.put_blob(path, digest, size)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def copy_artifacts(
+    src: Store,
+    dst: Store,
+    tags: list[str] | None,
+    tmp_dir: Path,
+    *,
+    trust: TrustPolicy | None = None,
+) -> CopyResult:
+    """Copy tagged artifacts (default: every artifactd tag) and their blobs to ``dst``.
+
+    Blobs ``dst`` already has are not transferred; each blob is verified on the
+    way; a tag is written only after every blob of its manifest is in place.
+    Each manifest's signatures and attestations (``sha256-<hex>.sig|.att``)
+    travel with it, so what verified in ``src`` verifies in ``dst``. With
+    ``trust``, every manifest to copy is verified in ``src`` before the first
+    byte is written to ``dst`` (:func:`choose_artifacts`).
+    """
+    chosen = choose_artifacts(src, tags, trust=trust)
+    return _copy_chosen(src, dst, chosen, tmp_dir)
+
+
+@dataclass
+class Chosen:
+    """The manifests a copy will write, read once from the source (and verified, with a policy)."""
+
+    refs: list[tuple[str, ManifestRef, ImageManifest]]
+    #: With a policy: each manifest digest and the key id that verified it.
+    verified: dict[str, str] = field(default_factory=dict)
+
+
+def choose_artifacts(
+    src: Store, tags: list[str] | None, *, trust: TrustPolicy | None = None
+) -> Chosen:
+    """Read the manifests a copy of ``tags`` (None: every artifactd tag) writes; verify them.
+
+    Each tag is read once: the bytes that verified are the bytes copied, so a
+    tag moved in the source meanwhile changes nothing. With ``trust``, every
+    one must verify (:func:`artifactd.trust.policy.vouch`) or
+    :class:`~artifactd.errors.TrustError` is raised before the copy begins.
+    """
+    from artifactd.format.oci import TAG_RE
+    from artifactd.trust.policy import vouch
+    from artifactd.trust.signatures import parse_attached_tag
+
+    wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
+    wanted = [t for t in wanted if tags or parse_attached_tag(t) is None]
+    chosen = Chosen(refs=[])
+    for tag in wanted:
+        ref = src.get_manifest(tag)
+        if ref is None:
+            raise NotFoundError(f"{src.ref} has no tag {tag}")
+        manifest = ImageManifest.from_bytes(ref.data, source=f"{src.ref}:{tag}")
+        if not manifest.is_artifactd and not tags:
+            continue  # a full copy moves artifactd's artifacts, not unrelated images
+        chosen.refs.append((tag, ref, manifest))
+    if trust is not None:
+        found = vouch(src, [ref.digest for _, ref, _ in chosen.refs], trust)
+        chosen.verified = {digest: str(key_id) for digest, key_id in found.items()}
+    return chosen
+
+
+def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyResult:
+    from artifactd.format.oci import FULL_TAG_PREFIX
+    from artifactd.trust.signatures import copy_attached
+
+    result = CopyResult(source=src.ref, destination=dst.ref, tags=[], verified=chosen.verified)
+    done: set[str] = set()
+    carried: set[str] = set()
+    for tag, ref, manifest in chosen.refs:
+        for desc in [manifest.config, *manifest.layers]:
+            if desc.digest in done or dst.has_blob(desc.digest):
+                result.bytes_skipped += desc.size
+            else:
+                result.bytes_uploaded += copy_blob(src, dst, desc.digest, desc.size, tmp_dir)
+            done.add(desc.digest)
+        dst.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
+        result.manifests += 1
+        result.tags.append(tag)
+        result.digests[tag] = ref.digest
+        if ref.digest not in carried:
+            carried.add(ref.digest)
+            result.attached.extend(copy_attached(src, dst, ref.digest, tmp_dir))
+    result.tags.sort(key=lambda t: (not t.startswith(FULL_TAG_PREFIX), t))
+    return result
+
+
+def open_artifact(
+    ref: str, *, insecure: bool = False, trust: TrustPolicy | None = None
+) -> Artifact:
+    """Read the artifact ``ref`` names (``STORE:TAG`` or ``STORE@sha256:...``).
+
+    With ``trust``, its signature is checked first (:func:`read_artifact`).
+
+    Raises :class:`UsageError` when ``ref`` names a store but no artifact, and
+    :class:`NotFoundError` when the store has no such artifact.
+    """
+    from artifactd.stores import open_store, parse_manifest_ref
+
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        art = read_artifact(st, reference, trust=trust)
+    if art is None:
+        raise NotFoundError(f"{store} has no artifact {reference}")
+    return art
+
+
+def adopt_software_from(
+    raw: Mapping[str, Any],
+    ref: str,
+    *,
+    store: str | None = None,
+    verify_keys: Sequence[str] = (),
+    insecure: bool = False,
+) -> dict[str, Any]:
+    """Return ``raw`` with the software fields of the artifact ``ref`` names (``--software-from``).
+
+    The artifact decides which artifact the pod then resolves, so under a
+    policy (``verify_keys``: key specs, as ``--verify-key`` takes them) it is
+    verified like one it would install: :class:`~artifactd.errors.TrustError`
+    when no key signed it. The one owner of ``--software-from`` for every
+    command that takes it (``restore``, ``prefetch``). ``store`` is the store
+    the command resolves against afterwards: with ``ref`` in another registry,
+    an environment credential pair must say which of the two it belongs to
+    (:func:`~artifactd.stores.credentials.check_unbound_pair`).
+    """
+    import json
+
+    from artifactd.fingerprint.key import adopt_software
+    from artifactd.stores.credentials import check_unbound_pair
+
+    check_unbound_pair([ref, store])
+    trust = None
+    if verify_keys:
+        from artifactd.trust.policy import TrustPolicy
+
+        trust = TrustPolicy.from_specs(verify_keys)
+    art = open_artifact(ref, insecure=insecure, trust=trust)
+    return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
+
+
+def copy_between(
+    source: str,
+    destination: str,
+    tags: list[str] | None,
+    *,
+    insecure: bool = False,
+    trust: Basis | None = None,
+    sign_key: PrivateKey | None = None,
+) -> CopyResult:
+    """Open both stores (creating the destination) and copy ``tags`` (None: every artifact).
+
+    With a :class:`~artifactd.trust.policy.TrustPolicy` as ``trust``, every manifest
+    to copy must verify in the source before anything is written to the
+    destination (:class:`~artifactd.errors.TrustError` otherwise). With
+    ``sign_key``, every copied manifest is also signed in the destination (a
+    promotion signing with the production key), next to the signatures
+    carried from the source; that takes a ``trust`` basis, the policy or
+    :data:`~artifactd.trust.policy.UNSAFE_NO_VERIFICATION` (see
+    :class:`~artifactd.trust.policy.UnsafeNoVerification`): without one it is a
+    :class:`~artifactd.errors.UsageError`, before any store is opened.
+    """
+    import tempfile
+
+    from artifactd.stores import open_store
+    from artifactd.stores.credentials import check_unbound_pair
+    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.signatures import sign_all
+
+    check_unbound_pair([source, destination])
+    if sign_key is not None and trust is None:
+        raise UsageError(
+            "signing a copy needs a basis: what is copied must verify under a policy first",
+            hint="pass --verify-key with the key that signed the source (CI's public key); "
+            "to sign unverified content anyway, pass --sign-unverified",
+        )
+    policy = trust if isinstance(trust, TrustPolicy) else None
+    with open_store(source, insecure=insecure) as src:
+        chosen = choose_artifacts(src, tags, trust=policy)  # before the destination is touched
+        with (
+            open_store(destination, create=True, insecure=insecure) as dst,
+            tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
+        ):
+            result = _copy_chosen(src, dst, chosen, Path(tmp))
+            if sign_key is not None:
+                result.signing = sign_all(dst, result.digests.values(), sign_key)
+            return result

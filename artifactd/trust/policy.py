@@ -1,0 +1,267 @@
+"""Verification policy: whether a digest may be installed, re-signed or shown as trusted.
+
+:class:`TrustPolicy` is the verifier: :meth:`TrustPolicy.check` returns the id
+of the key that signed the digest, or raises :class:`TrustError` saying why
+not (no signature, signed for another digest, no key of the policy verifies,
+an unreadable signature). There is no "warn" mode: without a policy nothing is
+checked, and with one nothing unverified passes.
+
+It reads signatures with :mod:`artifactd.trust.signatures` and never writes one,
+except :func:`sign_ref`, which signs only what :func:`vouch` let through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from artifactd.errors import NotFoundError, TrustError
+from artifactd.trust.signatures import (
+    Attestation,
+    SignatureLayer,
+    SignResult,
+    _verifies,
+    attached_tag,
+    read_attestations,
+    read_signatures,
+    sign_all,
+)
+
+if TYPE_CHECKING:
+    from artifactd.stores import Store
+    from artifactd.trust.keys import PrivateKey, PublicKey
+
+
+# --------------------------------------------------------------------------
+# Verifying
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """Verify before install: every manifest must be signed by one of ``keys``."""
+
+    keys: tuple[PublicKey, ...]
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[str]) -> TrustPolicy | None:
+        """Load the keys the specs name; None (no policy) when there are none."""
+        if not specs:
+            return None
+        from artifactd.trust.keys import load_public_keys
+
+        return cls(tuple(load_public_keys(specs)))
+
+    @property
+    def key_ids(self) -> list[str]:
+        """The ids of the policy's keys."""
+        return [k.id for k in self.keys]
+
+    def check(self, store: Store, digest: str, *, what: str | None = None) -> str:
+        """Return the id of a key that signed exactly ``digest`` in ``store``, or raise.
+
+        Raises :class:`TrustError` (``reason``: ``unsigned``, ``wrong_digest``,
+        ``unknown_key``, ``malformed``); reads the signature manifest and its
+        payload blobs only (a few KiB), never a layer of the artifact.
+        """
+        name = what or f"{store.ref}@{digest}"
+        sigs = read_signatures(store, digest)
+        if not sigs:
+            raise TrustError(
+                f"{name} is not signed: {store.ref} has no {attached_tag(digest, 'sig')}",
+                reason="unsigned",
+                hint="sign it at publish time (--sign-key), or restore from a store that keeps "
+                "signatures (`artifactd copy` carries them)",
+            )
+        others: list[str] = []
+        problems: list[str] = []
+        for sig in sigs:
+            if sig.names is None or sig.signature is None:
+                problems.append(sig.problem or "unreadable")
+                continue
+            if sig.names != digest:
+                others.append(sig.names)
+                continue
+            for key in self.keys:
+                if _verifies(key, sig.signature, sig.payload):
+                    return key.id
+            problems.append("no key verifies it")
+        if any(p == "no key verifies it" for p in problems):
+            ids = ", ".join(k.id[:19] for k in self.keys)
+            raise TrustError(
+                f"{name}: its signature does not verify with any of the {len(self.keys)} "
+                f"key(s) given ({ids}...): signed by another key, or the signature was altered",
+                reason="unknown_key",
+                hint="pass the publisher's public key (--verify-key, repeatable for rotation)",
+            )
+        if others:
+            raise TrustError(
+                f"{name}: the signature under {attached_tag(digest, 'sig')} is for another "
+                f"digest ({others[0]}), not {digest}",
+                reason="wrong_digest",
+                hint="someone copied a signature onto this artifact; do not trust its tag",
+            )
+        raise TrustError(
+            f"{name}: its signature cannot be read ({problems[0]})", reason="malformed"
+        )
+
+
+class UnsafeNoVerification:
+    """The explicit choice to sign what a store holds without verifying it first.
+
+    Signing says "this key vouches for these bytes". Re-signing a store's
+    content unchecked launders it: an artifact anyone pushed to staging would
+    leave a promotion with the production signature. So every re-signing
+    (:func:`vouch`, ``copy --sign-key``, ``sign``) takes a :data:`Basis`: a
+    :class:`TrustPolicy` the content must verify under first, or
+    :data:`UNSAFE_NO_VERIFICATION`, named so that a call site reads as unsafe
+    (after sigstore-python's ``UnsafeNoOp`` policy). No re-signing defaults
+    to it: :func:`sign_ref` requires a basis, and
+    :func:`artifactd.stores.artifacts.copy_between` refuses to sign without one.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSAFE_NO_VERIFICATION"
+
+
+#: Sign without verifying (``--sign-unverified``): the signer vouches by other means.
+UNSAFE_NO_VERIFICATION = UnsafeNoVerification()
+#: What a re-signing rests on: a policy the content verifies under, or the explicit opt-out.
+Basis = TrustPolicy | UnsafeNoVerification
+
+
+def vouch(store: Store, digests: Iterable[str], basis: Basis) -> dict[str, str | None]:
+    """Check every one of ``digests`` in ``store`` under ``basis``, all before any is signed.
+
+    Returns each digest with the id of the key that verified it (None under
+    :data:`UNSAFE_NO_VERIFICATION`, which checks nothing). Raises the first
+    :class:`TrustError`: the caller then signs nothing at all, not even the
+    digests that did verify.
+    """
+    seen: dict[str, str | None] = {}
+    for digest in digests:
+        if digest and digest not in seen:
+            seen[digest] = _vouched(store, digest, basis)
+    return seen
+
+
+def _vouched(store: Store, digest: str, basis: Basis) -> str | None:
+    if not isinstance(basis, TrustPolicy):
+        return None
+    try:
+        return basis.check(store, digest)
+    except TrustError as exc:
+        raise TrustError(
+            f"{exc.message} (refused before anything was written or signed)",
+            reason=exc.reason,
+            hint="re-sign only what the publisher's key verifies: find out who pushed it, "
+            "or pass the key that signed it (--verify-key)",
+        ) from None
+
+
+# --------------------------------------------------------------------------
+# Inspecting
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class SignatureInfo:
+    """One signature as ``inspect`` shows it."""
+
+    layer: str
+    names: str | None
+    #: The key id that verified it (only with keys given).
+    verified_by: str | None
+    problem: str | None
+
+
+@dataclass
+class TrustReport:
+    """Signatures and attestations of one manifest, checked against keys when given."""
+
+    digest: str
+    keys: list[str]
+    signatures: list[SignatureInfo]
+    attestations: list[dict[str, Any]]
+    #: With keys: the key that verified the signature, else None.
+    verified_by: str | None = None
+    #: With keys: why verification failed (a :class:`TrustError`'s message and reason).
+    error: str | None = None
+    reason: str | None = None
+
+
+def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustReport:
+    """Read ``digest``'s signatures and attestations; check them against ``keys`` if any."""
+    from artifactd.trust.provenance import summary
+
+    infos = []
+    try:
+        sigs = read_signatures(store, digest)
+    except TrustError as exc:  # unreadable: shown as such, never a crash of inspect
+        sigs = [SignatureLayer("", b"", None, None, exc.message)]
+    for sig in sigs:
+        by = None
+        if sig.names == digest and sig.signature is not None:
+            by = next((k.id for k in keys if _verifies(k, sig.signature, sig.payload)), None)
+        problem = sig.problem
+        if problem is None and sig.names != digest:
+            problem = f"signs another digest ({sig.names})"
+        elif problem is None and keys and by is None:
+            problem = "no given key verifies it"
+        infos.append(SignatureInfo(sig.layer, sig.names, by, problem))
+    try:
+        found = read_attestations(store, digest, keys)
+    except TrustError as exc:
+        found = [Attestation("", "", None, problem=exc.message)]
+    atts = [
+        {
+            "layer": a.layer,
+            "predicate_type": a.predicate_type,
+            "signed_by": a.signed_by,
+            "problem": a.problem,
+            "summary": summary(a.predicate),
+        }
+        for a in found
+    ]
+    report = TrustReport(digest, [k.id for k in keys], infos, atts)
+    if keys:
+        try:
+            report.verified_by = TrustPolicy(tuple(keys)).check(store, digest)
+        except TrustError as exc:
+            report.error, report.reason = exc.message, exc.reason
+    return report
+
+
+def inspect_ref(
+    ref: str, *, keys: Sequence[PublicKey] = (), insecure: bool = False
+) -> tuple[Any, TrustReport]:
+    """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
+    from artifactd.stores import open_store, parse_manifest_ref
+    from artifactd.stores.artifacts import read_artifact
+
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        art = read_artifact(st, reference)
+        if art is None:
+            raise NotFoundError(f"{store} has no artifact {reference}")
+        return art, examine(st, art.digest, keys)
+
+
+def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False) -> SignResult:
+    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store.
+
+    The manifest must verify under ``basis`` first (:func:`vouch`), unless
+    it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
+    vouching for whoever put it there.
+    """
+    from artifactd.stores import open_store, parse_manifest_ref
+
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        found = st.get_manifest(reference)
+        if found is None:
+            raise NotFoundError(f"{store} has no manifest {reference}")
+        return sign_all(st, vouch(st, [found.digest], basis), key)
