@@ -31,6 +31,7 @@ from artifactd import __version__
 from artifactd.errors import UsageError
 from artifactd.images.append import LABEL_ARTIFACT, LABEL_FAMILIES, LABEL_FINGERPRINT
 from artifactd.images.build import INIT_UID, render_dockerfile
+from artifactd.images.wheels import source_ignore
 from artifactd.restore.destination import parse_env_file
 
 # The session fixtures of tests/engine.py, used here by name.
@@ -152,6 +153,20 @@ def test_templates_render_and_name_what_is_missing() -> None:
         render_dockerfile("init", base="python:3.11\nRUN rm -rf /", version="1")
     with pytest.raises(UsageError, match="no image kind"):
         render_dockerfile("nope")
+
+
+def test_the_wheel_source_copy_keeps_the_build_package(tmp_path: Path) -> None:
+    """``build/`` at a checkout's root is setuptools' state; ``artifactd/build/`` is source."""
+    import shutil
+
+    src = tmp_path / "checkout"
+    for rel in ("artifactd/build/run.py", "build/lib/stale.py", "dist/x.whl"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text("")
+    (src / "artifactd" / "__pycache__").mkdir()
+    shutil.copytree(src, tmp_path / "copy", ignore=source_ignore(src))
+    copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
+    assert copied == ["artifactd", "artifactd/build", "artifactd/build/run.py"]
 
 
 def test_usage_errors_come_before_any_engine(tmp_path: Path) -> None:

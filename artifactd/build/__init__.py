@@ -11,7 +11,6 @@ Modules:
 * :mod:`~artifactd.build.merge`: merge cells' partial artifacts into one.
 * :mod:`~artifactd.build.published`: the one published fingerprint of a matrix.
 * :mod:`~artifactd.build.gate`: the ``verify`` gate (replay, compare, compiled anyway).
-* :mod:`~artifactd.build.megacache`: torch's mega-cache save/load helper for cells.
 * :mod:`~artifactd.build.demo`: the CPU demo matrix and caches.
 
 Nothing is imported here.

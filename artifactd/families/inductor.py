@@ -11,8 +11,8 @@ Three components:
   Without it a "warm" CPU start rebuilds it (9 s instead of 2 s here). It is
   restored under ``<target>/tmp`` and the env file sets ``TMPDIR`` there.
 * ``megacache``: torch's Mega-Cache bytes (``torch.compiler.save_cache_artifacts``)
-  saved by :func:`artifactd.build.megacache.save` into ``ARTIFACTD_MEGACACHE_DIR``;
-  path-independent, loaded in the engine with :func:`artifactd.build.megacache.load`.
+  saved by :func:`artifactd.megacache.save` into ``ARTIFACTD_MEGACACHE_DIR``;
+  path-independent, loaded in the engine with :func:`artifactd.megacache.load`.
 
 CPU kernel keys hold the compile command line: torch's install path (include
 flags), the host compiler, and ``-march=native`` (the CPU ISA), so those are in

@@ -8,5 +8,6 @@ reused where they are.
 :mod:`~artifactd.images.build` builds the same runtime image, or the
 init-container image (artifactd alone, running ``artifactd restore``), with a
 container engine through the Docker Engine API, from the templates in
-``dockerfiles/``.
+``dockerfiles/``; :mod:`~artifactd.images.wheels` builds the wheels the init
+image installs.
 """

@@ -28,8 +28,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -41,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from artifactd.constants import current_environ
 from artifactd.errors import BuildError, ConfigError, NotFoundError, StoreError, UsageError
 from artifactd.events import EventSink, discard
+from artifactd.images.wheels import artifactd_version, default_source, pip_wheel
 from artifactd.stores.credentials import check_unbound_pair
 
 if TYPE_CHECKING:
@@ -57,23 +56,6 @@ DOCKER_EXTRA = "pip install 'artifactd[docker]'"
 LOG_TAIL = 30
 #: The init image's user and group (numeric, no passwd entry; distroless's "nonroot").
 INIT_UID = 65532
-#: Left out when a source checkout is copied for ``pip wheel`` (state, not source).
-_NOT_SOURCE = (
-    ".git",
-    ".venv",
-    "venv",
-    ".artifactd",
-    "build",
-    "dist",
-    "*.egg-info",
-    "__pycache__",
-    ".mypy_cache",
-    ".ruff_cache",
-    ".pytest_cache",
-    ".hypothesis",
-    ".tox",
-    ".nox",
-)
 #: Every template value: no quotes, spaces, ``$`` or newlines can reach the Dockerfile.
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+,=-]*$")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -460,8 +442,8 @@ def _init_context(
         for whl in given:
             shutil.copy2(whl, out / whl.name)
     else:
-        _pip_wheel(source or default_source(), out, work, on_event)
-    version = _artifactd_version(out)
+        pip_wheel(source or default_source(), out, work, on_event)
+    version = artifactd_version(out)
     base_digest = m.group(0) if (m := _DIGEST.search(base)) and "@" in base else None
     return _Job(
         variables={"base": base, "version": version},
@@ -470,54 +452,6 @@ def _init_context(
         base_digest=base_digest,
         version=version,
     )
-
-
-def default_source() -> Path:
-    """Return the checkout artifactd runs from (one with a ``pyproject.toml``)."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").is_file() and (root / "artifactd").is_dir():
-        return root
-    raise UsageError(
-        "artifactd runs from an installed wheel, not a source checkout: nothing to build wheels of",
-        hint="pass --source DIR (an artifactd checkout) or --wheels DIR (prebuilt wheels)",
-    )
-
-
-def _pip_wheel(source: Path, out: Path, work: Path, on_event: EventSink) -> None:
-    """``pip wheel`` a copy of ``source`` (its build state left out) into ``out``."""
-    if not (source / "pyproject.toml").is_file():
-        raise UsageError(
-            f"--source {source}: no pyproject.toml there", hint="point it at an artifactd checkout"
-        )
-    copy = work / "source"
-    shutil.copytree(source, copy, symlinks=True, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
-    on_event({"stage": "image", "event": "wheels", "source": str(source)})
-    argv = [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check"]
-    proc = subprocess.run(
-        [*argv, "--wheel-dir", str(out), str(copy)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-LOG_TAIL:]
-        raise BuildError(
-            f"pip wheel {source} failed (exit {proc.returncode})"
-            + "".join(f"\n  | {line}" for line in tail),
-            hint="pass --wheels DIR with wheels of artifactd and its dependencies",
-        )
-
-
-def _artifactd_version(wheels: Path) -> str:
-    """Return the version of the one artifactd wheel in ``wheels``."""
-    versions = sorted({p.name.split("-")[1] for p in wheels.glob("artifactd-*.whl")})
-    if len(versions) != 1:
-        raise UsageError(
-            f"the wheels hold {len(versions) or 'no'} artifactd version(s)"
-            + (f": {', '.join(versions)}" if versions else ""),
-            hint="give exactly one artifactd wheel, with its dependencies",
-        )
-    return versions[0]
 
 
 # --------------------------------------------------------------------------

@@ -9,12 +9,12 @@ kernel ``.so`` files, so the inductor family ships its cache dir as well.
 
 Warm-up side, at the end of the warm-up process::
 
-    from artifactd.build import megacache
+    from artifactd import megacache
     megacache.save()          # writes $ARTIFACTD_MEGACACHE_DIR/megacache-<pid>.bin
 
 Engine side, early in the serving process (before the first torch.compile)::
 
-    from artifactd.build import megacache
+    from artifactd import megacache
     megacache.load()          # loads every *.bin in $ARTIFACTD_MEGACACHE_DIR
 
 The inductor family harvests that directory as its ``megacache`` component and
