@@ -34,6 +34,10 @@ ENV_SET = "ARTIFACTD_SET"
 ENV_MAX_BYTES = "ARTIFACTD_MAX_BYTES"
 ENV_LOCK_TIMEOUT = "ARTIFACTD_LOCK_TIMEOUT"
 ENV_MEGACACHE_DIR = "ARTIFACTD_MEGACACHE_DIR"
+ENV_EXEC_RESTORE = "ARTIFACTD_EXEC_RESTORE"
+ENV_ENGINE_LOG = "ARTIFACTD_ENGINE_LOG"
+ENV_FAIL_ON_COMPILE = "ARTIFACTD_FAIL_ON_COMPILE"
+ENV_STATUS_SERVE = "ARTIFACTD_STATUS_SERVE"
 #: The registry (``HOST[:PORT]``) the ``ARTIFACTD_REGISTRY_USERNAME``/``PASSWORD``
 #: pair belongs to: the pair is sent there and nowhere else (see
 #: :mod:`artifactd.stores.credentials`).
@@ -50,6 +54,8 @@ ENV_KEY_PASSWORD = "ARTIFACTD_KEY_PASSWORD"  # noqa: S105 - a variable name
 ENV_CACHE_DIR = "ARTIFACTD_CACHE_DIR"
 #: Where a runtime image carries baked stores (``<dir>/<fingerprint hash>/``).
 ENV_PREBUILT = "ARTIFACTD_PREBUILT"
+#: Set by Kubernetes in each pod of an Indexed Job: ``build --cell`` reads it.
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 DEFAULT_PREBUILT = "/opt/prebuilt-cache"
 
 #: Where the embedded default store lives, relative to the working directory.

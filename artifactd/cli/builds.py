@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.group import cli
 from artifactd.cli.options import (
@@ -94,7 +95,7 @@ def harvest(
 @click.option(
     "--cell",
     type=click.IntRange(min=0),
-    envvar="JOB_COMPLETION_INDEX",
+    envvar=C.JOB_COMPLETION_INDEX,
     metavar="I",
     help="Build only cell I and push it as a partial artifact for `merge` "
     "[JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job sets it].",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.group import cli
 from artifactd.cli.options import (
@@ -23,7 +24,7 @@ from artifactd.cli.specs import family_names, parse_size
 @click.option(
     "--node-store",
     required=True,
-    envvar="ARTIFACTD_NODE_STORE",
+    envvar=C.ENV_NODE_STORE,
     metavar="oci:PATH",
     help="The node's local OCI layout (a hostPath), as restore --node-store names it.",
 )
@@ -31,7 +32,7 @@ from artifactd.cli.specs import family_names, parse_size
 @fingerprint_options
 @click.option(
     "--software-from",
-    envvar="ARTIFACTD_SOFTWARE_FROM",
+    envvar=C.ENV_SOFTWARE_FROM,
     metavar="REF",
     help="Take the runtime image's software fields from this artifact's fingerprint, "
     "as restore --software-from does (for a prefetch run from the init image).",
@@ -103,7 +104,7 @@ def prefetch(
 @click.option(
     "--store",
     required=True,
-    envvar="ARTIFACTD_NODE_STORE",
+    envvar=C.ENV_NODE_STORE,
     metavar="oci:PATH",
     help="The node store to collect (a local OCI layout).",
 )
@@ -122,7 +123,7 @@ def prefetch(
 @click.option(
     "--metrics-file",
     type=click.Path(path_type=Path),
-    envvar="ARTIFACTD_METRICS_FILE",
+    envvar=C.ENV_METRICS_FILE,
     metavar="PATH",
     help="Write the node store's size and evictions (node-exporter textfile).",
 )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.group import cli
@@ -27,16 +28,12 @@ if TYPE_CHECKING:
 
     from artifactd.pod.status import FamilyStatus, TargetStatus
 
-#: The variables of the flags these commands add (the others are the restore's).
-ENV_EXEC_RESTORE = "ARTIFACTD_EXEC_RESTORE"
-ENV_ENGINE_LOG = "ARTIFACTD_ENGINE_LOG"
-ENV_FAIL_ON_COMPILE = "ARTIFACTD_FAIL_ON_COMPILE"
 
 RESTORE_FIRST = Opt(
     "--restore",
     "restore",
     "Restore into TARGET first, with the restore options below, then run CMD.",
-    ENV_EXEC_RESTORE,
+    C.ENV_EXEC_RESTORE,
     is_flag=True,
 )
 #: What ``exec`` itself reads, in its own words; the rest only matter with --restore.
@@ -138,14 +135,14 @@ ENGINE_LOG = Opt(
     "--engine-log",
     "engine_log",
     "The engine's log (- for stdin): what it says it loaded and compiled, and where.",
-    ENV_ENGINE_LOG,
+    C.ENV_ENGINE_LOG,
     metavar="FILE",
 )
 FAIL_ON_COMPILE = Opt(
     "--fail-on-compile",
     "fail_on_compile",
     "Exit 13 when a restored family compiled anyway (a miss stays 0).",
-    ENV_FAIL_ON_COMPILE,
+    C.ENV_FAIL_ON_COMPILE,
     is_flag=True,
 )
 SERVE = Opt(
@@ -153,7 +150,7 @@ SERVE = Opt(
     "serve",
     "Serve the status as Prometheus metrics at HOST:PORT (or :PORT) for a scrape, "
     "computed afresh at each scrape; runs until stopped.",
-    "ARTIFACTD_STATUS_SERVE",
+    C.ENV_STATUS_SERVE,
     metavar="ADDR",
 )
 STATUS_OPTIONS = (
