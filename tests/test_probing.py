@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -134,3 +135,38 @@ def test_pending_probe_reads_the_tools_it_started(
     pending = probing.PendingProbe(use_nvml=False, environ=env, cache=ProbeCache(None))
     assert pending.result()["compilers"]["cc"] == "fake-cc (artifactd test) 9.9"
     assert pending.result() is pending.result()
+
+
+def test_one_compiler_under_two_names_is_one_identity(tmp_path: Path) -> None:
+    """GCC prints the name it was invoked by: ``cc`` and ``gcc`` must not read as two compilers."""
+    real = tmp_path / "x86_64-test-gcc-12"
+    real.write_text('#!/bin/sh\necho "$(basename "$0") (Test 12.2.0-14) 12.2.0"\n')
+    real.chmod(0o755)
+    (tmp_path / "cc").symlink_to(real.name)
+    (tmp_path / "gcc").symlink_to(real.name)
+    path = str(tmp_path)
+    ids = {
+        name: probing.compiler_identity(
+            name, probing.run_version([str(tmp_path / name), "--version"]), path
+        )
+        for name in ("cc", "gcc", str(real))
+    }
+    assert set(ids.values()) == {"x86_64-test-gcc-12 (Test 12.2.0-14) 12.2.0"}, ids
+    # A compiler whose line does not start with its name keeps the line as written.
+    assert probing.compiler_identity("cc", "Debian clang version 14.0.6\nTarget: x") == (
+        "Debian clang version 14.0.6"
+    )
+    assert probing.compiler_identity("cc", None) is None
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("cc") is None, reason="no gcc")
+def test_cc_and_gcc_probe_to_the_same_key_when_they_are_one_binary() -> None:
+    """On this machine ``cc`` is GCC through alternatives: the probe's key agrees."""
+    if os.path.realpath(shutil.which("cc") or "") != os.path.realpath(shutil.which("gcc") or ""):
+        pytest.skip("cc and gcc are different binaries here")
+    seen = {}
+    for cc in ("cc", "gcc"):
+        env = {"PATH": os.environ.get("PATH", ""), "CC": cc}
+        raw = probing.PendingProbe(use_nvml=False, environ=env, cache=ProbeCache(None)).result()
+        seen[cc] = raw["compilers"]["cc"]
+    assert seen["cc"] == seen["gcc"] and seen["cc"] is not None, seen

@@ -98,7 +98,11 @@ class CPUInfo(_Model):
 class CompilersInfo(_Model):
     """Host compilers that JIT paths call (Triton launcher, Inductor C++)."""
 
-    cc: str | None = Field(None, description="First line of `cc --version`.")
+    cc: str | None = Field(
+        None,
+        description="First line of `$CC --version` (default `cc`), its leading program "
+        "name resolved through symlinks (`cc` and `gcc` name one compiler).",
+    )
 
 
 class LibraryInfo(_Model):

@@ -374,6 +374,38 @@ def library_info(dist: InstalledDist, cache: ProbeCache | None = None) -> Raw:
 TOOL_TIMEOUT_S = 10.0
 
 
+def compiler_identity(
+    program: str, version_output: str | None, path: str | None = None
+) -> str | None:
+    """Return the C compiler's identity: the first line of its ``--version``, name resolved.
+
+    GCC starts that line with the name it was invoked by, so ``cc``, ``gcc`` and
+    ``x86_64-linux-gnu-gcc-12`` (one binary, through symlinks) would read as three
+    compilers and a pod whose ``$CC`` spells it differently would miss. The
+    leading name is replaced by the file it resolves to on ``path`` (default
+    ``$PATH``); the version text that follows is kept as the compiler wrote it.
+    """
+    if not version_output:
+        return None
+    line = version_output.splitlines()[0].strip()
+    invoked = os.path.basename(program)
+    first, _, rest = line.partition(" ")
+    if first != invoked:
+        return line
+    found = program if "/" in program else _on_path(program, path)
+    resolved = os.path.basename(os.path.realpath(found)) if found else invoked
+    return f"{resolved} {rest}".strip()
+
+
+def _on_path(program: str, path: str | None) -> str | None:
+    """Return where ``program`` is on ``path`` (``$PATH`` by default), as a shell finds it."""
+    for entry in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep):
+        candidate = os.path.join(entry or ".", program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 class _Tool:
     """A ``tool --version`` started now and read later, so several run side by side.
 
@@ -548,7 +580,8 @@ class PendingProbe:
         self._tools = {"nvcc": _Tool(["nvcc", "--version"])}
         if ptxas_path:
             self._tools["ptxas"] = _Tool([ptxas_path, "--version"])
-        self._tools["cc"] = _Tool([environ.get(CC, "cc"), "--version"])
+        self._cc = environ.get(CC, "cc")
+        self._tools["cc"] = _Tool([self._cc, "--version"])
         self._bg = _Background()
         if use_nvml:
             self._bg.start("nvml", probe_gpu_nvml)
@@ -614,7 +647,7 @@ class PendingProbe:
             },
             "platform": {"system": uname.sysname, "machine": uname.machine, "glibc": glibc},
             "cpu": cpu,
-            "compilers": {"cc": cc_out.splitlines()[0].strip() if cc_out else None},
+            "compilers": {"cc": compiler_identity(self._cc, cc_out)},
             "libraries": libraries,
             "paths": {"site_packages": os.path.realpath(site)},
             "image": {"digest": self._image_digest or None},
