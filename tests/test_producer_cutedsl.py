@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pwd
 import struct
 import subprocess
 from pathlib import Path
@@ -92,7 +93,7 @@ def newer_than(root: Path, when: float) -> list[Path]:
 def test_the_dsl_cache_round_trips_to_another_user_and_temp_dir_and_is_used(
     registry: RegistryServer, repo: str, tmp_path: Path
 ) -> None:
-    """Build as ``builder`` under one TMPDIR; the pod, as ``poduser`` under another, compiles nothing.
+    """Built as ``builder`` in one TMPDIR, used as ``poduser`` in another: nothing compiled.
 
     Then a pod whose GPU differs (``--set gpu.arch=sm_100a``) misses the family
     with ``gpu.arch`` named, and the DSL agrees: compiling for sm_100a on the
@@ -181,3 +182,20 @@ def test_the_dsl_cache_round_trips_to_another_user_and_temp_dir_and_is_used(
     doc = json.loads(run_artifactd("status", "--target", str(target), "--json").stdout)
     fams = {f["family"]: f for f in doc["families"]}
     assert fams["cutedsl"]["verdict"] == "compiled anyway", fams
+
+
+def test_without_user_the_harvest_finds_the_cache_where_the_dsl_wrote_it(tmp_path: Path) -> None:
+    """No ``$USER``: the DSL names its dir after the uid's login, whatever ``$LOGNAME`` says."""
+    tmp = tmp_path / "tmp"
+    env = build_env(tmp, "unused", LOGNAME="not-the-login")
+    del env["USER"]
+    built = produce(env, tmp_path / "cwd")
+    assert built["file_cache"] == "miss"
+    written = tmp / pwd.getpwuid(os.getuid()).pw_name / CACHE_DIRNAME
+    assert [p.name for p in written.iterdir()] == [f"cute_dsl_{built['module_hash']}.mlir"]
+    store = f"oci:{tmp_path / 'store'}"
+    harvested = run_artifactd_json(
+        "harvest", "--store", store, "--family", "cutedsl", "--gpu-arch", ARCH, env=env
+    )
+    (fam,) = harvested["families"]
+    assert fam["found"] == {"cache": str(written)} and fam["files"] == 1

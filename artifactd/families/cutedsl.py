@@ -68,9 +68,35 @@ FA4_DIRNAME = "flash_attention_cute_dsl_cache"
 DSL_PACKAGE = "nvidia_cutlass_dsl"
 
 
-def dsl_user(environ: Mapping[str, str]) -> str:
-    """Return the user name in CuTe DSL's default cache path: $USER, $USERNAME, else the login."""
-    return environ.get(USER) or environ.get(USERNAME) or sanitize_user(None)
+def dsl_user(environ: Mapping[str, str]) -> str | None:
+    """Return the user name in CuTe DSL's default cache path: $USER, $USERNAME, else the login.
+
+    The login is the password database's name for the uid, as the DSL's
+    ``get_current_user`` reads it; never ``getpass.getuser()``, which tries
+    ``$LOGNAME`` first. None when the uid has no entry: the DSL then falls
+    back to ``<tmp>/cutlass_python_cache``.
+    """
+    named = environ.get(USER) or environ.get(USERNAME)
+    if named:
+        return named
+    try:
+        import pwd
+    except ImportError:  # not POSIX: the DSL's own lookup raises, then falls back
+        return None
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return None
+
+
+def dsl_cache_dir(environ: Mapping[str, str]) -> Path:
+    """Return the dir CuTe DSL caches in for ``environ`` (``get_default_generated_ir_path``)."""
+    configured = environ.get(CUTE_DSL_CACHE_DIR)
+    if configured:
+        return Path(configured)
+    tmp = gettempdir(environ)
+    user = dsl_user(environ)
+    return tmp / user / CACHE_DIRNAME if user else tmp / CACHE_DIRNAME
 
 
 def crc_ok(path: str) -> bool:
@@ -123,9 +149,8 @@ class CuteDSLFamily(Family):
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find each dir as its library does (env var, else the per-user temp default)."""
         found: list[Located] = []
-        configured = environ.get(CUTE_DSL_CACHE_DIR)
         tmp = gettempdir(environ)
-        cache = Path(configured) if configured else tmp / dsl_user(environ) / CACHE_DIRNAME
+        cache = dsl_cache_dir(environ)
         if cache.is_dir():
             found.append(Located(self.components[0], cache))
         fa4_configured = environ.get(FLASH_ATTENTION_CUTE_DSL_CACHE_DIR)

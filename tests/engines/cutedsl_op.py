@@ -70,7 +70,7 @@ def main() -> dict[str, Any]:
             raise
         site.addsitedir(where)
         import cutlass
-    import cutlass.cute as cute
+    from cutlass import cute
     from cutlass.base_dsl.common import DSLCudaRuntimeError
 
     # The DSL's logger is named after its env prefix and is off unless asked for.
