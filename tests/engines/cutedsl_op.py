@@ -79,13 +79,13 @@ def main() -> dict[str, Any]:
     seen = _DSLLog()
     logger.addHandler(seen)
 
-    @cute.kernel  # type: ignore[misc]
+    @cute.kernel  # type: ignore[untyped-decorator]
     def step_kernel(step: cutlass.Int32, limit: cutlass.Int32) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         if tidx + step > limit:
             cute.printf("thread %d passed %d\n", tidx + step, limit)
 
-    @cute.jit  # type: ignore[misc]
+    @cute.jit  # type: ignore[untyped-decorator]
     def step_all(step: cutlass.Int32, limit: cutlass.Int32) -> None:
         step_kernel(step, limit).launch(grid=(1, 1, 1), block=(32, 1, 1))
 
