@@ -199,3 +199,38 @@ def test_without_user_the_harvest_finds_the_cache_where_the_dsl_wrote_it(tmp_pat
     )
     (fam,) = harvested["families"]
     assert fam["found"] == {"cache": str(written)} and fam["files"] == 1
+
+
+def test_a_file_failing_its_crc_is_left_out_and_the_dsl_recompiles_it(tmp_path: Path) -> None:
+    """The DSL discards a cache file whose CRC32 fails and compiles again: not worth shipping."""
+    tmp = tmp_path / "tmp"
+    env = build_env(tmp, "builder")
+    built = produce(env, tmp_path / "cwd")
+    cached = tmp / "builder" / CACHE_DIRNAME / f"cute_dsl_{built['module_hash']}.mlir"
+    data = bytearray(cached.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    assert not crc_ok(str(cached))
+
+    # A second, sound file (the same kernel for sm_100a), so that there is a cache to harvest.
+    other = produce(env | {"CUTE_DSL_ARCH": "sm_100a"}, tmp_path / "cwd")
+    store = f"oci:{tmp_path / 'store'}"
+    harvested = run_artifactd_json(
+        "harvest", "--store", store, "--family", "cutedsl", "--gpu-arch", ARCH, env=env
+    )
+    (fam,) = harvested["families"]
+    assert (fam["files"], fam["skipped"]) == (1, 1)
+    shown = run_artifactd_json("inspect", f"{store}:{harvested['tags'][0]}", "--files")
+    (layer,) = shown["config"]["layers"]
+    assert [f["path"] for f in layer["files"]] == [f"cache/cute_dsl_{other['module_hash']}.mlir"]
+    assert layer["skipped"] == [
+        {
+            "path": f"cache/{cached.name}",
+            "reason": "corrupt CuTe DSL cache file: CRC32 mismatch (discarded at load)",
+        }
+    ]
+
+    again = produce(env, tmp_path / "cwd")
+    assert (again["file_cache"], again["load_failures"]) == ("miss", 1)
+    assert again["module_hash"] == built["module_hash"]
+    assert crc_ok(str(cached)), "the DSL wrote the file again"

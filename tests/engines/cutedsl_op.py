@@ -1,7 +1,8 @@
 """One CuTe DSL kernel, compiled by the DSL's own JIT: the producer of the ``cutedsl`` tests.
 
 Run as ``python cutedsl_op.py``; it prints one JSON line last:
-``{"cutedsl_op": {"module_hash", "file_cache", "arch", "launch", "dsl_site"}}``.
+``{"cutedsl_op": {"module_hash", "file_cache", "arch", "launch", "dsl_site",
+"load_failures"}}``.
 
 The kernel is one op (each thread adds ``step`` to its index and prints only
 when the sum passes ``limit``, which it never does for the launch below), and
@@ -12,7 +13,9 @@ looks the module up in its file cache and writes ``cute_dsl_<hash>.mlir``
 there on a miss, all before it launches.
 
 ``file_cache`` is what the DSL itself logged: ``hit`` for its "JIT cache hit
-IN-FILE" line, ``miss`` for "JIT cache miss". ``launch`` is ``ok``, or the
+IN-FILE" line, ``miss`` for "JIT cache miss"; ``load_failures`` counts its
+"failed with loading generated IR cache" warnings (a file it found and
+discarded, such as one failing its CRC32). ``launch`` is ``ok``, or the
 name of the CUDA error the launch raised: on a machine without a driver
 (``cudaErrorInsufficientDriver``) the compile and the cache write happen and
 only the launch fails, which is what the tests expect there. ``dsl_site`` is
@@ -50,9 +53,17 @@ class _DSLLog(logging.Handler):
         super().__init__(logging.INFO)
         self.hits: list[str] = []
         self.misses: list[str] = []
+        self.load_failures: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):
+            # The DSL's "failed with loading generated IR cache" warning passes the
+            # exception as an argument without a placeholder: keep the bare message.
+            text = str(record.msg)
+        if "failed with loading generated IR cache" in text:
+            self.load_failures.append(text)
         found = re.search(r"module_hash=\[([0-9a-f]+)\]", text)
         if found and "JIT cache hit IN-FILE" in text:
             self.hits.append(found.group(1))
@@ -102,6 +113,7 @@ def main() -> dict[str, Any]:
         "arch": os.environ.get("CUTE_DSL_ARCH"),
         "launch": launch,
         "dsl_site": dsl_site(),
+        "load_failures": len(seen.load_failures),
     }
 
 
