@@ -2,7 +2,8 @@
 # Set up a development environment from scratch: system packages (skopeo,
 # docker-registry, busybox-static, and the container engine of the image-build
 # tests: podman with runc, mmdebstrap, umoci) and a .venv with torch (CPU
-# build), triton and artifactd with every extra the tests need. Safe to run again.
+# build), triton and artifactd with every extra the tests need (the producers
+# extra: the real JIT libraries of tests/test_producer_*.py). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +40,7 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     # extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
     .venv/bin/python -m pip install -q "torch==2.13.0"
     .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev,docker]"
+    # The real JIT producers of tests/test_producer_*.py (the producers extra):
+    # CuTe DSL (nvidia-cutlass-dsl, about 300 MB, compiles without a GPU).
+    .venv/bin/python -m pip install -q -e ".[producers]"
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import sys
 from pathlib import Path, PurePosixPath
 
@@ -57,7 +59,7 @@ def roundtrip(fam: Family, located: list[Located], layer: PackedLayer, staging: 
 # --------------------------------------------------------------------------
 
 
-def test_locate_by_env_and_default(tmp_path: Path) -> None:
+def test_locate_by_env_and_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home, tmp = tmp_path / "home", tmp_path / "tmpdir"
     base = {"HOME": str(home), "TMPDIR": str(tmp), "USER": "alice"}
     assert all(fam.locate(base) == [] for fam in MINE)  # nothing there yet
@@ -105,6 +107,13 @@ def test_locate_by_env_and_default(tmp_path: Path) -> None:
     alt = {"TMPDIR": str(tmp), "USERNAME": "bob"}
     (tmp / "bob" / "cutlass_python_cache").mkdir(parents=True)
     assert CUTEDSL.locate(alt)[0].path == tmp / "bob" / "cutlass_python_cache"
+    # Neither set: the uid's login name, never $LOGNAME (which getpass.getuser() reads first).
+    login = tmp / pwd.getpwuid(os.getuid()).pw_name / "cutlass_python_cache"
+    login.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("LOGNAME", "not-the-login")
+    logname = {"TMPDIR": str(tmp), "LOGNAME": "not-the-login"}
+    (tmp / "not-the-login" / "cutlass_python_cache").mkdir(parents=True)
+    assert CUTEDSL.locate(logname)[0].path == login
 
 
 def test_restore_locations_and_env(tmp_path: Path) -> None:

@@ -2,13 +2,22 @@
 
 Two components:
 
-* ``cache``: CuTe DSL's ``cute_dsl_<module hash>.mlir`` files (MLIR bytecode
-  followed by a CRC32 of it in native byte order), in ``CUTE_DSL_CACHE_DIR``,
-  default ``<TMPDIR or tempfile.gettempdir()>/<$USER or $USERNAME or pw_name>/
-  cutlass_python_cache``. Written through ``tmp.pid_<pid>_<uuid>/`` and an
-  atomic rename (``base_dsl/cache_helpers.py``, NVIDIA/cutlass). A file whose
-  CRC32 does not match is discarded at load (a warning and a recompile): not
-  shipped.
+* ``cache``: CuTe DSL's ``cute_dsl_<module hash>.mlir`` files, in
+  ``CUTE_DSL_CACHE_DIR``, default ``<$TMPDIR or tempfile.gettempdir()>/<$USER
+  or $USERNAME or the uid's login>/cutlass_python_cache`` (never ``$LOGNAME``);
+  the DSL creates that dir when it is imported. A file is the module after
+  lowering (host code in the LLVM dialect with the kernel's cubin embedded)
+  as MLIR bytecode, followed by a CRC32 of it in native byte order; it is
+  byte-for-byte the same on every compile of one module. Written through
+  ``tmp.pid_<pid>_<uuid>/`` and an atomic rename. A file whose CRC32 fails is
+  discarded at load (a warning, a recompile, the file written again): not
+  shipped. With ``CUTE_DSL_ENABLE_PYIR=1`` the DSL also keeps parse facts in
+  ``pyir_class_facts/<digest>.v1.facts`` (keyed by the source text, written
+  through ``*.tmp``, left out): shipped, so a pod does not write them again.
+  Only a call of a ``@cute.jit`` function reads or writes this cache;
+  ``cute.compile`` never does (``CompileCallable._compile`` passes
+  ``no_cache=True``), so engines that compile ahead with it (FA4) leave it
+  empty.
 * ``fa4``: FlashAttention-4's AOT objects (``flash_attn/cute/cache_utils.py``,
   Dao-AILab/flash-attention, which vLLM vendors), in
   ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, default
@@ -18,29 +27,58 @@ Two components:
   ``<hash>.lock`` files and ``.<hash>.<hex>.tmp.o`` temp files (both left out).
   The fingerprint hashes FA4's own sources, the Python minor version and the
   cutlass and tvm_ffi versions; no path enters it, so it relocates freely. An
-  empty ``.o`` fails to load and is deleted: not shipped.
+  empty ``.o`` fails to load and is deleted: not shipped. Read from source,
+  not run here.
 
-The CuTe DSL key hazard (``BaseDSL.get_module_hash`` in ``base_dsl/dsl.py``):
-the key is the module bytecode, the compile options and ``str()`` of EVERY
-non-None attribute of the DSL's environment manager, which include the
-literal ``CUTE_DSL_CACHE_DIR`` value when it is set, the dump dir
-(``CUTE_DSL_DUMP_DIR``, default the process's CURRENT DIRECTORY), the absolute
-path of ``libcute_dsl_runtime.so`` (``CUTE_DSL_LIBS`` or found next to the
-package) and the target arch (``CUTE_DSL_ARCH`` or the detected GPU). So:
+Release 4.8.1 (the wheels nvidia-cutlass-dsl, -libs-base, -libs-core and
+-libs-cu12), files read: ``base_dsl/cache_helpers.py`` (the dir, the file
+format), ``base_dsl/compile_backend.py`` (``_resolve_compile_cache``,
+``_finalize_cache``: the file lookup and write), ``base_dsl/dsl.py``
+(``get_module_hash``), ``base_dsl/env_manager.py`` (``cache_key_str``,
+``detect_gpu_arch``, ``get_prefix_dsl_libs``), ``base_dsl/compiler.py``
+(``CompileCallable``), ``base_dsl/pyir_class_facts.py``. The Python package
+``cutlass`` lies in ``<site>/nvidia_cutlass_dsl/dsl_packages/`` (a ``.pth``
+file puts it on the path), the runtime library in
+``<site>/nvidia_cutlass_dsl/cu12/lib/libcute_dsl_runtime.so``.
 
-* an entry written with ``CUTE_DSL_CACHE_DIR=/a`` is only found by a process
-  with exactly ``CUTE_DSL_CACHE_DIR=/a``; one written with it unset only by a
-  process with it unset. The restore therefore installs the cache where the
-  DSL's DEFAULT lookup finds it, ``<target>/tmp/<user>/cutlass_python_cache``,
-  and points ``TMPDIR`` at ``<target>/tmp`` (as the Inductor PCH does), leaving
-  ``CUTE_DSL_CACHE_DIR`` unset: warm up with it unset too, or nothing hits.
-* warm-up and pods must start in the same working directory (or set the same
-  ``CUTE_DSL_DUMP_DIR``); the fingerprint cannot see this.
-* the site-packages path is in the scope and pinned.
+The key (``BaseDSL.get_module_hash``): sha256 of the traced module's
+bytecode, of the environment manager's ``cache_key_str()`` and of the compile
+options. The bytecode holds the source locations of the ``@cute.jit``
+function: the ABSOLUTE path of its Python file and its line numbers (the same
+kernel run from another path, or after an edit above it, is another key;
+measured). ``cache_key_str()`` holds only the settings declared
+``affects_compile``: the target arch, the absolute path of
+``libcute_dsl_runtime.so`` (``CUTE_DSL_LIBS`` or found next to the
+package), and ``CUTE_DSL_DEBUG``, ``_LINEINFO``, ``_COMPILER_OPT``,
+``_ENABLE_PYIR``, ``_ENABLE_ASSERTIONS`` and the like. Not in it (measured):
+``CUTE_DSL_CACHE_DIR``, the dump dir and the working directory (an earlier
+reading of the source, before this split, found the first two there), nor
+the DSL's own version (``get_version`` hashes nothing). So:
 
-Scope: the arch, the DSL release (``libraries.nvidia-cutlass-dsl``; its code
-ships in ``nvidia-cutlass-dsl-libs-*`` dists pinned by it), the Python minor
-version (FA4 keys on it), the machine, and the site-packages path.
+* the restore installs the cache where the DSL's default lookup finds it,
+  ``<target>/tmp/<user>/cutlass_python_cache``, and points ``TMPDIR`` at
+  ``<target>/tmp`` (as the Inductor PCH does); ``--consumer-user`` names the
+  pod's ``$USER``;
+* the arch is ``CUTE_DSL_ARCH`` (the DSL's cross-compiling override: no device
+  needed, the driver is loaded only to launch) or the detected GPU's
+  (``sm_90a`` on an H100 or H200; ``sm_100a`` when none is found): the scope's
+  ``gpu.arch``. A warm-up that sets ``CUTE_DSL_ARCH`` must name the arch the
+  pod detects (``sm_90a``, not ``sm_90``);
+* the kernels' source files and the DSL must lie at the same paths in
+  warm-up and pod: the site-packages path is in the scope, and the dir that
+  holds the DSL is pinned;
+* the DSL version is in the scope (``libraries.nvidia-cutlass-dsl``; its code
+  ships in the ``nvidia-cutlass-dsl-libs-*`` dists it pins), since the DSL's
+  key does not hold it.
+
+Proven on the producer (``tests/test_producer_cutedsl.py``, no GPU:
+``CUTE_DSL_ARCH=sm_90a``): the DSL's own JIT writes the cache, the harvest
+packs it, the restore installs it for another user and temp dir, and the DSL
+run again there logs a hit and writes nothing (``status``: used); a pod whose
+``gpu.arch`` differs misses the family with that field named.
+
+Scope: the arch, the DSL release, the Python minor version (FA4 keys on it),
+the machine, and the site-packages path.
 """
 
 from __future__ import annotations
@@ -68,9 +106,35 @@ FA4_DIRNAME = "flash_attention_cute_dsl_cache"
 DSL_PACKAGE = "nvidia_cutlass_dsl"
 
 
-def dsl_user(environ: Mapping[str, str]) -> str:
-    """Return the user name in CuTe DSL's default cache path: $USER, $USERNAME, else the login."""
-    return environ.get(USER) or environ.get(USERNAME) or sanitize_user(None)
+def dsl_user(environ: Mapping[str, str]) -> str | None:
+    """Return the user name in CuTe DSL's default cache path: $USER, $USERNAME, else the login.
+
+    The login is the password database's name for the uid, as the DSL's
+    ``get_current_user`` reads it; never ``getpass.getuser()``, which tries
+    ``$LOGNAME`` first. None when the uid has no entry: the DSL then falls
+    back to ``<tmp>/cutlass_python_cache``.
+    """
+    named = environ.get(USER) or environ.get(USERNAME)
+    if named:
+        return named
+    try:
+        import pwd
+    except ImportError:  # not POSIX: the DSL's own lookup raises, then falls back
+        return None
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return None
+
+
+def dsl_cache_dir(environ: Mapping[str, str]) -> Path:
+    """Return the dir CuTe DSL caches in for ``environ`` (``get_default_generated_ir_path``)."""
+    configured = environ.get(CUTE_DSL_CACHE_DIR)
+    if configured:
+        return Path(configured)
+    tmp = gettempdir(environ)
+    user = dsl_user(environ)
+    return tmp / user / CACHE_DIRNAME if user else tmp / CACHE_DIRNAME
 
 
 def crc_ok(path: str) -> bool:
@@ -123,9 +187,8 @@ class CuteDSLFamily(Family):
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find each dir as its library does (env var, else the per-user temp default)."""
         found: list[Located] = []
-        configured = environ.get(CUTE_DSL_CACHE_DIR)
         tmp = gettempdir(environ)
-        cache = Path(configured) if configured else tmp / dsl_user(environ) / CACHE_DIRNAME
+        cache = dsl_cache_dir(environ)
         if cache.is_dir():
             found.append(Located(self.components[0], cache))
         fa4_configured = environ.get(FLASH_ATTENTION_CUTE_DSL_CACHE_DIR)
