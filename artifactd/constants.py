@@ -32,6 +32,11 @@ ENV_INSECURE = "ARTIFACTD_INSECURE"
 ENV_WORKLOAD = "ARTIFACTD_WORKLOAD"
 ENV_SET = "ARTIFACTD_SET"
 ENV_MAX_BYTES = "ARTIFACTD_MAX_BYTES"
+#: Development only (scripts/fetch_drift_sources.py, tests/test_drift_guards.py): where the
+#: pinned library releases the drift guards read are unpacked (default .artifactd/drift).
+ENV_DRIFT_SOURCES = "ARTIFACTD_DRIFT_SOURCES"
+#: Development only: set to skip (not pass) the drift guards when those sources are absent.
+ENV_DRIFT_SKIP = "ARTIFACTD_DRIFT_SKIP"
 ENV_LOCK_TIMEOUT = "ARTIFACTD_LOCK_TIMEOUT"
 ENV_MEGACACHE_DIR = "ARTIFACTD_MEGACACHE_DIR"
 #: The registry (``HOST[:PORT]``) the ``ARTIFACTD_REGISTRY_USERNAME``/``PASSWORD``

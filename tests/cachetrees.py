@@ -540,8 +540,8 @@ def make_vllm_tree(
     )
     tables = root / VLLM_AUTOTUNE_TABLES
     tables.mkdir(parents=True)
-    for rank in (0, 1):
-        (tables / f"autotune_configs_dp0_rank{rank}.json").write_text(
+    for tp_rank in (0, 1):
+        (tables / f"autotune_configs_dp0_rank{tp_rank}.json").write_text(
             json.dumps({"_metadata": {"flashinfer_version": FLASHINFER_VERSION}, "configs": {}})
         )
     (tables / ".autotune_configs_dp0_rank1.json.k3j9x2.tmp").write_text('{"half')
