@@ -143,6 +143,15 @@ FACTS = (
     Fact(
         "vllm",
         VLLM_R,
+        "vllm/compilation/compiler_interface.py",
+        "Inductor and Triton caches under the rank dir (group files rewritten)",
+        'inductor_cache = os.path.join(base_cache_dir, "inductor_cache")'
+        " os.makedirs(inductor_cache, exist_ok=True)"
+        ' os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache',
+    ),
+    Fact(
+        "vllm",
+        VLLM_R,
         "vllm/utils/deep_gemm.py",
         f"{DG_JIT_CACHE_DIR} defaults under the root",
         f'DEEP_GEMM_JIT_CACHE_ENV_NAME = "{DG_JIT_CACHE_DIR}"'

@@ -1,8 +1,9 @@
 """vLLM's caches under ``VLLM_CACHE_ROOT``: compile cache, DeepGEMM dir, FlashInfer autotune tables.
 
-Facts, read from source, never run here (no GPU): the **vllm 0.33.0** wheel
+Facts, read from source, never run here (no GPU): the **vllm 0.33.0** release
 (``vllm/envs.py``, ``vllm/compilation/backends.py``,
-``vllm/compilation/decorators.py``, ``vllm/utils/deep_gemm.py``,
+``vllm/compilation/decorators.py``, ``vllm/compilation/compiler_interface.py``,
+``vllm/utils/deep_gemm.py``,
 ``vllm/model_executor/warmup/flashinfer_autotune_cache.py``,
 ``vllm/model_executor/warmup/kernel_warmup.py``,
 ``vllm/v1/worker/startup_plan.py``, ``vllm/model_executor/models/registry.py``,
@@ -10,7 +11,7 @@ Facts, read from source, never run here (no GPU): the **vllm 0.33.0** wheel
 flashinfer-python 0.7.2 (``flashinfer/jit/env.py``,
 ``flashinfer/autotuner/autotuner.py``, ``flashinfer/autotune_cache.py``) for the
 FlashInfer side; the compile-cache hashing was first read at
-vllm-project/vllm main of mid-2026 (``compilation/compiler_interface.py``).
+vllm-project/vllm main of mid-2026.
 ``tests/test_drift_guards.py`` holds each fact below to the released source;
 ``docs/families.md`` sums them up.
 
@@ -20,8 +21,10 @@ vllm-project/vllm main of mid-2026 (``compilation/compiler_interface.py``).
   ``cache_key_factors.json`` (written once: ``env``, ``config``,
   ``config_hash``, ``compiler``, ``compiler_hash``, ``code``, ``code_hash``),
   ``vllm_compile_cache.py``, ``computation_graph.py`` and the compiled
-  artifacts (``artifact_compile_range_<a>_<b>_subgraph_<i>``); older Inductor
-  adaptors put ``inductor_cache/`` and ``triton_cache/`` under the rank dir.
+  artifacts (``artifact_compile_range_<a>_<b>_subgraph_<i>``); the Inductor
+  adaptor (``compiler_interface.initialize_inductor_cache``) puts
+  ``inductor_cache/`` and, unless ``TRITON_CACHE_DIR`` is set, ``triton_cache/``
+  under the rank dir.
   The AOT path is ``torch_compile_cache/torch_aot_compile/<sha256>/`` with
   ``inductor_cache/`` (Triton kernels under ``inductor_cache/triton/<dev>/``)
   and ``rank_<r>_<dp>/model``.
