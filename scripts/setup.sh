@@ -44,3 +44,13 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     # CuTe DSL (nvidia-cutlass-dsl, about 300 MB, compiles without a GPU).
     .venv/bin/python -m pip install -q -e ".[producers]"
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
+
+# The released sources tests/test_drift_guards.py reads (vLLM, SGLang, DeepGEMM,
+# TileLang, FlashInfer): about 245 MB downloaded once, sha256-checked, 3.5 MB kept
+# under .artifactd/drift; about 12 s. Offline: ARTIFACTD_DRIFT_SKIP=1 skips those tests.
+echo "setup: fetching the releases the drift guards read (.artifactd/drift)" >&2
+.venv/bin/python scripts/fetch_drift_sources.py || {
+    echo "setup: FAILED to fetch the drift-guard sources (scripts/fetch_drift_sources.py);" \
+        "rerun when PyPI is reachable, or set ARTIFACTD_DRIFT_SKIP=1 to skip tests/test_drift_guards.py" >&2
+    exit 1
+}

@@ -68,7 +68,9 @@ def make_deepgemm_tree(root: Path) -> Path:
     ``cache/kernel.<name>.<digest>/{kernel.cu,kernel.cubin}``: two complete
     entries (one with the optional ``kernel.ptx``), one partial entry (cubin
     missing: DeepGEMM's hard "Corrupted JIT cache" error), a ``tmp/<uuid>/``
-    staging dir and an old-release ``locks/`` dir.
+    staging dir and an old-release ``locks/`` dir; and deep_jit's entries
+    (sgl-deep-gemm 0.2.3.post2): one committed, one uncommitted, one committed
+    without its cubin.
     """
     entries = {
         "kernel.sm90_fp8_gemm_1d2d.0123456789abcdef": ("kernel.cu", "kernel.cubin"),
@@ -81,6 +83,22 @@ def make_deepgemm_tree(root: Path) -> Path:
         for name in files:
             body = b"\x7fELF" if name.endswith(".cubin") else b"// generated\n"
             (d / name).write_bytes(body + f"{entry}/{name}".encode() * 40)
+    # deep_jit (sgl-deep-gemm 0.2.x, include/deep_jit/cache/disk.hpp): <tag>.<digest>/ with
+    # .committed written last; one committed entry, one not yet committed, one without cubin.
+    for entry, files in {
+        "sm90_fp8_gemm_1d2d.00c0ffee00c0ffee": (
+            "kernel.cu",
+            "kernel.cubin",
+            "meta.json",
+            ".committed",
+        ),
+        "sm90_bf16_gemm.00000000000000aa": ("kernel.cu", "meta.json"),
+        "sm90_bf16_gemm.00000000000000bb": ("kernel.cu", ".committed"),
+    }.items():
+        d = root / "cache" / entry
+        d.mkdir(parents=True)
+        for name in files:
+            (d / name).write_bytes(f"{entry}/{name}".encode() * 20)
     staging = root / "tmp" / "5b0c1d2e-aaaa-bbbb-cccc-0123456789ab"
     staging.mkdir(parents=True)
     (staging / "kernel.cu").write_bytes(b"// half-written\n")
@@ -439,6 +457,8 @@ def vllm_factors(
 
 
 VLLM_VOLATILE_HASH = "8f3a21c0de"
+#: Where make_vllm_tree puts its valid FlashInfer autotune tables, under the root.
+VLLM_AUTOTUNE_TABLES = f"flashinfer_autotune_cache/{FLASHINFER_VERSION}/90/{'a7' * 32}"
 VLLM_CLEAN_HASH = "51be09a7c4"
 
 
@@ -456,6 +476,11 @@ def make_vllm_tree(
     (group file with absolute child paths), ``locks/`` and ``rank_0_0/model``;
     ``deep_gemm/`` as vLLM's DG_JIT_CACHE_DIR default (one complete entry,
     one partial, a ``tmp/`` staging file); ``modelinfos/``, not a compile cache.
+    vLLM 0.33 (model_executor/warmup/flashinfer_autotune_cache.py,
+    v1/worker/startup_plan.py, all_reduce_utils.py): FlashInfer autotune tables
+    ``flashinfer_autotune_cache/<FLASHINFER_VERSION>/90/<sha256>/autotune_configs_dp0_rank<r>.json``
+    (one corrupt, one ``.<name>.<random>.tmp`` write in flight), a startup plan
+    and the build node's ``gpu_p2p_access_cache_for_0,1.json``.
     """
     import pprint
 
@@ -513,6 +538,21 @@ def make_vllm_tree(
     (root / "modelinfos" / "Qwen3ForCausalLM-7a1c.json").write_text(
         '{"is_text_generation_model": true}'
     )
+    tables = root / VLLM_AUTOTUNE_TABLES
+    tables.mkdir(parents=True)
+    for tp_rank in (0, 1):
+        (tables / f"autotune_configs_dp0_rank{tp_rank}.json").write_text(
+            json.dumps({"_metadata": {"flashinfer_version": FLASHINFER_VERSION}, "configs": {}})
+        )
+    (tables / ".autotune_configs_dp0_rank1.json.k3j9x2.tmp").write_text('{"half')
+    broken = root / "flashinfer_autotune_cache" / FLASHINFER_VERSION / "90" / ("0b" * 32)
+    broken.mkdir(parents=True)
+    (broken / "autotune_configs_dp0_rank0.json").write_text('{"configs": ')
+    (root / "startup_plan").mkdir()
+    (root / "startup_plan" / "startup_plan_3f1e2d4c5b6a7980.json").write_text(
+        '{"schema": 1, "fingerprint": "3f1e2d4c5b6a7980", "kv_cache_memory": 1073741824}'
+    )
+    (root / "gpu_p2p_access_cache_for_0,1.json").write_text('{"0->1": true}')
     return root
 
 
@@ -562,6 +602,28 @@ def make_sglang_tree(
     tune.mkdir(parents=True)
     (tune / "rank_tp0_pp0_dp0.json").write_text('{"configs": {}}')
     (root / "kernels.lock").write_text('{"kernels-community/sgl-flash-attn3": "v1"}')
+    # SGLang 0.5.23: a deep_jit entry (sgl-deep-gemm 0.2.x), the piecewise compile cache,
+    # a built Rust extension, and what is not a cache (P2P topology, model data, cargo).
+    dj = root / "deep_gemm" / "cache" / ("sm90_fp8_gemm_1d2d." + "5d" * 8)
+    dj.mkdir(parents=True)
+    for name in ("kernel.cu", "kernel.cubin", "meta.json", ".committed"):
+        (dj / name).write_bytes(name.encode() * 10)
+    (dj / ".committed").write_bytes(b"")
+    pw = root / "torch_compile_cache" / ("9e" * 5) / "rank_0_0" / "backbone"
+    make_triton_tree(pw / "triton_cache", kernels=("piecewise",))
+    (pw / "sglang_compile_cache.py").write_text(f"{{(None, 0, 'inductor'): ('k', '{pw}/x')}}")
+    ext = root / "rust_extensions" / "artifacts" / "sgl-router" / ("4f" * 12)
+    ext.mkdir(parents=True)
+    (ext / "sgl_router_rs.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF" + b"rs" * 50)
+    (root / "rust_extensions" / "targets" / ("4f" * 12) / "release").mkdir(parents=True)
+    (root / "rust_extensions" / "targets" / ("4f" * 12) / "release" / "libx.rlib").write_bytes(
+        b"rlib" * 50
+    )
+    (root / "gpu_p2p_access_cache_for_0,1,2,3.json").write_text('{"0->1": true}')
+    (root / "model_streamer" / ("6a" * 8)).mkdir(parents=True)
+    (root / "model_streamer" / ("6a" * 8) / "model.safetensors").write_bytes(b"w" * 100)
+    (root / "ple").mkdir()
+    (root / "ple" / "qwen4_ple.bin").write_bytes(b"p" * 100)
 
     jit = root / "jit" if jit is None else jit
     build = jit / "sm90a" / "fused_add_rmsnorm" / ("build-" + "1a" * 8)

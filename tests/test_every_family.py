@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from cachetrees import (
+    VLLM_AUTOTUNE_TABLES,
     make_cudajit_tree,
     make_cutedsl_tree,
     make_deepgemm_tree,
@@ -181,3 +182,35 @@ def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
     assert {f["path"] for f in doc["fields"]} == {"workload.pod"}
     changed = {(f["a"], f["b"]) for f in doc["facts"] if f["family"] == "vllm"}
     assert ("10.244.3.17", "10.244.9.80") in changed
+
+
+@pytest.mark.parametrize("family", ["vllm", "sglang", "deepgemm"])
+def test_restored_components_are_where_the_library_looks(
+    family: str, tmp_path: Path, local_fp: Fingerprint
+) -> None:
+    # Read from source (vLLM 0.33, SGLang 0.5.23, sgl-deep-gemm 0.2.3.post2): a pod that
+    # loads the env file must find every restored component where the library defaults it,
+    # vLLM's flashinfer_autotune_cache and deep_gemm included (no variable of their own).
+    environ = {"HOME": str(tmp_path / "home"), **BUILDERS[family](tmp_path / "build")}
+    with open_store(f"oci:{tmp_path / 'store'}", create=True) as st:
+        harvest(st, local_fp, families=[family], environ=environ)
+        target = tmp_path / "pod"
+        restore(plan_restore(st, local_fp, target, families=[family]), st)
+    fam = FAMILIES[family]
+    pod_env = {"HOME": str(tmp_path / "pod-home")}
+    for line in (target / "artifactd.env").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            pod_env[key.removeprefix("export ").strip()] = value.strip().strip("'\"")
+    found = {loc.component.name: loc.path for loc in fam.locate(pod_env)}
+    harvested = {loc.component.name for loc in fam.locate(environ)}
+    assert found == {n: d for n, d in fam.restore_dirs(target).items() if n in harvested}
+    if family == "vllm":
+        assert "flashinfer_autotune" in found
+        # vLLM 0.33: $VLLM_CACHE_ROOT/flashinfer_autotune_cache/<fi version>/<archs>/<hash>/
+        root = Path(pod_env["VLLM_CACHE_ROOT"])
+        tables = root / VLLM_AUTOTUNE_TABLES
+        assert sorted(p.name for p in tables.iterdir()) == [
+            "autotune_configs_dp0_rank0.json",
+            "autotune_configs_dp0_rank1.json",
+        ]

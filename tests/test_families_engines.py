@@ -15,6 +15,7 @@ from cachetrees import (
     ENGINE_SITE,
     FLASHINFER_T0,
     FLASHINFER_VERSION,
+    VLLM_AUTOTUNE_TABLES,
     VLLM_CLEAN_HASH,
     VLLM_VOLATILE_HASH,
     make_flashinfer_tree,
@@ -191,6 +192,7 @@ def test_vllm_locates_env_xdg_then_home(tmp_path: Path) -> None:
     assert [(loc.component.name, loc.path) for loc in found] == [
         ("cache", default),
         ("deep_gemm", default / "deep_gemm"),
+        ("flashinfer_autotune", default / "flashinfer_autotune_cache"),
     ]
     xdg = make_vllm_tree(tmp_path / "xdg" / "vllm")
     assert VLLM.locate({"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "xdg")})[0].path == xdg
@@ -203,16 +205,46 @@ def test_vllm_locates_env_xdg_then_home(tmp_path: Path) -> None:
     assert VLLM.locate(env)[0].path == custom
     # DG_JIT_CACHE_DIR set: DeepGEMM's dir belongs to the deepgemm family.
     env["DG_JIT_CACHE_DIR"] = str(custom / "deep_gemm")
-    assert [loc.component.name for loc in VLLM.locate(env)] == ["cache"]
+    assert [loc.component.name for loc in VLLM.locate(env)] == ["cache", "flashinfer_autotune"]
     env["DG_JIT_CACHE_DIR"] = ""  # vLLM treats empty as unset
+    # VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR set: the tables are elsewhere, in another layout.
+    env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] = str(tmp_path / "tune")
     assert [loc.component.name for loc in VLLM.locate(env)] == ["cache", "deep_gemm"]
+    env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] = ""
+    assert len(VLLM.locate(env)) == 3
 
 
 def test_vllm_restore_layout_nests_deep_gemm_under_the_root(tmp_path: Path) -> None:
     target = tmp_path / "t"
     assert VLLM.restore_env(target) == {"VLLM_CACHE_ROOT": str(target / "vllm")}
     dirs = VLLM.restore_dirs(target)
-    assert dirs == {"cache": target / "vllm", "deep_gemm": target / "vllm" / "deep_gemm"}
+    assert dirs == {
+        "cache": target / "vllm",
+        "deep_gemm": target / "vllm" / "deep_gemm",
+        # vLLM 0.33's default: $VLLM_CACHE_ROOT/flashinfer_autotune_cache, no variable set.
+        "flashinfer_autotune": target / "vllm" / "flashinfer_autotune_cache",
+    }
+
+
+def test_vllm_ships_flashinfer_autotune_tables_and_startup_plans(tmp_path: Path) -> None:
+    root = make_vllm_tree(tmp_path / "vllm")
+    layer, dirs = round_trip(VLLM, VLLM.locate({"VLLM_CACHE_ROOT": str(root)}), tmp_path)
+    files = shipped(layer)
+    skip = skipped(layer)
+    tables = f"flashinfer_autotune/{VLLM_AUTOTUNE_TABLES.split('/', 1)[1]}"
+    assert {f"{tables}/autotune_configs_dp0_rank{r}.json" for r in (0, 1)} <= files
+    assert not [p for p in files if p.startswith("cache/flashinfer_autotune_cache")]
+    assert skip["cache/flashinfer_autotune_cache"] == "excluded by family"  # its own component
+    assert skip[f"{tables}/.autotune_configs_dp0_rank1.json.k3j9x2.tmp"] == "excluded by family"
+    broken = (
+        f"flashinfer_autotune/{FLASHINFER_VERSION}/90/{'0b' * 32}/autotune_configs_dp0_rank0.json"
+    )
+    assert "not a JSON object" in skip[broken]
+    assert "cache/startup_plan/startup_plan_3f1e2d4c5b6a7980.json" in files
+    # The build node's P2P topology is not a cache: wrong on other hardware.
+    assert skip["cache/gpu_p2p_access_cache_for_0,1.json"] == "excluded by family"
+    restored = dirs["flashinfer_autotune"] / VLLM_AUTOTUNE_TABLES.split("/", 1)[1]
+    assert json.loads((restored / "autotune_configs_dp0_rank1.json").read_text())["configs"] == {}
 
 
 def test_vllm_round_trip_relocates_handles_and_group_files(tmp_path: Path) -> None:
@@ -362,6 +394,14 @@ def test_sglang_round_trip(tmp_path: Path) -> None:
     assert ".ninja_log" in skip[f"{fi}/sampling"]
     assert skip[f"{fi}/tmp"] == "excluded by family"
     assert skip["cache/kernels.lock"] == "excluded by family"
+    # SGLang 0.5.23: not caches a pod should get.
+    for not_cache in (
+        "gpu_p2p_access_cache_for_0,1,2,3.json",
+        "model_streamer",
+        "ple",
+        "rust_extensions/targets",
+    ):
+        assert skip[f"cache/{not_cache}"] == "excluded by family", not_cache
     build = "jit/sm90a/fused_add_rmsnorm/build-" + "1a" * 8
     assert "never a hit" in skip[f"{build}/deps-" + "3c" * 8]
     assert skip[f"{build}/.staging-5e6f7a8b"] == "excluded by family"
@@ -370,6 +410,12 @@ def test_sglang_round_trip(tmp_path: Path) -> None:
     for sub in ("nv/ComputeCache/index", "cute_aot/cute_dsl_fa4_fwd_3f2a.o", "tilelang/0.1.15"):
         assert any(p.startswith(f"cache/{sub}") for p in files), sub
     assert any(p.startswith("cache/flashinfer/autotune/") for p in files)
+    assert f"cache/deep_gemm/cache/sm90_fp8_gemm_1d2d.{'5d' * 8}/.committed" in files
+    assert any(p.startswith("cache/rust_extensions/artifacts/sgl-router/") for p in files)
+    pw = f"torch_compile_cache/{'9e' * 5}/rank_0_0/backbone/triton_cache"
+    (group,) = (out / pw).glob("*/__grp__*.json")
+    for child in json.loads(group.read_text())["child_paths"].values():
+        assert child.startswith(str(out / pw) + "/")
     assert (tmp_path / "staging" / build / ("deps-" + "2b" * 8)).is_dir()
 
     # Triton group files now point into the restored tree.
@@ -416,7 +462,9 @@ def test_scope_keys_follow_workload_and_flashinfer_version(local_fp: Fingerprint
     assert k1["sglang"] != k0["sglang"]
     assert k2["flashinfer"] != k0["flashinfer"]
     assert k2["sglang"] != k0["sglang"]  # SGLang hosts a FlashInfer tree
-    assert k2["vllm"] == k0["vllm"]
+    # vLLM 0.33 hosts FlashInfer autotune tables: one with another version's _metadata is
+    # never loaded and never overwritten.
+    assert k2["vllm"] != k0["vllm"]
 
 
 def test_scopes_name_real_fingerprint_fields(local_fp: Fingerprint) -> None:

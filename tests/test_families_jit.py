@@ -21,6 +21,7 @@ from artifactd.families.base import Family, Located, sanitize_user
 from artifactd.families.cudajit import CudaJitFamily
 from artifactd.families.cutedsl import CuteDSLFamily
 from artifactd.families.deepgemm import PARTIAL_REASON, DeepGEMMFamily
+from artifactd.families.layouts import DEEPGEMM_NO_CUBIN_REASON
 from artifactd.families.tilelang import TileLangFamily
 from artifactd.fingerprint.model import Fingerprint, LibraryInfo
 from artifactd.format.archive import PackedLayer
@@ -159,15 +160,19 @@ def test_deepgemm_pack_skips_staging_and_partial_entries(
 
     good = "cache/cache/kernel.sm90_fp8_gemm_1d2d.0123456789abcdef"
     ptx = "cache/cache/kernel.sm90_bf16_gemm.fedcba9876543210"
+    dj = "cache/cache/sm90_fp8_gemm_1d2d.00c0ffee00c0ffee"
     assert packed(layer) == {
         f"{good}/kernel.cu",
         f"{good}/kernel.cubin",
         f"{ptx}/kernel.cu",
         f"{ptx}/kernel.cubin",
         f"{ptx}/kernel.ptx",
+        *(f"{dj}/{n}" for n in ("kernel.cu", "kernel.cubin", "meta.json", ".committed")),
     }
     assert skipped(layer) == {
         "cache/cache/kernel.sm90_fp8_gemm_1d1d.00000000deadbeef": PARTIAL_REASON,
+        "cache/cache/sm90_bf16_gemm.00000000000000aa": PARTIAL_REASON,
+        "cache/cache/sm90_bf16_gemm.00000000000000bb": DEEPGEMM_NO_CUBIN_REASON,
         "cache/tmp": "excluded by family",
         "cache/locks": "excluded by family",
     }
@@ -197,6 +202,27 @@ def test_deepgemm_entry_missing_either_file_is_invalid(tmp_path: Path) -> None:
     assert DEEPGEMM.excluded("cache", PurePosixPath("tmp"), True)
     assert not DEEPGEMM.excluded("cache", PurePosixPath("cache/x/tmp"), True)
     assert DEEPGEMM.invalid_entries("cache", tmp_path / "absent") == {}
+
+
+def test_deepgemm_locates_deep_jit_roots(tmp_path: Path) -> None:
+    # sgl-deep-gemm 0.2.x (deep_jit, include/deep_jit/cache/disk.hpp): DG_JIT_CACHE_DIR, else
+    # DJ_JIT_CACHE_DIR, is a colon list whose first root is the writable one; unset: ~/.dj.
+    home = tmp_path / "home"
+    (home / ".deep_gemm").mkdir(parents=True)
+    assert [loc.path for loc in DEEPGEMM.locate({"HOME": str(home)})] == [home / ".deep_gemm"]
+    (home / ".dj").mkdir()
+    assert [loc.path for loc in DEEPGEMM.locate({"HOME": str(home)})] == [home / ".dj"]
+    first, second = tmp_path / "rw", tmp_path / "ro"
+    first.mkdir()
+    second.mkdir()
+    env = {"HOME": str(home), "DJ_JIT_CACHE_DIR": f"{first}:{second}"}
+    assert [loc.path for loc in DEEPGEMM.locate(env)] == [first]
+    env["DG_JIT_CACHE_DIR"] = f"{second}:{first}"
+    assert [loc.path for loc in DEEPGEMM.locate(env)] == [second]
+    env["DG_JIT_CACHE_DIR"] = str(tmp_path / "absent")
+    assert DEEPGEMM.locate(env) == []
+    # A hit touches .committed: a load rewrite, never "compiled anyway".
+    assert ".committed" in DEEPGEMM.load_rewrites
 
 
 def test_deepgemm_pins_nothing_without_the_package(

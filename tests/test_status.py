@@ -45,6 +45,7 @@ from typing import Any
 import pytest
 from cachetrees import (
     ENGINE_SITE,
+    VLLM_AUTOTUNE_TABLES,
     VLLM_CLEAN_HASH,
     VLLM_VOLATILE_HASH,
     make_triton_tree,
@@ -370,6 +371,27 @@ def test_vllm_used_its_restored_dir(tmp_path: Path) -> None:
     assert engine["cache_dirs"] == [str(local), f"{aot}/rank_0_0/model"]
     assert engine["other_dirs"] == []
     assert engine["lines"][0].startswith("(EngineCore_DP0 pid=3021) INFO")  # colours stripped
+
+
+def test_vllm_deep_gemm_hit_is_used_a_retuned_autotune_table_is_not(tmp_path: Path) -> None:
+    # Read from source: deep_jit (sgl-deep-gemm 0.2.3.post2) touches .committed on a hit;
+    # vLLM 0.33 saves a FlashInfer autotune table only after tuning (kernel_warmup.py).
+    build = make_vllm_tree(tmp_path / "build" / "vllm")
+    dj = build / "deep_gemm" / "cache" / ("sm90_fp8_gemm_1d2d." + "5d" * 8)
+    dj.mkdir(parents=True)
+    for name in ("kernel.cu", "kernel.cubin", ".committed"):
+        (dj / name).write_bytes(name.encode())
+    target = tmp_path / "cache"
+    env = clean_env({"VLLM_CACHE_ROOT": str(build), "HOME": str(tmp_path)})
+    assert harvest_and_restore(tmp_path, "vllm", env, target)["restored"] == ["vllm"]
+    root = target / "vllm"
+    written_after_restore(target, root / "deep_gemm" / "cache" / dj.name / ".committed")
+    assert by_family(status(target))["vllm"]["verdict"] == "used"
+    table = root / VLLM_AUTOTUNE_TABLES / "autotune_configs_dp0_rank0.json"
+    written_after_restore(target, table)
+    fam = by_family(status(target))["vllm"]
+    assert fam["verdict"] == "compiled anyway"
+    assert fam["written_examples"] == [str(table)]
 
 
 def test_vllm_chose_another_hash_dir_and_status_names_the_factor(tmp_path: Path) -> None:

@@ -4,7 +4,12 @@ The driver compiles PTX to SASS when a binary carries no SASS for the GPU it
 runs on (a fatbin with only PTX for a newer arch, Triton/NVRTC PTX loaded with
 ``cuModuleLoadData``), and keeps the result here (size capped by
 ``CUDA_CACHE_MAXSIZE``). The cache is the closed-source driver's: there is
-no source to check these facts against (see ``docs/families.md``).
+no source to check these facts against, and no drift guard. What this family
+relies on is NVIDIA's documentation (the CUDA C++ Programming Guide, "CUDA
+Environment Variables": ``CUDA_CACHE_PATH``, default ``~/.nv/ComputeCache`` on
+Linux, ``CUDA_CACHE_MAXSIZE``, ``CUDA_CACHE_DISABLE``). The one open-source
+fact near it, SGLang 0.5.23 redirecting ``CUDA_CACHE_PATH`` to
+``<SGLANG_CACHE_DIR>/nv``, is guarded under ``sglang`` (``docs/families.md``).
 
 * The layout is opaque (an index file and hashed subdirs): shipped byte for
   byte, nothing excluded beyond the usual locks and temp files, no entry-level

@@ -1,27 +1,44 @@
-"""DeepGEMM's JIT kernel cache (``DG_JIT_CACHE_DIR``, default ``~/.deep_gemm``).
+"""DeepGEMM's JIT kernel cache (``DG_JIT_CACHE_DIR``, default ``~/.dj`` or ``~/.deep_gemm``).
 
-Facts, read from DeepGEMM's C++ JIT (``csrc/jit/compiler.hpp`` and
-``csrc/jit/kernel_runtime.hpp`` at deepseek-ai/DeepGEMM main 54e2261, June
-2026, version 2.6.1; summed up in ``docs/families.md``):
+Two JITs write this cache; both read from source, neither run here (no GPU).
 
-* Layout: ``cache/kernel.<name>.<digest>/{kernel.cu,kernel.cubin}`` (plus
-  ``kernel.ptx`` / ``kernel.sass`` when ``DG_JIT_DUMP_*`` is set). An entry is
-  compiled in ``tmp/<uuid>/`` and renamed into ``cache/`` whole; ``tmp/`` is
-  also nvcc's working directory. ``tmp/`` is never shipped. A ``locks/`` dir,
-  which that source does not write, is excluded anyway (older releases).
-* ``KernelRuntime::check_validity``: an entry dir that exists without BOTH
-  ``kernel.cu`` and ``kernel.cubin`` is a hard "Corrupted JIT cache directory"
-  assertion, not a miss. Such dirs are skipped at harvest.
-* Key: ``name $$ signature $$ flags $$ code``, where the signature is
-  ``NVCC<maj>.<min>`` (or ``NVRTC<maj>.<min>`` with ``DG_JIT_USE_NVRTC=1``),
-  the flags hold ``--gpu-architecture=sm_90a`` (``sm_100f`` from NVCC 12.9 on
-  Blackwell) and the ABSOLUTE ``-I<dirname(deep_gemm/__init__.py)>/include``
-  (with NVRTC also ``-I<CUDA_HOME>/include``), and the generated code bakes
-  shapes and the SM count. So the arch, the SM count, nvcc, DeepGEMM itself and
-  its install path (site-packages) are in the scope; the driver is not.
-  ``DG_JIT_CPP_STANDARD``, ``DG_JIT_WITH_LINEINFO`` and ``DG_JIT_PTXAS_*`` also
-  change the flags: warm-up and pods must agree on them (not fingerprinted).
-* Entries hold no absolute paths: the dir relocates freely.
+deep_jit, in **sgl-deep-gemm 0.2.3.post2** (the DeepGEMM SGLang 0.5.23 pins:
+``Requires-Dist: sgl-deep-gemm==0.2.3.post2``; the ``deep_gemm`` package on
+PyPI is an unrelated 1.0.0 placeholder, and ``sgl-kernel`` no longer carries
+it). Files ``deep_gemm/include/deep_jit/cache/disk.hpp``,
+``runtime/runtime.hpp``, ``backend/cuda/backend.hpp``, ``backend/cuda/kernel.hpp``,
+``utils/env.hpp``:
+
+* Root: ``<prefix>_JIT_CACHE_DIR`` (prefix ``DG``, falling back to the global
+  ``DJ_``), a colon-separated list: the first path is the writable root, the
+  others read-only lookup roots. Unset: ``$HOME/.dj``. The prefix is set in
+  ``csrc/`` (not shipped in the wheel); ``_C.so`` holds the literal ``DG``.
+* Layout: ``cache/<tag>.<digest>/`` with ``kernel.cu``, ``kernel.cubin``,
+  ``meta.json`` (``kernel.ptx``/``kernel.sass`` when dumping) and
+  ``.committed``, written last; builds go through ``tmp/<uuid>/`` and are
+  renamed whole. A hit is ``.committed`` existing, and a hit TOUCHES its mtime
+  (``try_update_mtime``): a load rewrite, not a compile. A committed entry
+  without ``kernel.cubin`` is a hard "missing CUDA CUBIN" panic.
+
+DeepGEMM 2.x (deepseek-ai/DeepGEMM main 54e2261, June 2026, 2.6.1:
+``csrc/jit/compiler.hpp``, ``csrc/jit/kernel_runtime.hpp``): default
+``~/.deep_gemm``; ``cache/kernel.<name>.<digest>/{kernel.cu,kernel.cubin}``;
+an entry dir without BOTH files is a hard "Corrupted JIT cache directory"
+assertion. Key: ``name $$ signature $$ flags $$ code`` with the NVCC version,
+``--gpu-architecture=sm_90a`` and the ABSOLUTE
+``-I<dirname(deep_gemm/__init__.py)>/include``.
+
+What ships: the first root of ``DG_JIT_CACHE_DIR``, else the first of
+``~/.dj`` and ``~/.deep_gemm`` that exists; never ``tmp/``; an entry only
+when one of the JITs accepts it (:func:`artifactd.families.layouts.deepgemm_entry_problem`).
+Entries hold no absolute paths: the dir relocates freely. Scope: the arch,
+the SM count (generated code bakes it), nvcc, DeepGEMM itself, and its
+install path (site-packages: 2.x keys on the absolute include flag; deep_jit
+hashes the included sources, unverified whether their paths too).
+``DG_JIT_CPP_STANDARD``, ``DG_JIT_WITH_LINEINFO`` and ``DG_JIT_PTXAS_*`` also
+change the flags: warm-up and pods must agree on them (not fingerprinted).
+The drift guards (``tests/test_drift_guards.py``) hold these facts to the
+released source.
 """
 
 from __future__ import annotations
@@ -31,9 +48,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from artifactd.constants import DG_JIT_CACHE_DIR
+from artifactd.constants import DG_JIT_CACHE_DIR, DJ_JIT_CACHE_DIR
 from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import (
+    DEEPGEMM_COMMIT_FILE,
     DEEPGEMM_ENTRY_FILES,
     DEEPGEMM_PARTIAL_REASON,
     deepgemm_excluded,
@@ -43,6 +61,24 @@ from artifactd.families.layouts import (
 #: Files every entry needs; with either missing DeepGEMM aborts the process.
 ENTRY_FILES = DEEPGEMM_ENTRY_FILES
 PARTIAL_REASON = DEEPGEMM_PARTIAL_REASON
+#: deep_jit's default root (sgl-deep-gemm 0.2.x), then DeepGEMM 2.x's, under HOME.
+DEFAULT_DIRS = (".dj", ".deep_gemm")
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path | None:
+    """Return the writable DeepGEMM root a process with ``environ`` uses, if it exists.
+
+    ``DG_JIT_CACHE_DIR`` (else deep_jit's global ``DJ_JIT_CACHE_DIR``) may list
+    several roots separated by ``:``; DeepGEMM writes to the first and only
+    reads the others, so only the first is harvested. Unset: the first existing
+    default (:data:`DEFAULT_DIRS`).
+    """
+    configured = environ.get(DG_JIT_CACHE_DIR) or environ.get(DJ_JIT_CACHE_DIR)
+    if configured:
+        path = Path(configured.split(":", 1)[0])
+        return path if path.is_dir() else None
+    base = home(environ)
+    return next((base / d for d in DEFAULT_DIRS if (base / d).is_dir()), None)
 
 
 def find_package_parent(package: str, paths: Sequence[str] | None = None) -> str | None:
@@ -73,9 +109,11 @@ class DeepGEMMFamily(Family):
     )
     components = (Component("cache", "deepgemm", {DG_JIT_CACHE_DIR: "{dir}"}),)
     written_since_restore = (
-        "A new `cache/kernel.<name>.<digest>/` entry: DeepGEMM compiled a kernel in `tmp/` "
-        "(left out) and renamed it into `cache/`."
+        "A new `cache/<name>.<digest>/` entry: DeepGEMM compiled a kernel in `tmp/` "
+        "(left out) and renamed it into `cache/`. deep_jit touches an entry's `.committed` "
+        "marker on every hit: a load rewrite."
     )
+    load_rewrites = frozenset({DEEPGEMM_COMMIT_FILE})
     library = "DeepGEMM"
     path_cost = (
         "DeepGEMM keys each kernel on its flags and code: a pod where this path differs"
@@ -88,17 +126,16 @@ class DeepGEMMFamily(Family):
     )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
-        """Find the cache the way DeepGEMM does: DG_JIT_CACHE_DIR, else $HOME/.deep_gemm."""
-        configured = environ.get(DG_JIT_CACHE_DIR)
-        path = Path(configured) if configured else home(environ) / ".deep_gemm"
-        return [Located(self.components[0], path)] if path.is_dir() else []
+        """Find the cache the way DeepGEMM does (:func:`cache_dir`)."""
+        path = cache_dir(environ)
+        return [Located(self.components[0], path)] if path is not None else []
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip the top-level ``tmp/`` staging dir, plus the base exclusions (locks)."""
         return deepgemm_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
-        """Entry dirs under ``cache/`` missing ``kernel.cu`` or ``kernel.cubin``."""
+        """Entry dirs under ``cache/`` that neither DeepGEMM JIT would load."""
         del component
         return deepgemm_partial_entries(root)
 

@@ -22,9 +22,17 @@ FLASHINFER_SUBDIR = PurePosixPath(".cache/flashinfer")
 #: Where SGLang points Triton under its root.
 TRITON_DIR = PurePosixPath("triton")
 
-#: Files every DeepGEMM entry needs; with either missing DeepGEMM aborts the process.
+#: Files every DeepGEMM 2.x entry needs; with either missing DeepGEMM aborts the process.
 DEEPGEMM_ENTRY_FILES = ("kernel.cu", "kernel.cubin")
-DEEPGEMM_PARTIAL_REASON = "partial DeepGEMM entry: a hard 'Corrupted JIT cache' error at load"
+DEEPGEMM_PARTIAL_REASON = (
+    "partial DeepGEMM entry: a hard 'Corrupted JIT cache' error at load (2.x),"
+    " no .committed marker (deep_jit)"
+)
+#: The marker deep_jit (sgl-deep-gemm 0.2.x) writes last into an entry: its only hit test.
+DEEPGEMM_COMMIT_FILE = ".committed"
+#: The one file deep_jit loads from a committed entry (missing: a hard "missing CUDA CUBIN").
+DEEPGEMM_CUBIN = "kernel.cubin"
+DEEPGEMM_NO_CUBIN_REASON = "partial DeepGEMM entry: committed without kernel.cubin (a hard error)"
 _FLASHINFER_JIT_LOG = "flashinfer_jit.log"
 
 
@@ -57,8 +65,24 @@ def deepgemm_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
     return is_dir and rel == PurePosixPath("tmp")
 
 
+def deepgemm_entry_problem(present: set[str]) -> str | None:
+    """Why a ``cache/<entry>`` dir holding the files ``present`` must not ship, or None.
+
+    Two JITs write this layout. deep_jit (sgl-deep-gemm 0.2.x, what SGLang
+    pins) publishes an entry with ``.committed`` written last and counts only
+    that as a hit; it then loads ``kernel.cubin`` alone. DeepGEMM 2.x has no
+    marker and aborts on an entry without both ``kernel.cu`` and
+    ``kernel.cubin``. An entry that either JIT accepts ships.
+    """
+    if DEEPGEMM_COMMIT_FILE in present:
+        return None if DEEPGEMM_CUBIN in present else DEEPGEMM_NO_CUBIN_REASON
+    if all(name in present for name in DEEPGEMM_ENTRY_FILES):
+        return None
+    return DEEPGEMM_PARTIAL_REASON
+
+
 def deepgemm_partial_entries(root: Path) -> dict[PurePosixPath, str]:
-    """Entry dirs under ``cache/`` missing ``kernel.cu`` or ``kernel.cubin``."""
+    """Entry dirs under ``cache/`` that neither DeepGEMM JIT would load, and why."""
     bad: dict[PurePosixPath, str] = {}
     try:
         entries = sorted(os.scandir(root / "cache"), key=lambda e: e.name)
@@ -67,9 +91,9 @@ def deepgemm_partial_entries(root: Path) -> dict[PurePosixPath, str]:
     for entry in entries:
         if not entry.is_dir(follow_symlinks=False):
             continue
-        present = set(os.listdir(entry.path))
-        if not all(name in present for name in DEEPGEMM_ENTRY_FILES):
-            bad[PurePosixPath("cache", entry.name)] = DEEPGEMM_PARTIAL_REASON
+        why = deepgemm_entry_problem(set(os.listdir(entry.path)))
+        if why is not None:
+            bad[PurePosixPath("cache", entry.name)] = why
     return bad
 
 

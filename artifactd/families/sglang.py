@@ -1,19 +1,33 @@
 """SGLang's kernel caches: ``SGLANG_CACHE_DIR`` and its own JIT dir ``SGLANG_JIT_CACHE_DIR``.
 
-Facts, read from sgl-project/sglang main of mid-2026
-(``python/sglang/srt/environ.py``: ``SGLANG_CACHE_DIR``,
+Facts, read from source, never run here (no GPU): the **sglang 0.5.23** wheel
+(``sglang/srt/environ.py``: ``SGLANG_CACHE_DIR``, ``_default_cache_subdir``,
 ``third_party_cache_defaults``, ``redirect_third_party_caches``,
-``SGLANG_DG_CACHE_DIR``, ``SGLANG_CUTE_AOT_CACHE_DIR``;
-``python/sglang/kernels/jit/utils/compile/cache.py``; the FlashInfer autotune
-path in the model runner; summed up in ``docs/families.md``):
+``SGLANG_DG_CACHE_DIR``, ``SGLANG_CUTE_AOT_CACHE_DIR``,
+``SGLANG_QWEN4_PLE_FILE_DIR``, ``SGLANG_JIT_CACHE_DIR``;
+``sglang/kernels/jit/utils/compile/cache.py`` and ``loader.py``;
+``sglang/srt/model_executor/runner/flashinfer_autotune.py``;
+``sglang/srt/compilation/backend.py`` and ``compiler_interface.py``;
+``sglang/srt/layers/deep_gemm_wrapper/compile_utils.py``;
+``sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py``;
+``sglang/srt/rust_extensions/loader.py``; ``sglang/srt/utils/runai_utils.py``).
+It pins flashinfer-python 0.7.2, sgl-deep-gemm 0.2.3.post2, tilelang 0.1.12,
+nvidia-cutlass-dsl 4.8.0 and torch 2.14.1. ``tests/test_drift_guards.py``
+holds the facts below to the released source; ``docs/families.md`` sums them up.
 
 * ``SGLANG_CACHE_DIR``, default ``~/.cache/sglang`` (HOME, not XDG), holds
   ``triton/`` (``TRITON_CACHE_DIR``), ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``),
   ``nv/`` (``CUDA_CACHE_PATH``, the driver's PTX JIT cache), ``tilelang/``
   (``TILELANG_CACHE_DIR``), ``.cache/flashinfer`` (``FLASHINFER_WORKSPACE_BASE``
   is the SGLang dir itself), ``deep_gemm/`` (``SGLANG_DG_CACHE_DIR``, handed to
-  DeepGEMM as ``DG_JIT_CACHE_DIR``), ``cute_aot/`` (``SGLANG_CUTE_AOT_CACHE_DIR``)
-  and ``flashinfer/autotune/<version>/<sm>/<key>/rank_*.json``.
+  DeepGEMM as ``DG_JIT_CACHE_DIR``, overriding a value already set),
+  ``cute_aot/`` (``SGLANG_CUTE_AOT_CACHE_DIR``),
+  ``flashinfer/autotune/<version>/<sm>/<key>/rank_*.json`` (and FLUX.3's
+  ``flashinfer/autotune/flux3_prims_ts/<gpu>/<model>``), the piecewise
+  compile cache ``torch_compile_cache/<hash>/rank_0_0/<tag>/`` (with
+  ``inductor_cache/`` and ``triton_cache/``: Triton group files rewritten) and
+  ``rust_extensions/artifacts/<crate>/<fingerprint>/<module>.so`` (built
+  Rust extensions, loaded when present).
 * Redirect semantics: ``redirect_third_party_caches`` does
   ``os.environ.setdefault`` for each third-party variable, so a value already
   set wins, and it silently does nothing for FlashInfer once FlashInfer was
@@ -28,22 +42,31 @@ path in the model runner; summed up in ``docs/families.md``):
   relative to anchor roots (site-packages, toolkit, ``/usr``...) and every leaf
   re-verifies its own list at load: the dir relocates freely. Entries outside
   every anchor are stored as absolute paths: recorded as pinned.
+* Left out, not caches a pod should get: ``gpu_p2p_access_cache_for_<devices>.json``
+  (the build node's P2P topology), ``model_streamer/`` (RunAI model downloads),
+  ``ple/`` (Qwen4's file-backed PLE tables: model data), ``rust_extensions/targets/``
+  (cargo build dirs; the built ``.so`` under ``artifacts/`` ships) and the
+  ``kernels.lock`` HF-kernels lock file (with all ``*.lock`` files).
+* ``torch_compile_cache/.../sglang_compile_cache.py`` holds absolute artifact
+  paths, but 0.5.23 never loads a graph from it (``CompilerManager.load`` has
+  no caller): it ships as is; the Inductor and Triton caches beside it are
+  what a pod reuses.
 
 So the family has two components restored side by side (``sglang`` and
 ``sglang-jit``, both variables set). The ``cache`` component never ships a
 top-level ``jit/`` (the nested default of the other component). Inside it the
-``triton/`` and ``inductor/`` Triton group files get the Triton family's path
-rewriting, partial Triton and DeepGEMM entries are skipped, and the
-``.cache/flashinfer`` tree gets the FlashInfer family's treatment: mtimes kept,
-module dirs ninja would rebuild skipped, ``build.ninja`` paths pinned. The
-``kernels.lock`` HF-kernels lock file at the root is left out with all
-``*.lock`` files.
+Triton group files (``triton/``, ``inductor/``, ``torch_compile_cache/``) get
+the Triton family's path rewriting, partial Triton and DeepGEMM entries are
+skipped, and the ``.cache/flashinfer`` tree gets the FlashInfer family's
+treatment: mtimes kept, module dirs ninja would rebuild skipped,
+``build.ninja`` paths pinned.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
@@ -51,6 +74,7 @@ from artifactd.constants import SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR
 from artifactd.families.base import Component, Family, Located, expanduser
 from artifactd.families.layouts import (
     DEEP_GEMM_DIR,
+    DEEPGEMM_COMMIT_FILE,
     FLASHINFER_SUBDIR,
     TRITON_DIR,
     deepgemm_excluded,
@@ -64,6 +88,11 @@ DEFAULT_CACHE = "~/.cache/sglang"
 DEFAULT_JIT = "~/.cache/sglang/jit"
 JIT_DEPS_FILE = "sgl_deps.json"
 _NESTED_JIT = PurePosixPath("jit")
+#: Top-level dirs of the cache dir that hold no kernels (model data, downloads).
+_NOT_CACHES = frozenset({PurePosixPath("model_streamer"), PurePosixPath("ple")})
+_CARGO_TARGETS = PurePosixPath("rust_extensions/targets")
+#: The build node's GPU peer-to-peer topology, per CUDA_VISIBLE_DEVICES.
+_P2P_FILE = re.compile(r"^gpu_p2p_access_cache_for_.*\.json$")
 
 
 def cache_dirs(environ: Mapping[str, str]) -> tuple[Path, Path]:
@@ -153,9 +182,10 @@ class SGLangFamily(Family):
         "A new Triton, Inductor, DeepGEMM, TileLang or driver-JIT entry under the cache "
         "root, a FlashInfer rebuild (`build.ninja` alone is a load rewrite), or a new JIT "
         "build leaf; `.staging-*` builds and tmp dirs are left out. Unverified: whether "
-        "SGLang touches a JIT leaf it loads (it orders leaves by mtime)."
+        "SGLang touches a JIT leaf it loads (it orders leaves by mtime). DeepGEMM's "
+        "`.committed` marker is touched on every hit: a load rewrite."
     )
-    load_rewrites = frozenset({"build.ninja"})
+    load_rewrites = frozenset({"build.ninja", DEEPGEMM_COMMIT_FILE})
     #: Triton group files under ``triton/``, or ``inductor/`` when Triton went there.
     triton_group_components = frozenset({"cache"})
     library = "SGLang"
@@ -169,11 +199,16 @@ class SGLangFamily(Family):
         return found
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
-        """Skip the nested ``jit/``, staging and tmp dirs of each tenant, locks, temp files."""
+        """Skip the nested ``jit/``, non-caches (module doc), tenants' staging, locks, temps."""
         if component == "jit":
             own = is_dir and rel.name.startswith(".staging-")
         else:
-            own = rel == _NESTED_JIT or _tenant_excluded(rel, is_dir)
+            own = (
+                rel == _NESTED_JIT
+                or (is_dir and (rel in _NOT_CACHES or rel == _CARGO_TARGETS))
+                or (len(rel.parts) == 1 and not is_dir and bool(_P2P_FILE.match(rel.name)))
+                or _tenant_excluded(rel, is_dir)
+            )
         return own or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:

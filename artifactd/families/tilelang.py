@@ -1,8 +1,11 @@
 """TileLang's kernel cache (``TILELANG_CACHE_DIR``, default ``~/.tilelang/cache``).
 
-Facts, read from the tilelang 0.1.15 wheel (``tilelang/cache/kernel_cache.py``,
-``binary_cache.py``, ``cuda_binary_cache.py``, ``jit/adapter/*/kernel_cache.py``,
-``env.py``):
+Facts, read from source, never run here (no GPU): the tilelang 0.1.15 wheel
+(``tilelang/cache/kernel_cache.py``, ``binary_cache.py``,
+``cuda_binary_cache.py``, ``jit/adapter/*/kernel_cache.py``, ``env.py``), and the
+tilelang 0.1.12 wheel, which SGLang 0.5.23 pins, for the older layout below
+(``params.pkl``, ``tmp/``). ``tests/test_drift_guards.py`` holds the names and
+paths below to both releases.
 
 * Kernels: ``<version>/<sys.platform>-<machine>/kernels/<sha256 key>/``. The
   files depend on the execution backend: ``device_kernel.cu``,

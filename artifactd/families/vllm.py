@@ -1,9 +1,19 @@
-"""vLLM's compile cache (``VLLM_CACHE_ROOT``) and the DeepGEMM dir vLLM puts there.
+"""vLLM's caches under ``VLLM_CACHE_ROOT``: compile cache, DeepGEMM dir, FlashInfer autotune tables.
 
-Facts, read from vllm-project/vllm main of mid-2026 (``vllm/envs.py``,
-``vllm/compilation/backends.py``, ``compilation/compiler_interface.py``,
-``compilation/decorators.py``, ``vllm/utils/deep_gemm.py``; summed up in
-``docs/families.md``):
+Facts, read from source, never run here (no GPU): the **vllm 0.33.0** release
+(``vllm/envs.py``, ``vllm/compilation/backends.py``,
+``vllm/compilation/decorators.py``, ``vllm/compilation/compiler_interface.py``,
+``vllm/utils/deep_gemm.py``,
+``vllm/model_executor/warmup/flashinfer_autotune_cache.py``,
+``vllm/model_executor/warmup/kernel_warmup.py``,
+``vllm/v1/worker/startup_plan.py``, ``vllm/model_executor/models/registry.py``,
+``vllm/distributed/device_communicators/all_reduce_utils.py``) and
+flashinfer-python 0.7.2 (``flashinfer/jit/env.py``,
+``flashinfer/autotuner/autotuner.py``, ``flashinfer/autotune_cache.py``) for the
+FlashInfer side; the compile-cache hashing was first read at
+vllm-project/vllm main of mid-2026.
+``tests/test_drift_guards.py`` holds each fact below to the released source;
+``docs/families.md`` sums them up.
 
 * Root: ``VLLM_CACHE_ROOT``, default ``$XDG_CACHE_HOME/vllm`` or
   ``~/.cache/vllm``, passed through ``os.path.expanduser``.
@@ -11,8 +21,10 @@ Facts, read from vllm-project/vllm main of mid-2026 (``vllm/envs.py``,
   ``cache_key_factors.json`` (written once: ``env``, ``config``,
   ``config_hash``, ``compiler``, ``compiler_hash``, ``code``, ``code_hash``),
   ``vllm_compile_cache.py``, ``computation_graph.py`` and the compiled
-  artifacts (``artifact_compile_range_<a>_<b>_subgraph_<i>``); older Inductor
-  adaptors put ``inductor_cache/`` and ``triton_cache/`` under the rank dir.
+  artifacts (``artifact_compile_range_<a>_<b>_subgraph_<i>``); the Inductor
+  adaptor (``compiler_interface.initialize_inductor_cache``) puts
+  ``inductor_cache/`` and, unless ``TRITON_CACHE_DIR`` is set, ``triton_cache/``
+  under the rank dir.
   The AOT path is ``torch_compile_cache/torch_aot_compile/<sha256>/`` with
   ``inductor_cache/`` (Triton kernels under ``inductor_cache/triton/<dev>/``)
   and ``rank_<r>_<dp>/model``.
@@ -21,28 +33,55 @@ Facts, read from vllm-project/vllm main of mid-2026 (``vllm/envs.py``,
   path under the rank dir>)`` and loads from that path; Triton group files
   hold absolute child paths. Both are rewritten on restore.
 * Hash factors: every registered ``VLLM_*`` env var at its parsed value
-  (ports, IPs, the cache root, ``CUDA_VISIBLE_DEVICES``... ignored), the whole
-  config hash (the ``model`` string: an HF id and a local path differ), the
-  path AND content of every traced source file (a different site-packages gives
-  a new dir) and Inductor's system factors (GPU name, torch CUDA version).
-  Values vLLM does not ignore can still be volatile (a Ray bundle index, a
+  (``envs.compile_factors``: ports, IPs, the cache root, the FlashInfer
+  autotune dir, ``VLLM_ENABLE_STARTUP_PLAN``... ignored), the whole config
+  hash (the ``model`` string: an HF id and a local path differ), the path AND
+  content of every traced source file (a different site-packages gives a new
+  dir) and Inductor's system factors (GPU name, torch CUDA version). Values
+  vLLM does not ignore can still be volatile (a Ray bundle index, a
   side-channel port, a ``/tmp`` model path): :func:`volatile_factors` flags
   them. It is the one classifier of volatile factors; the lint reports what it
   returns.
 * DeepGEMM: before importing it vLLM sets ``DG_JIT_CACHE_DIR`` to
   ``$VLLM_CACHE_ROOT/deep_gemm`` when it is unset or empty. That dir sits next
   to ``torch_compile_cache/``, not under it.
+* FlashInfer autotune tables (vllm-project/vllm#42537):
+  ``flashinfer_autotune_cache/<flashinfer version>/<archs>/<sha256(config
+  hash)>/autotune_configs_dp<d>_rank<r>.json`` (``<version>/<archs>`` are the
+  last two parts of FlashInfer's ``FLASHINFER_WORKSPACE_DIR``, e.g.
+  ``0.7.2/90``), written through ``.<name>.<random>.tmp`` and ``os.replace``
+  and read back at the next start (a hit skips the tuning runs; a retune
+  rewrites the file). ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` replaces the
+  whole ``flashinfer_autotune_cache/<version>/<archs>`` prefix. Single-rank,
+  single-stage, single-node runs with a FlashInfer that has the managed
+  (v2) store tune into FlashInfer's own ``.cache/flashinfer/autotune/v2/``
+  instead, unless that variable is set: that tree is the ``flashinfer``
+  family's. A table carries FlashInfer's ``_metadata`` (FlashInfer, torch
+  CUDA, cuBLAS, cuDNN, CuTe DSL versions, GPU name); one that conflicts with
+  the pod's is never loaded AND never overwritten (it re-tunes at every
+  start), hence the scope: ``libraries.flashinfer-python``,
+  ``libraries.nvidia-cutlass-dsl``, ``cuda.torch_cuda``, ``gpu.name``. cuBLAS
+  and cuDNN are not fingerprinted (torch pins them).
+* ``startup_plan/startup_plan_<fingerprint>.json`` (``VLLM_ENABLE_STARTUP_PLAN=1``):
+  the memory-profiling result, keyed by vLLM, the config hash, the device
+  name, total memory and capability, torch and CUDA, rank and world size, and
+  applied only when the device has at least the recorded free memory: a pod
+  reuses it safely, so it ships.
+* Left out: ``modelinfos/`` (model-class inspection, cheap), ``assets/``
+  (downloads), ``xla_cache/`` (TPU), ``rocm_segmented_attention/`` (ROCm),
+  ``dummy_cache/``, and ``gpu_p2p_access_cache_for_<devices>.json``: the
+  build node's P2P topology, wrong on a pod on other hardware.
 
-Choice for DeepGEMM: the ``deep_gemm`` component is harvested only when
-``DG_JIT_CACHE_DIR`` is unset or empty at harvest (vLLM's own default applies);
-when it is set, the ``deepgemm`` family owns that dir, wherever it points, so
-nothing ships twice. It is restored at ``<target>/vllm/deep_gemm`` with no
-variable set, so vLLM's own default finds it, and a ``DG_JIT_CACHE_DIR`` set by
-the ``deepgemm`` family still wins, as it would in vLLM. This nests the
-component inside ``cache``: installation goes in component-name order
-(``cache`` before ``deep_gemm``), and ``cache`` never ships ``deep_gemm/``.
-
-Other top-level dirs (``modelinfos/`` and the like) are not harvested.
+Choice for DeepGEMM and the autotune tables: each is harvested only when its
+variable (``DG_JIT_CACHE_DIR``, ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``) is
+unset or empty at harvest (vLLM's own default applies); a set
+``DG_JIT_CACHE_DIR`` belongs to the ``deepgemm`` family, wherever it points, so
+nothing ships twice, and a set autotune dir has another layout (no
+``<version>/<archs>``) and is not harvested (the warm-up runner clears the
+variable). Each is restored at its default place under ``<target>/vllm`` with
+no variable set, so vLLM's own default finds it. This nests the components
+inside ``cache``: installation goes in component-name order (``cache`` first),
+and ``cache`` never ships ``deep_gemm/`` or ``flashinfer_autotune_cache/``.
 """
 
 from __future__ import annotations
@@ -54,7 +93,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from artifactd.constants import DG_JIT_CACHE_DIR, VLLM_CACHE_ROOT, XDG_CACHE_HOME
+from artifactd.constants import (
+    DG_JIT_CACHE_DIR,
+    VLLM_CACHE_ROOT,
+    VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR,
+    XDG_CACHE_HOME,
+)
 from artifactd.families.base import (
     ROOT_PLACEHOLDER,
     Component,
@@ -68,6 +112,7 @@ from artifactd.families.layouts import (
     DEEP_GEMM_DIR as _DEEP_GEMM_PATH,
 )
 from artifactd.families.layouts import (
+    DEEPGEMM_COMMIT_FILE,
     deepgemm_excluded,
     deepgemm_partial_entries,
 )
@@ -82,8 +127,13 @@ AOT_DIR = "torch_aot_compile"
 DEEP_GEMM_DIR = _DEEP_GEMM_PATH.as_posix()
 FACTORS_FILE = "cache_key_factors.json"
 HANDLES_FILE = "vllm_compile_cache.py"
+STARTUP_PLAN_DIR = "startup_plan"
+FLASHINFER_AUTOTUNE_DIR = "flashinfer_autotune_cache"
 #: Top-level entries of VLLM_CACHE_ROOT the ``cache`` component ships.
-HARVESTED = frozenset({COMPILE_DIR})
+HARVESTED = frozenset({COMPILE_DIR, STARTUP_PLAN_DIR})
+#: Depth of a table under ``flashinfer_autotune_cache/``: version, archs, config hash, file.
+_AUTOTUNE_TABLE_DEPTH = 4
+_AUTOTUNE_TABLE = re.compile(r"^autotune_configs(_dp\d+_rank\d+)?\.json$")
 
 
 def cache_root(environ: Mapping[str, str]) -> Path:
@@ -454,17 +504,43 @@ def volatile_factors(factors: Mapping[str, Any]) -> list[VolatileFactor]:
     return found
 
 
+def autotune_table_problems(root: Path) -> dict[PurePosixPath, str]:
+    """Tables under ``flashinfer_autotune_cache/`` vLLM would not load, and why.
+
+    ``<version>/<archs>/<hash>/autotune_configs*.json`` must hold a JSON object
+    (vLLM refuses anything else from a peer; FlashInfer reads it as one). Files
+    elsewhere are not tables and are left alone.
+    """
+    bad: dict[PurePosixPath, str] = {}
+    for path in sorted(root.glob("*/*/*/autotune_configs*.json")):
+        rel = PurePosixPath(path.relative_to(root).as_posix())
+        if len(rel.parts) != _AUTOTUNE_TABLE_DEPTH or not _AUTOTUNE_TABLE.match(rel.name):
+            continue
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict):
+            bad[rel] = "corrupt FlashInfer autotune table: not a JSON object (vLLM re-tunes)"
+    return bad
+
+
 class VLLMFamily(Family):
-    """vLLM torch.compile graphs and artifacts (JIT and AOT), plus its DeepGEMM dir."""
+    """vLLM torch.compile graphs and artifacts (JIT and AOT), its DeepGEMM dir, autotune tables."""
 
     name = "vllm"
-    description = "vLLM compile cache (VLLM_CACHE_ROOT: torch_compile_cache, deep_gemm)"
+    description = (
+        "vLLM caches (VLLM_CACHE_ROOT: torch_compile_cache, startup_plan, deep_gemm,"
+        " flashinfer_autotune_cache)"
+    )
     scope = (
         "workload",
         "libraries.vllm",
         "libraries.torch",
         "libraries.triton",
         "libraries.deep_gemm",
+        "libraries.flashinfer-python",
+        "libraries.nvidia-cutlass-dsl",
         "gpu.name",
         "gpu.arch",
         "gpu.sm_count",
@@ -476,20 +552,25 @@ class VLLMFamily(Family):
     )
     #: 2: the visible GPU count left the scope; the parallel layout is keyed as the
     #: workload's tp, pp, ep, dp (a build node's GPU count is not a pod's).
-    scope_revision = 2
+    #: 3: the FlashInfer autotune tables and startup plans ship (vLLM 0.33).
+    scope_revision = 3
     components = (
         Component("cache", "vllm", {VLLM_CACHE_ROOT: "{dir}"}),
         Component("deep_gemm", f"vllm/{DEEP_GEMM_DIR}", {}),
+        Component("flashinfer_autotune", f"vllm/{FLASHINFER_AUTOTUNE_DIR}", {}),
     )
     triton_group_components = frozenset({"cache"})
     written_since_restore = (
         "A new hash dir under `torch_compile_cache/` (a hash factor differs: vLLM chose "
         "another dir) or new artifacts in a restored one (a compile range or shape the "
-        "build did not warm up). Other top-level dirs (`modelinfos/`) and DeepGEMM's "
-        "`tmp/` never count. `vllm_compile_cache.py` is a load rewrite: releases before "
-        "the `is_cache_updated` check rewrite it at every start, hit or not."
+        "build did not warm up); a new DeepGEMM entry; a FlashInfer autotune table "
+        "written or rewritten (vLLM saves it only after tuning); a new startup plan (the "
+        "memory profile ran). Other top-level dirs (`modelinfos/`) and DeepGEMM's `tmp/` "
+        "never count. `vllm_compile_cache.py` is a load rewrite: releases before the "
+        "`is_cache_updated` check rewrite it at every start, hit or not; so is DeepGEMM's "
+        "`.committed` (touched on a hit)."
     )
-    load_rewrites = frozenset({HANDLES_FILE})
+    load_rewrites = frozenset({HANDLES_FILE, DEEPGEMM_COMMIT_FILE})
     library = "vLLM"
     path_cost = (
         "vLLM hashes paths and keeps absolute artifact handles: a pod where this path"
@@ -501,17 +582,25 @@ class VLLMFamily(Family):
     )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
-        """Find the root, and its ``deep_gemm/`` when DG_JIT_CACHE_DIR is unset (vLLM's default)."""
+        """Find the root, and the dirs vLLM defaults under it when their variable is unset.
+
+        ``deep_gemm/`` (``DG_JIT_CACHE_DIR``) and ``flashinfer_autotune_cache/``
+        (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``); vLLM treats an empty value as unset.
+        """
         root = cache_root(environ)
         if not root.is_dir():
             return []
         found = [Located(self.components[0], root)]
-        if not environ.get(DG_JIT_CACHE_DIR) and (root / DEEP_GEMM_DIR).is_dir():
-            found.append(Located(self.components[1], root / DEEP_GEMM_DIR))
+        for component, variable, sub in (
+            (self.components[1], DG_JIT_CACHE_DIR, DEEP_GEMM_DIR),
+            (self.components[2], VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR, FLASHINFER_AUTOTUNE_DIR),
+        ):
+            if not environ.get(variable) and (root / sub).is_dir():
+                found.append(Located(component, root / sub))
         return found
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
-        """Ship only ``torch_compile_cache/`` from the root; DeepGEMM's staging dir never."""
+        """Ship only :data:`HARVESTED` from the root; DeepGEMM's staging dir never."""
         if component == "cache" and len(rel.parts) == 1 and rel.name not in HARVESTED:
             return True
         if component == "deep_gemm" and deepgemm_excluded(rel, is_dir):
@@ -519,9 +608,11 @@ class VLLMFamily(Family):
         return super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
-        """DeepGEMM entries without both ``kernel.cu`` and ``kernel.cubin`` (a hard error)."""
+        """DeepGEMM entries neither JIT would load; autotune tables that are not JSON objects."""
         if component == "deep_gemm":
             return deepgemm_partial_entries(root)
+        if component == "flashinfer_autotune":
+            return autotune_table_problems(root)
         return {}
 
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:

@@ -377,28 +377,21 @@ TOOL_TIMEOUT_S = 10.0
 def compiler_identity(
     program: str, version_output: str | None, path: str | None = None
 ) -> str | None:
-    """Return the C compiler's identity: the first line of its ``--version``, name resolved.
+    """Return the first line of the C compiler's ``--version``, its leading name resolved.
 
-    GCC starts that line with the name it was invoked by, so ``cc``, ``gcc`` and
-    ``x86_64-linux-gnu-gcc-12`` (one binary, through symlinks) would read as three
-    compilers and a pod whose ``$CC`` spells it differently would miss. The
-    leading name is replaced by the file it resolves to on ``path`` (default
-    ``$PATH``); the version text that follows is kept as the compiler wrote it.
+    GCC starts it with the name it was invoked by: ``cc`` and ``gcc``, one binary
+    through symlinks, must not be two keys (nor miss a pod spelling ``$CC`` otherwise).
     """
-    if not version_output:
-        return None
-    line = version_output.splitlines()[0].strip()
-    invoked = os.path.basename(program)
-    first, _, rest = line.partition(" ")
-    if first != invoked:
+    line = version_output.splitlines()[0].strip() if version_output else None
+    first, _, rest = (line or "").partition(" ")
+    if line is None or first != os.path.basename(program):
         return line
     found = program if "/" in program else _on_path(program, path)
-    resolved = os.path.basename(os.path.realpath(found)) if found else invoked
-    return f"{resolved} {rest}".strip()
+    return f"{os.path.basename(os.path.realpath(found)) if found else first} {rest}".strip()
 
 
 def _on_path(program: str, path: str | None) -> str | None:
-    """Return where ``program`` is on ``path`` (``$PATH`` by default), as a shell finds it."""
+    """Return where ``program`` is on ``path`` (default ``$PATH``), as a shell finds it."""
     for entry in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep):
         candidate = os.path.join(entry or ".", program)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
