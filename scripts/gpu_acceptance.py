@@ -124,6 +124,7 @@ class Acceptance:
         self.dry: str | None = None  # why the GPU steps are skipped
         self.ptx: Path | None = None
         self.harvested: list[str] = []
+        self.installed = False  # whether OUT/site holds this run's wheels
 
     # -- running steps and commands ------------------------------------------------
 
@@ -198,10 +199,10 @@ class Acceptance:
     def base_env(self) -> dict[str, str]:
         """Return this environment, with the installed wheels and the checkout importable."""
         env = dict(os.environ)
-        paths = [str(self.site)] if self.site.is_dir() else []
+        paths = [str(self.site)] if self.installed else []
         paths += [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        if (self.site / "bin").is_dir():  # console scripts of the wheels (ninja...)
+        if self.installed and (self.site / "bin").is_dir():  # the wheels' console scripts
             env["PATH"] = f"{self.site / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         return env
 
@@ -218,20 +219,27 @@ class Acceptance:
         found = sorted(self.wheels.glob("*.whl"))
         if not found:
             raise StepError(f"--wheels {self.wheels} holds no .whl file")
+        shutil.rmtree(self.site, ignore_errors=True)  # only this run's wheels
         # --no-deps: the folder names every package the node lacks; nothing is fetched.
         argv = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps"]
         argv += ["--disable-pip-version-check", "--target", str(self.site), *map(str, found)]
         self.checked(st.name, argv, os.environ)
         sys.path.insert(0, str(self.site))
+        self.installed = True
         st.reason = f"{len(found)} wheel(s) into {self.site}"
         st.data["wheels"] = [p.name for p in found]
 
     def environment_step(self, st: Step) -> None:
         """Report the node's software and GPU; fail only when artifactd cannot be imported."""
-        try:
+        try:  # what the later steps use: a dependency missing on the node shows here
             import artifactd
+            import artifactd.build.demo
+            import artifactd.build.run
+            import artifactd.pod.verdict
         except ImportError as exc:
-            raise StepError(f"cannot import artifactd: {exc} (add its wheels to --wheels)") from exc
+            raise StepError(
+                f"cannot import artifactd: {exc} (put its wheel and the missing ones in --wheels)"
+            ) from exc
         report: dict[str, Any] = {
             "python": sys.executable,
             "artifactd": str(Path(artifactd.__file__).parent),

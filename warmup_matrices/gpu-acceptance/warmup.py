@@ -123,7 +123,7 @@ class Driver:
         return module
 
     def run_axpy(self, module: ctypes.c_void_p) -> float:
-        """Launch ``axpy(2, x, y, N)`` from ``module``; return the largest error against the host."""
+        """Launch ``axpy(2, x, y, N)`` from ``module``; return the largest error against the CPU."""
         lib = self.lib
         fn = ctypes.c_void_p()
         self.check(
@@ -157,8 +157,11 @@ class Driver:
 def run_cuda_jit(ptx: Path) -> dict[str, Any]:
     """Load PTX through the driver (a JIT compile, or a hit in CUDA_CACHE_PATH) and run it."""
     t0 = time.perf_counter()
-    if not os.environ.get("CUDA_CACHE_PATH"):
+    cache = os.environ.get("CUDA_CACHE_PATH")
+    if not cache:
         return {"skipped": "CUDA_CACHE_PATH is not set"}
+    # The driver is closed source: whether it creates a missing cache dir is not known.
+    Path(cache).mkdir(parents=True, exist_ok=True)
     try:
         driver = Driver()
     except RuntimeError as exc:
@@ -301,6 +304,15 @@ def main() -> None:
     parser.add_argument("--ptx", type=Path, help="the PTX the cuda-jit part loads")
     parser.add_argument("--gpu", action="store_true", help="generic: also launch the cubin")
     args = parser.parse_args()
+    try:
+        report = run_part(args)
+    except RuntimeError as exc:  # a driver API call failed: one line, not a traceback
+        sys.exit(f"{args.part}: {exc}")
+    print(json.dumps(report), flush=True)
+
+
+def run_part(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the part ``args`` names and return its report."""
     if args.part == "inductor":
         report = run_inductor_gpu()
     elif args.part == "triton":
@@ -317,7 +329,7 @@ def main() -> None:
         report = run_flashinfer()
     else:
         report = run_cutedsl()
-    print(json.dumps(report), flush=True)
+    return report
 
 
 if __name__ == "__main__":

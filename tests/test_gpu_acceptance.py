@@ -1,0 +1,191 @@
+"""The GPU acceptance script (scripts/gpu-acceptance.sh) in its dry mode, here, without a GPU.
+
+What runs here is real: nvcc compiles the PTX and the sm_90a cubin, Triton
+compiles its kernels ahead of time for sm_90a, ``artifactd harvest``,
+``restore`` and ``status`` run as processes on a local OCI layout, and the
+restored warm-ups run with only the env file's variables. The steps that need
+a GPU must say they were skipped and name what is missing. A failing step
+(a wheels folder pip cannot install) must make the script exit 1 naming it.
+Nothing is mocked; on a GPU host the same dry run is forced by ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import GPU_HOST, PYTHON, REPO, clean_env
+
+SCRIPT = REPO / "scripts" / "gpu-acceptance.sh"
+SUMMARY = re.compile(
+    r"^gpu-acceptance: (?P<ok>\d+) ok, (?P<failed>\d+) failed(?: \((?P<names>[^)]*)\))?, "
+    r"(?P<skipped>\d+) skipped(?: \((?P<why>.*)\))? in \d+ s$"
+)
+#: Steps that need a GPU (or a package a GPU node gets through --wheels).
+GPU_FAMILIES = ("cuda-jit", "inductor", "flashinfer", "cutedsl")
+GPU_STEPS = ("gpu-probe", *(f"{w} {f}" for w in ("cold", "restored") for f in GPU_FAMILIES))
+#: Steps that need no GPU: they must pass here.
+HERE_STEPS = (
+    "wheels",
+    "environment",
+    "nvcc-ptx",
+    "cold generic",
+    "cold triton",
+    "harvest",
+    "restore",
+    "restored generic",
+    "restored triton",
+    "status",
+)
+
+
+def acceptance(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the script as a maintainer would, with this suite's Python."""
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--python", PYTHON, "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """Write a real, installable wheel of one module (what a --wheels folder holds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "acceptance_extra-1.0-py3-none-any.whl"
+    files = {
+        "acceptance_extra.py": b"VALUE = 42\n",
+        "acceptance_extra-1.0.dist-info/METADATA": (
+            b"Metadata-Version: 2.1\nName: acceptance-extra\nVersion: 1.0\n"
+        ),
+        "acceptance_extra-1.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = "".join(f"{name},,\n" for name in files) + "acceptance_extra-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr("acceptance_extra-1.0.dist-info/RECORD", record)
+    return path
+
+
+def steps_of(out: Path) -> dict[str, dict[str, Any]]:
+    report = json.loads((out / "report.json").read_text())
+    return {s["name"]: s for s in report["steps"]}
+
+
+@pytest.mark.slow
+def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(tmp_path: Path) -> None:
+    out = tmp_path / "acc"
+    wheel = tiny_wheel(tmp_path / "wheels")
+    proc = acceptance(out, "--dry-run", "--wheels", str(wheel.parent))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    summary = SUMMARY.match(last)
+    assert summary, last
+    assert summary["failed"] == "0"
+    steps = steps_of(out)
+    assert int(summary["ok"]) == sum(s["status"] == "ok" for s in steps.values())
+    assert int(summary["skipped"]) == sum(s["status"] == "skipped" for s in steps.values())
+
+    for name in HERE_STEPS:
+        assert steps[name]["status"] == "ok", (name, steps[name]["reason"])
+    # The extra wheel went into OUT/site, offline, and only there.
+    assert steps["wheels"]["status"] == "ok"
+    assert steps["wheels"]["data"]["wheels"] == [wheel.name]
+    assert (out / "site" / "acceptance_extra.py").read_text() == "VALUE = 42\n"
+    if not GPU_HOST.driver:  # what is missing here, by name
+        dry = "no GPU: no NVML (libnvidia-ml.so.1 not found: no NVIDIA driver)"
+    else:
+        dry = "dry run (--dry-run)"
+    assert dry in summary["why"]
+    for name in GPU_STEPS:
+        assert steps[name]["status"] == "skipped", name
+        assert steps[name]["reason"].startswith(dry), (name, steps[name]["reason"])
+    for family, dist, module in (
+        ("flashinfer", "flashinfer-python", "flashinfer"),
+        ("cutedsl", "nvidia-cutlass-dsl", "cutlass"),
+    ):
+        try:
+            __import__(module)
+        except ImportError:
+            assert f"{dist} is not installed" in steps[f"cold {family}"]["reason"]
+
+    # The cold runs compiled (the libraries say so, and wrote their caches) ...
+    ptx = out / "work" / "axpy.compute_90.ptx"
+    assert ".target sm_90" in ptx.read_text()
+    assert steps["cold generic"]["data"]["report"]["compiled"] == 1
+    assert steps["cold generic"]["data"]["files_written"]["generic"] == 1
+    assert steps["cold triton"]["data"]["report"]["compiled"] == 3
+    assert steps["cold triton"]["data"]["files_written"]["triton"] > 0
+    assert set(steps["harvest"]["data"]["families"]) == {"generic", "triton"}
+    assert any(t.startswith("fp-") for t in steps["harvest"]["data"]["tags"])
+    # ... the restore installed the same cubin in a fresh root at the same path ...
+    (cold_cubin,) = (out / "cache-cold" / "generic").glob("*.sm_90a.cubin")
+    (restored_cubin,) = (out / "cache" / "generic").glob("*.sm_90a.cubin")
+    assert restored_cubin.name == cold_cubin.name
+    assert restored_cubin.read_bytes() == cold_cubin.read_bytes()
+    # ... and the restored runs compiled nothing, as the libraries and status say.
+    restored_nvcc = steps["restored generic"]["data"]["report"]
+    assert (restored_nvcc["compiled"], restored_nvcc["hits"]) == (0, 1)
+    assert steps["restored triton"]["data"]["report"]["compiled"] == 0
+    assert steps["restored triton"]["data"]["report"]["hits"] == 3
+    assert steps["restored triton"]["data"]["files_written"] == {}
+    assert steps["status"]["data"]["verdicts"] == {"generic": "used", "triton": "used"}
+    for family in ("generic", "triton"):
+        assert re.search(rf"^  {family} +[\d.]+ +[\d.]+ +\d+ +0$", proc.stdout, re.M), family
+
+
+def test_a_wheels_folder_pip_cannot_install_fails_the_run_naming_the_step(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip archive")
+    out = tmp_path / "acc"
+    proc = acceptance(out, "--wheels", str(wheels), "--dry-run", timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    summary = SUMMARY.match(last)
+    assert summary, last
+    assert (summary["ok"], summary["failed"], summary["names"]) == ("0", "1", "wheels")
+    steps = steps_of(out)
+    assert steps["wheels"]["status"] == "failed"
+    # pip's own exit and its log, not a guess.
+    assert re.match(r"exit [1-9]\d*: .*\(log: .*wheels\.log\)$", steps["wheels"]["reason"])
+    assert "broken-1.0-py3-none-any.whl" in (out / "logs" / "wheels.log").read_text()
+    # Nothing runs on a half-installed node: every later step says why.
+    later = [s for name, s in steps.items() if name != "wheels"]
+    assert later
+    assert all((s["status"], s["reason"]) == ("skipped", "wheels failed") for s in later)
+
+
+def test_a_wheels_path_that_is_no_folder_fails_at_once(tmp_path: Path) -> None:
+    proc = acceptance(tmp_path / "acc", "--wheels", str(tmp_path / "absent"), timeout=120)
+    assert proc.returncode == 1
+    assert f"wheels               failed: --wheels {tmp_path / 'absent'} is not a directory" in (
+        proc.stdout
+    )
+    assert (
+        proc.stdout.strip().splitlines()[-1].startswith("gpu-acceptance: 0 ok, 1 failed (wheels)")
+    )
+
+
+def test_a_python_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--python", str(tmp_path / "nopython"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gpu-acceptance: no Python found (pass --python PATH)"
+    assert not (tmp_path / "gpu-acceptance").exists()
