@@ -47,6 +47,7 @@ import importlib.util
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import time
@@ -125,6 +126,7 @@ class Acceptance:
         self.ptx: Path | None = None
         self.harvested: list[str] = []
         self.installed = False  # whether OUT/site holds this run's wheels
+        self.site_paths: list[str] = []  # OUT/site and what its .pth files add
 
     # -- running steps and commands ------------------------------------------------
 
@@ -199,7 +201,7 @@ class Acceptance:
     def base_env(self) -> dict[str, str]:
         """Return this environment, with the installed wheels and the checkout importable."""
         env = dict(os.environ)
-        paths = [str(self.site)] if self.installed else []
+        paths = list(self.site_paths)
         paths += [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         if self.installed and (self.site / "bin").is_dir():  # the wheels' console scripts
@@ -224,10 +226,16 @@ class Acceptance:
         argv = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps"]
         argv += ["--disable-pip-version-check", "--target", str(self.site), *map(str, found)]
         self.checked(st.name, argv, os.environ)
-        sys.path.insert(0, str(self.site))
+        # A --target dir is no site dir: its .pth files (CuTe DSL puts its packages
+        # on sys.path through one) run only through site.addsitedir. Run them here
+        # and hand the commands every path they added, first.
+        before = list(sys.path)
+        site.addsitedir(str(self.site))
+        self.site_paths = [p for p in sys.path if p not in before]
+        sys.path[:] = [*self.site_paths, *(p for p in sys.path if p not in self.site_paths)]
         self.installed = True
         st.reason = f"{len(found)} wheel(s) into {self.site}"
-        st.data["wheels"] = [p.name for p in found]
+        st.data.update(wheels=[p.name for p in found], paths=self.site_paths)
 
     def environment_step(self, st: Step) -> None:
         """Report the node's software and GPU; fail only when artifactd cannot be imported."""

@@ -62,6 +62,9 @@ def tiny_wheel(folder: Path) -> Path:
     path = folder / "acceptance_extra-1.0-py3-none-any.whl"
     files = {
         "acceptance_extra.py": b"VALUE = 42\n",
+        # A path line in a .pth file, as CuTe DSL's wheel puts its packages on sys.path.
+        "acceptance_extra.pth": b"acceptance_extra_lib\n",
+        "acceptance_extra_lib/acceptance_lib.py": b"VALUE = 43\n",
         "acceptance_extra-1.0.dist-info/METADATA": (
             b"Metadata-Version: 2.1\nName: acceptance-extra\nVersion: 1.0\n"
         ),
@@ -102,6 +105,9 @@ def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(tmp_pat
     assert steps["wheels"]["status"] == "ok"
     assert steps["wheels"]["data"]["wheels"] == [wheel.name]
     assert (out / "site" / "acceptance_extra.py").read_text() == "VALUE = 42\n"
+    # OUT/site is no site dir: its .pth lines reach the commands through the script.
+    site = out / "site"
+    assert steps["wheels"]["data"]["paths"][:2] == [str(site), str(site / "acceptance_extra_lib")]
     if not GPU_HOST.driver:  # what is missing here, by name
         dry = "no GPU: no NVML (libnvidia-ml.so.1 not found: no NVIDIA driver)"
     else:

@@ -18,7 +18,7 @@ kernels, the nvcc cubin and its ptxas record):
   launched and its result checked;
 * ``generic``: the demo's ``nvcc -cubin -arch=sm_90a`` kernel into
   ``ARTIFACTD_GENERIC_DIR``; with a GPU the cubin is loaded and launched too;
-* ``flashinfer``: one FlashInfer op (RMSNorm), JIT-built on first use;
+* ``flashinfer``: one FlashInfer op (SiLU-and-mul), JIT-built on first use;
 * ``cutedsl``: one CuTe DSL kernel (an element-wise add), compiled and run.
 
 The last line on stdout is one JSON object: ``compiled`` and ``hits`` where
@@ -237,25 +237,29 @@ def run_inductor_gpu() -> dict[str, Any]:
 
 
 def run_flashinfer() -> dict[str, Any]:
-    """One FlashInfer op (RMSNorm), JIT-built into its workspace on first use."""
+    """One FlashInfer op (SiLU-and-mul), JIT-built into its workspace on first use.
+
+    An activation op: every release builds it with its ninja JIT, where newer
+    ones run RMSNorm through CuTe DSL when nvidia-cutlass-dsl is installed.
+    """
     t0 = time.perf_counter()
     why = no_torch_cuda()
     if why:
         return {"skipped": why}
     if importlib.util.find_spec("flashinfer") is None:
-        return {"skipped": "flashinfer is not installed (pass flashinfer-python in --wheels)"}
+        return {"skipped": "flashinfer-python is not installed (pass it in --wheels)"}
     if importlib.util.find_spec("flashinfer_jit_cache") is not None:
         return {"skipped": "flashinfer-jit-cache is installed: its prebuilt ops JIT nothing"}
     import flashinfer
     import torch
+    import torch.nn.functional as F  # noqa: N812
 
     torch.manual_seed(0)
-    x = torch.randn(16, 4096, device="cuda", dtype=torch.float16)
-    w = torch.rand(4096, device="cuda", dtype=torch.float16)
-    y = flashinfer.norm.rmsnorm(x, w, eps=1e-6)
+    hidden = 4096
+    x = torch.randn(16, 2 * hidden, device="cuda", dtype=torch.float16)
+    y = flashinfer.activation.silu_and_mul(x)
     torch.cuda.synchronize()
-    xf = x.float()
-    ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    ref = F.silu(x[..., :hidden].float()) * x[..., hidden:].float()
     torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
     return {"ops": 1, "version": flashinfer.__version__, "seconds": _since(t0)}
 
@@ -267,7 +271,7 @@ def run_cutedsl() -> dict[str, Any]:
     if why:
         return {"skipped": why}
     if importlib.util.find_spec("cutlass") is None:
-        return {"skipped": "CuTe DSL is not installed (pass nvidia-cutlass-dsl in --wheels)"}
+        return {"skipped": "nvidia-cutlass-dsl is not installed (pass it in --wheels)"}
     import torch
 
     sys.path.insert(0, str(HERE))
