@@ -6,7 +6,9 @@ compiles its kernels ahead of time for sm_90a, ``artifactd harvest``,
 restored warm-ups run with only the env file's variables. The steps that need
 a GPU must say they were skipped and name what is missing. A failing step
 (a wheels folder pip cannot install) must make the script exit 1 naming it.
-Nothing is mocked; on a GPU host the same dry run is forced by ``--dry-run``.
+Nothing is mocked but the GPU itself: the driver-API warm-ups (cuda-jit,
+generic) run here against a libcuda double (``LIBCUDA_DOUBLE``), since this
+machine has no driver. On a GPU host the dry run is forced by ``--dry-run``.
 """
 
 from __future__ import annotations
@@ -195,3 +197,97 @@ def test_a_python_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gpu-acceptance: no Python found (pass --python PATH)"
     assert not (tmp_path / "gpu-acceptance").exists()
+
+
+#: A double of the few libcuda calls the warm-ups' ctypes ``Driver`` makes: it
+#: stands in for the GPU and driver this machine cannot have. Memory is host
+#: memory, and "launching" axpy computes it on the CPU from the kernel
+#: parameters as the driver would receive them, so a wrong argument type, size
+#: or order in the ctypes plumbing gives wrong values or an error code.
+LIBCUDA_DOUBLE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+typedef int CUresult;
+static int inited, module, context;
+CUresult cuInit(unsigned flags) { if (flags) return 1; inited = 1; return 0; }
+CUresult cuDeviceGet(int *dev, int ordinal) {
+    if (!inited) return 3; if (ordinal) return 101; *dev = 0; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    if (dev) return 101; *ctx = &context; return 0; }
+CUresult cuCtxSetCurrent(void *ctx) { return ctx == &context ? 0 : 201; }
+CUresult cuModuleLoadData(void **mod, const char *image) {
+    /* PTX must name the entry; a cubin must be a CUDA ELF (machine 190). */
+    if (memcmp(image, "\x7f" "ELF", 4) == 0) { if (*(uint16_t *)(image + 18) != 190) return 200; }
+    else if (!strstr(image, ".entry axpy")) return 200;
+    *mod = &module; return 0; }
+CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
+    if (mod != &module) return 400; if (strcmp(name, "axpy")) return 500; *fn = &module; return 0; }
+CUresult cuMemAlloc_v2(uint64_t *ptr, size_t size) {
+    void *p = malloc(size); if (!p) return 2; *ptr = (uint64_t)(uintptr_t)p; return 0; }
+CUresult cuMemFree_v2(uint64_t ptr) { free((void *)(uintptr_t)ptr); return 0; }
+CUresult cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n) {
+    memcpy((void *)(uintptr_t)dst, src, n); return 0; }
+CUresult cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n) {
+    memcpy(dst, (void *)(uintptr_t)src, n); return 0; }
+CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, void *stream,
+                        void **params, void **extra) {
+    if (fn != &module || gy != 1 || gz != 1 || by != 1 || bz != 1 || shared || stream || extra)
+        return 1;
+    float a = *(float *)params[0];
+    float *x = (float *)(uintptr_t)*(uint64_t *)params[1];
+    float *y = (float *)(uintptr_t)*(uint64_t *)params[2];
+    int n = *(int *)params[3];
+    if ((uint64_t)gx * bx < (uint64_t)n) return 1;
+    for (int i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+    return 0; }
+CUresult cuCtxSynchronize(void) { return 0; }
+CUresult cuGetErrorName(CUresult rc, const char **name) {
+    *name = rc == 200 ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_DOUBLE"; return 0; }
+"""
+WARMUP = REPO / "warmup_matrices" / "gpu-acceptance" / "warmup.py"
+
+
+@pytest.mark.slow
+def test_the_driver_api_warmups_pass_their_arguments_as_the_driver_reads_them(
+    tmp_path: Path,
+) -> None:
+    """The cuda-jit and generic warm-ups against a libcuda double (no GPU here)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "libcuda.c").write_text(LIBCUDA_DOUBLE)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(lib / "libcuda.so.1"), str(tmp_path / "libcuda.c")],
+        check=True,
+    )
+    ptx = tmp_path / "axpy.ptx"
+    axpy = REPO / "warmup_matrices" / "cpu-demo" / "axpy.cu"
+    subprocess.run(["nvcc", "--ptx", "-arch=compute_90", "-o", str(ptx), str(axpy)], check=True)
+    env = clean_env(
+        {
+            "LD_LIBRARY_PATH": str(lib),
+            "CUDA_CACHE_PATH": str(tmp_path / "cuda-jit"),
+            "ARTIFACTD_GENERIC_DIR": str(tmp_path / "generic"),
+        }
+    )
+
+    def warmup(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYTHON, str(WARMUP), *args], capture_output=True, text=True, env=env, timeout=120
+        )
+
+    jit = warmup("cuda-jit", "--ptx", str(ptx))
+    assert jit.returncode == 0, jit.stderr
+    assert json.loads(jit.stdout.splitlines()[-1])["modules"] == 1
+    assert (tmp_path / "cuda-jit").is_dir()  # made for the driver, which fills it
+    # The sm_90a cubin nvcc wrote is loaded and "launched" too.
+    generic = warmup("generic", "--gpu")
+    assert generic.returncode == 0, generic.stderr
+    report = json.loads(generic.stdout.splitlines()[-1])
+    assert (report["compiled"], report["launched"]) == (1, True)
+    # A driver error is one line naming the call and the driver's error, no traceback.
+    (tmp_path / "other.ptx").write_text(".version 8.0\n.target sm_90\n")
+    bad = warmup("cuda-jit", "--ptx", str(tmp_path / "other.ptx"))
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "cuda-jit: cuModuleLoadData failed: 200 (CUDA_ERROR_INVALID_IMAGE)"
