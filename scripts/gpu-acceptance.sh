@@ -49,4 +49,4 @@ if [[ -z $python ]] || ! command -v "$python" >/dev/null; then
 fi
 echo "gpu-acceptance: python $python"
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" "$repo/scripts/gpu_acceptance.py" "${args[@]}"
+exec "$python" "$repo/scripts/gpu_acceptance.py" ${args[@]+"${args[@]}"}

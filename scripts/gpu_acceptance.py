@@ -146,15 +146,19 @@ class Acceptance:
             except Exception as exc:  # a bug or an environment fault: reported, never raised
                 self.log(name, "traceback", traceback.format_exc())
                 st.status = "failed"
-                st.reason = f"{type(exc).__name__}: {exc} (traceback in {self.logs / name}.log)"
+                st.reason = f"{type(exc).__name__}: {exc} (traceback in {self.log_path(name)})"
             st.seconds = round(time.monotonic() - t0, 3)
         print(st.line(), flush=True)
         return st
 
+    def log_path(self, name: str) -> Path:
+        """Return the log file of step ``name``: OUT/logs/<name, dashed>.log."""
+        return self.logs / f"{name.replace(' ', '-')}.log"
+
     def log(self, name: str, title: str, text: str) -> Path:
         """Append a titled block to the step's log file; return its path."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        path = self.logs / f"{name.replace(' ', '-')}.log"
+        path = self.log_path(name)
         with path.open("a", encoding="utf-8") as f:
             f.write(f"==== {title}\n{text}\n")
         return path
@@ -193,9 +197,7 @@ class Acceptance:
         proc = self.run(name, argv, env, **kw)
         if proc.rc != 0:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
-            raise StepError(
-                f"exit {proc.rc}: {tail} (log: {self.logs / name.replace(' ', '-')}.log)"
-            )
+            raise StepError(f"exit {proc.rc}: {tail} (log: {self.log_path(name)})")
         return proc
 
     def base_env(self) -> dict[str, str]:
@@ -451,6 +453,7 @@ class Acceptance:
     def main(self) -> int:
         """Run every step, print the table and the summary line; return the exit code."""
         self.out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.logs, ignore_errors=True)  # this run's logs only
         print(f"gpu-acceptance: {self.out}", flush=True)
         no_wheels = None if self.wheels else "no --wheels DIR given: nothing extra to install"
         if self.step("wheels", self.wheels_step, skip=no_wheels).status == "failed":
@@ -511,14 +514,17 @@ class Acceptance:
         total = time.monotonic() - self.started
         by_name = {s.name: s for s in self.steps}
         print("  family       cold s  restored s  cold files  restored compiled")
+        seconds = {"cold": 0.0, "restored": 0.0}
         for family in self.harvested:
             cold, warm = by_name[f"cold {family}"], by_name[f"restored {family}"]
             files = cold.data.get("files_written", {}).get(family, 0)
             again = "0" if warm.status == "ok" else warm.status
-            print(
-                f"  {family:<12} {cold.data.get('wall_seconds', 0):>6.1f}  "
-                f"{warm.data.get('wall_seconds', 0):>10.1f}  {files:>10}  {again:>17}"
-            )
+            cold_s, warm_s = cold.data.get("wall_seconds", 0.0), warm.data.get("wall_seconds", 0.0)
+            seconds["cold"] += cold_s
+            seconds["restored"] += warm_s
+            print(f"  {family:<12} {cold_s:>6.1f}  {warm_s:>10.1f}  {files:>10}  {again:>17}")
+        if self.harvested:
+            print(f"  {'all':<12} {seconds['cold']:>6.1f}  {seconds['restored']:>10.1f}")
         counts = {
             s: sum(1 for x in self.steps if x.status == s) for s in ("ok", "failed", "skipped")
         }
@@ -537,6 +543,7 @@ class Acceptance:
             "mode": "dry" if self.dry else "gpu",
             "dry_reason": self.dry,
             "seconds": round(total, 3),
+            "warmup_seconds": {k: round(v, 3) for k, v in seconds.items()},
             "budget_seconds": BUDGET_S,
             "steps": [asdict(s) for s in self.steps],
         }
