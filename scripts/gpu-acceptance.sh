@@ -16,6 +16,7 @@
 #                 own wheel and every dependency the node lacks
 # --out DIR       output folder (default ./gpu-acceptance)
 # --dry-run       skip the GPU steps even where a GPU is found
+# --relocate      restore into OUT/restored, not at the cold caches' path
 # Exit status: 0 when no step failed, 1 when one did, 2 for a usage error.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

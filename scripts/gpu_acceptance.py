@@ -21,15 +21,17 @@ Steps, each ``ok``, ``failed`` or ``skipped: <why>``, with its seconds:
    with fresh cache roots at ``OUT/cache``, in the layout a restore produces;
 6. ``harvest``: ``artifactd harvest`` of the families that warmed up into the
    local OCI layout ``OUT/store``; the cold roots then move to ``OUT/cache-cold``;
-7. ``restore``: ``artifactd restore --require`` into a fresh ``OUT/cache``
-   (the same path, as a pod's ``/cache`` is: FlashInfer's ninja files hold
-   absolute paths), in a new process;
+7. ``restore``: ``artifactd restore --require`` into a fresh ``OUT/cache``,
+   in a new process: the same path as the cold caches, so FlashInfer's ninja
+   files (absolute paths) can hit; ``--relocate`` restores into
+   ``OUT/restored`` instead, as a pod's ``/cache`` differs from a CI cell's
+   roots, and shows which families then compile again;
 8. ``restored <family>``: the same warm-up with only the env file's variables;
    it must compile nothing: the library's own counter where it has one
    (Inductor's fxgraph misses, Triton's listener, ptxas's record) and no file
    written under any restored family's dirs (``artifactd.pod.verdict``);
-9. ``status``: ``artifactd status --target OUT/cache --json``: every restored
-   family ``used``.
+9. ``status``: ``artifactd status --target <restore root> --json``: every
+   restored family ``used``.
 
 Without a Hopper GPU (no NVML, no libcuda, no device), or with ``--dry-run``,
 the steps that need one are skipped with the reason, and the rest run: the
@@ -110,14 +112,18 @@ class Proc:
 class Acceptance:
     """The steps, the output folder and the environment the commands run with."""
 
-    def __init__(self, out: Path, wheels: Path | None, dry_run: bool) -> None:
+    def __init__(
+        self, out: Path, wheels: Path | None, *, dry_run: bool, relocate: bool = False
+    ) -> None:
         self.out = out
         self.wheels = wheels
         self.forced_dry = dry_run
         self.site = out / "site"
         self.logs = out / "logs"
         self.work = out / "work"
+        # The cold caches' root, and the restore's: the same path unless --relocate.
         self.cache = out / "cache"
+        self.target = out / "restored" if relocate else self.cache
         self.store = f"oci:{out / 'store'}"
         self.steps: list[Step] = []
         self.started = time.monotonic()
@@ -366,7 +372,8 @@ class Acceptance:
         if argv is None:
             raise StepError(f"no warm-up for {family} in this mode")
         cutoff = time.time()
-        wait_past(self.cache, cutoff)  # what the warm-up writes gets a later mtime
+        root = self.target if restored else self.cache
+        wait_past(root, cutoff)  # what the warm-up writes gets a later mtime
         proc = self.checked(st.name, argv, env, timeout=WARMUP_TIMEOUT_S, cwd=self.work)
         doc = proc.doc or {}
         if "skipped" in doc:
@@ -374,9 +381,7 @@ class Acceptance:
             return
         watched = self.harvested if restored else list(FAMILIES)
         written = {
-            name: written_files(
-                fam, {c: str(p) for c, p in fam.restore_dirs(self.cache).items()}, cutoff
-            )
+            name: written_files(fam, {c: str(p) for c, p in fam.restore_dirs(root).items()}, cutoff)
             for name in watched
             for fam in [get_family(name)]
         }
@@ -409,16 +414,15 @@ class Acceptance:
         missing = [f for f in self.harvested if not packed.get(f)]
         if missing:
             raise StepError(f"harvested nothing for {', '.join(missing)}")
-        cold = self.out / "cache-cold"
-        shutil.rmtree(cold, ignore_errors=True)
-        self.cache.rename(cold)
+        if self.target == self.cache:  # the restore's root must be fresh
+            self.cache.rename(self.out / "cache-cold")
         st.data.update(families=packed, tags=doc.get("tags"))
         st.reason = ", ".join(f"{k} {v} file(s)" for k, v in packed.items())
 
     def restore_step(self, st: Step) -> None:
-        """Restore into a fresh OUT/cache in a new process, as an init container would."""
+        """Restore into a fresh root in a new process, as an init container would."""
         argv = self.artifactd(
-            "restore", "--store", self.store, "--target", str(self.cache), "--require", "--json"
+            "restore", "--store", self.store, "--target", str(self.target), "--require", "--json"
         )
         proc = self.checked(st.name, argv, self.base_env())
         restored = (proc.doc or {}).get("restored") or []
@@ -432,7 +436,7 @@ class Acceptance:
 
     def status_step(self, st: Step) -> None:
         """``artifactd status`` must call every restored family ``used``."""
-        argv = self.artifactd("status", "--target", str(self.cache), "--json")
+        argv = self.artifactd("status", "--target", str(self.target), "--json")
         doc = self.checked(st.name, argv, self.base_env()).doc or {}
         verdicts = {f["family"]: f for f in doc.get("families", [])}
         st.data["verdicts"] = {
@@ -462,7 +466,7 @@ class Acceptance:
             self.stopped = "environment failed"
         self.step("gpu-probe", self.probe_step, skip=self.dry)
         self.step("nvcc-ptx", self.ptx_step, skip=None if shutil.which("nvcc") else NO_NVCC)
-        for name in (self.cache, self.out / "cache-cold", self.out / "store"):
+        for name in (self.cache, self.target, self.out / "cache-cold", self.out / "store"):
             shutil.rmtree(name, ignore_errors=True)
         self.run_families()
         return self.finish()
@@ -497,7 +501,7 @@ class Acceptance:
         if not self.stopped:
             from artifactd.build.demo import restored_environ
 
-            warm_env = restored_environ(self.cache / "artifactd.env", base)
+            warm_env = restored_environ(self.target / "artifactd.env", base)
         for family in FAMILIES:
             why = None
             if family not in self.harvested:  # the cold step's reason, so the summary says it once
@@ -644,8 +648,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="skip the GPU steps even where a GPU is found"
     )
+    parser.add_argument(
+        "--relocate",
+        action="store_true",
+        help="restore into OUT/restored, not at the cold caches' path (OUT/cache): "
+        "a pod's /cache is not a CI cell's root; FlashInfer's ninja files pin absolute paths",
+    )
     args = parser.parse_args(argv)
-    return Acceptance(args.out.resolve(), args.wheels, args.dry_run).main()
+    out = args.out.resolve()
+    return Acceptance(out, args.wheels, dry_run=args.dry_run, relocate=args.relocate).main()
 
 
 if __name__ == "__main__":

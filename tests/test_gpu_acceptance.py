@@ -88,10 +88,14 @@ def steps_of(out: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("relocate", [False, True], ids=["same-path", "relocated"])
+def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(
+    tmp_path: Path, relocate: bool
+) -> None:
     out = tmp_path / "acc"
     wheel = tiny_wheel(tmp_path / "wheels")
-    proc = acceptance(out, "--dry-run", "--wheels", str(wheel.parent))
+    flags = ["--relocate"] if relocate else []
+    proc = acceptance(out, "--dry-run", "--wheels", str(wheel.parent), *flags)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     summary = SUMMARY.match(last)
@@ -136,9 +140,13 @@ def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(tmp_pat
     assert steps["cold triton"]["data"]["files_written"]["triton"] > 0
     assert set(steps["harvest"]["data"]["families"]) == {"generic", "triton"}
     assert any(t.startswith("fp-") for t in steps["harvest"]["data"]["tags"])
-    # ... the restore installed the same cubin in a fresh root at the same path ...
-    (cold_cubin,) = (out / "cache-cold" / "generic").glob("*.sm_90a.cubin")
-    (restored_cubin,) = (out / "cache" / "generic").glob("*.sm_90a.cubin")
+    # ... the restore installed the same cubin in a fresh root (the cold one moved aside,
+    # or left where it was with --relocate, where Triton's group files are rewritten) ...
+    cold_root = out / ("cache" if relocate else "cache-cold")
+    restored_root = out / ("restored" if relocate else "cache")
+    assert (restored_root / "artifactd.env").is_file()
+    (cold_cubin,) = (cold_root / "generic").glob("*.sm_90a.cubin")
+    (restored_cubin,) = (restored_root / "generic").glob("*.sm_90a.cubin")
     assert restored_cubin.name == cold_cubin.name
     assert restored_cubin.read_bytes() == cold_cubin.read_bytes()
     # ... and the restored runs compiled nothing, as the libraries and status say.
