@@ -17,6 +17,7 @@
 # --out DIR       output folder (default ./gpu-acceptance)
 # --dry-run       skip the GPU steps even where a GPU is found
 # --relocate      restore into OUT/restored, not at the cold caches' path
+# --fixture NAME  also keep the GPU probe's recording as tests/fixtures/gpu/NAME.json
 # Exit status: 0 when no step failed, 1 when one did, 2 for a usage error.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

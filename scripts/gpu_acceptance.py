@@ -13,8 +13,9 @@ Steps, each ``ok``, ``failed`` or ``skipped: <why>``, with its seconds:
 2. ``environment``: nvidia-smi, torch and its CUDA, Triton, nvcc, the
    optional packages, which artifactd runs, and whether a Hopper GPU is here;
 3. ``gpu-probe``: ``scripts/record_gpu_fixtures.py`` against the real driver
-   (the recording the test doubles replay, ``OUT/gpu-probe.json``), then
-   ``artifactd fingerprint --json``: the probe must have read the same GPU;
+   (the recording the test doubles replay, ``OUT/gpu-probe.json``, and with
+   ``--fixture NAME`` ``tests/fixtures/gpu/NAME.json``), then ``artifactd
+   fingerprint --json``: the probe must have read the same GPU;
 4. ``nvcc-ptx``: ``nvcc --ptx`` of the demo kernel for the virtual arch
    ``compute_90``, the module the driver JIT warm-up loads;
 5. ``cold <family>``: one warm-up per family (``warmup_matrices/gpu-acceptance``)
@@ -48,6 +49,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -64,6 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 WARMUP = REPO / "warmup_matrices" / "gpu-acceptance" / "warmup.py"
 AXPY = REPO / "warmup_matrices" / "cpu-demo" / "axpy.cu"
 RECORDER = REPO / "scripts" / "record_gpu_fixtures.py"
+FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 #: The families the acceptance warms up, in the order it runs them.
 FAMILIES = ("generic", "triton", "cuda-jit", "inductor", "flashinfer", "cutedsl")
 #: The virtual arch of the PTX the driver JIT-compiles, and the cubins' real one.
@@ -113,9 +116,16 @@ class Acceptance:
     """The steps, the output folder and the environment the commands run with."""
 
     def __init__(
-        self, out: Path, wheels: Path | None, *, dry_run: bool, relocate: bool = False
+        self,
+        out: Path,
+        wheels: Path | None,
+        *,
+        dry_run: bool,
+        relocate: bool = False,
+        fixture: str | None = None,
     ) -> None:
         self.out = out
+        self.fixture = fixture  # also record into tests/fixtures/gpu/<fixture>.json
         self.wheels = wheels
         self.forced_dry = dry_run
         self.site = out / "site"
@@ -316,10 +326,13 @@ class Acceptance:
             wrong.append(f"gpu.arch: {gpu.get('arch')!r}, not sm_90*")
         if wrong:
             raise StepError("the probe disagrees with the driver: " + "; ".join(wrong))
+        if self.fixture:  # the doubles replay it (tests/test_gpu_probe.py round-trips each)
+            shutil.copyfile(recording, FIXTURES / f"{self.fixture}.json")
+            recording = FIXTURES / f"{self.fixture}.json"
         st.data.update(recording=str(recording), gpu=gpu, driver=driver)
         st.reason = (
             f"{gpu['name']}, {gpu['arch']}, {gpu['sm_count']} SMs, driver {driver['version']}; "
-            f"recorded {recording} (copy to tests/fixtures/gpu/ to replay it)"
+            f"recorded {recording}"
         )
 
     def ptx_step(self, st: Step) -> None:
@@ -654,9 +667,30 @@ def main(argv: list[str] | None = None) -> int:
         help="restore into OUT/restored, not at the cold caches' path (OUT/cache): "
         "a pod's /cache is not a CI cell's root; FlashInfer's ninja files pin absolute paths",
     )
+    parser.add_argument(
+        "--fixture",
+        metavar="NAME",
+        type=fixture_name,
+        help="also keep the GPU probe's recording as tests/fixtures/gpu/NAME.json "
+        "(e.g. h200x1-sxm), for the test doubles to replay",
+    )
     args = parser.parse_args(argv)
-    out = args.out.resolve()
-    return Acceptance(out, args.wheels, dry_run=args.dry_run, relocate=args.relocate).main()
+    return Acceptance(
+        args.out.resolve(),
+        args.wheels,
+        dry_run=args.dry_run,
+        relocate=args.relocate,
+        fixture=args.fixture,
+    ).main()
+
+
+def fixture_name(value: str) -> str:
+    """Return ``value`` if it can name a fixture file: lowercase letters, digits, ``.-_``."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: use lowercase letters, digits, '.', '_' and '-' (e.g. h200x1-sxm)"
+        )
+    return value
 
 
 if __name__ == "__main__":

@@ -193,6 +193,13 @@ def test_a_wheels_path_that_is_no_folder_fails_at_once(tmp_path: Path) -> None:
     )
 
 
+def test_a_fixture_name_that_cannot_be_a_file_name_is_a_usage_error(tmp_path: Path) -> None:
+    proc = acceptance(tmp_path / "acc", "--fixture", "../h200", timeout=60)
+    assert proc.returncode == 2
+    assert "argument --fixture: '../h200': use lowercase letters" in proc.stderr
+    assert not (tmp_path / "acc").exists()
+
+
 def test_a_python_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
     proc = subprocess.run(
         ["bash", str(SCRIPT), "--python", str(tmp_path / "nopython"), "--dry-run"],
