@@ -1,7 +1,7 @@
 """The GPU acceptance: real warm-ups on one Hopper GPU, harvest, restore, none compiled again.
 
 Run it through ``scripts/gpu-acceptance.sh`` (which picks the Python that has
-a CUDA torch) on an H200 or any Hopper node, offline, in under 10 minutes::
+a CUDA torch) on an H200 or any Hopper node, offline (its budget: 10 minutes)::
 
     bash scripts/gpu-acceptance.sh --wheels /path/to/wheels --out /tmp/acc
 
