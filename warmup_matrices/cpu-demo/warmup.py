@@ -35,9 +35,16 @@ HERE = Path(__file__).resolve().parent
 
 
 def run_inductor(
-    *, save_megacache: bool = False, load_megacache: bool = False, batch: int = 8
+    *,
+    save_megacache: bool = False,
+    load_megacache: bool = False,
+    batch: int = 8,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """torch.compile three small graphs; hits and misses are Inductor's fxgraph counters.
+
+    ``device`` is where the graphs run: ``cpu`` here (C++ kernels), ``cuda``
+    in the GPU acceptance (Triton kernels; ``warmup_matrices/gpu-acceptance``).
 
     ``checks.inductor_sum`` sums every output: what ``artifactd verify`` compares
     between the build and a run on the restored caches. ``CPU_DEMO_PERTURB``
@@ -72,9 +79,12 @@ def run_inductor(
     torch.manual_seed(0)
     x = torch.randn(batch, 64) + float(os.environ.get("CPU_DEMO_PERTURB", "0"))
     q = torch.randn(2, 16, 32)
+    # Drawn on the CPU whatever the device, so the inputs are the same everywhere.
+    x, q = x.to(device), q.to(device)
+    w, b = torch.ones(64, device=device), torch.zeros(64, device=device)
     jobs = [
-        (torch.compile(Block().eval(), dynamic=False), (x,)),
-        (torch.compile(norm_act, dynamic=False), (x, torch.ones(64), torch.zeros(64))),
+        (torch.compile(Block().eval().to(device), dynamic=False), (x,)),
+        (torch.compile(norm_act, dynamic=False), (x, w, b)),
         (torch.compile(attention, dynamic=False), (q, q, q)),
     ]
     total = 0.0
