@@ -30,7 +30,8 @@ from conftest import PYTHON, clean_env, run_artifactd
 
 from artifactd.build.matrix import ServeRequests, load_matrix
 from artifactd.build.matrix_edit import replace_requests
-from artifactd.build.shapes import MAX_EXPOSITION_BYTES, Shapes, shapes_from_metrics
+from artifactd.build.scrape import MAX_EXPOSITION_BYTES
+from artifactd.build.shapes import Shapes, shapes_from_metrics
 from artifactd.errors import ConfigError, StoreError, UsageError
 from artifactd.reports import REPORT_SCHEMA_VERSION
 

@@ -48,36 +48,26 @@ The metric families read, per engine, and where they are defined:
   batch-size or tokens-per-step histogram (``sglang:cuda_graph_passes_total``
   counts passes, not sizes), so its CUDA-graph sizes come from the concurrency.
 
-Inputs are untrusted: a file or a response is read up to
-:data:`MAX_EXPOSITION_BYTES`, a URL within ``timeout_s`` for the whole
-exchange, binary or malformed text is refused naming the source
-(:class:`~artifactd.errors.ConfigError`, exit 2; an unreachable URL is a
-:class:`~artifactd.errors.StoreError`, exit 3).
+Inputs are untrusted: :mod:`artifactd.build.scrape` reads them, bounded in
+size and time; malformed text is refused naming the source
+(:class:`~artifactd.errors.ConfigError`, exit 2).
 """
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import math
-import time
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Literal
 
 from artifactd.build.matrix import ServeRequests
-from artifactd.errors import ConfigError, StoreError, UsageError
+from artifactd.build.scrape import FETCH_TIMEOUT_S, read_source
+from artifactd.errors import ConfigError, UsageError
 
-#: Largest exposition read from one source, in bytes. A busy vLLM's /metrics
-#: is tens of kilobytes; a bigger input is refused before it is parsed.
-MAX_EXPOSITION_BYTES = 8 << 20
-#: Longest a URL may take to answer in full (connect, headers and body), in seconds.
-FETCH_TIMEOUT_S = 10.0
-#: Most sources one run reads.
-MAX_SOURCES = 256
+#: Most sources one run reads (each is parsed, then only its few series are kept).
+MAX_SOURCES = 64
 
 Engine = Literal["vllm", "sglang"]
 ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
@@ -201,104 +191,8 @@ class Shapes:
 
 
 # --------------------------------------------------------------------------
-# Reading and parsing
+# Parsing
 # --------------------------------------------------------------------------
-
-
-def is_url(source: str) -> bool:
-    """Whether ``source`` names an http(s) endpoint rather than a file."""
-    return source.startswith(("http://", "https://"))
-
-
-def read_source(
-    source: str, *, timeout_s: float = FETCH_TIMEOUT_S, max_bytes: int = MAX_EXPOSITION_BYTES
-) -> str:
-    """Return the exposition text of a file or an http(s) URL, bounded in size and time."""
-    data = _fetch(source, timeout_s, max_bytes) if is_url(source) else _read_file(source, max_bytes)
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise ConfigError(
-            f"metrics source {source} is binary (a NUL byte at {nul})",
-            hint="give the Prometheus text exposition of /metrics",
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"metrics source {source} is not UTF-8 text (byte {exc.start})",
-            hint="give the Prometheus text exposition of /metrics",
-        ) from None
-
-
-def _read_file(source: str, max_bytes: int) -> bytes:
-    from artifactd.fsutil import InputFileError, read_regular
-
-    try:
-        # Followed: a scrape saved next to a checkout may be a symlink; a FIFO must not hang.
-        return read_regular(Path(source), max_bytes, follow=True)
-    except InputFileError as exc:
-        if exc.reason == "too_large":
-            raise ConfigError(
-                f"metrics file {source} is over {max_bytes} bytes",
-                hint="an engine's /metrics is tens of kilobytes; check that this is the file",
-            ) from None
-        raise ConfigError(
-            f"metrics file {exc}",
-            hint="give a saved /metrics scrape (curl -s http://POD:PORT/metrics > FILE) or a URL",
-        ) from None
-
-
-def _fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
-    """GET ``url``: the whole exchange within ``timeout_s``, at most ``max_bytes`` of body.
-
-    http.client, not a proxy-aware opener: a /metrics endpoint is in the
-    cluster, and every environment variable artifactd reads is one it names.
-    """
-    hint = "check the URL (http://POD:PORT/metrics) and that the engine is up"
-    parts = urllib.parse.urlsplit(url)
-    if not parts.hostname:
-        raise UsageError(f"metrics URL {url} names no host", hint=hint)
-    deadline = time.monotonic() + timeout_s
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
-    try:
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", target, headers={"Accept": "text/plain"})
-        response = conn.getresponse()
-        if response.status != http.client.OK:
-            raise StoreError(f"metrics source {url} answered HTTP {response.status}", hint=hint)
-        declared = response.getheader("Content-Length") or ""
-        if declared.isdigit() and int(declared) > max_bytes:
-            raise ConfigError(
-                f"metrics source {url} answers {declared} bytes, over {max_bytes}",
-                hint="an engine's /metrics is tens of kilobytes",
-            )
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            if conn.sock is not None:  # each read gets only the time that is left
-                conn.sock.settimeout(left)
-            chunk = response.read1(min(1 << 16, max_bytes + 1 - size))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise ConfigError(
-                    f"metrics source {url} sent over {max_bytes} bytes",
-                    hint="an engine's /metrics is tens of kilobytes",
-                )
-    except TimeoutError:
-        raise StoreError(
-            f"metrics source {url} did not answer within {timeout_s:g} s", hint=hint
-        ) from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise StoreError(f"metrics source {url} is unreachable: {exc}", hint=hint) from None
-    finally:
-        conn.close()
 
 
 Sample = tuple[str, dict[str, str], float]
@@ -392,11 +286,35 @@ def _gauge(samples: Sequence[Sample], name: str) -> list[float]:
     return [v for n, _, v in samples if n == name and math.isfinite(v) and v >= 0]
 
 
-def detect_engine(samples: Sequence[Sample], sources: Sequence[str]) -> Engine:
-    """Return the engine whose metric families the samples hold (``vllm:`` or ``sglang:``)."""
-    found = [e for e in ENGINES if any(n.startswith(f"{e}:") for n, _, _ in samples)]
+@dataclass
+class _Read:
+    """What one source holds that matters here: kept instead of its samples (bounded memory)."""
+
+    engines: set[Engine]
+    series: dict[str, list[dict[float, float]]]
+    gauges: dict[str, list[float]]
+
+
+def _read_one(source: str, timeout_s: float) -> _Read:
+    samples = parse_exposition(read_source(source, timeout_s=timeout_s), source)
+    engines = {e for e in ENGINES if any(n.startswith(f"{e}:") for n, _, _ in samples)}
+    histograms = {
+        name
+        for m in METRICS.values()
+        for name in (m.prompt, m.generation, m.max_tokens, m.step_tokens)
+        if name is not None
+    }
+    return _Read(
+        engines,
+        {name: _series_of(samples, name, source) for name in histograms},
+        {m.running: _gauge(samples, m.running) for m in METRICS.values()},
+    )
+
+
+def detect_engine(found: set[Engine], sources: Sequence[str]) -> Engine:
+    """Return the one engine whose metric families were found (``vllm:`` or ``sglang:``)."""
     if len(found) == 1:
-        return found[0]
+        return next(iter(found))
     where = ", ".join(sources)
     if not found:
         raise ConfigError(
@@ -423,18 +341,18 @@ def load_traffic(
             f"{len(sources)} metrics sources, over the limit of {MAX_SOURCES}",
             hint="a few scrapes per replica are enough",
         )
-    parsed = [
-        (src, parse_exposition(read_source(src, timeout_s=timeout_s), src)) for src in sources
-    ]
+    reads = [_read_one(src, timeout_s) for src in sources]
     chosen: Engine = (
-        detect_engine([s for _, ss in parsed for s in ss], sources) if engine == "auto" else engine
+        detect_engine(set().union(*(r.engines for r in reads)), sources)
+        if engine == "auto"
+        else engine
     )
     names = METRICS[chosen]
 
     def histogram(name: str | None) -> Histogram | None:
         if name is None:
             return None
-        return merge_histogram(name, [s for src, ss in parsed for s in _series_of(ss, name, src)])
+        return merge_histogram(name, [one for r in reads for one in r.series[name]])
 
     prompt = histogram(names.prompt)
     if prompt is None:
@@ -449,7 +367,7 @@ def load_traffic(
         generation=histogram(names.generation),
         max_tokens=histogram(names.max_tokens),
         step_tokens=histogram(names.step_tokens),
-        running=tuple(v for _, ss in parsed for v in _gauge(ss, names.running)),
+        running=tuple(v for r in reads for v in r.gauges[names.running]),
     )
 
 

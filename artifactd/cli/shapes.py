@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from artifactd.build.scrape import FETCH_TIMEOUT_S
 from artifactd.cli import render
 from artifactd.cli.fanout import matrix
 from artifactd.cli.options import json_option
@@ -39,7 +40,7 @@ from artifactd.cli.options import json_option
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
+    default=FETCH_TIMEOUT_S,
     show_default=True,
     metavar="S",
     help="Seconds a URL may take to answer in full.",
