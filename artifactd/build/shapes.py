@@ -213,7 +213,8 @@ def parse_exposition(text: str, source: str) -> list[Sample]:
         ]
     except Exception as exc:  # the parser raises ValueError, IndexError, KeyError...
         raise ConfigError(
-            f"metrics source {source} is not a Prometheus text exposition: {exc}",
+            # repr, cut: the parser quotes the input, which may hold control characters
+            f"metrics source {source} is not a Prometheus text exposition: {str(exc)[:200]!r}",
             hint="give the text of an engine's /metrics endpoint",
         ) from None
 
