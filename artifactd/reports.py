@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from artifactd.build.demo import DemoResult
+    from artifactd.build.shapes import Shapes
     from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
     from artifactd.restore.policy import RestoreOutcome
@@ -191,3 +192,13 @@ def lint_report(roots: Mapping[str, Path], report: LintReport) -> dict[str, Any]
 def schemas_report(out: Path, written: Sequence[Path]) -> dict[str, Any]:
     """Return ``schema --json``: the directory and the JSON Schema files written into it."""
     return versioned({"out": str(out), "written": [str(p) for p in written]})
+
+
+def shapes_report(result: Shapes, written: Path | None = None) -> dict[str, Any]:
+    """``matrix shapes --json``: every figure, the metric it came from, the requests, notes.
+
+    ``prompt_buckets`` are ``{lower, upper, count, tokens}`` (``upper`` null for
+    the +Inf bucket); the ``*_covered`` keys are fractions of the observed
+    requests (or steps); ``written`` is the matrix ``--write`` rewrote, or null.
+    """
+    return versioned({**jsonable(result), "written": str(written) if written else None})

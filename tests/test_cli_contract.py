@@ -40,6 +40,7 @@ COMMANDS = {
     "lint",
     "ls",
     "matrix cells",
+    "matrix shapes",
     "merge",
     "prefetch",
     "restore",

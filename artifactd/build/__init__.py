@@ -3,6 +3,9 @@
 Modules:
 
 * :mod:`~artifactd.build.matrix`: the build matrix (cells, axes, ``env:``).
+* :mod:`~artifactd.build.shapes`: serve requests from an engine's traffic metrics
+  (:mod:`~artifactd.build.scrape` reads them, :mod:`~artifactd.build.matrix_edit`
+  writes them into a matrix).
 * :mod:`~artifactd.build.schedule`: assign cells to workers and GPUs.
 * :mod:`~artifactd.build.cells`: run one warm-up cell (serve, send requests, stop).
 * :mod:`~artifactd.build.run`: the ``build`` command: cells, harvest, publish.

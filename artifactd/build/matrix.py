@@ -199,7 +199,15 @@ def load_matrix(path: Path) -> Matrix:
     over :data:`MAX_MATRIX_BYTES`, is not UTF-8 text, or nests deeper than
     :data:`MAX_YAML_DEPTH` or holds a scalar over :data:`MAX_SCALAR_CHARS`.
     """
-    text = _read_text(path)
+    return parse_matrix(read_matrix_text(path), path)
+
+
+def parse_matrix(text: str, path: Path) -> Matrix:
+    """Validate a matrix's text, read from ``path``; raise :class:`ConfigError` with the bad field.
+
+    The checks of :func:`load_matrix` but the file's own (size, encoding): a
+    matrix edited in memory (``matrix shapes --write``) is checked before it is written.
+    """
     try:
         _check_shape(text, path)
         doc = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader, C or Python
@@ -219,8 +227,8 @@ def load_matrix(path: Path) -> Matrix:
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _read_text(path: Path) -> str:
-    """Return the file's text: a regular file, read without blocking, at most the cap."""
+def read_matrix_text(path: Path) -> str:
+    """Return a matrix file's text: a regular file, read without blocking, at most the cap."""
     from artifactd.fsutil import InputFileError, read_regular
 
     try:

@@ -16,6 +16,7 @@ from artifactd.cli import (
     pods,
     restores,
     schemas,
+    shapes,
     stores,
 )
 from artifactd.cli.group import cli
@@ -31,5 +32,6 @@ __all__ = [
     "pods",
     "restores",
     "schemas",
+    "shapes",
     "stores",
 ]

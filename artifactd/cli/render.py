@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from artifactd.build.gate import VerifyResult
     from artifactd.build.harvest import HarvestResult
     from artifactd.build.run import BuildResult
+    from artifactd.build.shapes import Shapes
     from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
     from artifactd.restore.install import RestoreResult
@@ -372,3 +373,51 @@ def copy(result: CopyResult) -> None:
         )
     )
     signing(result.signing)
+
+
+def shapes(result: Shapes) -> None:
+    """Print ``matrix shapes``: the figures as a table, the notes, the YAML to paste."""
+    from artifactd.build.matrix_edit import requests_yaml
+
+    def pct(fraction: float | None) -> str:
+        return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+    echo(
+        f"{result.engine}: {result.requests_observed} request(s) observed in "
+        f"{len(result.sources)} source(s); covering {result.coverage:g} of them"
+    )
+    rows = [["what", "value", "covers", "from"]]
+    for b in result.prompt_buckets:
+        upper = "+Inf" if b.upper is None else f"{b.upper:g}"
+        rows.append([f"prompt ({b.lower:g}, {upper}]", f"{b.tokens} tokens", f"{b.count} req", ""])
+    rows.append(["prompt buckets", "", pct(result.prompt_covered), result.metrics["prompt"]])
+    rows.append(
+        [
+            "max_tokens",
+            str(result.max_tokens),
+            pct(result.max_tokens_covered),
+            result.metrics["max_tokens"],
+        ]
+    )
+    rows.append(
+        [
+            "concurrency",
+            str(result.concurrency),
+            f"{result.concurrency_samples} sample(s)",
+            result.metrics.get("concurrency", "-"),
+        ]
+    )
+    rows.append(
+        [
+            "cuda graph sizes",
+            " ".join(str(s) for s in result.cuda_graph_sizes),
+            pct(result.cuda_graph_covered),
+            result.metrics.get("cuda_graph_sizes", "derived from concurrency"),
+        ]
+    )
+    echo(table(rows))
+    for note in result.notes:
+        echo(f"  note: {note}")
+    echo(f"\nengine flag: {result.cuda_graph_flag}")
+    echo("serve.requests (prompt_tokens count words, about one token each):")
+    echo("\n".join(requests_yaml(result.requests, "  ")))

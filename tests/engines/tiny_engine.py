@@ -15,6 +15,13 @@ It behaves like the engines a serve cell starts (vLLM, SGLang), at toy scale:
   into the vocabulary with CRC-32, so runs agree), decode greedily for
   ``max_tokens`` steps and answer OpenAI-shaped JSON with ``usage``; a request
   for another ``model`` is refused with 404, as vLLM does;
+* ``GET /metrics`` is a Prometheus exposition (prometheus_client) with vLLM's
+  names, kinds, HELP texts and buckets: ``vllm:request_prompt_tokens``,
+  ``vllm:request_generation_tokens`` and ``vllm:request_params_max_tokens``
+  (1-2-5 buckets up to ``--max-model-len``), ``vllm:iteration_tokens_total``
+  (tokens per model step: the prompt for a prefill, 1 per decode step) and
+  the gauge ``vllm:num_requests_running`` (requests in flight), labelled
+  ``model_name`` and ``engine``, updated on every request;
 * SIGTERM (or SIGINT) shuts the server down cleanly and exits 0, printing one
   JSON line last: ``{"tiny_engine": {"compiled": N, "cache_hits": M, ...}}``
   from Inductor's FX graph cache counters, so a test can see that a run on a
@@ -116,8 +123,13 @@ class Model:
         s = torch.tanh(self.mix(state + self.emb(token)[0]))
         return self.out(s).argmax(-1, keepdim=True), s
 
-    def generate(self, prompt: str, max_tokens: int) -> tuple[str, int]:
-        """Return the completion's text and the prompt's token count."""
+    def generate(
+        self, prompt: str, max_tokens: int, on_step: Callable[[int], None] = lambda n: None
+    ) -> tuple[str, int]:
+        """Return the completion's text and the prompt's token count.
+
+        ``on_step`` is told the tokens of each model step (the prompt, then 1 per decode).
+        """
         ids = token_ids(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -128,22 +140,86 @@ class Model:
             prefill, decode = self.compiled()
             tokens = torch.tensor(ids, dtype=torch.long)
             state = prefill(tokens)
+            on_step(len(ids))
             token = tokens[-1:]
             for _ in range(max_tokens):
                 token, state = decode(state, token)
+                on_step(1)
                 out.append(int(token.item()))
         return " ".join(f"t{t}" for t in out), len(ids)
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50... up to ``max_value``: vLLM's token-count buckets."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+#: vLLM's tokens-per-step buckets (fixed since mid-2025).
+STEP_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+
+
+class Metrics:
+    """The engine's /metrics: vLLM's traffic histograms and running gauge, in a registry."""
+
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        names = ["model_name", "engine"]
+        labels = {"model_name": model_name, "engine": "0"}
+        tokens = buckets_1_2_5(max_model_len)
+
+        def histogram(name: str, doc: str, buckets: list[int]) -> Any:
+            made = Histogram(name, doc, names, buckets=buckets, registry=self.registry)
+            return made.labels(**labels)
+
+        self.prompt = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
+        self.generation = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
+        self.max_tokens = histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            tokens,
+        )
+        self.step = histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            STEP_BUCKETS,
+        )
+        self.running = Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            names,
+            registry=self.registry,
+        ).labels(**labels)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format."""
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry))
 
 
 class State:
     """What the request handlers share."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_model_len: int = 2048) -> None:
         self.model_name = model_name
         self.model: Model | None = None
         self.ready = False
         self.requests = 0
         self.count_lock = threading.Lock()
+        self.metrics = Metrics(model_name, max_model_len)
 
 
 class ApiError(Exception):
@@ -176,10 +252,17 @@ def completion(state: State, body: dict[str, Any], chat: bool) -> dict[str, Any]
     if body.get("temperature", 0) not in (0, 0.0):
         raise ApiError(400, "only greedy decoding (temperature 0) is served", "BadRequestError")
     assert state.model is not None
+    metrics = state.metrics
+    metrics.running.inc()
     try:
-        text, prompt_tokens = state.model.generate(prompt, max_tokens)
+        text, prompt_tokens = state.model.generate(prompt, max_tokens, metrics.step.observe)
     except ValueError as exc:
         raise ApiError(400, str(exc), "BadRequestError") from exc
+    finally:
+        metrics.running.dec()
+    metrics.prompt.observe(prompt_tokens)
+    metrics.generation.observe(max_tokens)  # greedy to the end: every request runs to its limit
+    metrics.max_tokens.observe(max_tokens)
     with state.count_lock:
         state.requests += 1
         number = state.requests
@@ -228,6 +311,13 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     self._send(200, {"status": "ok"})
                 else:
                     self._send(503, {"status": "loading"})
+            elif self.path == "/metrics":
+                data = state.metrics.exposition()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": state.model_name}]})
             else:
@@ -282,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model", default="tiny-llm", help="the served model name")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="sizes /metrics buckets")
     parser.add_argument("--startup-delay", type=float, default=0.0)
     parser.add_argument("--crash-after-start", action="store_true")
     parser.add_argument("--ignore-sigterm", action="store_true")
@@ -304,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    state = State(args.model)
+    state = State(args.model, args.max_model_len)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(0.1,), name="http", daemon=True).start()
