@@ -23,6 +23,7 @@ from cachetrees import (
     make_vllm_tree,
 )
 
+from artifactd.families import get_family
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily
 from artifactd.families.ninja import NinjaFile
@@ -38,6 +39,7 @@ from artifactd.families.vllm import (
     volatile_factors,
 )
 from artifactd.fingerprint.model import Fingerprint, LibraryInfo
+from artifactd.fingerprint.probe import TRACKED_LIBRARIES
 from artifactd.format.archive import PackedLayer
 
 FLASHINFER = FlashInferFamily()
@@ -465,6 +467,27 @@ def test_scope_keys_follow_workload_and_flashinfer_version(local_fp: Fingerprint
     # vLLM 0.33 hosts FlashInfer autotune tables: one with another version's _metadata is
     # never loaded and never overwritten.
     assert k2["vllm"] != k0["vllm"]
+
+
+def test_the_deepgemm_sglang_pins_is_in_the_keys_that_hold_its_kernels(
+    local_fp: Fingerprint,
+) -> None:
+    """SGLang installs DeepGEMM as the distribution ``sgl-deep-gemm``, not ``deep_gemm``."""
+    libs = dict(local_fp.libraries)
+    libs["sgl-deep-gemm"] = LibraryInfo(version="0.2.3.post2")
+    base = local_fp.model_copy(update={"libraries": libs})
+    libs2 = dict(libs)
+    libs2["sgl-deep-gemm"] = LibraryInfo(version="0.2.4")
+    other = base.model_copy(update={"libraries": libs2})
+
+    def key(fp: Fingerprint, name: str) -> str:
+        fam = get_family(name)
+        return fp.scope_key(fam.name, fam.scope, fam.scope_revision)
+
+    for family in ("deepgemm", "sglang", "vllm"):
+        assert key(other, family) != key(base, family), family
+    assert key(other, "triton") == key(base, "triton")
+    assert "sgl-deep-gemm" in TRACKED_LIBRARIES  # the probe reports it where it is installed
 
 
 def test_scopes_name_real_fingerprint_fields(local_fp: Fingerprint) -> None:

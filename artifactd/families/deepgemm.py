@@ -104,6 +104,7 @@ class DeepGEMMFamily(Family):
         "gpu.sm_count",
         "cuda.nvcc",
         "libraries.deep_gemm",
+        "libraries.sgl-deep-gemm",
         "paths.site_packages",
         "platform.machine",
     )

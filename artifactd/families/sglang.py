@@ -157,6 +157,7 @@ class SGLangFamily(Family):
         "libraries.triton",
         "libraries.flashinfer-python",
         "libraries.deep_gemm",
+        "libraries.sgl-deep-gemm",
         "libraries.tilelang",
         "libraries.nvidia-cutlass-dsl",
         "gpu.name",

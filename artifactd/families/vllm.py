@@ -539,6 +539,7 @@ class VLLMFamily(Family):
         "libraries.torch",
         "libraries.triton",
         "libraries.deep_gemm",
+        "libraries.sgl-deep-gemm",
         "libraries.flashinfer-python",
         "libraries.nvidia-cutlass-dsl",
         "gpu.name",

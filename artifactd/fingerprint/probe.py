@@ -58,6 +58,7 @@ TRACKED_LIBRARIES = (
     "vllm",
     "sglang",
     "deep_gemm",
+    "sgl-deep-gemm",
     "tilelang",
     "flashinfer-python",
     "flashinfer-cubin",
