@@ -41,13 +41,26 @@ Facts, read from flashinfer-ai/flashinfer main of August 2026 (``version.txt``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from artifactd.constants import FLASHINFER_WORKSPACE_BASE
-from artifactd.families.base import Component, Family, Located, home
+from artifactd.families.base import ROOT_PLACEHOLDER, Component, Family, Located, home
 from artifactd.families.layouts import FLASHINFER_SUBDIR, flashinfer_excluded
-from artifactd.families.ninja import ninja_invalid_entries, ninja_pinned_paths
+from artifactd.families.ninja import (
+    NINJA_FILE,
+    is_ninja_deps,
+    is_ninja_log,
+    log_commands,
+    ninja_dirs,
+    ninja_invalid_entries,
+    ninja_pinned_paths,
+    ninja_relocation_problem,
+    normalize_ninja_log,
+    relocate_ninja_log,
+    rewrite_ninja_deps,
+)
 
 #: The cache dir relative to the workspace base (HOME by default).
 CACHE_SUBDIR = FLASHINFER_SUBDIR
@@ -112,11 +125,47 @@ class FlashInferFamily(Family):
         return flashinfer_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
-        """Report module dirs ninja would rebuild: a missing ``.so``/object or ninja log."""
+        """Report module dirs ninja would rebuild: an output or log missing, records that won't move."""
         del component
-        return ninja_invalid_entries(root)
+        bad = ninja_invalid_entries(root)
+        roots = _roots(root)
+        for d in ninja_dirs(root):
+            rel = PurePosixPath(d.relative_to(root).as_posix())
+            if rel not in bad and (problem := ninja_relocation_problem(d, roots)) is not None:
+                bad[rel] = problem
+        return bad
 
     def pinned_paths(self, component: str, root: Path) -> list[str]:
-        """Return the workspace root and the outside paths its ``build.ninja`` files name."""
+        """Return the outside paths the ``build.ninja`` files name (the root itself moves)."""
         del component
-        return ninja_pinned_paths(root)
+        return ninja_pinned_paths(root, relocated=True)
+
+    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
+        """An op's ``build.ninja``, ``.ninja_log`` and ``.ninja_deps``: they name the root."""
+        del component
+        return rel.name in _NINJA_RECORDS
+
+    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """Store the root as the placeholder: deps paths, log paths and commands, build.ninja."""
+        if is_ninja_deps(data):
+            return rewrite_ninja_deps(data, roots, ROOT_PLACEHOLDER)
+        if is_ninja_log(data, stored=False):
+            return normalize_ninja_log(data, roots, log_commands(data, roots))
+        return super().normalize(data, roots)
+
+    def relocate(self, data: bytes, root: str) -> bytes:
+        """Write the records for ``root``: paths swapped, command hashes computed again."""
+        if is_ninja_deps(data):
+            return rewrite_ninja_deps(data, (ROOT_PLACEHOLDER,), root)
+        if is_ninja_log(data, stored=True):
+            return relocate_ninja_log(data, root)
+        return super().relocate(data, root)
+
+
+#: The files of an op dir that hold its root.
+_NINJA_RECORDS = frozenset({NINJA_FILE, ".ninja_log", ".ninja_deps"})
+
+
+def _roots(root: Path) -> tuple[str, ...]:
+    """The spellings of ``root`` a build may have used (as given, and resolved), as the packer has them."""
+    return tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
