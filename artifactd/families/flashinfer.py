@@ -125,7 +125,7 @@ class FlashInferFamily(Family):
         return flashinfer_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
-        """Report module dirs ninja would rebuild: an output or log missing, records that won't move."""
+        """Report op dirs ninja would rebuild: an output or log missing, records stuck at a root."""
         del component
         bad = ninja_invalid_entries(root)
         roots = _roots(root)
@@ -141,7 +141,7 @@ class FlashInferFamily(Family):
         return ninja_pinned_paths(root, relocated=True)
 
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
-        """An op's ``build.ninja``, ``.ninja_log`` and ``.ninja_deps``: they name the root."""
+        """Mark an op's ``build.ninja``, ``.ninja_log`` and ``.ninja_deps``: they name the root."""
         del component
         return rel.name in _NINJA_RECORDS
 
@@ -167,5 +167,5 @@ _NINJA_RECORDS = frozenset({NINJA_FILE, ".ninja_log", ".ninja_deps"})
 
 
 def _roots(root: Path) -> tuple[str, ...]:
-    """The spellings of ``root`` a build may have used (as given, and resolved), as the packer has them."""
+    """Return ``root`` as given and resolved: the spellings the packer swaps."""
     return tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))

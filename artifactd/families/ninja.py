@@ -280,8 +280,8 @@ def _murmur64a(data: bytes) -> int:
     m = 0xC6A4A7935BD1E995
     h = (0xDECAFBADDECAFBAD ^ (len(data) * m)) & _MASK64
     whole = len(data) - len(data) % 8
-    for (k,) in struct.iter_unpack("<Q", data[:whole]):
-        k = (k * m) & _MASK64
+    for (word,) in struct.iter_unpack("<Q", data[:whole]):
+        k = (word * m) & _MASK64
         k ^= k >> 47
         h = ((h ^ ((k * m) & _MASK64)) * m) & _MASK64
     tail = data[whole:]
@@ -303,7 +303,7 @@ def _rapid_mix(a: int, b: int) -> int:
 
 
 def _rapidhash(data: bytes) -> int:
-    """rapidhash (the release ninja 1.13 vendors, default seed): command hashes of log v7."""
+    """Hash with rapidhash (the release ninja 1.13 vendors, its seed): command hashes of log v7."""
     s0, s1, s2 = _RAPID_SECRET
     n = len(data)
     seed = 0xBDD89AA982704029
@@ -346,7 +346,7 @@ def _rapidhash(data: bytes) -> int:
 
 
 def command_hash(command: str, log_version: int) -> int:
-    """The hash ninja records for ``command`` in a ``.ninja_log`` of ``log_version``."""
+    """Return the hash ninja records for ``command`` in a ``.ninja_log`` of ``log_version``."""
     if log_version not in LOG_VERSIONS:
         raise ValueError(f"ninja log v{log_version} is not one artifactd can rewrite")
     data = command.encode("utf-8", "surrogateescape")
@@ -354,7 +354,7 @@ def command_hash(command: str, log_version: int) -> int:
 
 
 def _shell_escape(path: str) -> str:
-    """A path as ninja puts it into ``$in``/``$out`` on POSIX (single-quoted when unsafe)."""
+    """Quote a path as ninja puts it into ``$in``/``$out`` on POSIX (when it is unsafe)."""
     if _SHELL_SAFE.match(path):
         return path
     return "'" + path.replace("'", "'\\''") + "'"
@@ -464,10 +464,10 @@ def ninja_commands(text: str) -> dict[str, str]:
                 file_vars[pair[0]] = _evaluate(pair[1], file_vars)
     commands: dict[str, str] = {}
     for outs, rule_name, ins, bindings in edges:
-        rule = rules.get(rule_name)
-        if rule is None or "command" not in rule:
+        bound = rules.get(rule_name)
+        if bound is None or "command" not in bound:
             continue  # phony or unknown: no command, no hash
-        commands.update(dict.fromkeys(outs, _edge_command(outs, ins, bindings, rule, file_vars)))
+        commands.update(dict.fromkeys(outs, _edge_command(outs, ins, bindings, bound, file_vars)))
     return commands
 
 
@@ -527,8 +527,9 @@ def normalize_ninja_log(data: bytes, roots: tuple[str, ...], commands: Mapping[s
     harvest root (one of ``roots``) replaced by the placeholder; an output
     ``commands`` knows (from the build.ninja beside it) stores its command,
     likewise swapped, so :func:`relocate_ninja_log` can hash it again; the
-    recorded hash is kept only where the command is unknown. A stored command that does not hash to the recorded value would
-    make ninja rebuild anyway: it raises ``ValueError``.
+    recorded hash is kept only where the command is unknown. A command that
+    does not hash to the recorded value (ninja would rebuild anyway) raises
+    ``ValueError``.
     """
     version, entries = _read_log(data)
     lines = [RELOCATABLE_LOG, json.dumps({"version": version}).encode() + b"\n"]
@@ -541,7 +542,7 @@ def normalize_ninja_log(data: bytes, roots: tuple[str, ...], commands: Mapping[s
                 command = command.replace(root.rstrip("/") + "/", ROOT_PLACEHOLDER + "/")
             doc["command"] = command
         elif command is not None:
-            raise ValueError(f"the recorded hash of {output} is not that of its build.ninja command")
+            raise ValueError(f"the recorded hash of {output} is not its build.ninja command's")
         else:
             doc["hash"] = digest
         lines.append(json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
@@ -555,8 +556,8 @@ def relocate_ninja_log(data: bytes, root: str) -> bytes:
     (its command would then differ from a plain substitution).
     """
     if not _SHELL_SAFE.match(root):
-        raise ValueError(f"{root!r} holds characters ninja quotes: its commands cannot be rewritten")
-    head, _, rest = data.partition(b"\n")
+        raise ValueError(f"{root!r} has characters ninja quotes: its commands cannot be rewritten")
+    _head, _, rest = data.partition(b"\n")
     meta_line, _, body = rest.partition(b"\n")
     version = int(json.loads(meta_line)["version"])
     out = [f"# ninja log v{version}\n"]
@@ -653,7 +654,7 @@ def ninja_relocation_problem(d: Path, roots: tuple[str, ...]) -> str | None:
 
 
 def log_commands(data: bytes, roots: tuple[str, ...]) -> dict[str, str]:
-    """The commands of the build.ninja beside the outputs a ``.ninja_log`` names.
+    """Return the commands of the build.ninja beside the outputs a ``.ninja_log`` names.
 
     FlashInfer runs ninja in the op's dir with absolute outputs there, so the
     first output under one of ``roots`` locates the build.ninja. Empty when
