@@ -39,4 +39,7 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     # extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
     .venv/bin/python -m pip install -q "torch==2.13.0"
     .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev,docker]"
+    # The producers extra without its dependencies' dependencies (see pyproject.toml).
+    .venv/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["producers"]))' |
+        xargs .venv/bin/python -m pip install -q --no-deps
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
