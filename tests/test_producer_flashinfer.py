@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PYTHON, clean_env, run_artifactd
 
 from artifactd.restore.destination import parse_env_file
-from tests.conftest import PYTHON, clean_env, run_artifactd
 
 pytestmark = pytest.mark.slow
 

@@ -147,16 +147,24 @@ class FlashInferFamily(Family):
 
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
         """Store the root as the placeholder: deps paths, log paths and commands, build.ninja."""
-        if is_ninja_deps(data):
-            return rewrite_ninja_deps(data, roots, ROOT_PLACEHOLDER)
-        if is_ninja_log(data, stored=False):
-            return normalize_ninja_log(data, roots, log_commands(data, roots))
+        try:
+            if is_ninja_deps(data):
+                return rewrite_ninja_deps(data, roots, ROOT_PLACEHOLDER)
+            if is_ninja_log(data, stored=False):
+                return normalize_ninja_log(data, roots, log_commands(data, roots))
+        except ValueError:
+            # Damaged since invalid_entries read it (an op being rebuilt): stored as is,
+            # ninja rebuilds that op on the pod and `status` says so.
+            return data
         return super().normalize(data, roots)
 
     def relocate(self, data: bytes, root: str) -> bytes:
         """Write the records for ``root``: paths swapped, command hashes computed again."""
         if is_ninja_deps(data):
-            return rewrite_ninja_deps(data, (ROOT_PLACEHOLDER,), root)
+            try:
+                return rewrite_ninja_deps(data, (ROOT_PLACEHOLDER,), root)
+            except ValueError:
+                return data  # stored as is (see normalize): ninja starts that op's deps over
         if is_ninja_log(data, stored=True):
             return relocate_ninja_log(data, root)
         return super().relocate(data, root)
