@@ -29,6 +29,7 @@ from artifactd.build.treemerge import FamilyMerge, merge_family
 from artifactd.errors import BuildError
 from artifactd.families import FAMILIES
 from artifactd.families.base import ROOT_PLACEHOLDER
+from artifactd.families.ninja import ninja_relocation_problem
 from artifactd.families.vllm import merge_handles
 
 GENERIC = FAMILIES["generic"]
@@ -355,6 +356,9 @@ def test_keep_mtimes_family_keeps_source_mtimes(tmp_path: Path) -> None:
     # directory mtimes survive the writes into them
     ops = "0.6.18/90a/cached_ops/norm"
     assert (dest / ops).stat().st_mtime_ns == (a / ops).stat().st_mtime_ns
+    # ninja's records moved with the tree: they name the merged root, hashes and all
+    assert ninja_relocation_problem(dest / ops, (str(dest),)) is None
+    assert str(a).encode() not in (dest / ops / ".ninja_deps").read_bytes()
     # the packer's exclusions and invalid entries stay out
     assert not any("/cached_ops/tmp" in r or r.endswith((".lock", ".tmp")) for r in merged)
     assert not any(r.endswith("flashinfer_jit.log") for r in merged)

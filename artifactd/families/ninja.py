@@ -1,13 +1,18 @@
-"""``build.ninja`` files, read just enough: what ninja would rebuild, which paths they pin.
+"""``build.ninja`` files and what ninja recorded beside them, read and moved.
 
 FlashInfer's JIT builds each op with ninja, so a FlashInfer tree (its own
 family's, or the one under SGLang's root) has no hash key: ninja decides.
 Ninja rebuilds when the command line (hashed in ``.ninja_log``) changes, when
 ``.ninja_log``/``.ninja_deps`` lack the output, or when an input is newer than
 its output. This module reads variables, build statements and rule bindings,
-and answers two questions about a tree: which module dirs ninja would rebuild
-on first use (never shipped) and which absolute paths the build lines name
-(pinned in the manifest).
+and answers three questions about a tree: which op dirs ninja would rebuild
+on first use (never shipped), which absolute paths the build lines name
+(pinned in the manifest), and how ninja's records move to another root (the
+second half: the command each output was built with, evaluated as ninja
+does, its hash as each log version records it, and the rewriting of
+``.ninja_log`` and ``.ninja_deps``). The formats were learnt from ninja's own
+source (``src/build_log.cc``, ``src/deps_log.cc``, ``src/graph.cc``) and are
+checked against files ninja 1.11 and 1.13 wrote (``tests/test_ninja_records.py``).
 """
 
 from __future__ import annotations
