@@ -155,3 +155,16 @@ def test_deps_rewrite_keeps_ids_and_rejects_a_cut_file(tmp_path: Path) -> None:
     assert back == deps
     with pytest.raises(ValueError, match="cut short"):
         rewrite_ninja_deps(deps[:-3], (str(root),), "/x")
+
+
+def test_a_root_ninja_would_quote_gets_no_entries_it_would_misread(tmp_path: Path) -> None:
+    if not NINJAS:
+        pytest.skip("no ninja binary on this machine")
+    root = tmp_path / "root"
+    op = _build(NINJAS[0], root)
+    stored = FAMILY.normalize((op / ".ninja_log").read_bytes(), (str(root),))
+    good = FAMILY.relocate(stored, "/pod/cache").decode().splitlines()
+    assert len(good) == 3 and all("/pod/cache/" in line for line in good[1:])
+    # '@' is quoted in $in/$out: a substituted command would hash otherwise than ninja's.
+    quoted = FAMILY.relocate(stored, "/pod/ca@che").decode().splitlines()
+    assert quoted == good[:1]
