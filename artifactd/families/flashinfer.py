@@ -162,6 +162,27 @@ class FlashInferFamily(Family):
         del component
         return ninja_pinned_paths(root, relocated=True)
 
+    def keyed(self, component: str, rel: PurePosixPath) -> bool:
+        """Mark an op's outputs and ninja logs (``cached_ops/<op>/*`` but ``build.ninja``).
+
+        FlashInfer names an op dir by the module's URI, which spells what it
+        compiles, under the ``<version>/<archs>`` workspace. Two cells that
+        built one op with one ``build.ninja`` (compared with the root replaced:
+        not keyed, so other flags are a conflict) built one thing, yet their
+        objects differ: nvcc embeds the generated source's absolute path, under
+        each cell's own root (measured with 0.7.2), and the logs hold timings.
+        Either copy serves; the merge keeps the first cell's, whole, since each
+        cell's op dir is complete (partial ones are not merged).
+        """
+        del component
+        parts = rel.parts
+        return (
+            len(parts) >= 3
+            and parts[-3] == _OPS_DIR
+            and parts[-2] != "tmp"
+            and parts[-1] != NINJA_FILE
+        )
+
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
         """Mark an op's ``build.ninja``, ``.ninja_log`` and ``.ninja_deps``: they name the root."""
         del component
@@ -192,6 +213,8 @@ class FlashInferFamily(Family):
         return super().relocate(data, root)
 
 
+#: The dir holding one dir per op.
+_OPS_DIR = "cached_ops"
 #: The files of an op dir that hold its root.
 _NINJA_RECORDS = frozenset({NINJA_FILE, ".ninja_log", ".ninja_deps"})
 
