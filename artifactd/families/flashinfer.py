@@ -63,7 +63,6 @@ restores under another root and user, and ninja has no work there. Summed up in
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
@@ -83,6 +82,7 @@ from artifactd.families.ninja import (
     relocate_ninja_log,
     rewrite_ninja_deps,
 )
+from artifactd.families.tree import root_spellings
 
 #: The cache dir relative to the workspace base (HOME by default).
 CACHE_SUBDIR = FLASHINFER_SUBDIR
@@ -150,7 +150,7 @@ class FlashInferFamily(Family):
         """Report op dirs ninja would rebuild: an output or log missing, records stuck at a root."""
         del component
         bad = ninja_invalid_entries(root)
-        roots = _roots(root)
+        roots = root_spellings(root)
         for d in ninja_dirs(root):
             rel = PurePosixPath(d.relative_to(root).as_posix())
             if rel not in bad and (problem := ninja_relocation_problem(d, roots)) is not None:
@@ -217,8 +217,3 @@ class FlashInferFamily(Family):
 _OPS_DIR = "cached_ops"
 #: The files of an op dir that hold its root.
 _NINJA_RECORDS = frozenset({NINJA_FILE, ".ninja_log", ".ninja_deps"})
-
-
-def _roots(root: Path) -> tuple[str, ...]:
-    """Return ``root`` as given and resolved: the spellings the packer swaps."""
-    return tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
