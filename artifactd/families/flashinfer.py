@@ -111,6 +111,10 @@ class FlashInferFamily(Family):
         "python.ext_suffix",
         "platform.machine",
     )
+    #: 2: ninja's records are stored relocatable (the root as the placeholder, the
+    #: log's commands kept); a layer packed before names its build root and
+    #: restores into a ninja rebuild, so its scope tag no longer matches.
+    scope_revision = 2
     components = (
         Component(
             "cache",
