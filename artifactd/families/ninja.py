@@ -663,18 +663,21 @@ def ninja_relocation_problem(d: Path, roots: tuple[str, ...]) -> str | None:
 
 
 def log_commands(data: bytes, roots: tuple[str, ...]) -> dict[str, str]:
-    """Return the commands of the build.ninja beside the outputs a ``.ninja_log`` names.
+    """Return the commands of the build.ninja files beside the outputs a ``.ninja_log`` names.
 
-    FlashInfer runs ninja in the op's dir with absolute outputs there, so the
-    first output under one of ``roots`` locates the build.ninja. Empty when
-    there is none or it cannot be read (the log then keeps its hashes).
+    FlashInfer runs ninja in the op's dir with absolute outputs there, so each
+    output under one of ``roots`` locates its build.ninja (a batch build's log
+    names several ops). A build.ninja that cannot be read adds nothing (those
+    entries keep their hashes).
     """
     _version, entries = _read_log(data)
-    for entry in entries:
-        if _swap_prefix(entry[3], roots, ROOT_PLACEHOLDER) != entry[3]:
-            try:
-                text = (Path(entry[3]).parent / NINJA_FILE).read_text("utf-8", "surrogateescape")
-            except OSError:
-                return {}
-            return ninja_commands(text)
-    return {}
+    inside = [e[3] for e in entries if _swap_prefix(e[3], roots, ROOT_PLACEHOLDER) != e[3]]
+    dirs = {os.path.dirname(output) for output in inside}
+    commands: dict[str, str] = {}
+    for d in sorted(dirs):
+        try:
+            text = (Path(d) / NINJA_FILE).read_text("utf-8", "surrogateescape")
+        except OSError:
+            continue
+        commands.update(ninja_commands(text))
+    return commands
