@@ -40,9 +40,13 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     # extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
     .venv/bin/python -m pip install -q "torch==2.13.0"
     .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev,docker]"
-    # The real JIT producers of tests/test_producer_*.py (the producers extra):
-    # CuTe DSL (nvidia-cutlass-dsl, about 300 MB, compiles without a GPU).
+    # The real JIT producers of tests/test_producer_*.py: CuTe DSL (the producers
+    # extra, nvidia-cutlass-dsl, about 300 MB, compiles without a GPU), then
+    # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
+    # CUDA wheels (see pyproject.toml).
     .venv/bin/python -m pip install -q -e ".[producers]"
+    .venv/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
+        xargs .venv/bin/python -m pip install -q --no-deps
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
 
 # The released sources tests/test_drift_guards.py reads (vLLM, SGLang, DeepGEMM,

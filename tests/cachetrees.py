@@ -318,6 +318,39 @@ def flashinfer_build_ninja(
     return "\n".join(lines), objects
 
 
+def ninja_log(build_ninja: str, outputs: list[Path], t0: int) -> str:
+    """A ninja 1.13 ``.ninja_log`` (v7) for ``outputs``, hashing the commands ``build_ninja`` runs.
+
+    The hashes are what ninja would record: rapidhash of each evaluated
+    command (the relocation code's own hash, which tests/test_ninja_records.py
+    checks against logs ninja itself wrote).
+    """
+    from artifactd.families.ninja import command_hash, ninja_commands
+
+    commands = ninja_commands(build_ninja)
+    return "# ninja log v7\n" + "".join(
+        f"{i * 900}\t{i * 900 + 850}\t{(t0 + 10 + i) * 10**9}\t{p}\t"
+        f"{command_hash(commands[str(p)], 7):x}\n"
+        for i, p in enumerate(outputs)
+    )
+
+
+def ninja_deps(output: Path, inputs: list[str], mtime: int) -> bytes:
+    """A version-4 ``.ninja_deps``: path records for ``output`` and ``inputs``, one deps record."""
+    import struct
+
+    out = [b"# ninjadeps\n", struct.pack("<i", 4)]
+    paths = [str(output), *inputs]
+    for node_id, path in enumerate(paths):
+        raw = path.encode() + b"\0" * ((4 - len(path.encode()) % 4) % 4)
+        out.append(struct.pack("<I", len(raw) + 4) + raw + struct.pack("<I", ~node_id & 0xFFFFFFFF))
+    ids = range(1, len(paths))
+    body = struct.pack("<iII", 0, mtime * 10**9 & 0xFFFFFFFF, mtime * 10**9 >> 32)
+    body += b"".join(struct.pack("<i", i) for i in ids)
+    out.append(struct.pack("<I", len(body) | 0x80000000) + body)
+    return b"".join(out)
+
+
 def make_flashinfer_tree(
     base: Path, *, site: str = ENGINE_SITE, cuda: str = ENGINE_CUDA, arch: str = "90a"
 ) -> Path:
@@ -383,12 +416,8 @@ def make_flashinfer_tree(
             stamp(so, t0 + 20)
         if logged:
             entries = [*objects, *([d / f"{name}.so"] if linked else [])]
-            log = "# ninja log v5\n" + "".join(
-                f"{i * 900}\t{i * 900 + 850}\t{(t0 + 10 + i) * 10**9}\t{p}\t{0xA1B2C3 + i:x}\n"
-                for i, p in enumerate(entries)
-            )
-            (d / ".ninja_log").write_text(log)
-            (d / ".ninja_deps").write_bytes(b"# ninjadeps\n\x04\x00\x00\x00" + name.encode() * 8)
+            (d / ".ninja_log").write_text(ninja_log(text, entries, t0))
+            (d / ".ninja_deps").write_bytes(ninja_deps(objects[0], sources, t0 + 10))
             stamp(d / ".ninja_log", t0 + 30)
             stamp(d / ".ninja_deps", t0 + 30)
     tmp = ops / "tmp"

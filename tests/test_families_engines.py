@@ -26,7 +26,7 @@ from cachetrees import (
 from artifactd.families import get_family
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily
-from artifactd.families.ninja import NinjaFile
+from artifactd.families.ninja import NinjaFile, command_hash, ninja_commands
 from artifactd.families.sglang import SGLangFamily
 from artifactd.families.vllm import (
     WHY_IPV4,
@@ -132,18 +132,30 @@ def test_flashinfer_round_trip_keeps_mtimes_and_skips_what_ninja_rebuilds(tmp_pa
         assert int((out / rel).stat().st_mtime) == entry.mtime, rel
     norm = out / OPS / "norm"
     assert (norm / "build.ninja").stat().st_mtime == FLASHINFER_T0
+    # What ninja recorded names the restored root, with the hashes of its commands there.
+    commands = ninja_commands((norm / "build.ninja").read_text())
+    assert str(root) not in (norm / "build.ninja").read_text()
+    log = (norm / ".ninja_log").read_text().splitlines()
+    assert log[0] == "# ninja log v7" and len(log) == 4
+    for line in log[1:]:
+        output, digest = line.split("\t")[3:]
+        assert output.startswith(f"{norm}/")
+        assert int(digest, 16) == command_hash(commands[output], 7)
+    deps = (norm / ".ninja_deps").read_bytes()
+    assert str(norm).encode() in deps and str(root).encode() not in deps
     assert (norm / "norm.so").stat().st_mtime == FLASHINFER_T0 + 20
     assert (norm / "csrc_norm.cuda.o").stat().st_mtime < (norm / "norm.so").stat().st_mtime
 
 
-def test_flashinfer_pins_the_workspace_and_the_paths_its_ninja_files_name(tmp_path: Path) -> None:
+def test_flashinfer_pins_the_paths_its_ninja_files_name_outside_its_root(tmp_path: Path) -> None:
     root = make_flashinfer_tree(tmp_path / "home")
     layer = layers.pack(
         FLASHINFER, FLASHINFER.locate({"HOME": str(tmp_path / "home")}), tmp_path / "l"
     )
     pinned = FLASHINFER.pinned_paths("cache", root)
     assert layer.pinned == sorted(pinned)  # the layer record sorts across components
-    assert pinned[0] == str(root)  # outputs and generated sources: absolute under the root
+    # Outputs and generated sources lie under the root, which moves: not pinned.
+    assert not [p for p in pinned if p == str(root) or p.startswith(f"{root}/")]
     data = f"{ENGINE_SITE}/flashinfer/data"
     for path in (
         ENGINE_CUDA,
@@ -157,8 +169,7 @@ def test_flashinfer_pins_the_workspace_and_the_paths_its_ninja_files_name(tmp_pa
         "/usr/include/python3.12",
     ):
         assert path in pinned, path
-    assert not [p for p in pinned[1:] if p.startswith(str(root))]
-    assert pinned[1:] == sorted(pinned[1:])
+    assert pinned == sorted(pinned)
 
 
 def test_ninja_reader_joins_continuations_and_unescapes_paths() -> None:

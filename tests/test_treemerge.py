@@ -17,10 +17,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from cachetrees import (
+    FLASHINFER_T0,
     VLLM_CLEAN_HASH,
     make_flashinfer_tree,
     make_triton_tree,
     make_vllm_tree,
+    ninja_log,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +31,7 @@ from artifactd.build.treemerge import FamilyMerge, merge_family
 from artifactd.errors import BuildError
 from artifactd.families import FAMILIES
 from artifactd.families.base import ROOT_PLACEHOLDER
+from artifactd.families.ninja import ninja_relocation_problem
 from artifactd.families.vllm import merge_handles
 
 GENERIC = FAMILIES["generic"]
@@ -355,6 +358,9 @@ def test_keep_mtimes_family_keeps_source_mtimes(tmp_path: Path) -> None:
     # directory mtimes survive the writes into them
     ops = "0.6.18/90a/cached_ops/norm"
     assert (dest / ops).stat().st_mtime_ns == (a / ops).stat().st_mtime_ns
+    # ninja's records moved with the tree: they name the merged root, hashes and all
+    assert ninja_relocation_problem(dest / ops, (str(dest),)) is None
+    assert str(a).encode() not in (dest / ops / ".ninja_deps").read_bytes()
     # the packer's exclusions and invalid entries stay out
     assert not any("/cached_ops/tmp" in r or r.endswith((".lock", ".tmp")) for r in merged)
     assert not any(r.endswith("flashinfer_jit.log") for r in merged)
@@ -497,3 +503,40 @@ def test_inductor_keyed_paths_keep_the_first_copy_whatever_their_bytes(tmp_path:
     result = merge_family(fam, sources, dest)
     assert (dest["cache"] / "c2" / "c2kernel" / "c2kernel.so").read_bytes() == b"\x7fELF-one"
     assert [(c.component, c.path) for c in result.conflicts] == [("megacache", "blob.bin")]
+
+
+def test_two_cells_that_built_one_flashinfer_op_merge_into_one_copy(tmp_path: Path) -> None:
+    """Each cell builds under its own root, and nvcc embeds the generated source's path.
+
+    Measured with flashinfer 0.7.2: the same op built under two roots gives
+    ``.cuda.o`` and ``.so`` files differing in that path only. Either serves;
+    the merge keeps the first cell's whole op dir, its ninja records included,
+    moved to the merged root.
+    """
+    a = make_flashinfer_tree(tmp_path / "a")
+    b = make_flashinfer_tree(tmp_path / "b")
+    ops = "0.6.18/90a/cached_ops/norm"
+    for cell in (a, b):  # the objects name their own root, as nvcc's do
+        for obj in (cell / ops).glob("*.o"):
+            mtime = obj.stat().st_mtime_ns
+            obj.write_bytes(obj.read_bytes() + str(cell).encode())
+            os.utime(obj, ns=(mtime, mtime))
+    dest = tmp_path / "dest" / ".cache" / "flashinfer"
+    result = merge_cache("flashinfer", {"a": a, "b": b}, dest)
+    assert result.ok, result.conflicts
+    obj = dest / ops / "csrc_norm.cuda.o"
+    assert obj.read_bytes() == (a / ops / "csrc_norm.cuda.o").read_bytes()
+    assert ninja_relocation_problem(dest / ops, (str(dest),)) is None
+
+
+def test_two_cells_that_built_one_flashinfer_op_with_other_flags_conflict(tmp_path: Path) -> None:
+    a = make_flashinfer_tree(tmp_path / "a")
+    b = make_flashinfer_tree(tmp_path / "b")
+    op = b / "0.6.18/90a/cached_ops/norm"
+    text = (op / "build.ninja").read_text().replace("--threads=1", "--threads=4")
+    (op / "build.ninja").write_text(text)
+    # b built it so: its log holds the hashes of these commands
+    outputs = [*sorted(op.glob("*.o")), op / "norm.so"]
+    (op / ".ninja_log").write_text(ninja_log(text, outputs, FLASHINFER_T0))
+    result = merge_cache("flashinfer", {"a": a, "b": b}, tmp_path / "dest")
+    assert [c.path for c in result.conflicts] == ["0.6.18/90a/cached_ops/norm/build.ninja"]

@@ -53,7 +53,7 @@ from pathlib import Path, PurePosixPath
 
 from artifactd.errors import BuildError
 from artifactd.families.base import Family
-from artifactd.families.tree import TreeEntry, walk_component
+from artifactd.families.tree import TreeEntry, root_spellings, walk_component
 from artifactd.format.archive import link_inside
 
 #: Larger files that differ are a conflict without asking the family to merge them.
@@ -168,11 +168,6 @@ def _same_file_bytes(a: Path, b: Path) -> bool:
                 return True
 
 
-def _roots(root: Path) -> tuple[str, ...]:
-    """Return the spellings of a root the packer normalises (absolute and resolved)."""
-    return tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
-
-
 def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
 
@@ -193,7 +188,7 @@ class _ComponentMerge:
 
     def add_cell(self, cell: str, root: Path) -> None:
         """Merge one cell's tree of this component into the destination."""
-        roots = _roots(root)
+        roots = root_spellings(root)
         blocked: set[PurePosixPath] = set()
 
         def unreadable(rel: PurePosixPath, exc: OSError) -> None:

@@ -1,42 +1,64 @@
 """FlashInfer's JIT workspace (``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``).
 
-Facts, read from flashinfer-ai/flashinfer main of August 2026 (``version.txt``
-0.6.18: ``flashinfer/jit/env.py``, ``jit/core.py``, ``jit/cpp_ext.py``,
-``jit/cubin_loader.py``, ``comm/pcie_ipc_tuning.py``; summed up in
-``docs/families.md``):
+Facts, read from the flashinfer-python 0.7.2 wheel on PyPI (``flashinfer/jit/env.py``,
+``jit/core.py``, ``jit/cpp_ext.py``, ``jit/utils.py``, ``autotune_cache.py``) and
+PROVEN on that producer: ``tests/test_producer_flashinfer.py`` runs its own JIT
+(``gen_act_and_mul_module("silu").build()``, nvcc for sm_90a, ninja), harvests,
+restores under another root and user, and ninja has no work there. Summed up in
+``docs/families.md``:
 
 * Root: ``FLASHINFER_CACHE_DIR = $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``,
   the base defaulting to ``Path.home()`` (``$HOME``) and read once, at import.
   The variable names a HOME-like base, not the cache dir: artifactd restores
   the component at ``<target>/flashinfer-home/.cache/flashinfer`` and sets
   ``FLASHINFER_WORKSPACE_BASE=<target>/flashinfer-home``.
-* Workspace: ``<root>/<flashinfer version>/<archs>/`` (``90a_100a``: sorted
-  target archs from ``FLASHINFER_CUDA_ARCH_LIST`` or the visible GPUs) with
-  ``cached_ops/<module>/{build.ninja, <dir>_<stem>.cuda.o, <module>.so,
-  .ninja_log, .ninja_deps}``, ``generated/`` (generated sources, plus symlinks
-  into the cubin dir), ``autotune/`` and a ``flashinfer_jit.log``.
+* Workspace: ``<root>/<flashinfer version>/<archs>/`` (``90a``, ``90a_100a``:
+  sorted target archs from ``FLASHINFER_CUDA_ARCH_LIST`` or the visible GPUs)
+  with ``cached_ops/<op>/{build.ninja, <src dir>_<stem>.cuda.o, <op>.so,
+  .ninja_log, .ninja_deps}``, ``generated/`` (generated sources), an
+  ``autotune/`` dir some kernels' calibration writes, and ``flashinfer_jit.log``
+  (written at import).
+* Autotune winners (0.7's managed cache): ``<root>/autotune/v2/<environment
+  hash>/{manifest.json, entries/<op hash>.json}``, at the root, keyed by the
+  library, CUDA and GPU identity in the hash; ``FLASHINFER_AUTOTUNE_CACHE_DIR``
+  overrides the place (outside the root it is not harvested). Written through
+  ``.autotune_*.tmp`` files (left out).
 * Cubins live at ``<root>/cubins`` (``FLASHINFER_CUBIN_DIR`` overrides it; an
-  installed ``flashinfer-cubin`` package supersedes it), at the root, NOT under
-  ``<version>/<archs>/``. They are downloaded at
-  run time, so air-gapped pods need them restored. A ``FLASHINFER_CUBIN_DIR``
-  outside the root is not harvested here.
-* Locks and temp files: ``cached_ops/tmp/`` (``<module>.lock``, the batch
-  build's ``flashinfer_jit.lock`` and ``flashinfer_jit.ninja``), downloads'
-  ``<dest>.lock`` and ``<dest>.<uuid>.tmp``, the autotuner's ``*.tmp``. Left out.
-* No hash key: ninja decides. ``build.ninja`` is rewritten on every load; its
+  installed ``flashinfer-cubin`` of the same version supersedes it), at the
+  root. They are downloaded at run time, so air-gapped pods need them restored.
+  A ``FLASHINFER_CUBIN_DIR`` outside the root is not harvested here. AOT
+  modules of a ``flashinfer-jit-cache`` provider are loaded before any JIT and
+  are not in this tree (that package is in the scope).
+* Locks and temp files: ``cached_ops/tmp/`` (``<op>.lock``, the batch build's
+  ``flashinfer_jit.lock`` and ``flashinfer_jit.ninja``), downloads'
+  ``<dest>.lock`` and ``<dest>.<uuid>.tmp``. Left out.
+* No hash key: ninja decides, every time an op is requested (``build()``
+  writes ``build.ninja`` only when its text changes, then runs ninja). Its
   outputs and generated sources are ABSOLUTE (resolved) paths under the
-  workspace, its flags name the CUDA home, the Python include dir and
-  FlashInfer's ``data/include``, CUTLASS, CCCL and tvm_ffi include dirs in
-  site-packages. Ninja rebuilds when the command line (hashed in
-  ``.ninja_log``) changes, when ``.ninja_log``/``.ninja_deps`` lack the output,
-  or when an input is newer than its output. Hence: mtimes are kept; module
-  dirs ninja would rebuild anyway (no ``.so``, a missing output, no ninja logs)
-  are not shipped; and the cache only hits where it sits at the SAME absolute
-  path it was built at, with the same CUDA home and site-packages, so
-  :meth:`FlashInferFamily.pinned_paths` records the workspace root as well as
-  the outside paths. A pod whose site-packages files are newer than the
-  harvested objects (a reinstalled wheel, same version) rebuilds too
-  (unverified: depends on how the image's installer sets mtimes).
+  workspace; its flags name the CUDA home, the Python include dir and
+  FlashInfer's ``data/`` include dirs (CUTLASS, CCCL, spdlog) and tvm_ffi's in
+  site-packages. Ninja rebuilds when an output's command hashes otherwise than
+  ``.ninja_log`` recorded, when ``.ninja_deps`` has no deps for it under its
+  path, or when an input is newer than its output. Measured: a plain copy
+  under another root recompiles every op (deps "missing", then "command line
+  changed"). Hence:
+
+  - mtimes are kept (whole seconds: never newer than what ninja recorded);
+  - op dirs ninja would rebuild anyway (no ``.so``, a missing output, no ninja
+    logs) are not shipped;
+  - ninja's records are moved with the tree (:mod:`artifactd.families.ninja`):
+    ``build.ninja`` and the paths in ``.ninja_log``/``.ninja_deps`` are stored
+    with the placeholder for the root, and the log keeps each output's command
+    so the restore hashes it again for the pod's root (MurmurHash64A for log
+    v5/v6, ninja 1.11/1.12; rapidhash for v7, ninja 1.13). The harvest checks
+    first that every recorded hash is the hash of the command build.ninja
+    evaluates to; an op where it is not (or a log version it cannot hash, or
+    a build root ninja would quote) is not shipped: ninja would rebuild it.
+  - The paths OUTSIDE the root (CUDA home, site-packages) stay as built:
+    :meth:`FlashInferFamily.pinned_paths` records them, and the scope holds
+    ``paths.site_packages`` and ``cuda.nvcc``. A pod whose site-packages files
+    are newer than the harvested objects (a reinstalled wheel, same version)
+    rebuilds too (unverified: depends on how the image's installer sets mtimes).
 """
 
 from __future__ import annotations
@@ -45,9 +67,22 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from artifactd.constants import FLASHINFER_WORKSPACE_BASE
-from artifactd.families.base import Component, Family, Located, home
+from artifactd.families.base import ROOT_PLACEHOLDER, Component, Family, Located, home
 from artifactd.families.layouts import FLASHINFER_SUBDIR, flashinfer_excluded
-from artifactd.families.ninja import ninja_invalid_entries, ninja_pinned_paths
+from artifactd.families.ninja import (
+    NINJA_FILE,
+    is_ninja_deps,
+    is_ninja_log,
+    log_commands,
+    ninja_dirs,
+    ninja_invalid_entries,
+    ninja_pinned_paths,
+    ninja_relocation_problem,
+    normalize_ninja_log,
+    relocate_ninja_log,
+    rewrite_ninja_deps,
+)
+from artifactd.families.tree import root_spellings
 
 #: The cache dir relative to the workspace base (HOME by default).
 CACHE_SUBDIR = FLASHINFER_SUBDIR
@@ -76,6 +111,10 @@ class FlashInferFamily(Family):
         "python.ext_suffix",
         "platform.machine",
     )
+    #: 2: ninja's records are stored relocatable (the root as the placeholder, the
+    #: log's commands kept); a layer packed before names its build root and
+    #: restores into a ninja rebuild, so its scope tag no longer matches.
+    scope_revision = 2
     components = (
         Component(
             "cache",
@@ -112,11 +151,73 @@ class FlashInferFamily(Family):
         return flashinfer_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
-        """Report module dirs ninja would rebuild: a missing ``.so``/object or ninja log."""
+        """Report op dirs ninja would rebuild: an output or log missing, records stuck at a root."""
         del component
-        return ninja_invalid_entries(root)
+        bad = ninja_invalid_entries(root)
+        roots = root_spellings(root)
+        for d in ninja_dirs(root):
+            rel = PurePosixPath(d.relative_to(root).as_posix())
+            if rel not in bad and (problem := ninja_relocation_problem(d, roots)) is not None:
+                bad[rel] = problem
+        return bad
 
     def pinned_paths(self, component: str, root: Path) -> list[str]:
-        """Return the workspace root and the outside paths its ``build.ninja`` files name."""
+        """Return the outside paths the ``build.ninja`` files name (the root itself moves)."""
         del component
-        return ninja_pinned_paths(root)
+        return ninja_pinned_paths(root, relocated=True)
+
+    def keyed(self, component: str, rel: PurePosixPath) -> bool:
+        """Mark an op's outputs and ninja logs (``cached_ops/<op>/*`` but ``build.ninja``).
+
+        FlashInfer names an op dir by the module's URI, which spells what it
+        compiles, under the ``<version>/<archs>`` workspace. Two cells that
+        built one op with one ``build.ninja`` (compared with the root replaced:
+        not keyed, so other flags are a conflict) built one thing, yet their
+        objects differ: nvcc embeds the generated source's absolute path, under
+        each cell's own root (measured with 0.7.2), and the logs hold timings.
+        Either copy serves; the merge keeps the first cell's, whole, since each
+        cell's op dir is complete (partial ones are not merged).
+        """
+        del component
+        parts = rel.parts
+        return (
+            len(parts) >= 3
+            and parts[-3] == _OPS_DIR
+            and parts[-2] != "tmp"
+            and parts[-1] != NINJA_FILE
+        )
+
+    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
+        """Mark an op's ``build.ninja``, ``.ninja_log`` and ``.ninja_deps``: they name the root."""
+        del component
+        return rel.name in _NINJA_RECORDS
+
+    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """Store the root as the placeholder: deps paths, log paths and commands, build.ninja."""
+        try:
+            if is_ninja_deps(data):
+                return rewrite_ninja_deps(data, roots, ROOT_PLACEHOLDER)
+            if is_ninja_log(data, stored=False):
+                return normalize_ninja_log(data, roots, log_commands(data, roots))
+        except ValueError:
+            # Damaged since invalid_entries read it (an op being rebuilt): stored as is,
+            # ninja rebuilds that op on the pod and `status` says so.
+            return data
+        return super().normalize(data, roots)
+
+    def relocate(self, data: bytes, root: str) -> bytes:
+        """Write the records for ``root``: paths swapped, command hashes computed again."""
+        if is_ninja_deps(data):
+            try:
+                return rewrite_ninja_deps(data, (ROOT_PLACEHOLDER,), root)
+            except ValueError:
+                return data  # stored as is (see normalize): ninja starts that op's deps over
+        if is_ninja_log(data, stored=True):
+            return relocate_ninja_log(data, root)
+        return super().relocate(data, root)
+
+
+#: The dir holding one dir per op.
+_OPS_DIR = "cached_ops"
+#: The files of an op dir that hold its root.
+_NINJA_RECORDS = frozenset({NINJA_FILE, ".ninja_log", ".ninja_deps"})

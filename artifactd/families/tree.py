@@ -45,6 +45,15 @@ class TreeEntry:
         return stat.S_ISREG(self.st.st_mode)
 
 
+def root_spellings(root: Path) -> tuple[str, ...]:
+    """Return ``root`` as the packer swaps it in path-bearing files: absolute, then resolved.
+
+    A library may write either (FlashInfer resolves its paths, Triton keeps
+    them as given); packing, the cells' merge and the lint use this one list.
+    """
+    return tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
+
+
 def skip_reason(
     family: Family,
     component: str,

@@ -34,7 +34,7 @@ import zstandard
 
 from artifactd.errors import BuildError, IntegrityError
 from artifactd.families.base import Family, Located
-from artifactd.families.tree import walk_component
+from artifactd.families.tree import root_spellings, walk_component
 from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, SkippedEntry
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
 
@@ -185,7 +185,7 @@ def _pack_component(
 ) -> None:
     comp = loc.component.name
     root = loc.path
-    roots = tuple(dict.fromkeys([str(root.absolute()), os.path.realpath(root)]))
+    roots = root_spellings(root)
     tar.addfile(_tarinfo(prefix + comp, tarfile.DIRTYPE, 0o755, FIXED_MTIME))
     for entry in walk_component(family, comp, root):
         rel, st, is_dir = entry.rel, entry.st, entry.is_dir

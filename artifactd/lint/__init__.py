@@ -37,7 +37,7 @@ from artifactd.constants import current_environ
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, select_families
 from artifactd.families.base import Family, Located
-from artifactd.families.tree import NOT_UTF8, walk_component
+from artifactd.families.tree import NOT_UTF8, root_spellings, walk_component
 from artifactd.families.vllm import FACTOR_CATEGORIES, FACTORS_FILE, VLLMFamily, volatile_factors
 from artifactd.lint.hazards import MIN_NAME_LEN, Hazards
 from artifactd.lint.report import (
@@ -160,8 +160,7 @@ def lint(roots: Mapping[str, Path], *, hazards: Hazards, max_read: int = MAX_REA
             impl = _UnknownFamily()
         if comp is None:
             comp = impl.components[0].name if impl.components else "cache"
-        root_strs = dict.fromkeys([str(root.absolute()), os.path.realpath(root)])
-        scope = Scope(family_name, comp, impl, tuple(os.fsencode(r) for r in root_strs))
+        scope = Scope(family_name, comp, impl, tuple(os.fsencode(r) for r in root_spellings(root)))
         findings.extend(_lint_root(root, scope, matcher, report, max_read))
     report.findings = sorted(findings, key=Finding.sort_key)
     report.unknown_families = sorted(unknown)
