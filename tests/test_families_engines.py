@@ -444,9 +444,22 @@ def test_sglang_round_trip(tmp_path: Path) -> None:
 
     assert SGLANG.pinned_paths("jit", root / "jit") == ["/opt/custom/include"]
     cache_pins = SGLANG.pinned_paths("cache", root)
-    assert cache_pins[0] == str(root / ".cache" / "flashinfer")
+    # The hosted FlashInfer tree moves with the cache: only the paths outside it are pinned.
+    assert not [p for p in cache_pins if p == str(root) or p.startswith(f"{root}/")]
     assert ENGINE_CUDA in cache_pins
     assert layer.pinned == sorted({*cache_pins, "/opt/custom/include"})
+    # ninja's records of the hosted ops name the restored root, hashes computed there.
+    norm = out / ".cache" / "flashinfer" / OPS / "norm"
+    commands = ninja_commands((norm / "build.ninja").read_text())
+    assert str(root) not in (norm / "build.ninja").read_text()
+    log = (norm / ".ninja_log").read_text().splitlines()
+    assert log[0] == "# ninja log v7" and len(log) == 4
+    for line in log[1:]:
+        output, digest = line.split("\t")[3:]
+        assert output.startswith(f"{norm}/")
+        assert int(digest, 16) == command_hash(commands[output], 7)
+    deps = (norm / ".ninja_deps").read_bytes()
+    assert str(norm).encode() in deps and str(root).encode() not in deps
 
 
 # --------------------------------------------------------------------------

@@ -176,3 +176,68 @@ def test_flashinfer_op_restored_under_another_root_is_not_rebuilt(tmp_path: Path
     assert miss["verdict"] == "miss"
     assert [d["path"] for d in miss["deciding"]] == ["libraries.flashinfer-python.version"]
     print(f"cold {cold['build_s']:.1f} s, warm {warm['build_s']:.3f} s, {fam['files']} files")
+
+
+def test_a_flashinfer_tree_sglang_hosts_is_not_rebuilt_under_another_root(tmp_path: Path) -> None:
+    """SGLang points FlashInfer's workspace base at its own cache dir: the sglang family ships it.
+
+    The same real op, built under SGLang's cache dir on root A and harvested as the
+    ``sglang`` family's ``cache`` component, restored under root B (another user),
+    where FlashInfer's base is the restored SGLang cache: ninja has no work.
+    """
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    subprocess.run(
+        ["gcc", "-shared", "-x", "c", "-", "-o", str(stubs / "libcuda.so")],
+        input="void cuInit(void) {}\n",
+        text=True,
+        check=True,
+    )
+    sglang_a = tmp_path / "a" / "sglang-cache"
+    sglang_a.mkdir(parents=True)
+    env_a = _env(
+        tmp_path / "a",
+        "builder",
+        stubs,
+        {"SGLANG_CACHE_DIR": str(sglang_a), "FLASHINFER_WORKSPACE_BASE": str(sglang_a)},
+    )
+    cold = _produce(env_a)
+    assert Path(cold["so"]).is_relative_to(sglang_a / ".cache" / "flashinfer")
+
+    store = f"oci:{tmp_path / 'store'}"
+    harvested = _cli(
+        "harvest", "--store", store, "--family", "sglang", "--gpu-arch", "sm_90a", env=env_a
+    )
+    (fam,) = harvested["families"]
+    assert fam["family"] == "sglang" and fam["files"] >= 5
+
+    root_b = tmp_path / "pod"
+    env_b = _env(tmp_path / "b", "pod-user", stubs)
+    before_restore = time.time()
+    report = _cli(
+        "restore", "--store", store, "--target", str(root_b), "--gpu-arch", "sm_90a", env=env_b
+    )
+    assert report["restored"] == ["sglang"] and report["cache_hit"]
+    restored = parse_env_file(root_b / "artifactd.env")
+    # As SGLang does: FlashInfer's workspace base is SGLang's cache dir.
+    warm_env = {
+        **env_b,
+        **restored,
+        "FLASHINFER_WORKSPACE_BASE": restored["SGLANG_CACHE_DIR"],
+    }
+    cache_b = Path(restored["SGLANG_CACHE_DIR"]) / ".cache" / "flashinfer"
+
+    warm = _produce(warm_env)
+    assert Path(warm["so"]).is_relative_to(cache_b)
+    assert "ninja: no work to do" in warm["explain"], warm["explain"]
+    newer = [
+        p.name
+        for p in cache_b.rglob("*")
+        if p.is_file()
+        and p.stat().st_mtime >= before_restore
+        and "tmp" not in p.relative_to(cache_b).parts
+    ]
+    assert newer == ["flashinfer_jit.log"], newer
+    status = _cli("status", "--target", str(root_b), env=warm_env)
+    (verdict,) = [f for f in status["families"] if f["family"] == "sglang"]
+    assert verdict["verdict"] == "used", verdict

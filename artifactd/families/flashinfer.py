@@ -67,20 +67,16 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from artifactd.constants import FLASHINFER_WORKSPACE_BASE
-from artifactd.families.base import ROOT_PLACEHOLDER, Component, Family, Located, home
+from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import FLASHINFER_SUBDIR, flashinfer_excluded
 from artifactd.families.ninja import (
     NINJA_FILE,
-    is_ninja_deps,
-    is_ninja_log,
-    log_commands,
-    ninja_dirs,
+    NINJA_RECORDS,
     ninja_invalid_entries,
     ninja_pinned_paths,
-    ninja_relocation_problem,
-    normalize_ninja_log,
-    relocate_ninja_log,
-    rewrite_ninja_deps,
+    ninja_relocation_problems,
+    normalize_ninja_record,
+    relocate_ninja_record,
 )
 from artifactd.families.tree import root_spellings
 
@@ -153,13 +149,10 @@ class FlashInferFamily(Family):
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Report op dirs ninja would rebuild: an output or log missing, records stuck at a root."""
         del component
-        bad = ninja_invalid_entries(root)
-        roots = root_spellings(root)
-        for d in ninja_dirs(root):
-            rel = PurePosixPath(d.relative_to(root).as_posix())
-            if rel not in bad and (problem := ninja_relocation_problem(d, roots)) is not None:
-                bad[rel] = problem
-        return bad
+        return {
+            **ninja_invalid_entries(root),
+            **ninja_relocation_problems(root, root_spellings(root)),
+        }
 
     def pinned_paths(self, component: str, root: Path) -> list[str]:
         """Return the outside paths the ``build.ninja`` files name (the root itself moves)."""
@@ -190,34 +183,18 @@ class FlashInferFamily(Family):
     def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
         """Mark an op's ``build.ninja``, ``.ninja_log`` and ``.ninja_deps``: they name the root."""
         del component
-        return rel.name in _NINJA_RECORDS
+        return rel.name in NINJA_RECORDS
 
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
         """Store the root as the placeholder: deps paths, log paths and commands, build.ninja."""
-        try:
-            if is_ninja_deps(data):
-                return rewrite_ninja_deps(data, roots, ROOT_PLACEHOLDER)
-            if is_ninja_log(data, stored=False):
-                return normalize_ninja_log(data, roots, log_commands(data, roots))
-        except ValueError:
-            # Damaged since invalid_entries read it (an op being rebuilt): stored as is,
-            # ninja rebuilds that op on the pod and `status` says so.
-            return data
-        return super().normalize(data, roots)
+        moved = normalize_ninja_record(data, roots)
+        return moved if moved is not None else super().normalize(data, roots)
 
     def relocate(self, data: bytes, root: str) -> bytes:
         """Write the records for ``root``: paths swapped, command hashes computed again."""
-        if is_ninja_deps(data):
-            try:
-                return rewrite_ninja_deps(data, (ROOT_PLACEHOLDER,), root)
-            except ValueError:
-                return data  # stored as is (see normalize): ninja starts that op's deps over
-        if is_ninja_log(data, stored=True):
-            return relocate_ninja_log(data, root)
-        return super().relocate(data, root)
+        moved = relocate_ninja_record(data, root)
+        return moved if moved is not None else super().relocate(data, root)
 
 
 #: The dir holding one dir per op.
 _OPS_DIR = "cached_ops"
-#: The files of an op dir that hold its root.
-_NINJA_RECORDS = frozenset({NINJA_FILE, ".ninja_log", ".ninja_deps"})

@@ -681,3 +681,53 @@ def log_commands(data: bytes, roots: tuple[str, ...]) -> dict[str, str]:
             continue
         commands.update(ninja_commands(text))
     return commands
+
+
+#: The files of a module dir that name its build root: moved with the tree.
+NINJA_RECORDS = frozenset({NINJA_FILE, *_LOGS})
+
+
+def ninja_relocation_problems(
+    root: Path, roots: tuple[str, ...], prefix: PurePosixPath | None = None
+) -> dict[PurePosixPath, str]:
+    """Return the module dirs under ``root`` whose records cannot move, as ``prefix/<rel>``.
+
+    ``roots`` are the spellings of the harvested component's root (the one the
+    placeholder stands for); dirs :func:`ninja_invalid_entries` reports are its.
+    """
+    prefix = prefix or PurePosixPath()
+    invalid = ninja_invalid_entries(root)
+    bad: dict[PurePosixPath, str] = {}
+    for d in ninja_dirs(root):
+        rel = PurePosixPath(d.relative_to(root).as_posix())
+        if rel not in invalid and (problem := ninja_relocation_problem(d, roots)) is not None:
+            bad[prefix / rel] = problem
+    return bad
+
+
+def normalize_ninja_record(data: bytes, roots: tuple[str, ...]) -> bytes | None:
+    """Return ninja's ``.ninja_deps``/``.ninja_log`` in the stored form; None for other files.
+
+    A record damaged since the harvest checked it (an op being rebuilt) is
+    stored as it is: ninja rebuilds that op on the pod, and ``status`` says so.
+    """
+    try:
+        if is_ninja_deps(data):
+            return rewrite_ninja_deps(data, roots, ROOT_PLACEHOLDER)
+        if is_ninja_log(data, stored=False):
+            return normalize_ninja_log(data, roots, log_commands(data, roots))
+    except ValueError:
+        return data
+    return None
+
+
+def relocate_ninja_record(data: bytes, root: str) -> bytes | None:
+    """Return a stored ninja record written for ``root`` (hashes computed again); None else."""
+    if is_ninja_deps(data):
+        try:
+            return rewrite_ninja_deps(data, (ROOT_PLACEHOLDER,), root)
+        except ValueError:
+            return data  # stored as is (see normalize_ninja_record): ninja starts over
+    if is_ninja_log(data, stored=True):
+        return relocate_ninja_log(data, root)
+    return None

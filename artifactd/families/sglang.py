@@ -58,8 +58,12 @@ top-level ``jit/`` (the nested default of the other component). Inside it the
 Triton group files (``triton/``, ``inductor/``, ``torch_compile_cache/``) get
 the Triton family's path rewriting, partial Triton and DeepGEMM entries are
 skipped, and the ``.cache/flashinfer`` tree gets the FlashInfer family's
-treatment: mtimes kept, module dirs ninja would rebuild skipped,
-``build.ninja`` paths pinned.
+treatment: mtimes kept, module dirs ninja would rebuild skipped, the
+outside paths its ``build.ninja`` files name pinned, and ninja's records
+(``build.ninja``, ``.ninja_log``, ``.ninja_deps``) stored with the root as the
+placeholder and written for the pod's root on restore, command hashes
+computed again (:mod:`artifactd.families.ninja`), so a hosted op is not
+rebuilt under another root.
 """
 
 from __future__ import annotations
@@ -82,7 +86,15 @@ from artifactd.families.layouts import (
     flashinfer_excluded,
     triton_partial_entries,
 )
-from artifactd.families.ninja import ninja_invalid_entries, ninja_pinned_paths
+from artifactd.families.ninja import (
+    NINJA_RECORDS,
+    ninja_invalid_entries,
+    ninja_pinned_paths,
+    ninja_relocation_problems,
+    normalize_ninja_record,
+    relocate_ninja_record,
+)
+from artifactd.families.tree import root_spellings
 
 DEFAULT_CACHE = "~/.cache/sglang"
 DEFAULT_JIT = "~/.cache/sglang/jit"
@@ -172,7 +184,9 @@ class SGLangFamily(Family):
     )
     #: 2: the visible GPU count left the scope; the parallel layout is keyed as the
     #: workload's tp, pp, ep, dp (a build node's GPU count is not a pod's).
-    scope_revision = 2
+    #: 3: the hosted FlashInfer tree's ninja records are stored relocatable (an
+    #: older layer restores into a ninja rebuild under the pod's root).
+    scope_revision = 3
     components = (
         Component("cache", "sglang", {SGLANG_CACHE_DIR: "{dir}"}),
         Component("jit", "sglang-jit", {SGLANG_JIT_CACHE_DIR: "{dir}"}),
@@ -224,12 +238,15 @@ class SGLangFamily(Family):
             **_prefixed(TRITON_DIR, triton_partial_entries(root / TRITON_DIR)),
             **_prefixed(DEEP_GEMM_DIR, deepgemm_partial_entries(root / DEEP_GEMM_DIR)),
             **ninja_invalid_entries(root / FLASHINFER_SUBDIR, FLASHINFER_SUBDIR),
+            **ninja_relocation_problems(
+                root / FLASHINFER_SUBDIR, root_spellings(root), FLASHINFER_SUBDIR
+            ),
         }
 
     def pinned_paths(self, component: str, root: Path) -> list[str]:
         """FlashInfer's ``build.ninja`` paths, and JIT dependencies outside every anchor root."""
         if component == "cache":
-            return ninja_pinned_paths(root / FLASHINFER_SUBDIR)
+            return ninja_pinned_paths(root / FLASHINFER_SUBDIR, relocated=True)
         pinned: set[str] = set()
         for _rel, leaf, _module in _jit_leaves(root):
             try:
@@ -240,3 +257,21 @@ class SGLangFamily(Family):
                 if isinstance(entry, list) and len(entry) == 3 and entry[0] == "abs":
                     pinned.add(os.path.dirname(str(entry[1])))
         return sorted(p for p in pinned if p.startswith("/"))
+
+    def path_bearing(self, component: str, rel: PurePosixPath) -> bool:
+        """Triton group files, and the ninja records of the FlashInfer tree it hosts."""
+        return super().path_bearing(component, rel) or (
+            component == "cache"
+            and _under(rel, FLASHINFER_SUBDIR) is not None
+            and rel.name in NINJA_RECORDS
+        )
+
+    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """Store the root as the placeholder (ninja's records as the flashinfer family does)."""
+        moved = normalize_ninja_record(data, roots)
+        return moved if moved is not None else super().normalize(data, roots)
+
+    def relocate(self, data: bytes, root: str) -> bytes:
+        """Write the stored files for ``root`` (ninja's command hashes computed again)."""
+        moved = relocate_ninja_record(data, root)
+        return moved if moved is not None else super().relocate(data, root)
