@@ -325,7 +325,7 @@ def ninja_log(build_ninja: str, outputs: list[Path], t0: int) -> str:
     command (the relocation code's own hash, which tests/test_ninja_records.py
     checks against logs ninja itself wrote).
     """
-    from artifactd.families.ninja import command_hash, ninja_commands
+    from artifactd.families.ninjarecords import command_hash, ninja_commands
 
     commands = ninja_commands(build_ninja)
     return "# ninja log v7\n" + "".join(

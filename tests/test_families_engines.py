@@ -26,7 +26,8 @@ from cachetrees import (
 from artifactd.families import get_family
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily
-from artifactd.families.ninja import NinjaFile, command_hash, ninja_commands
+from artifactd.families.ninja import NinjaFile
+from artifactd.families.ninjarecords import command_hash, ninja_commands
 from artifactd.families.sglang import SGLangFamily
 from artifactd.families.vllm import (
     WHY_IPV4,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from artifactd.families.flashinfer import FlashInferFamily
-from artifactd.families.ninja import (
+from artifactd.families.ninjarecords import (
     command_hash,
     ninja_commands,
     ninja_relocation_problem,

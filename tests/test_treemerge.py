@@ -31,7 +31,7 @@ from artifactd.build.treemerge import FamilyMerge, merge_family
 from artifactd.errors import BuildError
 from artifactd.families import FAMILIES
 from artifactd.families.base import ROOT_PLACEHOLDER
-from artifactd.families.ninja import ninja_relocation_problem
+from artifactd.families.ninjarecords import ninja_relocation_problem
 from artifactd.families.vllm import merge_handles
 
 GENERIC = FAMILIES["generic"]

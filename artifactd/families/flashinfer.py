@@ -46,7 +46,7 @@ restores under another root and user, and ninja has no work there. Summed up in
   - mtimes are kept (whole seconds: never newer than what ninja recorded);
   - op dirs ninja would rebuild anyway (no ``.so``, a missing output, no ninja
     logs) are not shipped;
-  - ninja's records are moved with the tree (:mod:`artifactd.families.ninja`):
+  - ninja's records are moved with the tree (:mod:`artifactd.families.ninjarecords`):
     ``build.ninja`` and the paths in ``.ninja_log``/``.ninja_deps`` are stored
     with the placeholder for the root, and the log keeps each output's command
     so the restore hashes it again for the pod's root (MurmurHash64A for log
@@ -69,11 +69,9 @@ from pathlib import Path, PurePosixPath
 from artifactd.constants import FLASHINFER_WORKSPACE_BASE
 from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import FLASHINFER_SUBDIR, flashinfer_excluded
-from artifactd.families.ninja import (
-    NINJA_FILE,
+from artifactd.families.ninja import NINJA_FILE, ninja_invalid_entries, ninja_pinned_paths
+from artifactd.families.ninjarecords import (
     NINJA_RECORDS,
-    ninja_invalid_entries,
-    ninja_pinned_paths,
     ninja_relocation_problems,
     normalize_ninja_record,
     relocate_ninja_record,

@@ -62,7 +62,7 @@ treatment: mtimes kept, module dirs ninja would rebuild skipped, the
 outside paths its ``build.ninja`` files name pinned, and ninja's records
 (``build.ninja``, ``.ninja_log``, ``.ninja_deps``) stored with the root as the
 placeholder and written for the pod's root on restore, command hashes
-computed again (:mod:`artifactd.families.ninja`), so a hosted op is not
+computed again (:mod:`artifactd.families.ninjarecords`), so a hosted op is not
 rebuilt under another root.
 """
 
@@ -86,10 +86,9 @@ from artifactd.families.layouts import (
     flashinfer_excluded,
     triton_partial_entries,
 )
-from artifactd.families.ninja import (
+from artifactd.families.ninja import ninja_invalid_entries, ninja_pinned_paths
+from artifactd.families.ninjarecords import (
     NINJA_RECORDS,
-    ninja_invalid_entries,
-    ninja_pinned_paths,
     ninja_relocation_problems,
     normalize_ninja_record,
     relocate_ninja_record,
