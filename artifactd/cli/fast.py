@@ -1,30 +1,87 @@
-"""Parse the ordinary command lines of ``fingerprint`` and ``restore`` without click.
+"""The pod-start fast path: ``fingerprint`` and ``restore``, parsed and run without click.
 
-An init container runs ``artifactd restore`` with a few flags or none (its
-settings come from ``ARTIFACTD_*`` variables), and importing click costs about
-as much as starting Python. This parser reads exactly those command lines, from
-the same declarations click reads (:mod:`artifactd.cli.specs`) and with
-click's rules: long options as ``--name VALUE`` or ``--name=VALUE``; a flag
+Why this module exists: an init container runs ``artifactd restore`` at every
+pod start, and readiness probes and scripts run ``artifactd fingerprint``;
+importing click, pydantic or the registry client costs about as much as
+starting Python itself. So the ordinary command lines of those two commands
+are parsed here, from the declarations click also reads
+(:mod:`artifactd.cli.specs`), and run here; click parses everything else.
+``bench/coldstart.py --only startup`` times every form below against a bare
+``python -c pass`` (target: within 2.5 x).
+
+What it serves: ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
+``--gpu-arch``, ``--image-digest``) and ``restore`` with any of its options
+given as ``--name VALUE``, ``--name=VALUE`` or an ``ARTIFACTD_*`` variable. A
+restore whose target already holds what resolving would pick (the no-op: a
+restarted pod, a warm volume) answers here with nothing but the modules named
+below, including the forms the README and the manifests use: ``--env-file``,
+``--gpu-arch``, ``--workload``, ``--node-store`` (a local layout),
+``--verify-key`` (key ids read from the PEM, no crypto library). The parser's
+rules are click's: long options as ``--name VALUE`` or ``--name=VALUE``; a flag
 takes no value; the command line wins over the environment, which wins over
 the default; an empty variable counts as unset; the variable of a repeatable
 option holds several values separated by whitespace; a flag's variable is a
-boolean in click's spelling.
+boolean in click's spelling. Anything else (``--help``, a positional argument,
+an unknown or malformed option, a value that does not convert, a missing
+required option) returns None, and the caller hands the command line to click.
 
-Anything else (``--help``, a positional argument, an unknown or malformed
-option, a value that does not convert, a missing required option) returns
-None, and the caller hands the command line to click, which gives its usual
-answer or error.
+What it may import (``tests/test_fastpath.py`` reads this module and every
+module in :data:`LIGHT` and holds each import, at module level and inside
+functions, to these lists):
+
+* at module level, in this module and in each :data:`LIGHT` module: the
+  standard library modules in :data:`STDLIB` and the artifactd modules in
+  :data:`LIGHT`: ``artifactd``, ``artifactd.cli``, ``artifactd.cli.main``,
+  ``artifactd.cli.render``, ``artifactd.cli.specs``, ``artifactd.constants``,
+  ``artifactd.errors``, ``artifactd.events``, ``artifactd.fsutil``,
+  ``artifactd.hashing``, ``artifactd.families``, ``artifactd.fingerprint``,
+  ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
+  ``artifactd.fingerprint.probecache``, ``artifactd.format``,
+  ``artifactd.format.oci``, ``artifactd.restore``,
+  ``artifactd.restore.destination``, ``artifactd.restore.marker``,
+  ``artifactd.restore.policy``, ``artifactd.restore.resolve``,
+  ``artifactd.restore.source``, ``artifactd.stores``, ``artifactd.stores.base``,
+  ``artifactd.stores.layout``, ``artifactd.trust``, ``artifactd.trust.keys``,
+  ``artifactd.pod``, ``artifactd.pod.nodestore``;
+* inside a function, besides those, only what a pod start needs when it is
+  not a no-op (:data:`LATER`): installing (``artifactd.restore.install``,
+  ``artifactd.restore.journal``, ``artifactd.format.unpack``,
+  ``shutil``, ``tempfile``...), a miss (``artifactd.fingerprint.model``,
+  ``artifactd.fingerprint.diff``, ``artifactd.stores.artifacts``), a registry
+  (``artifactd.stores.registry``), signatures (``artifactd.trust.policy``,
+  ``cryptography``), a GPU (``pynvml``, ``ctypes``), ``--json`` and
+  ``--metrics-file`` (``artifactd.reports``, ``artifactd.pod.metrics``), click
+  (``artifactd.cli.app``). ``tests/test_startup.py`` runs real no-op restores
+  and fingerprints and checks that none of these is loaded.
+
+These lazy imports are the only function-local imports the fast path keeps,
+and this paragraph is their one explanation: each one keeps a module off the
+path that a no-op never walks.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from artifactd.cli.specs import COMMANDS, FALSE, TRUE, Opt
+from artifactd import constants as C  # noqa: N812
+from artifactd.cli import render
+from artifactd.cli.specs import (
+    COMMANDS,
+    FALSE,
+    TRUE,
+    Opt,
+    env_flag,
+    family_names,
+    parse_seconds,
+    parse_size,
+)
 
+if TYPE_CHECKING:
+    from artifactd.restore.policy import RestoreOutcome
 
 def parse(
     args: Sequence[str], environ: Mapping[str, str] | None = None
@@ -35,9 +92,7 @@ def parse(
     values = parse_options(args[0], args[1:], os.environ if environ is None else environ)
     if values is None:
         return None
-    from artifactd.cli import podstart
-
-    run: Callable[..., None] = getattr(podstart, args[0])
+    run: Callable[..., None] = fingerprint if args[0] == "fingerprint" else restore
     return lambda: run(**values)
 
 
@@ -110,3 +165,110 @@ def _convert(spec: Opt, text: str) -> Any:
         except ValueError:
             return None
     return text
+
+def fingerprint(
+    *,
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: Sequence[str],
+    overrides: Sequence[str],
+    as_json: bool,
+    hash_only: bool,
+) -> None:
+    """Probe this machine and print its fingerprint (the hash, the fields, or JSON)."""
+    from artifactd.fingerprint.key import raw_hash
+    from artifactd.fingerprint.probe import probe_request
+
+    # Plain data, no model: the probe's document has the Fingerprint schema's exact
+    # shape (a test holds the two together), and printing it needs no validation.
+    raw = probe_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    )
+    digest = raw_hash(raw)
+    if hash_only:
+        render.echo(digest)
+    elif as_json:
+        from artifactd.reports import fingerprint_report
+
+        render.emit_json(fingerprint_report(raw, digest))
+    else:
+        render.fingerprint(raw, digest)
+
+
+def restore(
+    *,
+    store: str | None,
+    node_store: str | None,
+    from_dir: Path | None,
+    insecure: bool,
+    target: Path,
+    families: Sequence[str],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: Sequence[str],
+    overrides: Sequence[str],
+    software_from: str | None,
+    verify_keys: Sequence[str],
+    env_file: Path | None,
+    consumer_user: str | None,
+    require: bool,
+    dry_run: bool,
+    max_bytes: str | None,
+    lock_timeout: float | None,
+    metrics_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Restore the matching caches into ``target``; exit with the outcome's code."""
+    from artifactd.fingerprint.probe import start_request
+
+    size_limit = parse_size(max_bytes) if max_bytes else None
+    timeout = None if lock_timeout is None else parse_seconds(lock_timeout)
+    # The probe's subprocesses and NVML run while the restore modules import.
+    pending = start_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    )
+    from artifactd.restore.policy import RestoreRequest, run_restore
+
+    request = RestoreRequest(
+        store=store,
+        from_dir=from_dir,
+        node_store=node_store,
+        software_from=software_from,
+        target=target,
+        families=family_names(families),
+        consumer_user=consumer_user,
+        env_file=env_file,
+        require=require,
+        dry_run=dry_run,
+        insecure=insecure,
+        max_bytes=size_limit,
+        lock_timeout=timeout,
+        verify_keys=tuple(verify_keys),
+    )
+    # Plain data again: a no-op restore (warm volume, marker matches) answers
+    # without building a single pydantic model.
+    outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
+    failure = outcome.failure
+    if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
+        render.traceback(failure.error)
+    if metrics_file is not None:
+        _write_metrics(metrics_file, outcome)
+    if as_json:
+        from artifactd.reports import restore_report
+
+        render.emit_json(restore_report(outcome))
+    else:
+        render.restore(outcome)
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+
+
+def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:
+    """Write the restore's metrics; a failure to is reported, never fatal to the restore."""
+    from artifactd.errors import ArtifactdError
+    from artifactd.pod.metrics import restore_registry, write_textfile
+
+    try:
+        write_textfile(path, restore_registry(outcome))
+    except ArtifactdError as exc:
+        render.echo(f"artifactd: warning: {exc.message}", err=True)

@@ -475,11 +475,13 @@ class _Background:
 
 
 def _user() -> str | None:
-    import getpass
+    # The account's name, as the passwd database gives it for this uid (getpass
+    # would read LOGNAME and USER first, and load termios to do it).
+    import pwd  # built into the interpreter: no shared library to load
 
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # an arbitrary uid (OpenShift) has no passwd entry
         return None
 
 
