@@ -201,13 +201,18 @@ def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
     return out
 
 
+def has_nvidia_driver() -> bool:
+    """Whether this host has an NVIDIA kernel driver (else NVML has nothing to say)."""
+    return any(Path(p).exists() for p in _DRIVER_MARKERS)
+
+
 def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
     """Read GPU, driver and topology facts from NVML (+ libcuda for the SM count).
 
     ``None`` without nvidia-ml-py or a driver.
     """
-    if not any(Path(p).exists() for p in _DRIVER_MARKERS):
-        return None  # no NVIDIA driver on this host: skip importing and loading NVML
+    if not has_nvidia_driver():
+        return None  # skip importing and loading NVML
     try:
         import pynvml
     except ImportError:
@@ -552,7 +557,7 @@ class PendingProbe:
             self._tools["ptxas"] = _Tool([ptxas_path, "--version"])
         self._tools["cc"] = _Tool([environ.get(CC, "cc"), "--version"])
         self._bg = _Background()
-        if use_nvml:
+        if use_nvml and has_nvidia_driver():  # no thread (nor threading) on a CPU host
             self._bg.start("nvml", probe_gpu_nvml)
 
     def result(self) -> Raw:
