@@ -92,12 +92,12 @@ def as_environ(args: list[str]) -> dict[str, str]:
     env: dict[str, list[str]] = {}
     for flag, value in zip(args[::2], args[1::2], strict=True):
         envvar = by_flag[flag].envvar
-        assert envvar is not None, flag  # noqa: S101 - every restore option has one
+        assert envvar is not None, flag
         env.setdefault(envvar, []).append(value)
     return {name: " ".join(values) for name, values in env.items()}
 
 
-def startup(  # noqa: PLR0914, PLR0917 - a benchmark's one call site
+def startup(  # noqa: PLR0917 - a benchmark's one call site
     py: str, store: str, target: Path, base: dict[str, str], runs: int, work: Path
 ) -> tuple[list[str], bool]:
     """Time bare Python, fingerprint and every no-op form in turn; return the lines, and a pass.

@@ -25,38 +25,51 @@ boolean in click's spelling. Anything else (``--help``, a positional argument,
 an unknown or malformed option, a value that does not convert, a missing
 required option) returns None, and the caller hands the command line to click.
 
-What it may import (``tests/test_fastpath.py`` reads this module and every
-module in :data:`LIGHT` and holds each import, at module level and inside
-functions, to these lists):
+What it may import, anywhere in this module and in each module of
+:data:`LIGHT` (``tests/test_fastpath.py`` reads their code and holds every
+import, at module level and inside functions, to these lists):
 
-* at module level, in this module and in each :data:`LIGHT` module: the
-  standard library modules in :data:`STDLIB` and the artifactd modules in
-  :data:`LIGHT`: ``artifactd``, ``artifactd.cli``, ``artifactd.cli.main``,
-  ``artifactd.cli.render``, ``artifactd.cli.specs``, ``artifactd.constants``,
-  ``artifactd.errors``, ``artifactd.events``, ``artifactd.fsutil``,
-  ``artifactd.hashing``, ``artifactd.families``, ``artifactd.fingerprint``,
+* the standard library modules of :data:`STDLIB`: ``__future__``, ``_sha256``,
+  ``abc``, ``atexit``, ``base64``, ``collections``, ``contextlib``, ``errno``,
+  ``fcntl``, ``functools``, ``hashlib``, ``importlib``, ``json``, ``os``,
+  ``pathlib``, ``pwd``, ``re``, ``select``, ``shlex``, ``stat``, ``sys``,
+  ``sysconfig``, ``threading``, ``time``, ``types``, ``typing``;
+* on a host with an NVIDIA driver, :data:`GPU`: ``ctypes``, ``pynvml`` (NVML
+  and libcuda);
+* the artifactd modules of :data:`LIGHT`, which import at module level only
+  what these lists allow: ``artifactd``, ``artifactd.cli``,
+  ``artifactd.cli.main``, ``artifactd.cli.render``, ``artifactd.cli.specs``,
+  ``artifactd.constants``, ``artifactd.errors``, ``artifactd.events``,
+  ``artifactd.families``, ``artifactd.fingerprint``,
   ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
   ``artifactd.fingerprint.probecache``, ``artifactd.format``,
-  ``artifactd.format.oci``, ``artifactd.restore``,
-  ``artifactd.restore.destination``, ``artifactd.restore.marker``,
-  ``artifactd.restore.policy``, ``artifactd.restore.resolve``,
-  ``artifactd.restore.source``, ``artifactd.stores``, ``artifactd.stores.base``,
-  ``artifactd.stores.layout``, ``artifactd.trust``, ``artifactd.trust.keys``,
-  ``artifactd.pod``, ``artifactd.pod.nodestore``;
-* inside a function, besides those, only what a pod start needs when it is
-  not a no-op (:data:`LATER`): installing (``artifactd.restore.install``,
-  ``artifactd.restore.journal``, ``artifactd.format.unpack``,
-  ``shutil``, ``tempfile``...), a miss (``artifactd.fingerprint.model``,
-  ``artifactd.fingerprint.diff``, ``artifactd.stores.artifacts``), a registry
-  (``artifactd.stores.registry``), signatures (``artifactd.trust.policy``,
-  ``cryptography``), a GPU (``pynvml``, ``ctypes``), ``--json`` and
-  ``--metrics-file`` (``artifactd.reports``, ``artifactd.pod.metrics``), click
-  (``artifactd.cli.app``). ``tests/test_startup.py`` runs real no-op restores
-  and fingerprints and checks that none of these is loaded.
+  ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
+  ``artifactd.pod``, ``artifactd.pod.nodestore``, ``artifactd.reports``,
+  ``artifactd.restore``, ``artifactd.restore.destination``,
+  ``artifactd.restore.marker``, ``artifactd.restore.policy``,
+  ``artifactd.restore.resolve``, ``artifactd.restore.source``,
+  ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
+  ``artifactd.trust``, ``artifactd.trust.keys``;
+* inside a function only, :data:`LATER`: what a pod start needs when it is not
+  a no-op (installing, planning a miss, a registry, signatures, ``--json`` of
+  dataclasses, ``--metrics-file``, click for everything else):
+  ``artifactd.cli.app``, ``artifactd.families.base``,
+  ``artifactd.fingerprint.diff``, ``artifactd.fingerprint.model``,
+  ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
+  ``artifactd.pod.metrics``, ``artifactd.restore.install``,
+  ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
+  ``artifactd.stores.artifacts``, ``artifactd.stores.reference``,
+  ``artifactd.stores.registry``, ``artifactd.trust.policy``,
+  ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
+  ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
+  no-op form and ``fingerprint --hash`` for real and checks that none of these
+  is loaded.
 
-These lazy imports are the only function-local imports the fast path keeps,
-and this paragraph is their one explanation: each one keeps a module off the
-path that a no-op never walks.
+These function-local imports are the only ones the fast path keeps, and this
+paragraph is their one explanation: each keeps a module off the path a no-op
+walks. Importing the probe and the restore policy inside :func:`fingerprint`
+and :func:`restore` lets the probe's subprocesses run while the restore's
+modules load.
 """
 
 from __future__ import annotations
@@ -82,6 +95,103 @@ from artifactd.cli.specs import (
 
 if TYPE_CHECKING:
     from artifactd.restore.policy import RestoreOutcome
+
+#: Standard library modules the fast path may import, anywhere (top-level names).
+STDLIB = frozenset(
+    {
+        "__future__",
+        "_sha256",
+        "abc",
+        "atexit",
+        "base64",
+        "collections",
+        "contextlib",
+        "errno",
+        "fcntl",
+        "functools",
+        "hashlib",
+        "importlib",
+        "json",
+        "os",
+        "pathlib",
+        "pwd",
+        "re",
+        "select",
+        "shlex",
+        "stat",
+        "sys",
+        "sysconfig",
+        "threading",
+        "time",
+        "types",
+        "typing",
+    }
+)
+#: What the probe loads on a host with an NVIDIA driver, and only there.
+GPU = frozenset({"ctypes", "pynvml"})
+#: The artifactd modules of the fast path: light, as the module docstring says.
+LIGHT = frozenset(
+    {
+        "artifactd",
+        "artifactd.cli",
+        "artifactd.cli.main",
+        "artifactd.cli.render",
+        "artifactd.cli.specs",
+        "artifactd.constants",
+        "artifactd.errors",
+        "artifactd.events",
+        "artifactd.families",
+        "artifactd.fingerprint",
+        "artifactd.fingerprint.key",
+        "artifactd.fingerprint.probe",
+        "artifactd.fingerprint.probecache",
+        "artifactd.format",
+        "artifactd.format.oci",
+        "artifactd.fsutil",
+        "artifactd.hashing",
+        "artifactd.pod",
+        "artifactd.pod.nodestore",
+        "artifactd.reports",
+        "artifactd.restore",
+        "artifactd.restore.destination",
+        "artifactd.restore.marker",
+        "artifactd.restore.policy",
+        "artifactd.restore.resolve",
+        "artifactd.restore.source",
+        "artifactd.stores",
+        "artifactd.stores.base",
+        "artifactd.stores.layout",
+        "artifactd.trust",
+        "artifactd.trust.keys",
+    }
+)
+#: What functions of the fast path may import beyond those, for work a no-op never does.
+LATER = frozenset(
+    {
+        "artifactd.cli.app",
+        "artifactd.families.base",
+        "artifactd.fingerprint.diff",
+        "artifactd.fingerprint.model",
+        "artifactd.format.imagemanifest",
+        "artifactd.format.unpack",
+        "artifactd.pod.metrics",
+        "artifactd.restore.install",
+        "artifactd.restore.journal",
+        "artifactd.restore.mounted",
+        "artifactd.stores.artifacts",
+        "artifactd.stores.reference",
+        "artifactd.stores.registry",
+        "artifactd.trust.policy",
+        "artifactd.trust.signatures",
+        "click",
+        "cryptography",
+        "dataclasses",
+        "shutil",
+        "tempfile",
+        "traceback",
+    }
+)
+
 
 def parse(
     args: Sequence[str], environ: Mapping[str, str] | None = None
@@ -165,6 +275,7 @@ def _convert(spec: Opt, text: str) -> Any:
         except ValueError:
             return None
     return text
+
 
 def fingerprint(
     *,

@@ -112,15 +112,15 @@ class FillResult:
     """
 
     __slots__ = (
+        "bytes_fetched",
+        "cleared",
+        "error",
+        "fetched",
         "node",
         "outcome",
-        "tags",
-        "fetched",
-        "bytes_fetched",
         "seconds",
-        "error",
         "set_aside",
-        "cleared",
+        "tags",
     )
 
     def __init__(self, node: str, outcome: str) -> None:
@@ -135,7 +135,7 @@ class FillResult:
         self.error: str | None = None
         #: Tags whose copy failed verification and were fetched again (:func:`set_aside`).
         self.set_aside: list[str] = []
-        #: Temp files and scratch left by a fill killed mid-write, removed (:func:`clear_leftovers`).
+        #: Temp files and scratch a fill killed mid-write left, removed (:func:`clear_leftovers`).
         self.cleared: list[str] = []
 
     def _asdict(self) -> dict[str, Any]:
