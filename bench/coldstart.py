@@ -158,10 +158,10 @@ def startup(  # noqa: PLR0917 - a benchmark's one call site
 def heavy_imports(py: str, args: list[str], env: dict[str, str]) -> list[str]:
     """Run ``artifactd ARGS`` in a Python that then lists the heavy modules it loaded."""
     code = (
-        "import runpy, sys\n"
-        f"sys.argv = ['artifactd', *{args!r}]\n"
+        "import sys\n"
+        "from artifactd.cli import main\n"
         "try:\n"
-        "    runpy.run_module('artifactd', run_name='__main__', alter_sys=True)\n"
+        f"    main({args!r})  # given argv, main returns (by SystemExit) instead of ending\n"
         "except SystemExit:\n"
         "    pass\n"
         f"print('\\nheavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"

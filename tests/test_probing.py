@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cachetrees import make_generic_tree
-from conftest import clean_env
 
 from artifactd.fingerprint import probe as probing
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
@@ -36,49 +33,6 @@ def test_raw_hash_ignores_info_only() -> None:
     assert raw_hash(other) == raw_hash(raw)
     other["workload"] = {"tp": "8"}
     assert raw_hash(other) != raw_hash(raw)
-
-
-#: What the two pod-start commands must not load: the engines, the typed models,
-#: the registry client (the store here is local), compression and templating.
-HEAVY = ("torch", "triton", "pydantic", "requests", "oras", "zstandard", "jinja2")
-
-
-def test_noop_restore_and_fingerprint_never_import_pydantic(tmp_path: Path) -> None:
-    """The init container's common case (warm volume) stays cheap: no model is built."""
-    gen = make_generic_tree(tmp_path / "gen")
-    env = clean_env({"ARTIFACTD_GENERIC_DIR": str(gen)})
-    store = f"oci:{tmp_path / 'store'}"
-    run = [sys.executable, "-m", "artifactd"]
-    subprocess.run(
-        [*run, "harvest", "--store", store, "--family", "generic"],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    restore = ["restore", "--store", store, "--target", str(tmp_path / "t"), "--json"]
-    first = subprocess.run([*run, *restore], env=env, check=True, capture_output=True, text=True)
-    assert json.loads(first.stdout)["restored"] == ["generic"]
-    probe = (
-        "import sys, runpy\n"
-        "sys.argv = ['artifactd', *sys.argv[1:]]\n"
-        "try:\n    runpy.run_module('artifactd', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        f"print('heavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
-    )
-    for args in (restore, ["fingerprint", "--json"]):
-        proc = subprocess.run(
-            [sys.executable, "-c", probe, *args],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        lines = proc.stdout.strip().splitlines()
-        assert lines[-1] == "heavy:", (args, lines)
-    noop = json.loads(
-        subprocess.run([*run, *restore], env=env, check=True, capture_output=True, text=True).stdout
-    )
-    assert noop["noop"] is True
 
 
 def test_probe_with_a_warm_cache_hashes_nothing_and_answers_the_same(
