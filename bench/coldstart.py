@@ -5,11 +5,16 @@ Prints, for the CPU demo matrix:
   restore   `artifactd restore` into a new dir, as a new process
   restored  warm-up with only the restored caches (new TMPDIR, build gone)
   local     warm-up again with the build's own caches left in place
-and the ratios restored/cold and restored/local. Then the start-up table:
-`python -c pass`, `artifactd fingerprint --hash` and a no-op restore (the
-target already holds the matching restore and its marker), run in turn, each
-the median of --runs, with each command's ratio to the bare Python
-start; and which heavy modules either command imported.
+and the ratios restored/cold, restored/local and (restore + restored)/local
+(target: at most 1.05). Then the start-up table: `python -c pass`,
+`artifactd fingerprint --hash` and a no-op restore (the target already holds
+the matching restore and its marker) in every form the README and the
+deploy/k8s manifests use (--env-file, --gpu-arch, --workload, --node-store on
+a local layout, --verify-key; each also given as ARTIFACTD_* variables, and
+the plain one with an empty probe cache), run in turn, each the median of
+--runs, with each command's ratio to the bare Python start and ok/FAIL
+against 2.5x; and which heavy modules each command imported. Exits 1 when a
+target is missed.
 
 Python runs with its bytecode cached, as an installed package does (in a
 private cache directory, so the tree gets no __pycache__); one untimed run of

@@ -51,8 +51,8 @@ import, at module level and inside functions, to these lists):
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
   ``artifactd.trust``, ``artifactd.trust.keys``;
 * inside a function only, :data:`LATER`: what a pod start needs when it is not
-  a no-op (installing, planning a miss, a registry, signatures, ``--json`` of
-  dataclasses, ``--metrics-file``, click for everything else):
+  a no-op (installing, planning a miss, a registry, signatures, a report of
+  dataclasses, ``--metrics-file``; click, for every other command line):
   ``artifactd.cli.app``, ``artifactd.families.base``,
   ``artifactd.fingerprint.diff``, ``artifactd.fingerprint.model``,
   ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
@@ -69,7 +69,9 @@ These function-local imports are the only ones the fast path keeps, and this
 paragraph is their one explanation: each keeps a module off the path a no-op
 walks. Importing the probe and the restore policy inside :func:`fingerprint`
 and :func:`restore` lets the probe's subprocesses run while the restore's
-modules load.
+modules load. Run as the program (``python -m artifactd``, the ``artifactd``
+script), :func:`artifactd.cli.main.main` then ends the process without the
+interpreter's teardown of these modules (a few milliseconds).
 """
 
 from __future__ import annotations
