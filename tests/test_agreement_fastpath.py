@@ -7,6 +7,10 @@ the crypto library, so two rules have a light form beside the full one:
   scoped by :mod:`artifactd.fingerprint.key`) beside the typed model
   (:class:`~artifactd.fingerprint.model.Fingerprint`, which validates and
   coerces, then calls the same key functions);
+* the restore marker checked by :func:`artifactd.restore.marker.load` (from the
+  class's annotations, no pydantic: the no-op reads it) beside the committed
+  JSON Schema that pydantic generates from the same class
+  (``registry-schema/restore-marker.schema.json``, what other tools check);
 * the ids of the verification keys read from the PEM text
   (:func:`~artifactd.trust.keys.verification_key_ids`) beside the ids of the
   keys the crypto library parses (:class:`~artifactd.trust.policy.TrustPolicy`).
@@ -18,14 +22,20 @@ click-free parser and click agree in ``tests/test_cli_fast.py``.)
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 
 from artifactd.families import FAMILIES
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash, scope_key
 from artifactd.fingerprint.model import from_raw
 from artifactd.fingerprint.probe import probe_request
+from artifactd.restore.marker import MarkerFormatError, RestoreMarker, load
 from artifactd.trust.keys import generate, key_ids_of_pem, verification_key_ids
 from artifactd.trust.policy import TrustPolicy
 
@@ -79,3 +89,88 @@ def test_key_ids_from_pem_text_and_from_parsed_keys_agree(
         assert light == policy.key_ids, specs
     assert key_ids_of_pem(Path(old.public).read_bytes()) == [old.key_id]
     assert verification_key_ids([str(both)]) == [old.key_id, new.key_id]
+
+
+SCHEMA = Path(__file__).resolve().parent.parent / "registry-schema" / "restore-marker.schema.json"
+MARKER: dict[str, Any] = {
+    "schema_version": 1,
+    "fingerprint_hash": "a" * 64,
+    "store": "oci:/s",
+    "match": "full",
+    "selected": ["generic"],
+    "missed": [],
+    "restored_at": 1.5,
+    "env": {"ARTIFACTD_GENERIC_DIR": "/cache/generic"},
+    "families": {
+        "generic": {
+            "artifact": DIGEST,
+            "tag": "fp-" + "a" * 64,
+            "source": "full",
+            "layer": DIGEST,
+            "scope_key": "d" * 64,
+            "dirs": {"generic": "/cache/generic"},
+            "files": 2,
+            "bytes": 10,
+        }
+    },
+}
+
+
+def _markers() -> Iterator[tuple[str, Any]]:
+    """A sound marker, then one variant per way a marker can be wrong or unusual."""
+    yield "sound", MARKER
+    family = MARKER["families"]["generic"]
+    for key in MARKER:
+        yield f"no {key}", {k: v for k, v in MARKER.items() if k != key}
+    for key in family:
+        yield (
+            f"no families.generic.{key}",
+            {
+                **MARKER,
+                "families": {"generic": {k: v for k, v in family.items() if k != key}},
+            },
+        )
+    changes: dict[str, Callable[[dict[str, Any]], None]] = {
+        "an unknown key": lambda d: d.update(extra=1),
+        "an unknown family key": lambda d: d["families"]["generic"].update(extra=1),
+        "signed_by (optional)": lambda d: d["families"]["generic"].update(signed_by=DIGEST),
+        "signed_by null": lambda d: d["families"]["generic"].update(signed_by=None),
+        "a bool for an int": lambda d: d["families"]["generic"].update(files=True),
+        "a string for an int": lambda d: d["families"]["generic"].update(files="2"),
+        "a fraction for an int": lambda d: d["families"]["generic"].update(files=2.5),
+        "an int for a float": lambda d: d.update(restored_at=2),
+        "a bool for a float": lambda d: d.update(restored_at=True),
+        "a bool for the version": lambda d: d.update(schema_version=True),
+        "version 2": lambda d: d.update(schema_version=2),
+        "a partial match": lambda d: d.update(match="partial"),
+        "a miss": lambda d: d.update(match="miss"),
+        "a string for a list": lambda d: d.update(selected="generic"),
+        "null in a list": lambda d: d.update(missed=[None]),
+        "an int env value": lambda d: d.update(env={"X": 1}),
+        "an unknown source": lambda d: d["families"]["generic"].update(source="other"),
+        "a list for an object": lambda d: d.update(families=[]),
+    }
+    for name, change in changes.items():
+        doc = copy.deepcopy(MARKER)
+        change(doc)
+        yield name, doc
+    yield "not an object", [MARKER]
+
+
+def test_the_light_marker_check_and_the_published_schema_agree() -> None:
+    schema = json.loads(SCHEMA.read_text())
+    verdicts = []
+    for name, doc in _markers():
+        try:
+            load(RestoreMarker, json.dumps(doc).encode())
+            light = True
+        except MarkerFormatError:
+            light = False
+        try:
+            jsonschema.validate(doc, schema)
+            published = True
+        except jsonschema.ValidationError:
+            published = False
+        assert light == published, name
+        verdicts.append(light)
+    assert True in verdicts and False in verdicts  # both answers occur: not vacuous
