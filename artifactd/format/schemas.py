@@ -80,7 +80,7 @@ def _for_pydantic(cls: type, made: dict[type, Any]) -> Any:
             return origin[tuple(convert(arg) for arg in get_args(tp))]
         return tp
 
-    optional = getattr(cls, "__optional_keys__", frozenset())
+    optional: frozenset[str] = getattr(cls, "__optional_keys__", frozenset())
     keys = {
         # A key the class may leave out (``signed_by``) stays optional in the schema.
         k: typing_extensions.NotRequired[convert(v)] if k in optional else convert(v)
