@@ -174,9 +174,7 @@ def write_temp(
     Used to get the bytes of a later rename onto disk first: the rename itself
     needs no space, so it cannot fail for a full disk.
     """
-    import tempfile  # with random and shutil: a no-op restore writes nothing
-
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix)
+    fd, tmp = _create_temp(directory, prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -188,6 +186,23 @@ def write_temp(
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
+
+
+def _create_temp(directory: Path, prefix: str) -> tuple[int, str]:
+    """Create a new file ``<prefix><random>`` in ``directory``, mode 0600; return (fd, path).
+
+    What :func:`tempfile.mkstemp` does, without importing :mod:`tempfile` (with
+    ``random``, ``shutil``, ``bz2`` and ``lzma``): a restore from a warm node
+    store writes one small file at every pod start.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = os.path.join(directory, prefix + os.urandom(6).hex())
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temp file name", str(directory))
 
 
 def fsync_dir(directory: Path) -> None:

@@ -10,12 +10,13 @@ key does not.
 Rendering rules, shared by every report: dataclasses become objects of their
 ``repr`` fields, named tuples objects of their fields but those they name in
 ``json_hidden``, pydantic models their JSON dump, paths strings, tuples lists.
-Keys are printed sorted.
+Keys are printed sorted. ``restore --json`` is a pod start: a value is known
+to be a dataclass by its class's ``__dataclass_fields__``, so a report of named
+tuples never loads :mod:`dataclasses` (with :mod:`inspect`, milliseconds).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,11 +36,13 @@ REPORT_SCHEMA_VERSION = 1
 
 def jsonable(value: Any) -> Any:  # noqa: PLR0911 - one return per kind of value
     """Turn library results (dataclasses, named tuples, models, paths) into plain JSON data."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if hasattr(type(value), "__dataclass_fields__"):
+        import dataclasses  # loaded already: ``value`` is a dataclass
+
         return {
             f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr
         }
-    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+    if hasattr(value, "_asdict"):  # named tuples, and records that read like one
         hidden = getattr(value, "json_hidden", ())
         return {k: jsonable(v) for k, v in value._asdict().items() if k not in hidden}
     if hasattr(value, "model_dump"):

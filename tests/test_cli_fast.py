@@ -152,7 +152,7 @@ def test_pod_start_commands_do_not_import_click(tmp_path: Path) -> None:
     store = f"oci:{tmp_path / 'store'}"
     modules = _imported("restore", "--store", store, "--target", "t", cwd=tmp_path)
     assert "click" not in modules
-    assert "artifactd.restore.install" in modules
+    assert "artifactd.restore.policy" in modules  # the restore did run
     # Help and every other command still go through click.
     assert "click" in _imported("restore", "--help", cwd=tmp_path)
     assert "click" in _imported("ls", store, cwd=tmp_path, code=4)

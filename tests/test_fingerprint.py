@@ -374,14 +374,14 @@ def test_from_json_round_trips() -> None:
 # --------------------------------------------------------------------------
 
 _NO_HEAVY_IMPORTS = """
-import io, json, runpy, sys
+import io, json, sys
 from contextlib import redirect_stdout
-sys.argv = ["artifactd", "fingerprint", "--json"]
+from artifactd.cli import main
 out = io.StringIO()
 code = None
 with redirect_stdout(out):
     try:
-        runpy.run_module("artifactd", run_name="__main__", alter_sys=True)
+        main(["fingerprint", "--json"])  # given argv: main returns (raises SystemExit)
     except SystemExit as exc:
         code = exc.code
 doc = json.loads(out.getvalue())

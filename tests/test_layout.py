@@ -156,7 +156,7 @@ def test_the_graph_sees_imports() -> None:
     """The checker is not vacuous: it finds known edges and a planted cycle."""
     graph = import_graph()
     assert "artifactd.fingerprint.key" in graph["artifactd.fingerprint.probe"]
-    assert "artifactd.restore.install" in graph["artifactd.restore.policy"]
+    assert "artifactd.restore.resolve" in graph["artifactd.restore.policy"]
     planted = {k: set(v) for k, v in graph.items()}
     planted["artifactd.fingerprint.key"].add("artifactd.fingerprint.probe")
     assert ["artifactd.fingerprint.key", "artifactd.fingerprint.probe"] in cycles(planted)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cachetrees import make_generic_tree
-from conftest import clean_env
 
 from artifactd.fingerprint import probe as probing
+from artifactd.fingerprint import tools
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.fingerprint.probe import probe_raw
@@ -37,49 +35,6 @@ def test_raw_hash_ignores_info_only() -> None:
     assert raw_hash(other) == raw_hash(raw)
     other["workload"] = {"tp": "8"}
     assert raw_hash(other) != raw_hash(raw)
-
-
-#: What the two pod-start commands must not load: the engines, the typed models,
-#: the registry client (the store here is local), compression and templating.
-HEAVY = ("torch", "triton", "pydantic", "requests", "oras", "zstandard", "jinja2")
-
-
-def test_noop_restore_and_fingerprint_never_import_pydantic(tmp_path: Path) -> None:
-    """The init container's common case (warm volume) stays cheap: no model is built."""
-    gen = make_generic_tree(tmp_path / "gen")
-    env = clean_env({"ARTIFACTD_GENERIC_DIR": str(gen)})
-    store = f"oci:{tmp_path / 'store'}"
-    run = [sys.executable, "-m", "artifactd"]
-    subprocess.run(
-        [*run, "harvest", "--store", store, "--family", "generic"],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    restore = ["restore", "--store", store, "--target", str(tmp_path / "t"), "--json"]
-    first = subprocess.run([*run, *restore], env=env, check=True, capture_output=True, text=True)
-    assert json.loads(first.stdout)["restored"] == ["generic"]
-    probe = (
-        "import sys, runpy\n"
-        "sys.argv = ['artifactd', *sys.argv[1:]]\n"
-        "try:\n    runpy.run_module('artifactd', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        f"print('heavy:', *(m for m in {HEAVY!r} if m in sys.modules))\n"
-    )
-    for args in (restore, ["fingerprint", "--json"]):
-        proc = subprocess.run(
-            [sys.executable, "-c", probe, *args],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        lines = proc.stdout.strip().splitlines()
-        assert lines[-1] == "heavy:", (args, lines)
-    noop = json.loads(
-        subprocess.run([*run, *restore], env=env, check=True, capture_output=True, text=True).stdout
-    )
-    assert noop["noop"] is True
 
 
 def test_probe_with_a_warm_cache_hashes_nothing_and_answers_the_same(
@@ -116,12 +71,12 @@ def test_run_version_answers_only_for_a_tool_that_succeeds_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     py = sys.executable
-    assert probing.run_version([py, "-c", "print('tool 1.2')"]) == "tool 1.2\n"
-    assert probing.run_version([py, "-c", "print('tool 1.2'); raise SystemExit(3)"]) is None
-    assert probing.run_version([str(tmp_path / "missing-tool"), "--version"]) is None
-    monkeypatch.setattr(probing, "TOOL_TIMEOUT_S", 0.2)
+    assert tools.run_version([py, "-c", "print('tool 1.2')"]) == "tool 1.2\n"
+    assert tools.run_version([py, "-c", "print('tool 1.2'); raise SystemExit(3)"]) is None
+    assert tools.run_version([str(tmp_path / "missing-tool"), "--version"]) is None
+    monkeypatch.setattr(tools, "TOOL_TIMEOUT_S", 0.2)
     start = time.monotonic()
-    assert probing.run_version([py, "-c", "import time; time.sleep(30)"]) is None
+    assert tools.run_version([py, "-c", "import time; time.sleep(30)"]) is None
     assert time.monotonic() - start < 10  # killed at the deadline, not waited for
 
 
@@ -146,17 +101,17 @@ def test_one_compiler_under_two_names_is_one_identity(tmp_path: Path) -> None:
     (tmp_path / "gcc").symlink_to(real.name)
     path = str(tmp_path)
     ids = {
-        name: probing.compiler_identity(
-            name, probing.run_version([str(tmp_path / name), "--version"]), path
+        name: tools.compiler_identity(
+            name, tools.run_version([str(tmp_path / name), "--version"]), path
         )
         for name in ("cc", "gcc", str(real))
     }
     assert set(ids.values()) == {"x86_64-test-gcc-12 (Test 12.2.0-14) 12.2.0"}, ids
     # A compiler whose line does not start with its name keeps the line as written.
-    assert probing.compiler_identity("cc", "Debian clang version 14.0.6\nTarget: x") == (
+    assert tools.compiler_identity("cc", "Debian clang version 14.0.6\nTarget: x") == (
         "Debian clang version 14.0.6"
     )
-    assert probing.compiler_identity("cc", None) is None
+    assert tools.compiler_identity("cc", None) is None
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("cc") is None, reason="no gcc")

@@ -1,10 +1,13 @@
 """The two pod-start paths, ``fingerprint`` and a no-op ``restore``, import only what they use.
 
-Each test runs the library calls those commands make (as
-:mod:`artifactd.cli.podstart` makes them) in a fresh Python and lists the
-modules the calls loaded that the interpreter had not already loaded at start.
-Family code, the write helpers (``tempfile``, ``shutil``) and the parsers only
-a harvest needs are imported lazily; these tests keep them off the fast paths.
+The rule is :mod:`artifactd.cli.fast`'s (its docstring; ``tests/test_fastpath.py``
+holds the code to it): a real ``artifactd restore`` no-op, in every form the
+README and the manifests use, with flags or ``ARTIFACTD_*`` variables, loads
+artifactd modules of :data:`~artifactd.cli.fast.LIGHT` only, nothing of
+:data:`~artifactd.cli.fast.LATER`, and none of the heavy dependencies. Two
+library-level tests (the calls the commands make, in a fresh Python) keep
+what no list covers off the paths: the standard library modules a fingerprint
+must not load, and a family's own parsers on a partial-match no-op.
 """
 
 from __future__ import annotations
@@ -19,56 +22,36 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
 
+from artifactd.cli.fast import LATER, LIGHT
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, get_family, select_families, select_names
 
-#: Runs one pod-start path; prints the outcome and the modules it loaded, as JSON.
+#: Runs the library calls of a restore (as :func:`artifactd.cli.fast.restore` makes
+#: them); prints the outcome and the modules it loaded, as JSON.
 CHILD = """
 import json, sys
 before = set(sys.modules)
 from pathlib import Path
 
-path, store, target, workload = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-if path == "fingerprint":
-    from artifactd.fingerprint.probe import probe_request
-    from artifactd.fingerprint.key import raw_hash
+from artifactd.fingerprint.probe import start_request
 
-    status = raw_hash(probe_request(workload=workload))
-else:
-    from artifactd.fingerprint.probe import start_request
+store, target, workload = sys.argv[1], sys.argv[2], sys.argv[3:]
+pending = start_request(workload=workload)
+from artifactd.restore.policy import RestoreRequest, run_restore
 
-    pending = start_request(workload=[w for w in workload if not w.endswith(".pub")])
-    from artifactd.restore.policy import RestoreRequest, run_restore
-
-    keys = tuple(k for k in workload if k.endswith(".pub"))
-    workload = [w for w in workload if not w.endswith(".pub")]
-    request = RestoreRequest(store=store, target=Path(target), verify_keys=keys)
-    status = run_restore(request, pending.result()).status
+request = RestoreRequest(store=store, target=Path(target))
+status = run_restore(request, pending.result()).status
 print(json.dumps({"status": status, "loaded": sorted(set(sys.modules) - before)}))
 """
 
-#: The family modules: a full-match no-op restore needs only their names.
-FAMILY_MODULES = {f"artifactd.families.{m}" for m in ("base", "layouts", "ninja", "tree")} | {
-    f"artifactd.families.{name.replace('-', '')}" for name in FAMILIES
-}
-#: Only writes need these: temp files, and tree removal (``shutil`` loads bz2 and lzma).
-WRITE_HELPERS = {"tempfile", "shutil"}
 #: Only classifying or rewriting a vLLM cache needs these (``ast`` too, but
 #: ``dataclasses`` imports it through ``inspect``).
 VLLM_PARSERS = {"pprint", "ipaddress"}
-#: Only planning a miss or installing needs these.
-RESTORE_WORK = {
-    "artifactd.stores.artifacts",
-    "artifactd.format.unpack",
-    "artifactd.fingerprint.diff",
-    "artifactd.fingerprint.model",
-    "artifactd.restore.journal",
-}
 
 
-def _run(path: str, store: str, target: Path, *workload: str) -> dict[str, Any]:
+def _run(store: str, target: Path, *workload: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, path, store, str(target), *workload],
+        [sys.executable, "-c", CHILD, store, str(target), *workload],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -107,66 +90,106 @@ def _restored(store: str, target: Path, *workload: str) -> Path:
     return target
 
 
-def test_fingerprint_loads_no_dataclasses_family_or_write_helper(tmp_path: Path) -> None:
-    _run("fingerprint", "-", tmp_path)  # fills the probe cache, as an earlier start did
-    doc = _run("fingerprint", "-", tmp_path)
-    assert len(doc["status"]) == 64
-    # dataclasses imports inspect (and ast, dis, tokenize): a third of a bare start;
-    # subprocess (with locale, signal, selectors) another sixth: tools are posix_spawned.
-    # hashlib loads OpenSSL (about 2 ms): a fingerprint is small, CPython's sha256 hashes it.
-    heavy = {"dataclasses", "inspect", "ast", "subprocess", "_hashlib"}
-    heavy |= {*FAMILY_MODULES, *WRITE_HELPERS}
-    assert _forbidden(doc["loaded"], heavy | RESTORE_WORK) == set()
-    assert "select" in doc["loaded"]  # the probe did wait for its tools
+#: What neither pod-start command may ever load (torch and engines, pydantic, the
+#: registry client, compression, templating, click).
+HEAVY = ("torch", "triton", "pydantic", "oras", "requests", "zstandard", "jinja2", "click")
+#: Lists the modules the command loaded beyond those Python starts with, at exit.
+LOADED = (
+    "import atexit, sys\n"
+    "_before = set(sys.modules)\n"
+    "atexit.register(lambda: sys.stderr.write("
+    "'\\nLOADED ' + ' '.join(sorted(set(sys.modules) - _before))))"
+)
+#: The no-op forms of the README and the deploy/k8s manifests: the options beyond
+#: ``--store`` and ``--target`` (``{tmp}``: the test's directory; ``{pub}``: a public key).
+NOOP_FORMS = {
+    "plain": [],
+    "env-file": ["--env-file", "{tmp}/env/pod.env"],
+    "gpu-arch, workload": ["--gpu-arch", "sm_90a", "--workload", "model=m,tp=8"],
+    "node-store": ["--node-store", "oci:{tmp}/node-store"],
+    "verify-key": ["--verify-key", "{pub}"],
+}
 
 
-def test_full_match_noop_restore_loads_no_family(store: str, tmp_path: Path) -> None:
-    target = _restored(store, tmp_path / "t")
-    doc = _run("restore", store, target)
-    assert doc["status"] == "noop"
-    # Nor ``dataclasses`` (with inspect, about 5 ms): the marker is a typed dict and
-    # the plan and outcome types are named tuples.
-    heavy = {
-        *FAMILY_MODULES,
-        *WRITE_HELPERS,
-        *VLLM_PARSERS,
-        *RESTORE_WORK,
-        "dataclasses",
-        "_hashlib",
-    }
-    assert _forbidden(doc["loaded"], heavy) == set()
-    assert "artifactd.restore.marker" in doc["loaded"]  # the no-op did read the marker
-
-
-def test_noop_restore_under_a_verification_policy_loads_no_crypto(
-    store: str, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def signed_store(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """``store`` with a second generic artifact (sm_90a, a workload), both signed; and the key."""
     from artifactd.trust.keys import generate
 
-    pair = generate(tmp_path / "k")
-    sign = run_artifactd(
-        "sign", f"{store}:{_fp_tag(store)}", "--sign-key", pair.private, "--sign-unverified"
-    )
-    assert sign.returncode == 0, sign.stderr
-    target = tmp_path / "t"
-    proc = run_artifactd("restore", "--store", store, "--target", str(target),
-                         "--verify-key", pair.public, "--json")  # fmt: skip
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "restored"
-    doc = _run("restore", store, target, pair.public)
-    assert doc["status"] == "noop"
-    # The marker records the key id; the no-op compares it with the ids of the
-    # PEM blocks given, hashed without OpenSSL: nothing of ``cryptography``.
-    heavy = {*FAMILY_MODULES, *WRITE_HELPERS, *RESTORE_WORK, "dataclasses", "_hashlib"}
-    assert _forbidden(doc["loaded"], heavy) == set()
-    assert not [m for m in doc["loaded"] if m.startswith("cryptography")]
-    assert "artifactd.trust.keys" in doc["loaded"]
+    tmp = tmp_path_factory.mktemp("signed")
+    gen = make_generic_tree(tmp / "gen")
+    env = clean_env({"ARTIFACTD_GENERIC_DIR": str(gen)})
+    fp = ["--gpu-arch", "sm_90a", "--workload", "model=m,tp=8"]
+    proc = run_artifactd("harvest", "--store", store, "--family", "generic", *fp, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pair = generate(tmp / "k")
+    for tag in _fp_tags(store):
+        sign = run_artifactd(
+            "sign", f"{store}:{tag}", "--sign-key", pair.private, "--sign-unverified"
+        )
+        assert sign.returncode == 0, sign.stderr
+    return store, pair.public
 
 
-def _fp_tag(store: str) -> str:
+def _outside_the_fast_path(loaded: set[str]) -> set[str]:
+    """The loaded modules the fast path's rule refuses: artifactd's off LIGHT, LATER, HEAVY."""
+    ours = {m for m in loaded if m.startswith("artifactd")} - LIGHT - {"artifactd.cli.fast"}
+    return ours | {m for m in loaded if m.split(".")[0] in {*HEAVY, *LATER} or m in LATER}
+
+
+def _pod_start(args: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
+    """Run ``artifactd restore --json ARGS``; return its status and the modules it loaded."""
+    proc = run_artifactd("restore", "--json", *args, env=env, prelude=LOADED)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status = json.loads(proc.stdout.strip().splitlines()[-1])["status"]
+    return status, set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+
+
+@pytest.mark.parametrize("form", list(NOOP_FORMS))
+def test_every_noop_form_loads_only_the_fast_path(
+    form: str, signed_store: tuple[str, str], tmp_path: Path
+) -> None:
+    from artifactd.cli.specs import COMMANDS
+
+    store, pub = signed_store
+    args = ["--store", store, "--target", str(tmp_path / "t")]
+    args += [a.format(tmp=tmp_path, pub=pub) for a in NOOP_FORMS[form]]
+    first, _ = _pod_start(args, clean_env())
+    assert first == "restored"
+    envvars = {opt.flag: opt.envvar for opt in COMMANDS["restore"]}
+    as_environ = {str(envvars[f]): v for f, v in zip(args[::2], args[1::2], strict=True)}
+    for how, (argv, env) in {
+        "flags": (args, clean_env()),
+        "ARTIFACTD_* variables": ([], clean_env(as_environ)),
+    }.items():
+        status, loaded = _pod_start(argv, env)
+        assert status == "noop", how
+        assert _outside_the_fast_path(loaded) == set(), how
+        assert "artifactd.restore.marker" in loaded  # the no-op did read the marker
+        if form == "verify-key":
+            assert "artifactd.trust.keys" in loaded  # key ids from the PEM, no crypto library
+
+
+def test_fingerprint_hash_loads_nothing_heavy() -> None:
+
+    run_artifactd("fingerprint", "--hash", env=clean_env())  # fills the probe cache, as at a start
+    proc = run_artifactd("fingerprint", "--hash", env=clean_env(), prelude=LOADED)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.strip()) == 64
+    loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+    assert _outside_the_fast_path(loaded) == set()
+    # Nor these, which no list names: inspect (with ast, dis, tokenize) is a third of
+    # a bare start, subprocess a sixth (tools are posix_spawned), and hashlib loads
+    # OpenSSL (a fingerprint is small: CPython's own sha256 hashes it).
+    assert loaded & {"inspect", "ast", "subprocess", "_hashlib"} == set()
+    assert "select" in loaded  # the probe did wait for its tools
+
+
+def _fp_tags(store: str) -> list[str]:
     from artifactd.stores import open_store
 
     with open_store(store) as st:
-        return next(t for t in st.list_tags() if t.startswith("fp-"))
+        return [t for t in st.list_tags() if t.startswith("fp-")]
 
 
 def test_partial_match_noop_restore_loads_families_but_not_their_parsers(
@@ -174,11 +197,13 @@ def test_partial_match_noop_restore_loads_families_but_not_their_parsers(
 ) -> None:
     # A workload changes the whole fingerprint but not generic's scope: a family-tag hit.
     target = _restored(store, tmp_path / "t", "model=m")
-    doc = _run("restore", store, target, "model=m")
+    doc = _run(store, target, "model=m")
     assert doc["status"] == "noop"
     # The families that missed are read for their scope keys: vLLM among them.
     assert "artifactd.families.vllm" in doc["loaded"]
-    assert _forbidden(doc["loaded"], {*WRITE_HELPERS, *VLLM_PARSERS, *RESTORE_WORK}) == set()
+    # Family code (the family classes are dataclasses) is the one part of LATER it may load.
+    later = LATER - {"artifactd.families.base", "dataclasses"}
+    assert _forbidden(doc["loaded"], {*VLLM_PARSERS, *later}) == set()
 
 
 def test_registry_knows_names_and_builds_each_family_once() -> None:

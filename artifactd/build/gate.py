@@ -38,9 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from artifactd.build.published import published_fingerprint
+from artifactd.constants import CUDA_VISIBLE_DEVICES, current_environ
 from artifactd.errors import VerifyError
 from artifactd.events import EventSink, discard
 from artifactd.families import select_families
+from artifactd.format.oci import MANIFEST_MEDIA_TYPE
+from artifactd.pod.status import target_status
+from artifactd.pod.verdict import not_restored, restore_time, wait_past, written_files
+from artifactd.restore.destination import CacheVolume
+from artifactd.restore.install import restore
+from artifactd.restore.resolve import plan_restore, unbound, whole_want
+from artifactd.trust.provenance import statement
+from artifactd.trust.signatures import attest, store_identity
 
 if TYPE_CHECKING:
     from artifactd.build.matrix import Cell, Matrix
@@ -135,10 +145,6 @@ def judge_cell(
     missed stays ``not restored``, with the files the cell wrote under its
     dirs since the restore counted by the same rule.
     """
-    from artifactd.pod.status import target_status
-    from artifactd.pod.verdict import not_restored, restore_time, written_files
-    from artifactd.restore.destination import CacheVolume
-
     status = target_status(target, engine_log=log)
     volume = CacheVolume(target)
     cutoff = None
@@ -208,10 +214,7 @@ def verify(
     fingerprint; a gate that ran and failed is a result with ``passed`` false.
     """
     from artifactd.build.matrix import expand, load_matrix
-    from artifactd.build.published import published_fingerprint
     from artifactd.build.schedule import node_devices, run_packed
-    from artifactd.constants import current_environ
-    from artifactd.restore.resolve import unbound, whole_want
     from artifactd.stores.artifacts import read_artifact
 
     start = time.monotonic()
@@ -257,9 +260,6 @@ def verify(
     promoted = None
     attestation = None
     if sign_key is not None:
-        from artifactd.trust.provenance import statement
-        from artifactd.trust.signatures import attest, store_identity
-
         verdict = {
             "passed": passed,
             "cells": len(results),
@@ -301,8 +301,6 @@ def _failures(results: Sequence[CellVerified]) -> list[str]:
 
 def _tag(store: Store, digest: str, tag: str) -> None:
     """Point ``tag`` at the manifest ``digest`` (already in the store)."""
-    from artifactd.format.oci import MANIFEST_MEDIA_TYPE
-
     ref = store.get_manifest(digest)
     if ref is None:  # pragma: no cover - read a moment ago
         raise VerifyError(f"{store.ref} lost {digest} during verify")
@@ -325,11 +323,6 @@ class _Context:
 def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: _Context) -> CellVerified:
     """Restore into the cell's own fresh roots, run it there, count and compare."""
     from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
-    from artifactd.constants import CUDA_VISIBLE_DEVICES
-    from artifactd.pod.verdict import restore_time, wait_past
-    from artifactd.restore.destination import CacheVolume
-    from artifactd.restore.install import restore
-    from artifactd.restore.resolve import plan_restore
 
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id

@@ -19,11 +19,13 @@ from artifactd.constants import current_environ
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.families import select_families
-from artifactd.fingerprint.model import Fingerprint
+from artifactd.fingerprint.model import Fingerprint, from_raw
+from artifactd.fingerprint.probe import probe_request
 from artifactd.format.archive import PackedLayer, pack_family
 from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS, goarch
-from artifactd.stores import Store
+from artifactd.stores import Store, open_store
 from artifactd.stores.artifacts import PublishResult, publish
+from artifactd.trust.signatures import sign_all
 
 if TYPE_CHECKING:
     from artifactd.trust.keys import PrivateKey
@@ -171,8 +173,6 @@ def harvest(
         pub = publish(store, art, packed, work, on_event=on_event, tags=tags)
     signing = None
     if sign_key is not None:
-        from artifactd.trust.signatures import sign_all
-
         signing = sign_all(store, [pub.digest, *pub.family_digests.values()], sign_key)
         on_event({"stage": "sign", "event": "done", "signed": len(signing.signed)})
     return HarvestResult(
@@ -208,10 +208,6 @@ def harvest_here(
     ``overrides`` ``PATH=VALUE`` assignments, as :func:`artifactd.fingerprint.probe.probe_request`
     reads them; the store is created when it does not exist.
     """
-    from artifactd.fingerprint.model import from_raw
-    from artifactd.fingerprint.probe import probe_request
-    from artifactd.stores import open_store
-
     fingerprint = from_raw(
         probe_request(
             gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides

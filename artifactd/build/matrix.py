@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from artifactd.errors import ConfigError
 from artifactd.families import select_families
+from artifactd.fsutil import InputFileError, read_regular
 
 #: Largest matrix file read, in bytes. A matrix is a page of YAML; a bigger
 #: file is refused before it is parsed.
@@ -229,8 +230,6 @@ _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def read_matrix_text(path: Path) -> str:
     """Return a matrix file's text: a regular file, read without blocking, at most the cap."""
-    from artifactd.fsutil import InputFileError, read_regular
-
     try:
         # Followed: a matrix may be a symlink into a checkout; a FIFO must not hang it.
         data = read_regular(path, MAX_MATRIX_BYTES, follow=True)

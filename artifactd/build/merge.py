@@ -33,10 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from artifactd import __version__
+from artifactd.build.published import agreed_fingerprint
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
-from artifactd.families import FAMILIES, get_family
+from artifactd.families import FAMILIES, Located, get_family
 from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS
+from artifactd.stores.artifacts import publish, read_artifact
+from artifactd.trust.provenance import statement
+from artifactd.trust.signatures import attest, sign_all, store_identity
 
 if TYPE_CHECKING:
     from artifactd.build.matrix import Cell
@@ -93,9 +97,7 @@ def merge(
     gets its provenance (the cells' timings and checks) as an attestation.
     """
     from artifactd.build.matrix import expand, load_matrix
-    from artifactd.build.published import agreed_fingerprint
     from artifactd.build.run import check_run_id
-    from artifactd.stores.artifacts import publish
 
     start = time.monotonic()
     check_run_id(run_id)
@@ -147,9 +149,6 @@ def merge(
         pub = publish(store, art, packed, work, on_event=on_event)
     signing = None
     if sign_key is not None:
-        from artifactd.trust.provenance import statement
-        from artifactd.trust.signatures import attest, sign_all, store_identity
-
         signing = sign_all(store, [pub.digest, *pub.family_digests.values()], sign_key)
         doc = statement(store_identity(store), pub.digest, art, matrix=matrix_path)
         signing.attestations.append(attest(store, pub.digest, doc, sign_key))
@@ -171,7 +170,6 @@ def merge(
 def _read_parts(store: Store, run_id: str, cells: list[Cell]) -> list[tuple[Cell, Artifact]]:
     """Every cell's partial artifact of the run, in cell order; fail naming the missing."""
     from artifactd.build.run import cell_tag
-    from artifactd.stores.artifacts import read_artifact
 
     parts: list[tuple[Cell, Artifact]] = []
     missing: list[int] = []
@@ -211,7 +209,6 @@ def _repack(
 ) -> tuple[LayerRecord, PackedLayer, FamilyMerged]:
     """Download, verify and unpack each cell's layer of ``family``; merge; pack one layer."""
     from artifactd.build.treemerge import merge_family
-    from artifactd.families import Located
     from artifactd.format.archive import pack_family
     from artifactd.format.unpack import check_layer, unpack_layer
 

@@ -37,7 +37,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from artifactd.constants import current_environ
 from artifactd.errors import BuildError, ConfigError
+from artifactd.families import select_families
+from artifactd.fingerprint.probe import PROBED_ENV
 
 if TYPE_CHECKING:
     from artifactd.build.matrix import Matrix
@@ -58,9 +61,6 @@ def key_variables(families: Sequence[str] | None = None) -> dict[str, list[str]]
 
     A variable no family keys on is absent. ``families`` None or empty: every family.
     """
-    from artifactd.families import select_families
-    from artifactd.fingerprint.probe import PROBED_ENV
-
     chosen = select_families(list(families) if families else None)
     out: dict[str, list[str]] = {}
     for var, field in PROBED_ENV.items():
@@ -134,7 +134,6 @@ def published_fingerprint(
     and ``base_image``; ``overrides`` are ``--set PATH=VALUE``; ``environ`` is
     the caller's environment (default: this process's).
     """
-    from artifactd.constants import current_environ
     from artifactd.fingerprint.model import probe
 
     check_key(matrix)

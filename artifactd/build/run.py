@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from artifactd import __version__
+from artifactd.build.cells import run_serve
 from artifactd.build.harvest import HarvestResult, harvest
 from artifactd.build.matrix import Cell, Matrix, expand, load_matrix
 from artifactd.build.published import check_key, pod_environ, published_fingerprint
 from artifactd.build.schedule import node_devices, run_packed
+from artifactd.build.treemerge import merge_family
 from artifactd.constants import (
     CACHE_ENV_VARS,
     CUDA_VISIBLE_DEVICES,
@@ -52,6 +54,9 @@ from artifactd.fingerprint.key import check_overrides
 from artifactd.format.config import Provenance
 from artifactd.lint import Hazards, LintReport, lint, roots_for_lint
 from artifactd.stores import Store, opened
+from artifactd.stores.artifacts import read_artifact
+from artifactd.trust.provenance import statement
+from artifactd.trust.signatures import attest, store_identity
 
 if TYPE_CHECKING:
     from artifactd.trust.keys import PrivateKey
@@ -221,8 +226,6 @@ def run_serve_cell(
     cell: Cell, env: Mapping[str, str], log: Path, on_event: EventSink
 ) -> CellResult:
     """Run one serve cell: the engine, its readiness, the requests, its shutdown."""
-    from artifactd.build.cells import run_serve
-
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     res = run_serve(cell, env, log, on_event=on_event)
@@ -444,7 +447,6 @@ def _merged_environ(
     cell_roots = [roots / "cells" / c.id for c in cells]
     if len(cells) == 1:
         return cell_environ(cell_roots[0], matrix.families, matrix.env, base)
-    from artifactd.build.treemerge import merge_family
 
     merged = roots / "merged"
     env = cell_environ(merged, matrix.families, matrix.env, base)
@@ -477,10 +479,6 @@ def _attest_build(
     started_at: float,
 ) -> None:
     """Attach the build's provenance to the artifact it published (signed with ``key``)."""
-    from artifactd.stores.artifacts import read_artifact
-    from artifactd.trust.provenance import statement
-    from artifactd.trust.signatures import attest, store_identity
-
     art = read_artifact(store, harvested.digest)
     if art is None:  # pragma: no cover - published a moment ago
         return

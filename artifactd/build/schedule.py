@@ -17,8 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from artifactd.build.matrix import Cell
+from artifactd.constants import CUDA_VISIBLE_DEVICES
 from artifactd.errors import BuildError, UsageError
 from artifactd.events import EventSink, discard
+from artifactd.fingerprint.probe import probe_gpu_nvml
 
 R = TypeVar("R")
 
@@ -36,12 +38,9 @@ def parse_gpus(spec: str) -> list[str]:
 
 def node_devices(environ: Mapping[str, str]) -> list[str]:
     """Return the GPUs this node gives a build: ``CUDA_VISIBLE_DEVICES``, else all NVML sees."""
-    from artifactd.constants import CUDA_VISIBLE_DEVICES
-
     visible = environ.get(CUDA_VISIBLE_DEVICES)
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    from artifactd.fingerprint.probe import probe_gpu_nvml
 
     found = probe_gpu_nvml()
     count = int(found[0]["count"] or 0) if found is not None else 0

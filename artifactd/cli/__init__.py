@@ -5,15 +5,16 @@ Layout: :mod:`~artifactd.cli.main` is the entry point (errors to exit codes);
 :mod:`~artifactd.cli.app` the group with every command registered;
 :mod:`~artifactd.cli.specs` declares the pod-start commands' options as data,
 :mod:`~artifactd.cli.options` turns them (and the other shared options) into
-click options, and :mod:`~artifactd.cli.fast` parses the ordinary
-``fingerprint`` and ``restore`` command lines without importing click;
+click options, and :mod:`~artifactd.cli.fast`, the pod-start fast path,
+parses and runs the ordinary ``fingerprint`` and ``restore`` command lines
+without importing click (its docstring lists what it may import);
 :mod:`~artifactd.cli.render` is how results look to people (``--json``
 documents are built in :mod:`artifactd.reports`); one module per command group:
 :mod:`~artifactd.cli.fingerprints` (``fingerprint``, ``diff``),
 :mod:`~artifactd.cli.builds` (``harvest``, ``build``, ``demo``, ``lint``),
 :mod:`~artifactd.cli.restores` (``restore``), :mod:`~artifactd.cli.stores`
 (``inspect``, ``ls``, ``copy``), :mod:`~artifactd.cli.schemas` (``schema``);
-what ``fingerprint`` and ``restore`` do lives in :mod:`~artifactd.cli.podstart`.
+what ``fingerprint`` and ``restore`` do lives in :mod:`~artifactd.cli.fast`.
 Commands import the library inside each command, so that a command loads only
 what it uses. The library is laid out by stage: :mod:`artifactd.fingerprint`
 (the model, the probe, the key), :mod:`artifactd.format` (config, layers,

@@ -1,29 +1,202 @@
-"""Parse the ordinary command lines of ``fingerprint`` and ``restore`` without click.
+"""The pod-start fast path: ``fingerprint`` and ``restore``, parsed and run without click.
 
-An init container runs ``artifactd restore`` with a few flags or none (its
-settings come from ``ARTIFACTD_*`` variables), and importing click costs about
-as much as starting Python. This parser reads exactly those command lines, from
-the same declarations click reads (:mod:`artifactd.cli.specs`) and with
-click's rules: long options as ``--name VALUE`` or ``--name=VALUE``; a flag
+Why this module exists: an init container runs ``artifactd restore`` at every
+pod start, and readiness probes and scripts run ``artifactd fingerprint``;
+importing click, pydantic or the registry client costs about as much as
+starting Python itself. So the ordinary command lines of those two commands
+are parsed here, from the declarations click also reads
+(:mod:`artifactd.cli.specs`), and run here; click parses everything else.
+``bench/coldstart.py --only startup`` times every form below against a bare
+``python -c pass`` (target: within 2.5 x).
+
+What it serves: ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
+``--gpu-arch``, ``--image-digest``) and ``restore`` with any of its options
+given as ``--name VALUE``, ``--name=VALUE`` or an ``ARTIFACTD_*`` variable. A
+restore whose target already holds what resolving would pick (the no-op: a
+restarted pod, a warm volume) answers here with nothing but the modules named
+below, including the forms the README and the manifests use: ``--env-file``,
+``--gpu-arch``, ``--workload``, ``--node-store`` (a local layout),
+``--verify-key`` (key ids read from the PEM, no crypto library). The parser's
+rules are click's: long options as ``--name VALUE`` or ``--name=VALUE``; a flag
 takes no value; the command line wins over the environment, which wins over
 the default; an empty variable counts as unset; the variable of a repeatable
 option holds several values separated by whitespace; a flag's variable is a
-boolean in click's spelling.
+boolean in click's spelling. Anything else (``--help``, a positional argument,
+an unknown or malformed option, a value that does not convert, a missing
+required option) returns None, and the caller hands the command line to click.
 
-Anything else (``--help``, a positional argument, an unknown or malformed
-option, a value that does not convert, a missing required option) returns
-None, and the caller hands the command line to click, which gives its usual
-answer or error.
+What it may import, anywhere in this module and in each module of
+:data:`LIGHT` (``tests/test_fastpath.py`` reads their code and holds every
+import, at module level and inside functions, to these lists):
+
+* the standard library modules of :data:`STDLIB`: ``__future__``, ``_sha256``,
+  ``abc``, ``atexit``, ``base64``, ``collections``, ``contextlib``, ``errno``,
+  ``fcntl``, ``functools``, ``hashlib``, ``importlib``, ``json``, ``os``,
+  ``pathlib``, ``pwd``, ``re``, ``select``, ``shlex``, ``stat``, ``sys``,
+  ``sysconfig``, ``threading``, ``time``, ``types``, ``typing``;
+* on a host with an NVIDIA driver, :data:`GPU`: ``ctypes``, ``pynvml`` (NVML
+  and libcuda);
+* the artifactd modules of :data:`LIGHT`, which import at module level only
+  what these lists allow: ``artifactd``, ``artifactd.cli``,
+  ``artifactd.cli.main``, ``artifactd.cli.render``, ``artifactd.cli.specs``,
+  ``artifactd.constants``, ``artifactd.errors``, ``artifactd.events``,
+  ``artifactd.families``, ``artifactd.fingerprint``,
+  ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
+  ``artifactd.fingerprint.probecache``, ``artifactd.fingerprint.tools``,
+  ``artifactd.format``,
+  ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
+  ``artifactd.pod``, ``artifactd.pod.nodestore``, ``artifactd.reports``,
+  ``artifactd.restore``, ``artifactd.restore.destination``,
+  ``artifactd.restore.marker``, ``artifactd.restore.policy``,
+  ``artifactd.restore.resolve``, ``artifactd.restore.source``,
+  ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
+  ``artifactd.trust``, ``artifactd.trust.keys``;
+* inside a function only, :data:`LATER`: what a pod start needs when it is not
+  a no-op (installing, planning a miss, a registry, signatures, a report of
+  dataclasses, ``--metrics-file``; click, for every other command line):
+  ``artifactd.build.matrix_edit`` (rendering ``matrix shapes``),
+  ``artifactd.cli.app``, ``artifactd.families.base``,
+  ``artifactd.fingerprint.diff``, ``artifactd.fingerprint.model``,
+  ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
+  ``artifactd.pod.metrics``, ``artifactd.restore.install``,
+  ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
+  ``artifactd.stores.artifacts``, ``artifactd.stores.reference``,
+  ``artifactd.stores.registry``, ``artifactd.trust.policy``,
+  ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
+  ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
+  no-op form and ``fingerprint --hash`` for real and checks that none of these
+  is loaded.
+
+These function-local imports are the only ones the fast path keeps, and this
+paragraph is their one explanation: each keeps a module off the path a no-op
+walks. Importing the probe and the restore policy inside :func:`fingerprint`
+and :func:`restore` lets the probe's subprocesses run while the restore's
+modules load. Run as the program (``python -m artifactd``, the ``artifactd``
+script), :func:`artifactd.cli.main.main` then ends the process without the
+interpreter's teardown of these modules (a few milliseconds).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from artifactd.cli.specs import COMMANDS, FALSE, TRUE, Opt
+from artifactd import constants as C  # noqa: N812
+from artifactd.cli import render
+from artifactd.cli.specs import (
+    COMMANDS,
+    FALSE,
+    TRUE,
+    Opt,
+    env_flag,
+    family_names,
+    parse_seconds,
+    parse_size,
+)
+
+if TYPE_CHECKING:
+    from artifactd.restore.policy import RestoreOutcome
+
+#: Standard library modules the fast path may import, anywhere (top-level names).
+STDLIB = frozenset(
+    {
+        "__future__",
+        "_sha256",
+        "abc",
+        "atexit",
+        "base64",
+        "collections",
+        "contextlib",
+        "errno",
+        "fcntl",
+        "functools",
+        "hashlib",
+        "importlib",
+        "json",
+        "os",
+        "pathlib",
+        "pwd",
+        "re",
+        "select",
+        "shlex",
+        "stat",
+        "sys",
+        "sysconfig",
+        "threading",
+        "time",
+        "types",
+        "typing",
+    }
+)
+#: What the probe loads on a host with an NVIDIA driver, and only there.
+GPU = frozenset({"ctypes", "pynvml"})
+#: The artifactd modules of the fast path: light, as the module docstring says.
+LIGHT = frozenset(
+    {
+        "artifactd",
+        "artifactd.cli",
+        "artifactd.cli.main",
+        "artifactd.cli.render",
+        "artifactd.cli.specs",
+        "artifactd.constants",
+        "artifactd.errors",
+        "artifactd.events",
+        "artifactd.families",
+        "artifactd.fingerprint",
+        "artifactd.fingerprint.key",
+        "artifactd.fingerprint.probe",
+        "artifactd.fingerprint.probecache",
+        "artifactd.fingerprint.tools",
+        "artifactd.format",
+        "artifactd.format.oci",
+        "artifactd.fsutil",
+        "artifactd.hashing",
+        "artifactd.pod",
+        "artifactd.pod.nodestore",
+        "artifactd.reports",
+        "artifactd.restore",
+        "artifactd.restore.destination",
+        "artifactd.restore.marker",
+        "artifactd.restore.policy",
+        "artifactd.restore.resolve",
+        "artifactd.restore.source",
+        "artifactd.stores",
+        "artifactd.stores.base",
+        "artifactd.stores.layout",
+        "artifactd.trust",
+        "artifactd.trust.keys",
+    }
+)
+#: What functions of the fast path may import beyond those, for work a no-op never does.
+LATER = frozenset(
+    {
+        "artifactd.build.matrix_edit",
+        "artifactd.cli.app",
+        "artifactd.families.base",
+        "artifactd.fingerprint.diff",
+        "artifactd.fingerprint.model",
+        "artifactd.format.imagemanifest",
+        "artifactd.format.unpack",
+        "artifactd.pod.metrics",
+        "artifactd.restore.install",
+        "artifactd.restore.journal",
+        "artifactd.restore.mounted",
+        "artifactd.stores.artifacts",
+        "artifactd.stores.reference",
+        "artifactd.stores.registry",
+        "artifactd.trust.policy",
+        "artifactd.trust.signatures",
+        "click",
+        "cryptography",
+        "dataclasses",
+        "shutil",
+        "tempfile",
+        "traceback",
+    }
+)
 
 
 def parse(
@@ -35,9 +208,7 @@ def parse(
     values = parse_options(args[0], args[1:], os.environ if environ is None else environ)
     if values is None:
         return None
-    from artifactd.cli import podstart
-
-    run: Callable[..., None] = getattr(podstart, args[0])
+    run: Callable[..., None] = fingerprint if args[0] == "fingerprint" else restore
     return lambda: run(**values)
 
 
@@ -110,3 +281,111 @@ def _convert(spec: Opt, text: str) -> Any:
         except ValueError:
             return None
     return text
+
+
+def fingerprint(
+    *,
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: Sequence[str],
+    overrides: Sequence[str],
+    as_json: bool,
+    hash_only: bool,
+) -> None:
+    """Probe this machine and print its fingerprint (the hash, the fields, or JSON)."""
+    from artifactd.fingerprint.key import raw_hash
+    from artifactd.fingerprint.probe import probe_request
+
+    # Plain data, no model: the probe's document has the Fingerprint schema's exact
+    # shape (a test holds the two together), and printing it needs no validation.
+    raw = probe_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    )
+    digest = raw_hash(raw)
+    if hash_only:
+        render.echo(digest)
+    elif as_json:
+        from artifactd.reports import fingerprint_report
+
+        render.emit_json(fingerprint_report(raw, digest))
+    else:
+        render.fingerprint(raw, digest)
+
+
+def restore(
+    *,
+    store: str | None,
+    node_store: str | None,
+    from_dir: Path | None,
+    insecure: bool,
+    target: Path,
+    families: Sequence[str],
+    gpu_arch: str | None,
+    image_digest: str | None,
+    workload: Sequence[str],
+    overrides: Sequence[str],
+    software_from: str | None,
+    verify_keys: Sequence[str],
+    env_file: Path | None,
+    consumer_user: str | None,
+    require: bool,
+    dry_run: bool,
+    max_bytes: str | None,
+    lock_timeout: float | None,
+    metrics_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Restore the matching caches into ``target``; exit with the outcome's code."""
+    from artifactd.fingerprint.probe import start_request
+
+    size_limit = parse_size(max_bytes) if max_bytes else None
+    timeout = None if lock_timeout is None else parse_seconds(lock_timeout)
+    # The probe's subprocesses and NVML run while the restore modules import.
+    pending = start_request(
+        gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
+    )
+    from artifactd.restore.policy import RestoreRequest, run_restore
+
+    request = RestoreRequest(
+        store=store,
+        from_dir=from_dir,
+        node_store=node_store,
+        software_from=software_from,
+        target=target,
+        families=family_names(families),
+        consumer_user=consumer_user,
+        env_file=env_file,
+        require=require,
+        dry_run=dry_run,
+        insecure=insecure,
+        max_bytes=size_limit,
+        lock_timeout=timeout,
+        verify_keys=tuple(verify_keys),
+    )
+    # Plain data again: a no-op restore (warm volume, marker matches) answers
+    # without building a single pydantic model.
+    outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
+    failure = outcome.failure
+    if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
+        render.traceback(failure.error)
+    if metrics_file is not None:
+        _write_metrics(metrics_file, outcome)
+    if as_json:
+        from artifactd.reports import restore_report
+
+        render.emit_json(restore_report(outcome))
+    else:
+        render.restore(outcome)
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+
+
+def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:
+    """Write the restore's metrics; a failure to is reported, never fatal to the restore."""
+    from artifactd.errors import ArtifactdError
+    from artifactd.pod.metrics import restore_registry, write_textfile
+
+    try:
+        write_textfile(path, restore_registry(outcome))
+    except ArtifactdError as exc:
+        render.echo(f"artifactd: warning: {exc.message}", err=True)

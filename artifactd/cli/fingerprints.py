@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from artifactd.cli import podstart, render
+from artifactd.cli import fast, render
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.group import cli
 from artifactd.cli.options import (
@@ -31,7 +31,7 @@ def fingerprint(**options: Any) -> None:
     platform, CPU ISA, compilers. Informational fields (hostname, time) are
     shown but never hashed.
     """
-    podstart.fingerprint(**options)
+    fast.fingerprint(**options)
 
 
 @cli.command()

@@ -1,15 +1,19 @@
 """The entry point: run a command and map every error to one line and an exit code.
 
 Click is imported only when it is needed: the ordinary command lines of the
-pod-start commands (``fingerprint``, ``restore``) are parsed by
-:mod:`artifactd.cli.fast` without it; everything else, ``--help`` and every
-command line the fast parser does not fully understand go through click.
+pod-start commands (``fingerprint``, ``restore``) are parsed and run by
+:mod:`artifactd.cli.fast` without it (and, as the program's entry point, end
+without the interpreter's module teardown: :func:`_leave`); everything else,
+``--help`` and every command line the fast parser does not fully understand
+go through click.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli.render import echo
@@ -30,9 +34,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         invocation = parse(args)
         if invocation is not None:
-            invocation()
-        else:
-            _run_click(args)
+            code = _run(invocation)
+            if argv is None:
+                _leave(code)
+            sys.exit(code)
+        _run_click(args)
     except ArtifactdError as exc:
         if traceback:
             raise
@@ -53,6 +59,37 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         sys.exit(1)
     sys.exit(0)
+
+
+def _run(invocation: Callable[[], None]) -> int:
+    """Run a fast-path command; return its exit code (it may exit with one)."""
+    try:
+        invocation()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        raise
+    return 0
+
+
+def _leave(code: int) -> NoReturn:
+    """End the process now: exit handlers run and output is flushed, the module teardown skipped.
+
+    Tearing down the fifty-odd modules a pod-start command loaded costs a few
+    milliseconds, a sixth of what the command adds to a bare Python start; a
+    finished command has nothing left to clean up. Exit handlers still run
+    (coverage, a test's probe), and a stream that cannot be flushed takes the
+    ordinary exit, which reports it.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    os._exit(code)
 
 
 def _run_click(args: list[str]) -> None:

@@ -110,10 +110,10 @@ def _restore_first(opts: dict[str, Any]) -> None:
     """Run ``restore`` with exec's options; its output goes to stderr (stdout is CMD's)."""
     from contextlib import redirect_stdout
 
-    from artifactd.cli import podstart
+    from artifactd.cli import fast
 
     with redirect_stdout(sys.stderr):
-        podstart.restore(**{spec.dest: opts[spec.dest] for spec in _RESTORE_SPECS})
+        fast.restore(**{spec.dest: opts[spec.dest] for spec in _RESTORE_SPECS})
 
 
 def _refuse_restore_flags() -> None:

@@ -1,10 +1,10 @@
-"""``restore``: the init container's one job (what it does: :mod:`artifactd.cli.podstart`)."""
+"""``restore``: the init container's one job (what it does: :mod:`artifactd.cli.fast`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from artifactd.cli import podstart
+from artifactd.cli import fast
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.group import cli
 from artifactd.cli.options import options
@@ -49,4 +49,4 @@ def restore(**options: Any) -> None:
       ARTIFACTD_CONSUMER_USER, ARTIFACTD_REQUIRE, ARTIFACTD_DRY_RUN, ARTIFACTD_JSON,
       ARTIFACTD_INSECURE, ARTIFACTD_MAX_BYTES, ARTIFACTD_LOCK_TIMEOUT.
     """
-    podstart.restore(**options)
+    fast.restore(**options)

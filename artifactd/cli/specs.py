@@ -13,7 +13,6 @@ same answers.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -278,6 +277,14 @@ def family_names(values: Sequence[str]) -> list[str] | None:
     return names or None
 
 
+_NAN = float("nan")
+
+
+def _finite(value: float) -> bool:
+    """``math.isfinite``, without loading the ``math`` extension at every pod start."""
+    return value - value == 0  # inf - inf and nan - nan are nan
+
+
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -293,8 +300,8 @@ def parse_size(text: str, *, option: str = "--max-bytes") -> int:
     try:
         size = float(number) * _SIZE_UNITS[unit]
     except ValueError:
-        size = math.nan
-    if not math.isfinite(size) or size < 0:
+        size = _NAN
+    if not _finite(size) or size < 0:
         raise UsageError(
             f"{option} {text!r} is not a size", hint="use bytes or a unit, at least 0: 500M, 20G"
         )
@@ -303,7 +310,7 @@ def parse_size(text: str, *, option: str = "--max-bytes") -> int:
 
 def parse_seconds(value: float, *, option: str = "--lock-timeout") -> float:
     """Check a duration in seconds: a finite number, at least 0 (NaN would wait forever)."""
-    if not math.isfinite(value) or value < 0:
+    if not _finite(value) or value < 0:
         raise UsageError(
             f"{option} {value!r} is not a duration",
             hint="give seconds, at least 0 (0: try once, do not wait)",

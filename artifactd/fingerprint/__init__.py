@@ -6,10 +6,12 @@ Modules:
   commands that validate or display one.
 * :mod:`~artifactd.fingerprint.probe`: probe this machine into a plain fingerprint
   document, fast (NVML, dist-info, toolchains), started early and answered later.
+* :mod:`~artifactd.fingerprint.tools`: the toolchains' ``--version`` (``nvcc``,
+  ``ptxas``, the C compiler), run side by side without :mod:`subprocess`.
 * :mod:`~artifactd.fingerprint.key`: the canonical hash, per-family scope keys, and
   parsing of what a command states (``--workload``, ``--set``, ``--gpu-arch``).
 * :mod:`~artifactd.fingerprint.probecache`: the probe's on-disk cache of library hashes.
 * :mod:`~artifactd.fingerprint.diff`: explain why two fingerprints differ.
 
-Nothing is imported here: a no-op restore loads only ``probe`` and ``key``.
+Nothing is imported here: a no-op restore loads only ``probe``, ``tools`` and ``key``.
 """

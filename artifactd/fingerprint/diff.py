@@ -16,7 +16,12 @@ from typing import Any, Literal
 
 from artifactd.errors import ConfigError, UsageError
 from artifactd.families import Family, select_families
-from artifactd.fingerprint.model import Fingerprint, flatten
+from artifactd.fingerprint.model import Fingerprint, flatten, from_raw
+from artifactd.fingerprint.probe import probe_request
+from artifactd.format.config import ArtifactConfig
+from artifactd.stores import open_store, parse_artifact_ref
+from artifactd.stores.artifacts import read_artifact
+from artifactd.stores.credentials import check_unbound_pair
 
 
 @dataclass(frozen=True)
@@ -153,9 +158,6 @@ def load_side(
     and ``hash``; anything else is read as a bare fingerprint.
     """
     if spec == "local":
-        from artifactd.fingerprint.model import from_raw
-        from artifactd.fingerprint.probe import probe_request
-
         raw = probe_request(gpu_arch=gpu_arch, workload=workload, overrides=overrides)
         return Side("local", from_raw(raw))
     path = Path(spec)
@@ -179,8 +181,6 @@ def load_sides(
     upgrade here would invalidate: a cache built as things are (A), used after
     the change (B).
     """
-    from artifactd.stores.credentials import check_unbound_pair
-
     check_unbound_pair(s for s in (a, b) if s != "local" and not Path(s).is_file())
     on_b = b == "local"
     side_a = load_side(
@@ -201,8 +201,6 @@ def load_sides(
 
 
 def _side_from_file(spec: str, data: bytes) -> Side:
-    from artifactd.format.config import ArtifactConfig
-
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -219,9 +217,6 @@ def _side_from_file(spec: str, data: bytes) -> Side:
 
 
 def _side_from_store(spec: str, *, insecure: bool) -> Side:
-    from artifactd.stores import open_store, parse_artifact_ref
-    from artifactd.stores.artifacts import read_artifact
-
     ref = parse_artifact_ref(spec)
     if ref.reference is None:
         raise UsageError(

@@ -46,6 +46,11 @@ from artifactd.fingerprint.key import (
     parse_pairs,
 )
 from artifactd.fingerprint.probecache import ProbeCache, default_path
+from artifactd.fingerprint.tools import (
+    Tool,
+    compiler_identity,
+    cuda_release,
+)
 from artifactd.hashing import sha256_hex
 
 if TYPE_CHECKING:
@@ -202,13 +207,18 @@ def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
     return out
 
 
+def has_nvidia_driver() -> bool:
+    """Whether this host has an NVIDIA kernel driver (else NVML has nothing to say)."""
+    return any(Path(p).exists() for p in _DRIVER_MARKERS)
+
+
 def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
     """Read GPU, driver and topology facts from NVML (+ libcuda for the SM count).
 
     ``None`` without nvidia-ml-py or a driver.
     """
-    if not any(Path(p).exists() for p in _DRIVER_MARKERS):
-        return None  # no NVIDIA driver on this host: skip importing and loading NVML
+    if not has_nvidia_driver():
+        return None  # skip importing and loading NVML
     try:
         import pynvml
     except ImportError:
@@ -371,112 +381,6 @@ def library_info(dist: InstalledDist, cache: ProbeCache | None = None) -> Raw:
     }
 
 
-#: Seconds a ``tool --version`` may take before it counts as failed.
-TOOL_TIMEOUT_S = 10.0
-
-
-def compiler_identity(
-    program: str, version_output: str | None, path: str | None = None
-) -> str | None:
-    """Return the first line of the C compiler's ``--version``, its leading name resolved.
-
-    GCC starts it with the name it was invoked by: ``cc`` and ``gcc``, one binary
-    through symlinks, must not be two keys (nor miss a pod spelling ``$CC`` otherwise).
-    """
-    line = version_output.splitlines()[0].strip() if version_output else None
-    first, _, rest = (line or "").partition(" ")
-    if line is None or first != os.path.basename(program):
-        return line
-    found = program if "/" in program else _on_path(program, path)
-    return f"{os.path.basename(os.path.realpath(found)) if found else first} {rest}".strip()
-
-
-def _on_path(program: str, path: str | None) -> str | None:
-    """Return where ``program`` is on ``path`` (default ``$PATH``), as a shell finds it."""
-    for entry in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep):
-        candidate = os.path.join(entry or ".", program)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-class _Tool:
-    """A ``tool --version`` started now and read later, so several run side by side.
-
-    Spawned from the calling thread with ``posix_spawn``: a thread per tool
-    would cost more to start than the tool takes to answer, and the
-    :mod:`subprocess` module alone (with ``locale``, ``signal`` and
-    ``selectors``) costs about 3.5 ms of every pod start. stdin and stderr are
-    ``/dev/null``; stdout is read through a pipe until the tool closes it or
-    the deadline passes (then the tool is killed).
-    """
-
-    def __init__(self, argv: list[str]) -> None:
-        self._deadline = time.monotonic() + TOOL_TIMEOUT_S
-        self._pid: int | None = None
-        read, write = os.pipe()
-        devnull = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
-        try:
-            self._pid = os.posix_spawnp(
-                argv[0],
-                argv,
-                os.environ,
-                file_actions=[
-                    devnull,
-                    (os.POSIX_SPAWN_DUP2, write, 1),
-                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-                    (os.POSIX_SPAWN_CLOSE, read),
-                    (os.POSIX_SPAWN_CLOSE, write),
-                ],
-            )
-        except OSError:
-            os.close(read)
-            read = -1
-        os.close(write)
-        self._read = read
-
-    def output(self) -> str | None:
-        """Wait for the tool; its stdout when it exits 0, else None (missing, failed, too slow)."""
-        if self._pid is None:
-            return None
-        import select  # a C module: cheap
-
-        chunks: list[bytes] = []
-        try:
-            while True:
-                left = self._deadline - time.monotonic()
-                if left <= 0 or not select.select([self._read], [], [], left)[0]:
-                    os.kill(self._pid, 9)  # SIGKILL, without importing signal
-                    os.waitpid(self._pid, 0)
-                    return None
-                chunk = os.read(self._read, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        finally:
-            os.close(self._read)
-        _, status = os.waitpid(self._pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            return None
-        return b"".join(chunks).decode("utf-8", "replace")
-
-
-def run_version(argv: list[str]) -> str | None:
-    """Run ``tool --version``; None when the tool is missing or fails."""
-    return _Tool(argv).output()
-
-
-_RELEASE_RE = re.compile(r"release [\d.]+, V([\d.]+)")
-
-
-def cuda_release(text: str | None) -> str | None:
-    """Extract ``13.0.88`` from nvcc's or ptxas's ``--version`` text."""
-    if not text:
-        return None
-    m = _RELEASE_RE.search(text)
-    return m.group(1) if m else None
-
-
 class _Background:
     """Run a few probes on threads; collect their results."""
 
@@ -501,11 +405,13 @@ class _Background:
 
 
 def _user() -> str | None:
-    import getpass
+    # The account's name, as the passwd database gives it for this uid (getpass
+    # would read LOGNAME and USER first, and load termios to do it).
+    import pwd  # built into the interpreter: no shared library to load
 
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # an arbitrary uid (OpenShift) has no passwd entry
         return None
 
 
@@ -571,13 +477,13 @@ class PendingProbe:
             if triton
             else None
         )
-        self._tools = {"nvcc": _Tool(["nvcc", "--version"])}
+        self._tools = {"nvcc": Tool(["nvcc", "--version"])}
         if ptxas_path:
-            self._tools["ptxas"] = _Tool([ptxas_path, "--version"])
+            self._tools["ptxas"] = Tool([ptxas_path, "--version"])
         self._cc = environ.get(CC, "cc")
-        self._tools["cc"] = _Tool([self._cc, "--version"])
+        self._tools["cc"] = Tool([self._cc, "--version"])
         self._bg = _Background()
-        if use_nvml:
+        if use_nvml and has_nvidia_driver():  # no thread (nor threading) on a CPU host
             self._bg.start("nvml", probe_gpu_nvml)
 
     def result(self) -> Raw:

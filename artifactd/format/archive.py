@@ -37,6 +37,7 @@ from artifactd.families.base import Family, Located
 from artifactd.families.tree import root_spellings, walk_component
 from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, SkippedEntry
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
+from artifactd.restore.mounted import MAX_TREE_DOC
 
 #: mtime written for every member of families that do not keep mtimes.
 FIXED_MTIME = 0
@@ -154,8 +155,6 @@ def pack_family(
 
 def _check_tree_doc(family: str, doc: bytes, files: int) -> None:
     """Refuse to pack a tree document larger than a restore from a mounted tree reads."""
-    from artifactd.restore.mounted import MAX_TREE_DOC
-
     if len(doc) > MAX_TREE_DOC:
         raise BuildError(
             f"{family}: its tree document would take {len(doc)} bytes ({files} files), over "

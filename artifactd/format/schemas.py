@@ -65,7 +65,7 @@ def _for_pydantic(cls: type, made: dict[type, Any]) -> Any:
     Pydantic reads only ``typing_extensions.TypedDict`` on Python < 3.12, and
     the restore marker is a ``typing.TypedDict`` so that a no-op restore does
     not import ``typing_extensions`` (about 15 ms). Same name, docstring, keys
-    and config: the same schema.
+    optional keys and config: the same schema.
     """
     import typing_extensions
 
@@ -80,7 +80,12 @@ def _for_pydantic(cls: type, made: dict[type, Any]) -> Any:
             return origin[tuple(convert(arg) for arg in get_args(tp))]
         return tp
 
-    keys = {k: convert(v) for k, v in typing.get_type_hints(cls).items()}
+    optional: frozenset[str] = getattr(cls, "__optional_keys__", frozenset())
+    keys = {
+        # A key the class may leave out (``signed_by``) stays optional in the schema.
+        k: typing_extensions.NotRequired[convert(v)] if k in optional else convert(v)
+        for k, v in typing.get_type_hints(cls).items()
+    }
     typed_dict: Any = typing_extensions.TypedDict  # the functional form, called at run time
     copy: Any = typed_dict(cls.__name__, keys)
     copy.__doc__ = cls.__doc__

@@ -41,6 +41,7 @@ from artifactd.errors import BuildError, ConfigError, NotFoundError, StoreError,
 from artifactd.events import EventSink, discard
 from artifactd.images.wheels import artifactd_version, default_source, pip_wheel
 from artifactd.stores.credentials import check_unbound_pair
+from artifactd.stores.reference import parse_registry_ref
 
 if TYPE_CHECKING:
     import docker
@@ -301,8 +302,6 @@ def _check_args(
             hint="--wheels DIR skips pip wheel; --source DIR builds them",
         )
     if push:
-        from artifactd.stores.reference import parse_registry_ref
-
         ref = parse_registry_ref(push)
         if ref.reference is None or ref.reference.startswith("sha256:"):
             raise UsageError(

@@ -68,6 +68,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
+from artifactd.families.vllm import classify_factor, read_factors
+from artifactd.pod.verdict import written_after
+
 #: Evidence lines kept per family, and differing hash factors named per dir.
 MAX_LINES = 5
 MAX_FACTORS = 8
@@ -349,8 +352,6 @@ def restored_key_dirs(root: Path, cutoff: float) -> set[PurePosixPath]:
     A file is the restore's when it was not written after it
     (:func:`artifactd.pod.verdict.written_after`, the rule ``status`` counts by).
     """
-    from artifactd.pod.verdict import written_after
-
     found: set[PurePosixPath] = set()
     for top in ("torch_compile_cache", "torch_aot_compile"):
         for rel, st in _files(root / top, PurePosixPath(top)):
@@ -435,7 +436,6 @@ def differing_factors(root: Path, key: PurePosixPath, restored: set[PurePosixPat
     """
     if key.parts[0] != "torch_compile_cache" or len(key.parts) != 2:
         return []
-    from artifactd.families.vllm import classify_factor, read_factors
 
     factors = read_factors(root)
     mine = factors.get(key.name)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from artifactd.errors import ArtifactdError, TargetError, UsageError
-from artifactd.restore.destination import CacheVolume
+from artifactd.restore.destination import CacheVolume, parse_env_file
 
 #: Exit codes of a CMD that cannot be started, as POSIX shells use them.
 EXIT_NOT_FOUND = 127
@@ -88,8 +88,6 @@ def exec_plan(
     path = env_file_path(target, env_file)
     env = dict(os.environ if environ is None else environ)
     try:
-        from artifactd.restore.destination import parse_env_file
-
         overlay = parse_env_file(path)
     except (OSError, UnicodeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

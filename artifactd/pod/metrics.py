@@ -46,7 +46,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from artifactd.errors import TargetError
+from artifactd.errors import TargetError, UsageError
 
 if TYPE_CHECKING:
     from artifactd.pod.verdict import FamilyVerdict
@@ -198,8 +198,6 @@ def serving(addr: str, make: Callable[[], CollectorRegistry]) -> Iterator[tuple[
     picked for port 0) and shuts the server down on leaving. Raises :class:`UsageError`
     when ``addr`` is malformed or cannot be listened on.
     """
-    from artifactd.errors import UsageError
-
     host, port = parse_address(addr)
     registry = CollectorRegistry(auto_describe=False)  # describe would run a scrape
     registry.register(_Fresh(make))
@@ -222,7 +220,5 @@ def parse_address(addr: str) -> tuple[str, int]:
     """Parse ``HOST:PORT`` or ``:PORT`` (all interfaces) into (host, port)."""
     host, _, port = addr.rpartition(":")
     if not port.isdigit() or int(port) > 65535:
-        from artifactd.errors import UsageError
-
         raise UsageError(f"--serve {addr!r}: give HOST:PORT or :PORT", hint="e.g. --serve :9400")
     return host or "0.0.0.0", int(port)  # noqa: S104 - a scrape target listens on the pod

@@ -26,6 +26,11 @@ is set aside (:func:`set_aside`: its damaged blobs and its tags removed) and
 fetched again by the fill that follows, in the same restore. A fill killed
 mid-write leaves temp files (``.tmp-*``) that the next fill removes, and a
 full node disk is a :class:`~artifactd.errors.NoSpaceError`, never a crash.
+
+A restore from a warm node store is a pod start (:mod:`artifactd.cli.fast`):
+this module loads no more than reading the node store needs. What only a
+fetch, a repair or a gc does (``tempfile``, ``shutil``, the registry, the
+signatures, the artifact copier) is imported in the function that does it.
 """
 
 from __future__ import annotations
@@ -35,13 +40,10 @@ import errno
 import fcntl
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd.errors import (
     ArtifactdError,
@@ -102,23 +104,51 @@ def node_lock(root: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT
         os.close(fd)  # closing releases the lock
 
 
-@dataclass
 class FillResult:
-    """What :func:`fill` found in the node store and what it fetched into it."""
+    """What :func:`fill` found in the node store and what it fetched into it.
 
-    node: str
-    #: "node": everything wanted was there; "fetched": some came from the registry;
-    #: "miss": neither has it; "offline": the registry could not be reached.
-    outcome: str
-    tags: list[str] = field(default_factory=list)
-    fetched: list[str] = field(default_factory=list)
-    bytes_fetched: int = 0
-    seconds: float = 0.0
-    error: str | None = None
-    #: Tags whose copy failed verification and were fetched again (:func:`set_aside`).
-    set_aside: list[str] = field(default_factory=list)
-    #: Temp files and scratch left by a fill killed mid-write, removed (:func:`clear_leftovers`).
-    cleared: list[str] = field(default_factory=list)
+    A plain class, not a dataclass: the restore that reads a warm node store
+    is a pod start, and ``dataclasses`` (with ``inspect``) costs it milliseconds.
+    """
+
+    __slots__ = (
+        "bytes_fetched",
+        "cleared",
+        "error",
+        "fetched",
+        "node",
+        "outcome",
+        "seconds",
+        "set_aside",
+        "tags",
+    )
+
+    def __init__(self, node: str, outcome: str) -> None:
+        self.node = node
+        #: "node": everything wanted was there; "fetched": some came from the registry;
+        #: "miss": neither has it; "offline": the registry could not be reached.
+        self.outcome = outcome
+        self.tags: list[str] = []
+        self.fetched: list[str] = []
+        self.bytes_fetched = 0
+        self.seconds = 0.0
+        self.error: str | None = None
+        #: Tags whose copy failed verification and were fetched again (:func:`set_aside`).
+        self.set_aside: list[str] = []
+        #: Temp files and scratch a fill killed mid-write left, removed (:func:`clear_leftovers`).
+        self.cleared: list[str] = []
+
+    def _asdict(self) -> dict[str, Any]:
+        """Every field by name, in declaration order (as a named tuple's, for ``--json``)."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"FillResult({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FillResult) and self._asdict() == other._asdict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as a dataclass is
 
 
 def fill(
@@ -255,6 +285,8 @@ def _fetch(
         fetched: list[str] = []
         try:
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
+            import tempfile
+
             with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
                     from artifactd.stores.artifacts import copy_artifacts
@@ -294,6 +326,8 @@ def clear_leftovers(node: LayoutStore) -> list[str]:
             if not entry.name.startswith(TMP_PREFIX):
                 continue
             if entry.is_dir(follow_symlinks=False):
+                import shutil
+
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 with contextlib.suppress(FileNotFoundError):
@@ -378,8 +412,7 @@ def read_usage(root: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------
 
 
-@dataclass
-class Evicted:
+class Evicted(NamedTuple):
     """One tag gc removed, and when its manifest was last used."""
 
     tag: str
@@ -387,8 +420,7 @@ class Evicted:
     last_used: float | None
 
 
-@dataclass
-class GcResult:
+class GcResult(NamedTuple):
     """What :func:`gc` removed (or, with ``dry_run``, would remove)."""
 
     store: str

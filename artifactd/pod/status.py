@@ -31,8 +31,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from artifactd.families import FAMILIES, get_family
 from artifactd.pod.enginelogs import EngineEvidence, LogFacts, evidence, read_log
 from artifactd.pod.verdict import FamilyVerdict, judge, not_restored, restore_time
+from artifactd.reports import versioned
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.marker import RestoreMarker
 
@@ -109,8 +111,6 @@ def target_status(
         "engine_log_error": log_error,
     }
     if marker is None:
-        from artifactd.families import FAMILIES
-
         state, detail = _untrusted(volume)
         why = f"no trusted restore marker: {detail}"
         return TargetStatus(
@@ -186,7 +186,6 @@ def _family(
             else "not in the restore marker"
         )
         return _not_restored(name, why, facts)
-    from artifactd.families import get_family
 
     dirs = dict(recorded["dirs"])
     engine = evidence(facts, name, dirs=dirs, cutoff=cutoff) if facts is not None else None
@@ -203,8 +202,6 @@ def status_report(status: TargetStatus) -> dict[str, Any]:
     "engine": null | {"family", "source", "hits", "misses", "cache_dirs",
     "other_dirs": [{"path", "why", "factors"}], "cache_disabled", "lines"}}]}``.
     """
-    from artifactd.reports import versioned
-
     return versioned({**_fields(status), "compiled_anyway": status.compiled_anyway})
 
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
+from artifactd.families.tree import walk_component
+
 if TYPE_CHECKING:
     from artifactd.families.base import Family
     from artifactd.pod.enginelogs import EngineEvidence
@@ -162,8 +164,6 @@ def written_since(family: Family, component: str, root: Path, cutoff: float) -> 
     entry the harvest would skip as invalid (a partial write) is entered, with
     the same exclusions, since a library writing it is compiling.
     """
-    from artifactd.families.tree import walk_component
-
     found: list[str] = []
     for entry in walk_component(family, component, root):
         if entry.skip is not None and family.excluded(component, entry.rel, entry.is_dir):

@@ -33,7 +33,6 @@ import errno
 import functools
 import os
 import re
-import shlex
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -161,7 +160,11 @@ def render_env_file(env: dict[str, str]) -> str:
     for key in sorted(env):
         value = env[key]
         check_env_text(value, f"the env value for {key}")
-        lines.append(f"{key}={value if _SAFE_VALUE.match(value) else shlex.quote(value)}")
+        if not _SAFE_VALUE.match(value):
+            import shlex  # only a value with shell syntax in it needs quoting
+
+            value = shlex.quote(value)
+        lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 
 

@@ -23,16 +23,17 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
+from artifactd.fsutil import sync_filesystem
 from artifactd.restore.destination import (
     CacheVolume,
     Swap,
     os_error,
     remove_tree,
 )
+from artifactd.restore.marker import FamilyMarker, RestoreMarker
 from artifactd.restore.resolve import FamilyPlan, RestorePlan, noop_plan
 
 if TYPE_CHECKING:
-    from artifactd.restore.marker import RestoreMarker
     from artifactd.restore.source import RestoreSource
 
 
@@ -176,8 +177,6 @@ def _restore_locked(
 
 
 def _marker(plan: RestorePlan) -> RestoreMarker:
-    from artifactd.restore.marker import FamilyMarker, RestoreMarker
-
     marker = RestoreMarker(
         schema_version=1,
         fingerprint_hash=plan.fingerprint_hash,
@@ -277,8 +276,6 @@ class _Flusher:
         self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
 
     def _run(self) -> None:
-        from artifactd.fsutil import sync_filesystem
-
         while not self._stop.wait(FLUSH_EVERY_S):
             try:
                 sync_filesystem(self._staging)

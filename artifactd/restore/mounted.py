@@ -41,11 +41,14 @@ from artifactd.errors import (
     IntegrityError,
     NotFoundError,
     StoreError,
+    TrustError,
     UnsafeArtifactError,
 )
 from artifactd.families import FAMILIES
 from artifactd.format.config import TREE_DOC, FamilyTree
 from artifactd.fsutil import InputFileError, read_regular
+from artifactd.hashing import digest_of
+from artifactd.restore.source import Current, Found
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,7 +56,7 @@ if TYPE_CHECKING:
     from artifactd.events import EventSink
     from artifactd.format.unpack import UnpackResult
     from artifactd.restore.resolve import FamilyPlan
-    from artifactd.restore.source import Current, Found, Want
+    from artifactd.restore.source import Want
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.policy import TrustPolicy
 
@@ -97,8 +100,6 @@ class MountedTree:
 
     def current(self, want: Want) -> Current | None:
         """Return the digest of ``want``'s family document, if any (never a whole artifact)."""
-        from artifactd.restore.source import Current
-
         found = self.docs.get(want.family) if want.family is not None else None
         return None if found is None else Current(found[1], found[0].scope_key)
 
@@ -107,11 +108,7 @@ class MountedTree:
 
         A tree carries no signature: with ``trust`` it raises :class:`TrustError`.
         """
-        from artifactd.restore.source import Found
-
         if trust is not None:
-            from artifactd.errors import TrustError
-
             raise TrustError(
                 f"{self.ref} is a mounted tree: it carries no signature to verify",
                 reason="unsigned",
@@ -217,8 +214,6 @@ def source_error(exc: OSError, root: Path) -> ArtifactdError:
 
 
 def _read_doc(path: Path, family: str) -> tuple[FamilyTree, str]:
-    from artifactd.hashing import digest_of
-
     data = read_regular(path, MAX_TREE_DOC)
     doc = FamilyTree.from_json(data, source=str(path))
     if doc.family != family:

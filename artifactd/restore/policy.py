@@ -8,7 +8,10 @@ leaves the target untouched and is reported with its class; the outcome's exit
 code is 0 unless ``require`` is set, then the failure's documented code (a
 miss: 6; a tag passed over because its artifact is for something else, even
 when other families hit: 5, ``corrupt``, nothing installed). The mechanism it
-drives is :mod:`artifactd.restore.install`.
+drives is :mod:`artifactd.restore.install`, imported only when there is
+something to install: a no-op restore (:mod:`artifactd.cli.fast`) never loads
+it, nor the node store's, the registry's or the signatures' modules, which the
+functions here import where they are needed.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ from artifactd.restore.destination import (
     no_hook,
     os_error,
 )
-from artifactd.restore.install import RestoreResult, restore
 from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from artifactd.pod.nodestore import FillResult
+    from artifactd.restore.install import RestoreResult
     from artifactd.restore.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
 
@@ -369,6 +372,8 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
                 return RestoreOutcome("dry_run", plan, None, None, 0)
             if not plan.hits or (plan.unbound and request.require):
                 return _miss(plan, request.require)
+            from artifactd.restore.install import restore
+
             result = restore(plan, store, volume, on_event=on_event, max_bytes=request.max_bytes)
             result = result._replace(phases={"lookup": lookup, **result.phases})
     except (UsageError, ConfigError):

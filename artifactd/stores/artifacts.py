@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from artifactd.errors import BuildError, IntegrityError, NotFoundError, UsageError
 from artifactd.events import EventSink, discard
+from artifactd.fingerprint.key import adopt_software
 from artifactd.format.config import ArtifactConfig
 from artifactd.format.imagemanifest import Descriptor, ImageManifest
 from artifactd.format.oci import (
@@ -30,19 +31,24 @@ from artifactd.format.oci import (
     ANN_TITLE,
     ARTIFACT_TYPE,
     CONFIG_MEDIA_TYPE,
+    FULL_TAG_PREFIX,
     LAYER_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
+    TAG_RE,
     family_tag,
     full_tag,
 )
 from artifactd.hashing import canonical_json, copy_hashed, digest_of
-from artifactd.stores import Store
+from artifactd.stores import Store, open_store, parse_manifest_ref
 from artifactd.stores.base import ManifestRef, progress_events
+from artifactd.stores.credentials import check_unbound_pair
+from artifactd.trust.policy import TrustPolicy, vouch
+from artifactd.trust.signatures import copy_attached, parse_attached_tag, sign_all
 
 if TYPE_CHECKING:
     from artifactd.format.archive import PackedLayer
     from artifactd.trust.keys import PrivateKey
-    from artifactd.trust.policy import Basis, TrustPolicy
+    from artifactd.trust.policy import Basis
     from artifactd.trust.signatures import SignResult
 
 #: An artifact config larger than this is refused before it is read: every
@@ -320,10 +326,6 @@ def choose_artifacts(
     one must verify (:func:`artifactd.trust.policy.vouch`) or
     :class:`~artifactd.errors.TrustError` is raised before the copy begins.
     """
-    from artifactd.format.oci import TAG_RE
-    from artifactd.trust.policy import vouch
-    from artifactd.trust.signatures import parse_attached_tag
-
     wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
     wanted = [t for t in wanted if tags or parse_attached_tag(t) is None]
     chosen = Chosen(refs=[])
@@ -342,9 +344,6 @@ def choose_artifacts(
 
 
 def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyResult:
-    from artifactd.format.oci import FULL_TAG_PREFIX
-    from artifactd.trust.signatures import copy_attached
-
     result = CopyResult(source=src.ref, destination=dst.ref, tags=[], verified=chosen.verified)
     done: set[str] = set()
     carried: set[str] = set()
@@ -376,8 +375,6 @@ def open_artifact(
     Raises :class:`UsageError` when ``ref`` names a store but no artifact, and
     :class:`NotFoundError` when the store has no such artifact.
     """
-    from artifactd.stores import open_store, parse_manifest_ref
-
     store, reference = parse_manifest_ref(ref)
     with open_store(store, insecure=insecure) as st:
         art = read_artifact(st, reference, trust=trust)
@@ -407,14 +404,9 @@ def adopt_software_from(
     """
     import json
 
-    from artifactd.fingerprint.key import adopt_software
-    from artifactd.stores.credentials import check_unbound_pair
-
     check_unbound_pair([ref, store])
     trust = None
     if verify_keys:
-        from artifactd.trust.policy import TrustPolicy
-
         trust = TrustPolicy.from_specs(verify_keys)
     art = open_artifact(ref, insecure=insecure, trust=trust)
     return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
@@ -442,11 +434,6 @@ def copy_between(
     :class:`~artifactd.errors.UsageError`, before any store is opened.
     """
     import tempfile
-
-    from artifactd.stores import open_store
-    from artifactd.stores.credentials import check_unbound_pair
-    from artifactd.trust.policy import TrustPolicy
-    from artifactd.trust.signatures import sign_all
 
     check_unbound_pair([source, destination])
     if sign_key is not None and trust is None:

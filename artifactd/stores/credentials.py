@@ -36,6 +36,7 @@ from artifactd.constants import (
     current_environ,
 )
 from artifactd.errors import ConfigError
+from artifactd.stores.reference import looks_like_registry
 
 #: Seconds a credential helper may take before it counts as having no answer.
 HELPER_TIMEOUT_S = 10
@@ -103,8 +104,6 @@ def bound_host(environ: Mapping[str, str] | None = None) -> str | None:
 
 def registry_host(ref: str) -> str | None:
     """Return the registry host (lowercase) a store or artifact reference names, or None."""
-    from artifactd.stores.reference import looks_like_registry
-
     text = ref.strip()
     if text.startswith("oci:") or not looks_like_registry(text):
         return None

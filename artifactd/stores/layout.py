@@ -7,12 +7,13 @@ annotations on the index's manifest descriptors.
 
 Blobs are written to a temp file in the same directory and renamed into place;
 ``index.json`` is rewritten atomically under an exclusive ``flock`` so
-concurrent harvests into one directory never lose a tag.
+concurrent harvests into one directory never lose a tag. Only writing needs
+``fcntl`` and ``tempfile``, so they are imported where a write happens: a no-op
+restore reads a layout and loads neither.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -72,7 +73,7 @@ class LayoutStore(Store):
         dest = self._blob_path(digest)
         if dest.is_file() and dest.stat().st_size == size:
             return 0
-        import tempfile  # only writing a blob needs it, never reading the store
+        import tempfile
 
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
         try:
@@ -258,6 +259,8 @@ class LayoutStore(Store):
     @contextmanager
     def _locked_index(self) -> Iterator[dict[str, Any]]:
         """Read, yield for changes, then write index.json, all under one flock."""
+        import fcntl
+
         with (self.root / ".index.lock").open("a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             index = self._read_index()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from artifactd.constants import ENV_KEY_PASSWORD, current_environ
 from artifactd.errors import UsageError
 from artifactd.fsutil import InputFileError, read_regular
-from artifactd.hashing import sha256_hex
+from artifactd.hashing import digest_of
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import (
@@ -87,14 +87,24 @@ class PrivateKey(NamedTuple):
         return PublicKey(key_id_of(pub), self.spec, pub)
 
 
+def key_id(der: bytes) -> str:
+    """Return the key id of a public key given as DER SubjectPublicKeyInfo: ``sha256:<hex>``.
+
+    The one definition of a key id: of a parsed key (:func:`key_id_of`) and of
+    the PEM a no-op restore reads without the crypto library (:func:`key_ids_of_pem`).
+    """
+    return digest_of(der)
+
+
 def key_id_of(key: EllipticCurvePublicKey) -> str:
-    """Return ``sha256:<hex>`` of the public key's DER SubjectPublicKeyInfo."""
+    """Return the :func:`key_id` of a parsed public key."""
     from cryptography.hazmat.primitives import serialization
 
-    der = key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    return key_id(
+        key.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
     )
-    return "sha256:" + sha256_hex(der)
 
 
 def key_ids_of_pem(pem: bytes) -> list[str]:
@@ -110,7 +120,7 @@ def key_ids_of_pem(pem: bytes) -> list[str]:
             der = base64.b64decode(b"".join(match.group(1).split()), validate=True)
         except ValueError:
             continue
-        out.append("sha256:" + sha256_hex(der))
+        out.append(key_id(der))
     return out
 
 

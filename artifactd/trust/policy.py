@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from artifactd.errors import NotFoundError, TrustError
+from artifactd.stores import open_store, parse_manifest_ref
+from artifactd.trust.keys import load_public_keys
+from artifactd.trust.provenance import summary
 from artifactd.trust.signatures import (
     Attestation,
     SignatureLayer,
@@ -49,7 +52,6 @@ class TrustPolicy:
         """Load the keys the specs name; None (no policy) when there are none."""
         if not specs:
             return None
-        from artifactd.trust.keys import load_public_keys
 
         return cls(tuple(load_public_keys(specs)))
 
@@ -195,8 +197,6 @@ class TrustReport:
 
 def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustReport:
     """Read ``digest``'s signatures and attestations; check them against ``keys`` if any."""
-    from artifactd.trust.provenance import summary
-
     infos = []
     try:
         sigs = read_signatures(store, digest)
@@ -239,7 +239,6 @@ def inspect_ref(
     ref: str, *, keys: Sequence[PublicKey] = (), insecure: bool = False
 ) -> tuple[Any, TrustReport]:
     """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
-    from artifactd.stores import open_store, parse_manifest_ref
     from artifactd.stores.artifacts import read_artifact
 
     store, reference = parse_manifest_ref(ref)
@@ -257,8 +256,6 @@ def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False)
     it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
     vouching for whoever put it there.
     """
-    from artifactd.stores import open_store, parse_manifest_ref
-
     store, reference = parse_manifest_ref(ref)
     with open_store(store, insecure=insecure) as st:
         found = st.get_manifest(reference)
