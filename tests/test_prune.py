@@ -369,3 +369,41 @@ def test_layout_push_racing_a_prune_survives(
         art = read_artifact(st, _tag(raced, "fp-"))
     assert art is not None
     assert _restored(ref, art.config.fingerprint, tmp_path / "r") == "restored"
+
+
+def test_publishing_again_keeps_the_creation_time_and_the_digest(
+    local_fp: Fingerprint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    ref = f"oci:{root}"
+    trees = build_caches(tmp_path / "c")
+    first = _push(ref, local_fp, trees, 20, monkeypatch)
+    digests = {t: LayoutStore(root).tag_digest(t) for t in first}
+    again = _push(ref, local_fp, trees, 0, monkeypatch)  # a later, identical publish
+    assert again == first
+    assert {t: LayoutStore(root).tag_digest(t) for t in again} == digests
+    doc = _prune(ref, "--keep-last", "0", "--older-than", "15")
+    assert set(doc["delete_tags"]) == set(first)  # still 20 days old
+    proc = run_artifactd("harvest", "--store", ref, "--json", env=clean_env(
+        {**trees, SOURCE_DATE_EPOCH: "yesterday"}))  # fmt: skip
+    assert proc.returncode == 2 and SOURCE_DATE_EPOCH in proc.stderr, proc.stderr
+
+
+def test_an_artifact_without_a_creation_time_is_kept_unless_everything_is_old(
+    local_fp: Fingerprint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    ref = f"oci:{root}"
+    pushed = _fill(ref, local_fp, tmp_path, monkeypatch)
+    st = LayoutStore(root)
+    legacy = _tag(pushed["sm_80"], "fp-")
+    found = st.get_manifest(legacy)
+    assert found is not None
+    doc = json.loads(found.data)
+    del doc["annotations"]["org.opencontainers.image.created"]  # as published before
+    st.put_manifest(json.dumps(doc).encode(), found.media_type, [legacy])
+    dry = _prune(ref, "--keep-last", "0", "--older-than", "0")
+    reasons = {t: d["reason"] for d in dry["decisions"] for t in d["tags"]}
+    assert reasons[legacy].startswith("no creation time")
+    dry = _prune(ref, "--keep-last", "0", "--older-than", "0", "--grace", "0")
+    assert legacy in dry["delete_tags"]

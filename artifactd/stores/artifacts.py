@@ -129,14 +129,14 @@ def creation_time(store: Store, tag: str, config_digest: str) -> str:
     """
     from artifactd.constants import SOURCE_DATE_EPOCH, current_environ
 
-    ref = store.get_manifest(tag)
-    if ref is not None:
-        try:
-            old = ImageManifest.from_bytes(ref.data)
-        except IntegrityError:
-            old = None
-        stamp = ((old.annotations or {}).get(ANN_CREATED) if old else None) or ""
-        if old is not None and old.config.digest == config_digest and stamp:
+    try:
+        ref = store.get_manifest(tag)
+        old = None if ref is None else ImageManifest.from_bytes(ref.data)
+    except (IntegrityError, NotFoundError):
+        old = None  # a damaged tag: publishing over it repairs it, as before
+    if old is not None:
+        stamp = (old.annotations or {}).get(ANN_CREATED)
+        if old.config.digest == config_digest and stamp:
             return stamp
     raw = current_environ().get(SOURCE_DATE_EPOCH)
     try:
@@ -176,6 +176,9 @@ def publish(
             f"{MAX_CONFIG_BYTES >> 20} MiB a restore reads",
             hint="harvest fewer families at once (--family), or clear stale cache entries",
         )
+    # Before any upload: a bad $SOURCE_DATE_EPOCH fails with nothing written.
+    names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
+    created = creation_time(store, names[0], digest_of(config)) if names else None
     for rec in art.layers:
         layer = packed.get(rec.family)
         if layer is None:  # a layer reused from another artifact: it must be there already
@@ -195,8 +198,6 @@ def publish(
         result.blobs_uploaded.append(layer.digest)
         on_event({"stage": "push", "event": "done", "family": rec.family, "bytes": layer.size})
 
-    names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
-    created = creation_time(store, names[0], digest_of(config)) if names else None
     for rec in art.layers if tags is None else []:
         fam_art = art.for_family(rec.family)
         cfg = _put_small(store, canonical_json(fam_art.model_dump(mode="json")), result, tmp_dir)
