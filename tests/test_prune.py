@@ -407,3 +407,22 @@ def test_an_artifact_without_a_creation_time_is_kept_unless_everything_is_old(
     assert reasons[legacy].startswith("no creation time")
     dry = _prune(ref, "--keep-last", "0", "--older-than", "0", "--grace", "0")
     assert legacy in dry["delete_tags"]
+
+
+def test_a_manifest_promoted_during_the_prune_is_left(
+    local_fp: Fingerprint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    ref = f"oci:{root}"
+    pushed = _fill(ref, local_fp, tmp_path, monkeypatch)
+    with open_store(ref) as st:
+        pruned = plan(st, Rules(keep_last=0, older_than_days=0, grace_s=0))
+        target = _tag(pushed["sm_90a"], "fp-")
+        found = st.get_manifest(target)
+        assert found is not None and target in pruned.delete_tags
+        # Promoted after the plan was made, before the deletes (verify --promote, elsewhere).
+        st.put_manifest(found.data, found.media_type, ["release-7"])
+        apply(st, pruned)
+    assert pruned.skipped == [found.digest]
+    assert _index_tags(root) == {target, "release-7"}
+    assert _restored(ref, _fp(local_fp, "sm_90a"), tmp_path / "r") == "restored"
