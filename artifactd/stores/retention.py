@@ -356,10 +356,11 @@ def apply(
     Tags are read again first: a manifest that a tag outside the plan names
     by now (promoted during the prune) is left, and so are its signatures.
     An identical artifact published again meanwhile under its own tags is not
-    seen (same digest, same tags, same creation time): that push is lost. Artifacts go before their signatures, so a failure
-    half-way never leaves an artifact that lost its signature. On a local
-    layout, blobs nothing references any more are then removed, under the
-    index lock, those younger than the grace excepted (see
+    seen (same digest, same tags, same creation time): that push is lost.
+    Artifacts go before their signatures, so a failure half-way never leaves
+    an artifact that lost its signature. On a local layout, blobs nothing
+    references any more are then removed, under the index lock, those
+    younger than the grace excepted (see
     :meth:`~artifactd.stores.layout.LayoutStore.sweep_blobs`).
     """
     from artifactd.stores.layout import LayoutStore
