@@ -62,6 +62,9 @@ ENV_PREBUILT = "ARTIFACTD_PREBUILT"
 #: Set by Kubernetes in each pod of an Indexed Job: ``build --cell`` reads it.
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 DEFAULT_PREBUILT = "/opt/prebuilt-cache"
+#: The reproducible-builds convention: a publish stamps this Unix time as the
+#: artifact's creation time instead of now (what ``prune`` ages artifacts by).
+SOURCE_DATE_EPOCH = "SOURCE_DATE_EPOCH"
 
 #: Where the embedded default store lives, relative to the working directory.
 DEFAULT_STORE = "oci:.artifactd/store"

@@ -93,8 +93,11 @@ def start_registry(
     user: str | None = None,
     password: str | None = None,
     auth: list[str] | None = None,
+    delete: bool = True,
 ) -> RegistryServer:
     """Start a registry; with ``user``/``password`` and no ``auth``, behind htpasswd.
+
+    ``delete=False`` refuses manifest deletes (405), distribution's own default.
 
     ``auth`` replaces the config's ``auth:`` section (its YAML lines), e.g. for
     a token-auth registry; ``user``/``password`` are then only recorded.
@@ -114,7 +117,7 @@ def start_registry(
         "  filesystem:",
         f"    rootdirectory: {root}",
         "  delete:",
-        "    enabled: true",
+        f"    enabled: {'true' if delete else 'false'}",
         "http:",
         f"  addr: 127.0.0.1:{port}",
     ]

@@ -12,6 +12,7 @@ shared by digest: the store keeps each one once.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from artifactd.fingerprint.key import adopt_software
 from artifactd.format.config import ArtifactConfig
 from artifactd.format.imagemanifest import Descriptor, ImageManifest
 from artifactd.format.oci import (
+    ANN_CREATED,
     ANN_FAMILY,
     ANN_FILES,
     ANN_FINGERPRINT,
@@ -87,8 +89,15 @@ def _put_small(store: Store, data: bytes, result: PublishResult, tmp_dir: Path) 
     return desc
 
 
-def build_image_manifest(config: Descriptor, art: ArtifactConfig) -> ImageManifest:
-    """Return the OCI image manifest for an artifact config and its layers."""
+def build_image_manifest(
+    config: Descriptor, art: ArtifactConfig, *, created: str | None = None
+) -> ImageManifest:
+    """Return the OCI image manifest for an artifact config and its layers.
+
+    ``created`` (RFC 3339, UTC) becomes the manifest's
+    ``org.opencontainers.image.created`` annotation: the artifact's age for
+    ``artifactd prune``.
+    """
     layers = [
         Descriptor(
             media_type=LAYER_MEDIA_TYPE,
@@ -107,8 +116,43 @@ def build_image_manifest(config: Descriptor, art: ArtifactConfig) -> ImageManife
         artifact_type=ARTIFACT_TYPE,
         config=config,
         layers=layers,
-        annotations={ANN_FINGERPRINT: art.fingerprint_hash, ANN_KIND: art.kind},
+        annotations={
+            ANN_FINGERPRINT: art.fingerprint_hash,
+            ANN_KIND: art.kind,
+            **({ANN_CREATED: created} if created else {}),
+        },
     )
+
+
+def creation_time(store: Store, tag: str, config_digest: str) -> str:
+    """Return the creation time to stamp on an artifact about to be published under ``tag``.
+
+    Publishing again what ``tag`` already holds (the same config: a merge run
+    twice) keeps that manifest's time, so the digest stays the same and the
+    push stays idempotent. Otherwise ``$SOURCE_DATE_EPOCH`` when set (the
+    reproducible-builds convention), else now. Never the registry's mtime: the
+    distribution API does not expose one.
+    """
+    from artifactd.constants import SOURCE_DATE_EPOCH, current_environ
+
+    try:
+        ref = store.get_manifest(tag)
+        old = None if ref is None else ImageManifest.from_bytes(ref.data)
+    except (IntegrityError, NotFoundError):
+        old = None  # a damaged tag: publishing over it repairs it, as before
+    if old is not None:
+        stamp = (old.annotations or {}).get(ANN_CREATED)
+        if old.config.digest == config_digest and stamp:
+            return stamp
+    raw = current_environ().get(SOURCE_DATE_EPOCH)
+    try:
+        when = time.time() if raw is None else int(raw)
+    except ValueError:
+        raise UsageError(
+            f"{SOURCE_DATE_EPOCH}={raw!r} is not a whole number of seconds",
+            hint="set it to a Unix time (date +%s) or unset it",
+        ) from None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
 
 
 def publish(
@@ -138,6 +182,9 @@ def publish(
             f"{MAX_CONFIG_BYTES >> 20} MiB a restore reads",
             hint="harvest fewer families at once (--family), or clear stale cache entries",
         )
+    # Before any upload: a bad $SOURCE_DATE_EPOCH fails with nothing written.
+    names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
+    created = creation_time(store, names[0], digest_of(config)) if names else None
     for rec in art.layers:
         layer = packed.get(rec.family)
         if layer is None:  # a layer reused from another artifact: it must be there already
@@ -160,7 +207,7 @@ def publish(
     for rec in art.layers if tags is None else []:
         fam_art = art.for_family(rec.family)
         cfg = _put_small(store, canonical_json(fam_art.model_dump(mode="json")), result, tmp_dir)
-        fam_manifest = build_image_manifest(cfg, fam_art)
+        fam_manifest = build_image_manifest(cfg, fam_art, created=created)
         tag = family_tag(rec.family, rec.scope_key)
         result.family_digests[rec.family] = store.put_manifest(
             fam_manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag]
@@ -168,8 +215,7 @@ def publish(
         result.tags.append(tag)
 
     cfg = _put_small(store, config, result, tmp_dir)
-    manifest = build_image_manifest(cfg, art)
-    names = [full_tag(art.fingerprint_hash)] if tags is None else list(tags)
+    manifest = build_image_manifest(cfg, art, created=created)
     result.digest = store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, names)
     result.tags[:0] = names
     return result

@@ -109,6 +109,15 @@ class Store(abc.ABC):
     def list_tags(self) -> list[str]:
         """Return every tag (used for listing and explaining misses, never to resolve)."""
 
+    def delete_manifest(self, digest: str) -> bool:
+        """Delete the manifest ``digest`` and every tag naming it; False when it was not there.
+
+        Stores that cannot delete (a tree baked into an image) raise :class:`StoreError`.
+        """
+        from artifactd.errors import StoreError
+
+        raise StoreError(f"{self.ref} cannot delete manifests", hint="prune a registry or oci:DIR")
+
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release connections or locks."""
 

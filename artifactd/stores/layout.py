@@ -206,6 +206,68 @@ class LayoutStore(Store):
             index["manifests"] = kept
         return sorted(removed)
 
+    def delete_manifest(self, digest: str) -> bool:
+        """Drop every index.json entry naming ``digest`` in one atomic rewrite.
+
+        The manifest's blobs stay: :meth:`sweep_blobs` removes those nothing references.
+        """
+        check_digest(digest)
+        with self._locked_index() as index:
+            before = len(index["manifests"])
+            index["manifests"] = [d for d in index["manifests"] if d.get("digest") != digest]
+            return len(index["manifests"]) != before
+
+    def sweep_blobs(self, *, min_age_s: float, now: float) -> dict[str, int]:
+        """Remove blobs no manifest in index.json references; return them with their sizes.
+
+        Under the index lock, so no tag is added meanwhile. The references are
+        read afresh (a manifest written since the caller planned counts), and a
+        blob modified less than ``min_age_s`` before ``now`` stays: a publish
+        writes its blobs before its tag, so a blob that nothing names yet may be
+        one it is about to name.
+        """
+        removed: dict[str, int] = {}
+        with self._locked_index() as index:
+            live = self.referenced([str(d["digest"]) for d in index["manifests"]])
+            with os.scandir(self.root / "blobs" / "sha256") as it:
+                entries = [e for e in it if e.is_file(follow_symlinks=False)]
+            for entry in entries:
+                digest = f"sha256:{entry.name}"
+                if len(entry.name) != 64 or digest in live:
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                if now - st.st_mtime < min_age_s:
+                    continue
+                os.unlink(entry.path)
+                removed[digest] = st.st_size
+        return removed
+
+    def referenced(self, manifests: list[str]) -> set[str]:
+        """Return the manifests ``manifests`` and every blob they reference (config, layers).
+
+        A manifest that cannot be read raises (:class:`IntegrityError`,
+        :class:`NotFoundError`): a sweep that does not know what it names could
+        remove a live blob.
+        """
+        out: set[str] = set()
+        for digest in manifests:
+            out.add(digest)
+            data = self._read_manifest(self._blob_path(digest), digest)
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                raise IntegrityError(
+                    f"{self.ref}: manifest {digest} is not JSON",
+                    hint="nothing was removed; repair or remove that tag first",
+                ) from None
+            for desc in [doc.get("config") or {}, *(doc.get("layers") or [])]:
+                if isinstance(desc, dict) and isinstance(desc.get("digest"), str):
+                    out.add(desc["digest"])
+            for desc in doc.get("manifests") or []:  # an index: its children live too
+                if isinstance(desc, dict) and isinstance(desc.get("digest"), str):
+                    out |= self.referenced([desc["digest"]])
+        return out
+
     def blob_digests(self) -> dict[str, int]:
         """Every blob in the layout: digest -> size on disk."""
         out: dict[str, int] = {}

@@ -231,6 +231,31 @@ class RegistryStore(Store):
         ref = self.get_manifest(tag)
         return ref.digest if ref else None
 
+    def delete_manifest(self, digest: str) -> bool:
+        """DELETE the manifest ``digest`` (the registry drops every tag naming it).
+
+        Returns False when it was already gone. Its blobs stay until the
+        registry's own garbage collection. A registry that refuses deletes
+        (405: distribution's default) raises :class:`StoreError` before
+        anything was deleted, since the refusal is for every manifest alike.
+        """
+        check_digest(digest)
+        resp = self._send(
+            "DELETE",
+            f"{self.base}/manifests/{digest}",
+            ok=(202, 200, 204),
+            missing=(404, 405),
+            what="manifest delete",
+        )
+        resp.close()
+        if resp.status_code == 405:
+            raise StoreError(
+                f"{self.ref}: the registry refuses to delete manifests (405)",
+                hint="enable deletes in its config (storage: delete: enabled: true, or "
+                "REGISTRY_STORAGE_DELETE_ENABLED=true) and restart it",
+            )
+        return bool(resp.status_code != 404)
+
     def list_tags(self) -> list[str]:
         """All tags, following ``Link`` pagination."""
         tags: list[str] = []
