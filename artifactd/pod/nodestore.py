@@ -482,11 +482,11 @@ def _collect(
         live = {d for d in tags.values() if d in set(kept.values())}
         usage = {d: t for d, t in usage.items() if d in live}
         atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
-    total = read_evictions(node.root) + (0 if dry_run else len(evicted))
+    evictions = read_evictions(node.root) + (0 if dry_run else len(evicted))
     if not dry_run and evicted:
         # Kept across runs so that the exported counter only grows: Prometheus'
         # increase() then sees every eviction, not one gc's count.
-        atomic_write(node.root / GC_STATS_NAME, json.dumps({"evictions": total}).encode())
+        atomic_write(node.root / GC_STATS_NAME, json.dumps({"evictions": evictions}).encode())
     note = (
         None if satisfied(size, free) else "every artifact was evicted and the targets still fail"
     )
@@ -500,7 +500,7 @@ def _collect(
         blobs_removed=len(unreferenced) if evicted else 0,
         free_pct_after=round(100.0 * free / total, 2),
         note=note if evicted or not satisfied(size, free) else None,
-        evictions_total=total,
+        evictions_total=evictions,
     )
     on_event({"stage": "gc", "event": "done", "freed": result.freed, "evicted": len(evicted)})
     return result
