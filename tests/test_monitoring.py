@@ -83,7 +83,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     restore = ("restore", "--store", store, "--family", "generic")
     node = f"oci:{root / 'node'}"
     target = root / "cache"
-    ok(*restore, "--node-store", node, "--target", str(target), "--metrics-file", str(prom / "hit.prom"))  # fmt: skip
+    ok(*restore, "--node-store", node, "--target", str(target),
+       "--metrics-file", str(prom / "hit.prom"))  # fmt: skip
     ok("keygen", "--out", str(root / "key"))
     ok(
         *restore, "--target", str(root / "t2"), "--metrics-file", str(prom / "untrusted.prom"),
@@ -216,8 +217,8 @@ def test_the_alerts_fire_on_the_exporters_own_series(exported: Exported, tmp_pat
     series = []
     for stem, samples in exported.files.items():
         for name, labels, value in samples:
-            labels = {**labels, "instance": f"{stem}:9100", "job": "node"}
-            series.append({"series": _series(name, labels), "values": f"{value!r}x60"})
+            scraped = {**labels, "instance": f"{stem}:9100", "job": "node"}
+            series.append({"series": _series(name, scraped), "values": f"{value!r}x60"})
     # The alerts, with the labels that come from artifactd's own (family, failure kind).
     expected = [
         'alertname="ArtifactdCompiledAnyway",family="generic"',
