@@ -18,7 +18,9 @@ ConfigMap, its software from an artifact of that store, the workload and the
 pod's GPUs; the engine serves the warm-up matrix's command line, workload,
 env and GPU count; the DaemonSet prefetches the release (the engine's image
 and digest, the restore's workload and store) on the Deployment's nodes and
-collects garbage in a loop; and every ``artifactd`` command line (commands,
+collects garbage in a loop, then publishes its node store as NFD local
+features (a hostPath at nfd-worker's features.d) whose fingerprint label the
+overlay's preferred node affinity names; and every ``artifactd`` command line (commands,
 args, probes, hooks; an init-image container without ``command`` runs the
 image's ENTRYPOINT) runs ``--help`` and lists every option it uses. The
 helpers are ``test_fanout_examples.py``'s and ``test_ci_examples.py``'s.
@@ -64,6 +66,12 @@ from artifactd.cli import cli
 from artifactd.cli.specs import parse_size
 from artifactd.families import FAMILIES, get_family
 from artifactd.images.build import INIT_UID
+from artifactd.pod.nodefeatures import (
+    LABEL_PREFIX,
+    LABEL_VALUE,
+    fingerprint_label,
+    valid_label_key,
+)
 from artifactd.restore.destination import parse_env_file
 
 # The session fixtures of tests/engine.py and the init image of test_image_build.py, by name.
@@ -78,6 +86,8 @@ INIT_DOCKERFILE = REPO / "dockerfiles" / "init.Dockerfile.j2"
 #: The annotation that names the warm-up matrix that built the caches.
 MATRIX_ANNOTATION = "artifactd.io/warmup-matrix"
 GPU = "nvidia.com/gpu"
+#: Where nfd-worker reads local feature files, on the node.
+NFD_FEATURES_DIR = PurePosixPath("/etc/kubernetes/node-feature-discovery/features.d")
 #: Exit code of ``status --fail-on-compile`` when a family compiled anyway.
 COMPILED_ANYWAY = 13
 
@@ -459,8 +469,8 @@ def test_the_node_store_and_the_metrics_are_one_hostpath_each() -> None:
     for doc in (DEPLOYMENT, DAEMONSET):
         for _, c, argv in calls(doc):
             command = split_path(argv)[0]
-            option = "--store" if command == ("gc",) else "--node-store"
-            if command in (("restore",), ("prefetch",), ("gc",)):
+            option = "--store" if command in (("gc",), ("node-features",)) else "--node-store"
+            if command in (("restore",), ("prefetch",), ("gc",), ("node-features",)):
                 ref = setting(c, argv, option)
                 assert ref and ref.startswith("oci:"), f"{c['name']}: node store {ref}"
                 found = mount_of(c, ref[4:])
@@ -556,6 +566,47 @@ def test_the_daemonset_prefetches_the_release_and_collects_garbage() -> None:
     assert max_bytes and parse_size(max_bytes) > 0
     script = next(argv for w, argv in exec_arrays(gc_c) if w == "run")[-1]
     assert re.search(r"\bwhile\b", script) and re.search(r"\bsleep \d+", script), script
+
+
+def test_the_daemonset_publishes_its_node_store_as_nfd_features() -> None:
+    _, gc_c, gc = one_call(DAEMONSET, "gc")
+    _, nf_c, nf = one_call(DAEMONSET, "node-features")
+    assert nf_c is gc_c, "published by the gc loop, after each gc"
+    script = next(argv for w, argv in exec_arrays(gc_c) if w == "run")[-1]
+    assert script.index("artifactd gc") < script.index("artifactd node-features"), script
+    assert setting(nf_c, nf, "--store") == setting(gc_c, gc, "--store")
+    out = setting(nf_c, nf, "--out")
+    assert out, "no --out"
+    found = mount_of(nf_c, out)
+    assert found, f"{out} is on no volume"
+    host = volume(DAEMONSET, found[0]["name"]).get("hostPath")
+    assert host, "the features file must be on the node, where nfd-worker reads it"
+    assert (PurePosixPath(host["path"]) / found[1]).parent == NFD_FEATURES_DIR, out
+    assert PurePosixPath(out).parent == NFD_FEATURES_DIR, "the same path inside and on the node"
+    # node-dirs makes the directory writable for the gc container's user.
+    setup = " ".join(w for _, argv in exec_arrays(container(DAEMONSET, "node-dirs")) for w in argv)
+    assert f"chgrp {INIT_UID} {NFD_FEATURES_DIR}" in setup and f"g+w {NFD_FEATURES_DIR}" in setup
+    assert run_as(DAEMONSET, nf_c) == INIT_UID
+
+
+def test_the_overlay_prefers_the_nodes_that_hold_its_artifact() -> None:
+    _, nf_c, nf = one_call(DAEMONSET, "node-features")
+    software = setting(RESTORE_C, RESTORE_ARGV, "--software-from") or ""
+    fp_hash = software.rsplit(":fp-", 1)[-1]
+    key = fingerprint_label(fp_hash, setting(nf_c, nf, "--prefix") or LABEL_PREFIX)
+    assert valid_label_key(key), key
+    affinity = (pod(DEPLOYMENT).get("affinity") or {}).get("nodeAffinity") or {}
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity, (
+        "a cold node still runs"
+    )
+    terms = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    found = [
+        term
+        for term in terms
+        for e in term["preference"].get("matchExpressions") or []
+        if e["key"] == key and e["operator"] == "In" and e["values"] == [LABEL_VALUE]
+    ]
+    assert len(found) == 1 and found[0]["weight"] > 0, f"no preference for {key}: {terms}"
 
 
 INVOCATIONS = [
@@ -663,6 +714,22 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     assert on_host[metrics].is_file(), "no metrics file"
     env_file = parse_env_file(volumes / cache_volume / "artifactd.env")
     assert env_file["ARTIFACTD_GENERIC_DIR"] == f"{target}/generic", env_file
+
+    # The DaemonSet's gc loop publishes the node store for NFD: its own node-features
+    # line, on the same node-store volume, as its user; the file names the label
+    # the overlay's affinity prefers, for this artifact.
+    _, nf_c, nf = one_call(DAEMONSET, "node-features")
+    run_in(
+        client, image, *nf[1:], entrypoint=nf[0], user=_user(DAEMONSET, nf_c),
+        volumes=_binds(nf_c, volumes),
+    )  # fmt: skip
+    out = setting(nf_c, nf, "--out") or ""
+    found = mount_of(nf_c, out)
+    assert found, out
+    features = (volumes / found[0]["name"] / found[1]).read_text()
+    label = fingerprint_label(fp_hash, setting(nf_c, nf, "--prefix") or LABEL_PREFIX)
+    assert f"{label}={LABEL_VALUE}" in features.splitlines(), features
+    assert valid_label_key(label)
 
     # The engine: the rendered `artifactd exec --target ... --`, then python3 for vLLM.
     run = next(argv for what, argv in exec_arrays(ENGINE) if what == "run")
