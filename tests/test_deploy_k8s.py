@@ -720,7 +720,7 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     # the overlay's affinity prefers, for this artifact.
     _, nf_c, nf = one_call(DAEMONSET, "node-features")
     run_in(
-        client, image, *nf[1:], entrypoint=nf[0], user=_user(DAEMONSET, nf_c),
+        client, image, *nf, entrypoint="artifactd", user=_user(DAEMONSET, nf_c),
         volumes=_binds(nf_c, volumes),
     )  # fmt: skip
     out = setting(nf_c, nf, "--out") or ""

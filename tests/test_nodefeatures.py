@@ -148,6 +148,7 @@ def test_the_features_file_is_replaced_atomically_and_lists_the_labels(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
+    assert doc["schema_version"] == 1 and doc["store"] == f"oci:{node}"
     lines = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
     assert lines == [f"{k}=true" for k in doc["labels"]] and len(lines) == 3
     first = os.stat(out).st_ino

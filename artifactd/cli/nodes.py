@@ -232,7 +232,9 @@ def node_features(*, store: str, out: Path, max_labels: int, prefix: str, as_jso
 
     keys = write_features(node_root(store), out, max_labels=max_labels, prefix=prefix)
     if as_json:
-        render.emit_json({"store": store, "file": str(out), "labels": keys})
+        from artifactd.reports import versioned
+
+        render.emit_json(versioned({"store": store, "file": str(out), "labels": keys}))
         return
     render.echo(f"{out}: {len(keys)} label(s) for {store}")
     for key in keys:
