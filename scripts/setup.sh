@@ -11,8 +11,10 @@ cd "$(dirname "$0")/.."
 # sandbox (docs/dev/podman-engine.md); netavark is named so that apt does not
 # pick another provider of podman's network stack.
 # openssl is the independent verifier of the signatures (tests/test_trust.py).
-# prometheus brings promtool (tests/test_monitoring.py); its service is not
-# started where there is no init system (policy-rc.d here). kubernetes-client
+# prometheus brings promtool (tests/test_monitoring.py). The package also
+# enables a Prometheus server on :9090: where systemd runs it starts (stop it:
+# systemctl disable --now prometheus); without an init system, or with a
+# policy-rc.d that denies it, nothing starts. kubernetes-client
 # is kubectl, whose embedded kustomize renders deploy/k8s (tests/test_deploy_k8s.py:
 # v4 or later, kubectl 1.21+); it is skipped where a kubectl is already
 # installed (another package owning /usr/bin/kubectl would make dpkg fail).
