@@ -11,7 +11,15 @@ cd "$(dirname "$0")/.."
 # sandbox (docs/dev/podman-engine.md); netavark is named so that apt does not
 # pick another provider of podman's network stack.
 # openssl is the independent verifier of the signatures (tests/test_trust.py).
-APT_PACKAGES=(skopeo docker-registry busybox-static podman runc netavark mmdebstrap umoci openssl)
+# prometheus brings promtool (tests/test_monitoring.py). The package also
+# enables a Prometheus server on :9090: where systemd runs it starts (stop it:
+# systemctl disable --now prometheus); without an init system, or with a
+# policy-rc.d that denies it, nothing starts. kubernetes-client
+# is kubectl, whose embedded kustomize renders deploy/k8s (tests/test_deploy_k8s.py:
+# v4 or later, kubectl 1.21+); it is skipped where a kubectl is already
+# installed (another package owning /usr/bin/kubectl would make dpkg fail).
+APT_PACKAGES=(skopeo docker-registry busybox-static podman runc netavark mmdebstrap umoci openssl prometheus)
+command -v kubectl >/dev/null || APT_PACKAGES+=(kubernetes-client)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -43,6 +43,7 @@ COMMANDS = {
     "matrix cells",
     "matrix shapes",
     "merge",
+    "node-features",
     "prefetch",
     "prune",
     "restore",
@@ -137,6 +138,15 @@ def test_every_json_document_is_versioned(tmp_path: Path, published: tuple[str, 
         "lint": run("lint", str(tmp_path / "t"), "--json", cwd=tmp_path),
         "copy": run("copy", store, f"oci:{tmp_path / 'copy'}", "--json", cwd=tmp_path),
         "schema": run("schema", "--out", str(tmp_path / "schemas"), "--json", cwd=tmp_path),
+        "node-features": run(
+            "node-features",
+            "--store",
+            f"oci:{tmp_path / 'node'}",
+            "--out",
+            "f",
+            "--json",
+            cwd=tmp_path,
+        ),
     }
     for name, proc in docs.items():
         assert proc.returncode == 0, (name, proc.stderr)

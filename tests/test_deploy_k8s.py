@@ -1,18 +1,8 @@
 """The Kubernetes manifests in ``deploy/k8s/`` stay true to Kubernetes, to restore and to the CLI.
 
-Rendering. There is no kustomize binary here, so :func:`kustomize` renders the
-subset the manifests use and refuses everything else: a kustomization's
-``resources`` (YAML files, and directories holding a kustomization.yaml) and
-its ``patches`` entries that give only a ``path`` to a strategic-merge patch,
-which names its target by apiVersion, kind and metadata.name (kustomize's
-rule). :func:`strategic_merge` follows Kubernetes' strategic merge patch for
-the fields used here: maps merge key by key and ``null`` deletes a key; the
-lists Kubernetes declares with a patch merge key (``containers``,
-``initContainers``, ``volumes``, ``env`` and ``imagePullSecrets`` by
-``name``, ``volumeMounts`` by ``mountPath``, ``ports`` by ``containerPort``)
-merge item by item, new items appended; every other list (``command``,
-``args``, ``tolerations``) is replaced whole. ``$patch`` directives are
-refused.
+Rendering. :func:`kustomize` runs ``kubectl kustomize`` (the kustomize
+kubectl embeds, v4 or later: ``patches`` entries) on the overlay and on the
+base, and fails on any warning (a deprecated field) as on an error.
 
 Checks on the rendered overlay (and the base): every document goes through
 the ``kubernetes`` client's API models unchanged (a misspelled or misplaced
@@ -28,7 +18,9 @@ ConfigMap, its software from an artifact of that store, the workload and the
 pod's GPUs; the engine serves the warm-up matrix's command line, workload,
 env and GPU count; the DaemonSet prefetches the release (the engine's image
 and digest, the restore's workload and store) on the Deployment's nodes and
-collects garbage in a loop; and every ``artifactd`` command line (commands,
+collects garbage in a loop, then publishes its node store as NFD local
+features (a hostPath at nfd-worker's features.d) whose fingerprint label the
+overlay's preferred node affinity names; and every ``artifactd`` command line (commands,
 args, probes, hooks; an init-image container without ``command`` runs the
 image's ENTRYPOINT) runs ``--help`` and lists every option it uses. The
 helpers are ``test_fanout_examples.py``'s and ``test_ci_examples.py``'s.
@@ -47,11 +39,12 @@ readiness probe's command exits 0, then 13 once a file is written there.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -73,6 +66,12 @@ from artifactd.cli import cli
 from artifactd.cli.specs import parse_size
 from artifactd.families import FAMILIES, get_family
 from artifactd.images.build import INIT_UID
+from artifactd.pod.nodefeatures import (
+    LABEL_PREFIX,
+    LABEL_VALUE,
+    fingerprint_label,
+    valid_label_key,
+)
 from artifactd.restore.destination import parse_env_file
 
 # The session fixtures of tests/engine.py and the init image of test_image_build.py, by name.
@@ -87,94 +86,49 @@ INIT_DOCKERFILE = REPO / "dockerfiles" / "init.Dockerfile.j2"
 #: The annotation that names the warm-up matrix that built the caches.
 MATRIX_ANNOTATION = "artifactd.io/warmup-matrix"
 GPU = "nvidia.com/gpu"
+#: Where nfd-worker reads local feature files, on the node.
+NFD_FEATURES_DIR = PurePosixPath("/etc/kubernetes/node-feature-discovery/features.d")
 #: Exit code of ``status --fail-on-compile`` when a family compiled anyway.
 COMPILED_ANYWAY = 13
 
 # --------------------------------------------------------------------------
-# A small kustomize: resources and strategic-merge patches
+# Rendering: the real kustomize, as kubectl embeds it
 # --------------------------------------------------------------------------
 
-#: The kustomization keys :func:`kustomize` implements; any other is refused.
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "patches"}
-#: Kubernetes' patch merge keys of the lists the manifests patch, by field name.
-MERGE_KEYS = {
-    "containers": "name",
-    "initContainers": "name",
-    "volumes": "name",
-    "env": "name",
-    "imagePullSecrets": "name",
-    "volumeMounts": "mountPath",
-    "ports": "containerPort",
-}
+#: The oldest kustomize that renders the manifests: ``patches: [{path: ...}]``
+#: (kubectl 1.21 and later embed it; Debian bookworm's kubectl 1.20 has v2).
+MIN_KUSTOMIZE = (4, 0)
 
 
-def load_documents(path: Path) -> list[dict[str, Any]]:
-    """The non-empty YAML documents of ``path``, each a mapping."""
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    for doc in docs:
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path}: a document that is not a mapping")
-    return docs
-
-
-def ident(doc: Mapping[str, Any]) -> tuple[str, str, str]:
-    """``(apiVersion, kind, metadata.name)``: how a patch names its target."""
-    return (doc.get("apiVersion", ""), doc.get("kind", ""), doc.get("metadata", {}).get("name", ""))
-
-
-def strategic_merge(base: Any, patch: Any, field: str | None = None) -> Any:
-    """``base`` with ``patch`` applied as a strategic merge patch (the module doc's subset)."""
-    if isinstance(patch, dict):
-        directives = [k for k in patch if str(k).startswith("$")]
-        if directives:
-            raise ValueError(f"{field}: patch directives are not implemented: {directives}")
-        out = copy.deepcopy(base) if isinstance(base, dict) else {}
-        for key, value in patch.items():
-            if value is None:
-                out.pop(key, None)
-            else:
-                out[key] = strategic_merge(out.get(key), value, key)
-        return out
-    if isinstance(patch, list) and field in MERGE_KEYS and isinstance(base, list):
-        key = MERGE_KEYS[field]
-        merged = copy.deepcopy(base)
-        for item in patch:
-            if not isinstance(item, dict) or key not in item:
-                raise ValueError(f"{field}: an item without its merge key {key}: {item}")
-            at = [i for i, old in enumerate(merged) if old.get(key) == item[key]]
-            if at:
-                merged[at[0]] = strategic_merge(merged[at[0]], item)
-            else:
-                merged.append(copy.deepcopy(item))
-        return merged
-    return copy.deepcopy(patch)
+def kubectl() -> str:
+    """The ``kubectl`` on PATH, its embedded kustomize checked (a clear failure, never a skip)."""
+    found = shutil.which("kubectl")
+    assert found, "no kubectl on PATH: scripts/setup.sh installs kubernetes-client"
+    proc = subprocess.run(
+        [found, "version", "--client"], capture_output=True, text=True, timeout=120, check=False
+    )
+    version = re.search(r"Kustomize Version: v(\d+)\.(\d+)", proc.stdout)
+    assert version and tuple(map(int, version.groups())) >= MIN_KUSTOMIZE, (
+        f"{found}: kustomize {version.group(0) if version else 'unknown'} is older than "
+        f"v{'.'.join(map(str, MIN_KUSTOMIZE))}: {proc.stdout.strip()} {proc.stderr.strip()}"
+    )
+    return found
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """Render the kustomization in ``directory`` (the module doc's subset), as kustomize would."""
-    where = directory / "kustomization.yaml"
-    spec = yaml.safe_load(where.read_text())
-    unknown = sorted(set(spec) - KUSTOMIZATION_KEYS)
-    if unknown:
-        raise ValueError(f"{where}: keys this renderer does not implement: {unknown}")
-    if spec.get("kind") != "Kustomization":
-        raise ValueError(f"{where}: kind {spec.get('kind')!r}, not Kustomization")
-    docs: list[dict[str, Any]] = []
-    for entry in spec.get("resources") or []:
-        path = (directory / entry).resolve()
-        docs.extend(kustomize(path) if path.is_dir() else load_documents(path))
-    idents = [ident(d) for d in docs]
-    twice = sorted({i for i in idents if idents.count(i) > 1})
-    if twice:
-        raise ValueError(f"{where}: resources defined twice: {twice}")
-    for entry in spec.get("patches") or []:
-        if not isinstance(entry, dict) or set(entry) != {"path"}:
-            raise ValueError(f"{where}: only `patches: [{{path: FILE}}]` is implemented: {entry}")
-        for patch in load_documents(directory / entry["path"]):
-            at = [i for i, known in enumerate(idents) if known == ident(patch)]
-            if len(at) != 1:
-                raise ValueError(f"{where}: patch {ident(patch)} matches {len(at)} resources")
-            docs[at[0]] = strategic_merge(docs[at[0]], patch)
+    """Render the kustomization in ``directory`` with ``kubectl kustomize``, as documents."""
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, f"kubectl kustomize {directory}: {proc.stderr.strip()}"
+    # A deprecated field renders with a warning: keep the manifests free of them.
+    assert not proc.stderr.strip(), f"kubectl kustomize {directory}: {proc.stderr.strip()}"
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+    assert docs and all(isinstance(d, dict) for d in docs), proc.stdout[:300]
     return docs
 
 
@@ -186,6 +140,11 @@ RENDERED = kustomize(OVERLAY)
 BASE_RENDERED = kustomize(BASE)
 ALL_DOCS = [("overlay", d) for d in RENDERED] + [("base", d) for d in BASE_RENDERED]
 DOC_IDS = [f"{where}:{d['kind']}/{d['metadata']['name']}" for where, d in ALL_DOCS]
+
+
+def ident(doc: Mapping[str, Any]) -> tuple[str, str, str]:
+    """``(apiVersion, kind, metadata.name)``: how a patch names its target."""
+    return (doc.get("apiVersion", ""), doc.get("kind", ""), doc.get("metadata", {}).get("name", ""))
 
 
 def the(kind: str) -> dict[str, Any]:
@@ -364,59 +323,14 @@ ENGINE = container(DEPLOYMENT, "engine")
 # --------------------------------------------------------------------------
 
 
-def test_strategic_merge_follows_kubernetes_for_the_fields_used() -> None:
-    base: dict[str, Any] = {
-        "metadata": {"name": "d", "labels": {"a": "1", "b": "2"}},
-        "containers": [
-            {"name": "x", "args": ["1", "2"], "env": [{"name": "A", "value": "1"}]},
-            {"name": "y", "image": "i"},
-        ],
-        "tolerations": [{"key": "k1"}],
-    }
-    patch = {
-        "metadata": {"labels": {"b": None, "c": "3"}},
-        "containers": [
-            {"name": "x", "args": ["3"], "env": [{"name": "B", "value": "2"}]},
-            {"name": "z", "image": "j"},
-        ],
-        "tolerations": [{"key": "k2"}],
-    }
-    assert strategic_merge(base, patch) == {
-        "metadata": {"name": "d", "labels": {"a": "1", "c": "3"}},
-        "containers": [
-            {
-                "name": "x",
-                "args": ["3"],  # no merge key: replaced
-                "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-            },
-            {"name": "y", "image": "i"},
-            {"name": "z", "image": "j"},  # new: appended
-        ],
-        "tolerations": [{"key": "k2"}],
-    }
-    assert base["containers"][0]["args"] == ["1", "2"], "the base was changed"
-    with pytest.raises(ValueError, match="directives"):
-        strategic_merge(base, {"containers": [{"name": "x", "$patch": "delete"}]})
-    with pytest.raises(ValueError, match="merge key"):
-        strategic_merge(base, {"containers": [{"image": "no-name"}]})
-
-
-def test_the_renderer_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
+def test_kubectl_kustomize_refuses_a_patch_without_its_target(tmp_path: Path) -> None:
     (tmp_path / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
-    head = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-    for extra, message in [
-        ("resources: [cm.yaml]\nnamePrefix: x-\n", "does not implement"),
-        ("resources: [cm.yaml]\npatches: [{path: cm.yaml, target: {kind: X}}]\n", "only"),
-        ("resources: [cm.yaml, cm.yaml]\n", "twice"),
-    ]:
-        (tmp_path / "kustomization.yaml").write_text(head + extra)
-        with pytest.raises(ValueError, match=message):
-            kustomize(tmp_path)
     (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\n")
     (tmp_path / "kustomization.yaml").write_text(
-        head + "resources: [cm.yaml]\npatches: [{path: p.yaml}]\n"
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [cm.yaml]\npatches: [{path: p.yaml}]\n"
     )
-    with pytest.raises(ValueError, match="matches 0 resources"):
+    with pytest.raises(AssertionError, match="kubectl kustomize"):
         kustomize(tmp_path)
 
 
@@ -555,8 +469,8 @@ def test_the_node_store_and_the_metrics_are_one_hostpath_each() -> None:
     for doc in (DEPLOYMENT, DAEMONSET):
         for _, c, argv in calls(doc):
             command = split_path(argv)[0]
-            option = "--store" if command == ("gc",) else "--node-store"
-            if command in (("restore",), ("prefetch",), ("gc",)):
+            option = "--store" if command in (("gc",), ("node-features",)) else "--node-store"
+            if command in (("restore",), ("prefetch",), ("gc",), ("node-features",)):
                 ref = setting(c, argv, option)
                 assert ref and ref.startswith("oci:"), f"{c['name']}: node store {ref}"
                 found = mount_of(c, ref[4:])
@@ -652,6 +566,47 @@ def test_the_daemonset_prefetches_the_release_and_collects_garbage() -> None:
     assert max_bytes and parse_size(max_bytes) > 0
     script = next(argv for w, argv in exec_arrays(gc_c) if w == "run")[-1]
     assert re.search(r"\bwhile\b", script) and re.search(r"\bsleep \d+", script), script
+
+
+def test_the_daemonset_publishes_its_node_store_as_nfd_features() -> None:
+    _, gc_c, gc = one_call(DAEMONSET, "gc")
+    _, nf_c, nf = one_call(DAEMONSET, "node-features")
+    assert nf_c is gc_c, "published by the gc loop, after each gc"
+    script = next(argv for w, argv in exec_arrays(gc_c) if w == "run")[-1]
+    assert script.index("artifactd gc") < script.index("artifactd node-features"), script
+    assert setting(nf_c, nf, "--store") == setting(gc_c, gc, "--store")
+    out = setting(nf_c, nf, "--out")
+    assert out, "no --out"
+    found = mount_of(nf_c, out)
+    assert found, f"{out} is on no volume"
+    host = volume(DAEMONSET, found[0]["name"]).get("hostPath")
+    assert host, "the features file must be on the node, where nfd-worker reads it"
+    assert (PurePosixPath(host["path"]) / found[1]).parent == NFD_FEATURES_DIR, out
+    assert PurePosixPath(out).parent == NFD_FEATURES_DIR, "the same path inside and on the node"
+    # node-dirs makes the directory writable for the gc container's user.
+    setup = " ".join(w for _, argv in exec_arrays(container(DAEMONSET, "node-dirs")) for w in argv)
+    assert f"chgrp {INIT_UID} {NFD_FEATURES_DIR}" in setup and f"g+w {NFD_FEATURES_DIR}" in setup
+    assert run_as(DAEMONSET, nf_c) == INIT_UID
+
+
+def test_the_overlay_prefers_the_nodes_that_hold_its_artifact() -> None:
+    _, nf_c, nf = one_call(DAEMONSET, "node-features")
+    software = setting(RESTORE_C, RESTORE_ARGV, "--software-from") or ""
+    fp_hash = software.rsplit(":fp-", 1)[-1]
+    key = fingerprint_label(fp_hash, setting(nf_c, nf, "--prefix") or LABEL_PREFIX)
+    assert valid_label_key(key), key
+    affinity = (pod(DEPLOYMENT).get("affinity") or {}).get("nodeAffinity") or {}
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity, (
+        "a cold node still runs"
+    )
+    terms = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    found = [
+        term
+        for term in terms
+        for e in term["preference"].get("matchExpressions") or []
+        if e["key"] == key and e["operator"] == "In" and e["values"] == [LABEL_VALUE]
+    ]
+    assert len(found) == 1 and found[0]["weight"] > 0, f"no preference for {key}: {terms}"
 
 
 INVOCATIONS = [
@@ -759,6 +714,22 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     assert on_host[metrics].is_file(), "no metrics file"
     env_file = parse_env_file(volumes / cache_volume / "artifactd.env")
     assert env_file["ARTIFACTD_GENERIC_DIR"] == f"{target}/generic", env_file
+
+    # The DaemonSet's gc loop publishes the node store for NFD: its own node-features
+    # line, on the same node-store volume, as its user; the file names the label
+    # the overlay's affinity prefers, for this artifact.
+    _, nf_c, nf = one_call(DAEMONSET, "node-features")
+    run_in(
+        client, image, *nf, entrypoint="artifactd", user=_user(DAEMONSET, nf_c),
+        volumes=_binds(nf_c, volumes),
+    )  # fmt: skip
+    out = setting(nf_c, nf, "--out") or ""
+    found = mount_of(nf_c, out)
+    assert found, out
+    features = (volumes / found[0]["name"] / found[1]).read_text()
+    label = fingerprint_label(fp_hash, setting(nf_c, nf, "--prefix") or LABEL_PREFIX)
+    assert f"{label}={LABEL_VALUE}" in features.splitlines(), features
+    assert valid_label_key(label)
 
     # The engine: the rendered `artifactd exec --target ... --`, then python3 for vLLM.
     run = next(argv for what, argv in exec_arrays(ENGINE) if what == "run")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -267,3 +268,30 @@ def test_gc_waits_for_a_restore_in_progress(
     assert doc["note"] is None
     no_target = run_artifactd("gc", "--store", f"oci:{node.root}", env=env)
     assert no_target.returncode == 2
+
+
+def test_gc_counts_evictions_across_runs_for_the_metrics(
+    tmp_path: Path, three_models: tuple[Path, list[str]], env: dict[str, str]
+) -> None:
+    """The exported eviction counter only grows, so Prometheus' increase() sees every eviction."""
+    node, _ = _node_with_three_models(tmp_path, three_models)
+    size = sum(node.blob_digests().values())
+    assert gc(node, max_bytes=size - 1, dry_run=True).evictions_total == 0, "a dry run counts none"
+    first = gc(node, max_bytes=size - 1)
+    assert first.evictions_total == len(first.evicted) >= 1
+    assert 0 <= first.free_pct_after <= 100
+    prom = tmp_path / "textfile" / "node.prom"
+    cli = run_artifactd(
+        "gc", "--store", f"oci:{node.root}", "--max-bytes", "0", "--min-free", "1",
+        "--metrics-file", str(prom), "--json", env=env,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    doc = json.loads(cli.stdout)
+    total = first.evictions_total + len(doc["evicted"])
+    assert doc["evictions_total"] == total > first.evictions_total
+    text = prom.read_text()
+    assert f"artifactd_node_store_evictions_total {float(total)}" in text
+    assert "artifactd_node_store_high_water_bytes 0.0" in text
+    assert "artifactd_node_store_min_free_ratio 0.01" in text
+    free = re.search(r"^artifactd_node_store_free_ratio (\S+)$", text, re.MULTILINE)
+    assert free and 0 < float(free.group(1)) <= 1, text

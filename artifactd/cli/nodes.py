@@ -1,4 +1,4 @@
-"""``prefetch`` and ``gc``: the node-local tier, warmed ahead of a release and kept in bounds."""
+"""``prefetch``, ``gc`` and ``node-features``: the node-local tier, warmed, bounded, published."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from artifactd.cli.options import (
     verify_key_option,
 )
 from artifactd.cli.specs import family_names, parse_size
+from artifactd.pod.nodefeatures import DEFAULT_MAX_LABELS, LABEL_PREFIX
 
 
 @cli.command()
@@ -163,7 +164,14 @@ def gc(
     if metrics_file is not None and not dry_run:
         from artifactd.pod.metrics import node_store_registry, write_textfile
 
-        write_textfile(metrics_file, node_store_registry(result.bytes_after, len(result.evicted)))
+        registry = node_store_registry(
+            result.bytes_after,
+            result.evictions_total,
+            high_water_bytes=parse_size(max_bytes) if max_bytes else None,
+            free_ratio=result.free_pct_after / 100,
+            min_free_ratio=None if min_free is None else min_free / 100,
+        )
+        write_textfile(metrics_file, registry)
     if as_json:
         from artifactd.reports import result_report
 
@@ -179,3 +187,55 @@ def gc(
         render.echo(f"  {ev.tag}")
     if result.note:
         render.echo(f"artifactd: warning: {result.note}", err=True)
+
+
+@cli.command("node-features")
+@click.option(
+    "--store",
+    required=True,
+    envvar=C.ENV_NODE_STORE,
+    metavar="oci:PATH",
+    help="The node store whose artifacts to publish (a local OCI layout).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
+    help="The features file to write, in NFD's features.d directory.",
+)
+@click.option(
+    "--max-labels",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_LABELS,
+    show_default=True,
+    help="At most this many labels: the most recently used artifacts.",
+)
+@click.option(
+    "--prefix",
+    default=LABEL_PREFIX,
+    show_default=True,
+    help="The labels' prefix (a DNS subdomain NFD is allowed to label with).",
+)
+@json_option
+def node_features(*, store: str, out: Path, max_labels: int, prefix: str, as_json: bool) -> None:
+    """Publish the artifacts a node store holds as node-feature-discovery labels.
+
+    Writes a local features file (NFD's features.d) with one line
+    PREFIX/<tag>=true per artifact, most recently used first, at most
+    --max-labels; fp-<hash> tags become PREFIX/fp-<first 16 hex>, the label a
+    Deployment's preferred node affinity names. Replaced atomically; a node
+    store not made yet gives a file with no label.
+    """
+    from artifactd.pod.nodefeatures import write_features
+    from artifactd.pod.nodestore import node_root
+
+    keys = write_features(node_root(store), out, max_labels=max_labels, prefix=prefix)
+    if as_json:
+        from artifactd.reports import versioned
+
+        render.emit_json(versioned({"store": store, "file": str(out), "labels": keys}))
+        return
+    render.echo(f"{out}: {len(keys)} label(s) for {store}")
+    for key in keys:
+        render.echo(f"  {key}")

@@ -5,7 +5,10 @@ textfile (``--metrics-file``: atomically, so a scrape never reads half a
 file) by ``restore`` and ``status``; ``status --serve ADDR`` serves them for
 a scrape with the package's own HTTP server (:func:`serving`: it negotiates
 the OpenMetrics format and gzip as Prometheus asks). One pod's numbers,
-labelled by family and source; the JSON events stay the timestamped log. The names:
+labelled by family and source; the JSON events stay the timestamped log.
+deploy/monitoring/ holds the alerting and recording rules and the Grafana
+dashboard built on them (tests/test_monitoring.py checks they name only
+these). The names:
 
 =====================================================  =========================================
 ``artifactd_restore_duration_seconds{phase}``          seconds per phase of the last restore:
@@ -20,11 +23,17 @@ labelled by family and source; the JSON events stay the timestamped log. The nam
 ``artifactd_restore_family_hits_total{family}``        1 per family restored (or already there)
 ``artifactd_restore_family_misses_total{family}``      1 per family selected and not restored
 ``artifactd_restore_status{status}``                   1 for the last restore's status
+``artifactd_restore_failures_total{kind}``             1 when it failed, by its error's kind
+                                                       (``untrusted``: no key verified it)
 ``artifactd_family_compiled_files{family}``            files written since the restore (status;
                                                        what counts: :mod:`artifactd.pod.verdict`)
 ``artifactd_family_used{family}``                      1 when the family's verdict is ``used``
 ``artifactd_node_store_bytes``                         bytes of every blob in the node store
-``artifactd_node_store_evictions_total``               artifacts gc evicted
+``artifactd_node_store_evictions_total``               artifacts gc evicted, every run (the
+                                                       store keeps the count)
+``artifactd_node_store_high_water_bytes``              gc's ``--max-bytes`` (when given)
+``artifactd_node_store_free_ratio``                    free fraction of its disk after gc
+``artifactd_node_store_min_free_ratio``                gc's ``--min-free``, as a fraction
 =====================================================  =========================================
 """
 
@@ -105,6 +114,15 @@ def restore_registry(outcome: RestoreOutcome) -> CollectorRegistry:
         registry=reg,
     )
     status.labels(outcome.status).set(1)
+    failures = Counter(
+        "restore_failures",
+        "1 for a failed restore, by the kind of its error",
+        ["kind"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    if outcome.failure is not None:
+        failures.labels(outcome.failure.kind).inc()
     result = outcome.result
     for phase in ("lookup", "verify", "fetch", "install"):
         duration.labels(phase).set(result.phases.get(phase, 0.0) if result else 0.0)
@@ -144,8 +162,19 @@ def status_registry(families: Iterable[FamilyVerdict]) -> CollectorRegistry:
     return reg
 
 
-def node_store_registry(size: int, evictions: int = 0) -> CollectorRegistry:
-    """Return the node store's metrics: its size, and the artifacts a gc evicted."""
+def node_store_registry(
+    size: int,
+    evictions: int = 0,
+    *,
+    high_water_bytes: int | None = None,
+    free_ratio: float | None = None,
+    min_free_ratio: float | None = None,
+) -> CollectorRegistry:
+    """Return the node store's metrics after a gc (see the module doc for the names).
+
+    ``evictions`` is the store's running total (:attr:`GcResult.evictions_total`);
+    the targets are exported only when gc was given them.
+    """
     reg = CollectorRegistry()
     Gauge(
         "node_store_bytes",
@@ -159,6 +188,22 @@ def node_store_registry(size: int, evictions: int = 0) -> CollectorRegistry:
         namespace=NAMESPACE,
         registry=reg,
     ).inc(evictions)
+    gauges = (
+        (
+            "node_store_high_water_bytes",
+            "The node store's size target (gc --max-bytes)",
+            high_water_bytes,
+        ),
+        (
+            "node_store_free_ratio",
+            "Free fraction of the node store's filesystem after gc",
+            free_ratio,
+        ),
+        ("node_store_min_free_ratio", "The free fraction gc keeps (gc --min-free)", min_free_ratio),
+    )
+    for name, doc, value in gauges:
+        if value is not None:
+            Gauge(name, doc, namespace=NAMESPACE, registry=reg).set(value)
     return reg
 
 

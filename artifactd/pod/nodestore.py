@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 LOCK_NAME = ".artifactd-node.lock"
 #: When each manifest was last resolved to by a restore or prefetch on this node.
 USAGE_NAME = ".artifactd-last-used.json"
+#: How many artifacts gc has evicted from this node store in all (a counter for the metrics).
+GC_STATS_NAME = ".artifactd-gc-stats.json"
 #: How long a restore waits for another pod's fill, at most (seconds).
 LOCK_TIMEOUT = 600.0
 #: What the layout's writers name a file before renaming it into place (and a fill its scratch).
@@ -433,6 +435,8 @@ class GcResult(NamedTuple):
     free_pct_after: float
     #: Why it stopped short of the targets, if it did.
     note: str | None = None
+    #: Artifacts evicted from this store by every gc so far, this one included.
+    evictions_total: int = 0
 
 
 def gc(
@@ -510,6 +514,11 @@ def _collect(
         live = {d for d in tags.values() if d in set(kept.values())}
         usage = {d: t for d, t in usage.items() if d in live}
         atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
+    evictions = read_evictions(node.root) + (0 if dry_run else len(evicted))
+    if not dry_run and evicted:
+        # Kept across runs so that the exported counter only grows: Prometheus'
+        # increase() then sees every eviction, not one gc's count.
+        atomic_write(node.root / GC_STATS_NAME, json.dumps({"evictions": evictions}).encode())
     note = (
         None if satisfied(size, free) else "every artifact was evicted and the targets still fail"
     )
@@ -523,9 +532,20 @@ def _collect(
         blobs_removed=len(unreferenced) if evicted else 0,
         free_pct_after=round(100.0 * free / total, 2),
         note=note if evicted or not satisfied(size, free) else None,
+        evictions_total=evictions,
     )
     on_event({"stage": "gc", "event": "done", "freed": result.freed, "evicted": len(evicted)})
     return result
+
+
+def read_evictions(root: Path) -> int:
+    """Return how many artifacts gc has evicted from the node store at ``root`` (0 unrecorded)."""
+    try:
+        doc = json.loads(read_regular(root / GC_STATS_NAME, 4096))
+    except (OSError, ValueError):
+        return 0
+    count = doc.get("evictions") if isinstance(doc, dict) else None
+    return count if isinstance(count, int) and count >= 0 else 0
 
 
 def _live(kept: dict[str, str], attached: dict[str, str], every: dict[str, str]) -> set[str]:
