@@ -604,7 +604,7 @@ def test_the_engine_starts_through_exec_and_status_gates_its_readiness() -> None
 
 
 def test_readiness_asks_the_engine_on_its_port_and_reads_the_log_exec_writes() -> None:
-    """``status --ready serviceable`` probes the engine's own port; exec and status share the log."""
+    """``status --ready serviceable`` probes the engine's own port; exec and status share a log."""
     from urllib.parse import urlsplit
 
     probe = dict(exec_arrays(ENGINE))["readinessProbe"]

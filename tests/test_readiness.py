@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 
-from artifactd.pod.readiness import NOT_READY_EXIT
+from artifactd.pod.readiness import NOT_READY_EXIT, probe
 
 ENGINE = Path(__file__).resolve().parent / "engines" / "tiny_engine.py"
 
@@ -64,13 +63,9 @@ def health_server(tmp_path: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "http.server did not start"
-                time.sleep(0.05)
+        while not probe(url, timeout=1)[0]:
+            assert time.monotonic() < deadline, "http.server did not start"
+            time.sleep(0.05)
         yield url
     finally:
         proc.terminate()
@@ -151,6 +146,10 @@ def test_readiness_metrics(restored: Path, health_server: str, tmp_path: Path) -
         (("--ready", "warm"), "not a readiness level"),
         (("--ready", "serviceable"), "no --engine-url"),
         (("--prewarm", "m.yaml"), "no --engine-url"),
+        (
+            ("--engine-url", "http://127.0.0.1:1", "--ready", "serviceable", "--serve", ":0"),
+            "--serve answers scrapes",
+        ),
     ],
 )
 def test_usage_errors(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
@@ -200,12 +199,8 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], limit: float = 120) -> 
     deadline = time.monotonic() + limit
     while True:
         assert proc.poll() is None, "the engine exited"
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
+        if probe(url, timeout=1)[0]:
+            return
         assert time.monotonic() < deadline, "the engine was not ready in time"
         time.sleep(0.1)
 

@@ -282,6 +282,12 @@ def status(
     from artifactd.pod.status import status_report, target_status
 
     level = _ready_level(ready, engine_url, prewarm)
+    if serve is not None and (prewarm is not None or ready is not None):
+        raise UsageError(
+            "--serve answers scrapes; --prewarm and --ready are for one status run",
+            hint="drop them from --serve (its metrics carry artifactd_ready{level} with "
+            "--engine-url), or run them as a probe",
+        )
     if serve is not None:
         _serve_metrics(serve, target, env_file, engine_log, engine_url)
         return
