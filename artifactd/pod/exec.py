@@ -203,10 +203,17 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
 
 def _copy(pipes: dict[int, int], log_fd: int) -> NoReturn:
     """Run the copier: pass each pipe's bytes through, log them stamped, until all end."""
-    from artifactd.pod.phases import stamp_line
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _pump(pipes, log_fd)
+    finally:  # whatever happens, the copier never returns into artifactd's command line
+        os._exit(0)
+
+
+def _pump(pipes: dict[int, int], log_fd: int) -> None:
+    from artifactd.pod.phases import stamp_line
+
     partial = dict.fromkeys(pipes, b"")
     open_fds = set(pipes)
     while open_fds:
@@ -231,7 +238,6 @@ def _copy(pipes: dict[int, int], log_fd: int) -> NoReturn:
                 lines = [line + b"\n" for line in lines]
             now = time.time()
             _write(log_fd, b"".join(stamp_line(line, now) for line in lines))
-    os._exit(0)
 
 
 def _write(fd: int, data: bytes) -> None:
