@@ -81,8 +81,7 @@ Phase = Literal["restore", "weights", "compile", "cuda_graphs", "ready", "first_
 
 #: What ``artifactd exec --engine-log`` puts before each line it copies.
 STAMP_PREFIX = "artifactd-exec "
-_STAMPED = re.compile(r"^artifactd-exec (?P<t>\d+(?:\.\d+)?) \| ?(?P<rest>.*)$", re.DOTALL)
-_STARTED = re.compile(r"^artifactd-exec: started ")
+_STAMPED = re.compile(r"artifactd-exec (?P<t>\d+(?:\.\d+)?) \| ?(?P<rest>.*)$", re.DOTALL)
 
 _VLLM_TIME = re.compile(
     r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<d>\d\d) "
@@ -117,6 +116,13 @@ _READY = (
 _UVICORN_READY = re.compile(r"Application startup complete\.")
 _REQUEST = re.compile(
     r"\"POST /(?:v1/completions|v1/chat/completions|generate)(?:\?[^ \"]*)? HTTP/[0-9.]+\" 200\b"
+)
+
+#: Every line a phase is read from holds one of these: one search skips the rest of a log.
+_ANY = re.compile(
+    r"Model loading took|Load weight end|model built in|torch\.compile|Capturing CUDA graphs"
+    r"|Capture cuda graph|Graph capturing finished|Application startup complete|fired up"
+    r"|tiny-engine: ready|\"POST /"
 )
 
 #: Evidence kept per phase.
@@ -171,13 +177,15 @@ class PhaseClock:
     def feed(self, line: str) -> str:
         """Take one log line (ANSI colours stripped); return it without the exec wrapper's stamp."""
         stamp: float | None = None
-        m = _STAMPED.match(line)
-        if m is not None:
+        if line.startswith(STAMP_PREFIX) and (m := _STAMPED.match(line)) is not None:
             stamp, line = float(m.group("t")), m.group("rest")
-            if _STARTED.match(line):
+            if line.startswith("artifactd-exec: started "):
                 self.started, self.exact_start = stamp, True
-        for segment in line.split("\r"):  # tqdm redraws a bar with carriage returns
-            self._segment(segment.strip(), stamp)
+        if "\r" in line:  # tqdm redraws a bar with carriage returns
+            for segment in line.split("\r"):
+                self._segment(segment.strip(), stamp)
+        else:
+            self._segment(line, stamp)
         return line
 
     def _segment(self, line: str, stamp: float | None) -> None:
@@ -205,6 +213,10 @@ class PhaseClock:
         return None
 
     def _event(self, line: str, when: float | None) -> None:  # noqa: PLR0911, PLR0912 - one kind per line
+        if not self.vllm_seen and _VLLM_TIME.search(line):
+            self.vllm_seen = True
+        if _ANY.search(line) is None:
+            return
         short = line[:MAX_LINE]
         if self.weights is None:
             for source, pattern in _WEIGHTS:
@@ -228,8 +240,6 @@ class PhaseClock:
         if self.first_request is None and self.ready is not None and _REQUEST.search(line):
             self.first_request = (when, short)
             return
-        if not self.vllm_seen and _VLLM_TIME.search(line):
-            self.vllm_seen = True
         if (m := _COMPILE_VLLM.search(line)) is not None:
             self.compile_s = (self.compile_s or 0.0) + float(m.group("s"))
             self.compile_source, self.compile_line = "vLLM", short
