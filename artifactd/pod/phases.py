@@ -28,7 +28,9 @@ timestamps are read (vLLM's ``INFO MM-DD HH:MM:SS``, whole seconds and no
 year, taken as UTC of the year of the first stamped line or of now; SGLang's
 ``[YYYY-MM-DD HH:MM:SS``), the first stamped line standing for the process
 start, and a line without a time (uvicorn's) taking the time of the last line
-that had one.
+that had one. The copied log trails the engine by the copier's few
+milliseconds: a status run just after a request may not see its lines yet
+(the verdict, from the files, does not depend on them).
 
 **The lines read** (quoted from the sources that print them):
 
