@@ -43,6 +43,12 @@ ENV_EXEC_RESTORE = "ARTIFACTD_EXEC_RESTORE"
 ENV_ENGINE_LOG = "ARTIFACTD_ENGINE_LOG"
 ENV_FAIL_ON_COMPILE = "ARTIFACTD_FAIL_ON_COMPILE"
 ENV_STATUS_SERVE = "ARTIFACTD_STATUS_SERVE"
+#: ``status`` readiness (:mod:`artifactd.pod.readiness`): the engine's base URL,
+#: the matrix whose warm-up requests to send, its cell, and the level to require.
+ENV_ENGINE_URL = "ARTIFACTD_ENGINE_URL"
+ENV_PREWARM = "ARTIFACTD_PREWARM"
+ENV_PREWARM_CELL = "ARTIFACTD_PREWARM_CELL"
+ENV_READY = "ARTIFACTD_READY"
 #: The registry (``HOST[:PORT]``) the ``ARTIFACTD_REGISTRY_USERNAME``/``PASSWORD``
 #: pair belongs to: the pair is sent there and nowhere else (see
 #: :mod:`artifactd.stores.credentials`).

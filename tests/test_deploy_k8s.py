@@ -517,6 +517,25 @@ def test_the_engine_starts_through_exec_and_status_gates_its_readiness() -> None
         assert hook not in runs, f"{hook}: the gate is the readiness probe (see the comments)"
 
 
+def test_readiness_asks_the_engine_on_its_port_and_reads_the_log_exec_writes() -> None:
+    """``status --ready serviceable`` probes the engine's own port; ``exec`` keeps a log."""
+    from urllib.parse import urlsplit
+
+    probe = dict(exec_arrays(ENGINE))["readinessProbe"]
+    line = artifactd_argv(" ".join(probe))
+    assert line and setting(ENGINE, line, "--ready") == "serviceable", probe
+    url = setting(ENGINE, line, "--engine-url")
+    assert url, "--ready needs --engine-url"
+    ports = {p["containerPort"] for p in ENGINE.get("ports") or []}
+    assert urlsplit(url).port in ports and urlsplit(url).hostname == "127.0.0.1", (url, ports)
+    # `exec` keeps the stamped log in the caches' volume; the probe, which must
+    # stay fast, does not read it (status reads a log whole).
+    run = dict(exec_arrays(ENGINE))["run"]
+    log = setting(ENGINE, run[1:], "--engine-log")
+    assert log and log.startswith("/cache/"), log
+    assert setting(ENGINE, line, "--engine-log") is None
+
+
 def test_the_engine_serves_what_the_warm_up_matrix_built() -> None:
     matrix_file = DEPLOYMENT["metadata"].get("annotations", {}).get(MATRIX_ANNOTATION)
     assert matrix_file, f"no {MATRIX_ANNOTATION} annotation"

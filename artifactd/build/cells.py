@@ -338,6 +338,32 @@ def _send_all(
     return texts
 
 
+def send_requests(serve: ServeCell, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, list[str]]:
+    """Send every request group of ``serve`` to its ``base_url``, as a serve cell does.
+
+    Each group's requests go ``concurrency`` at a time, the groups one after
+    the other. Returns how many answered 200 with an OpenAI-shaped answer, and
+    one line per request that did not (``status --prewarm`` reads them; the
+    engine is someone else's, so nothing here stops it or raises).
+    """
+    answered = 0
+    failures: list[str] = []
+    for g, group in enumerate(serve.requests):
+        with ThreadPoolExecutor(group.concurrency, thread_name_prefix="prewarm") as pool:
+            futures = {pool.submit(_send, req, timeout): req for req in _plan(serve, g)}
+        for fut, req in futures.items():
+            exc = fut.exception()
+            if exc is None:
+                answered += 1
+                continue
+            what = exc.what if isinstance(exc, _RequestError) else repr(exc)
+            failures.append(
+                f"request group {g}, prompt of {req.words} words, repeat {req.repeat}: "
+                f"POST {req.url}: {what}"
+            )
+    return answered, failures
+
+
 def _request_error(
     cell: Cell, proc: subprocess.Popen[bytes], log_path: Path, exc: _RequestError
 ) -> BuildError:

@@ -26,6 +26,7 @@ from artifactd.errors import UsageError
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from artifactd.pod.readiness import Level, Prewarm, Readiness
     from artifactd.pod.status import FamilyStatus, TargetStatus
 
 
@@ -52,13 +53,22 @@ _RESTORE_ONLY = tuple(
     for s in _RESTORE_SPECS
     if s.dest not in _EXEC_HELP
 )
-EXEC_OPTIONS = (*_OWN, RESTORE_FIRST, *_RESTORE_ONLY)
+EXEC_ENGINE_LOG = Opt(
+    "--engine-log",
+    "engine_log",
+    "Also copy CMD's stdout and stderr, each line stamped with its time, into FILE "
+    "(appended), for `status --engine-log FILE`: the start's phases and what the engine "
+    "compiled.",
+    C.ENV_ENGINE_LOG,
+    metavar="FILE",
+)
+EXEC_OPTIONS = (*_OWN, EXEC_ENGINE_LOG, RESTORE_FIRST, *_RESTORE_ONLY)
 
 
 @cli.command("exec", context_settings={"allow_interspersed_args": False})
 @options(EXEC_OPTIONS)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-def exec_(command: tuple[str, ...], restore: bool, **opts: Any) -> None:
+def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opts: Any) -> None:
     """Run CMD with the restored caches' environment: the engine's entrypoint.
 
     Reads the KEY=VALUE lines a restore wrote (TARGET/artifactd.env), puts
@@ -78,12 +88,18 @@ def exec_(command: tuple[str, ...], restore: bool, **opts: Any) -> None:
     own caches, after one warning line on stderr, unless --require (exit 10,
     CMD not run). A CMD that is not found exits 127, one not executable 126.
 
+    --engine-log FILE keeps a stamped copy of CMD's output for `artifactd
+    status --engine-log FILE` (a copier process forked first; CMD keeps the
+    process id and its output still reaches the container's log).
+
     \b
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
-    ARTIFACTD_REQUIRE, ARTIFACTD_EXEC_RESTORE, ARTIFACTD_JSON, and with
-    --restore every variable `artifactd restore` reads.
+    ARTIFACTD_REQUIRE, ARTIFACTD_EXEC_RESTORE, ARTIFACTD_ENGINE_LOG,
+    ARTIFACTD_JSON, and with --restore every variable `artifactd restore` reads.
     """
-    from artifactd.pod.exec import exec_plan, run
+    from pathlib import Path
+
+    from artifactd.pod.exec import exec_plan, run, tee_output
 
     if not command:
         raise UsageError(
@@ -103,6 +119,10 @@ def exec_(command: tuple[str, ...], restore: bool, **opts: Any) -> None:
             render.echo(json.dumps({**line, "message": plan.warning}, sort_keys=True), err=True)
         else:
             render.echo(plan.warning, err=True)
+    if engine_log is not None:
+        warning = tee_output(Path(engine_log), plan.argv)
+        if warning is not None:
+            render.echo(warning, err=True)
     run(plan)
 
 
@@ -153,6 +173,38 @@ SERVE = Opt(
     C.ENV_STATUS_SERVE,
     metavar="ADDR",
 )
+ENGINE_URL = Opt(
+    "--engine-url",
+    "engine_url",
+    "The engine's base URL (e.g. http://127.0.0.1:8000): its /health is probed "
+    "(2 s timeout) for the readiness levels.",
+    C.ENV_ENGINE_URL,
+    metavar="URL",
+)
+PREWARM = Opt(
+    "--prewarm",
+    "prewarm",
+    "Send MATRIX's serve requests (its warm-up shapes) to --engine-url, then judge: "
+    "prewarmed when every one answered and nothing compiled anyway.",
+    C.ENV_PREWARM,
+    metavar="MATRIX",
+    kind="path",
+)
+PREWARM_CELL = Opt(
+    "--prewarm-cell",
+    "prewarm_cell",
+    "The serve cell of MATRIX this pod runs (when it has several).",
+    C.ENV_PREWARM_CELL,
+    metavar="ID",
+)
+READY = Opt(
+    "--ready",
+    "ready",
+    "Exit 0 only when LEVEL (serviceable or prewarmed) is reached, else 15: a "
+    "Kubernetes exec probe.",
+    C.ENV_READY,
+    metavar="LEVEL",
+)
 STATUS_OPTIONS = (
     S.TARGET._replace(help="The cache volume a restore wrote (its --target)."),
     S.ENV_FILE._replace(help="Where that restore wrote its env file [TARGET/artifactd.env]."),
@@ -162,6 +214,10 @@ STATUS_OPTIONS = (
         help="Write the status as Prometheus metrics (node-exporter textfile)."
     ),
     SERVE,
+    ENGINE_URL,
+    PREWARM,
+    PREWARM_CELL,
+    READY,
     S.JSON,
 )
 
@@ -176,6 +232,10 @@ def status(
     fail_on_compile: bool,
     metrics_file: Any,
     serve: str | None,
+    engine_url: str | None,
+    prewarm: Any,
+    prewarm_cell: str | None,
+    ready: str | None,
     as_json: bool,
 ) -> None:
     """Tell, per family, whether the engine used the restored caches or compiled anyway.
@@ -197,30 +257,67 @@ def status(
     artifactd_family_used{family} for node-exporter; --serve ADDR answers
     scrapes with them.
 
+    The engine log also gives the start's phases with seconds (restore,
+    weights, compile, cuda_graphs, ready, first_request: vLLM's, SGLang's
+    and the tiny engine's lines; `exec --engine-log` stamps them).
+
+    \b
+    Readiness: serviceable (the engine answers, the restore's verdicts are
+    known) and prewarmed (the matrix's warm-up shapes served, nothing
+    compiled anyway):
+      artifactd status --target /cache --engine-url http://127.0.0.1:8000 --ready serviceable
+      artifactd status --target /cache --engine-url http://127.0.0.1:8000 \\
+          --prewarm /etc/artifactd/matrix.yaml --ready prewarmed
+
     Exit 0 whatever it finds (no marker, a restore in progress and a miss
     included), unless --fail-on-compile and a restored family compiled
-    anyway: 13.
+    anyway: 13, or --ready LEVEL not reached: 15.
 
     \b
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
     ARTIFACTD_ENGINE_LOG, ARTIFACTD_FAIL_ON_COMPILE, ARTIFACTD_METRICS_FILE,
-    ARTIFACTD_STATUS_SERVE, ARTIFACTD_JSON.
+    ARTIFACTD_STATUS_SERVE, ARTIFACTD_ENGINE_URL, ARTIFACTD_PREWARM,
+    ARTIFACTD_PREWARM_CELL, ARTIFACTD_READY, ARTIFACTD_JSON.
     """
     from artifactd.pod.status import status_report, target_status
 
+    level = _ready_level(ready, engine_url, prewarm)
+    if serve is not None and (prewarm is not None or ready is not None):
+        raise UsageError(
+            "--serve answers scrapes; --prewarm and --ready are for one status run",
+            hint="drop them from --serve (its metrics carry artifactd_ready{level} with "
+            "--engine-url), or run them as a probe",
+        )
     if serve is not None:
-        _serve_metrics(serve, target, env_file, engine_log)
+        _serve_metrics(serve, target, env_file, engine_log, engine_url)
         return
+    sent, answered = _prewarm(prewarm, prewarm_cell, engine_url)
     result = target_status(target, env_file=env_file, engine_log=engine_log)
+    readiness = None
+    if engine_url is not None:
+        from artifactd.pod.readiness import readiness as decide
+
+        readiness = decide(result, engine_url, sent=sent, answered=answered)
     if metrics_file is not None:
         from artifactd.pod.metrics import status_registry, write_textfile
 
-        write_textfile(metrics_file, status_registry(result.families))
+        write_textfile(metrics_file, status_registry(result.families, result.phases, readiness))
     code = result.exit_code(fail_on_compile=fail_on_compile)
+    if not code and readiness is not None:
+        code = readiness.exit_code(level)
     if as_json:
-        render.emit_json({**status_report(result), "exit_code": code})
+        render.emit_json({**status_report(result, readiness), "exit_code": code})
     else:
         _render_status(result)
+        if readiness is not None:
+            _render_readiness(readiness)
+    if readiness is not None and code == readiness.exit_code(level) and code:
+        render.echo(
+            f"artifactd: error: not {level}: {readiness.why_not} (--ready {level})\n"
+            "  hint: the probe passes once the level is reached; see the readiness above",
+            err=True,
+        )
+        sys.exit(code)
     if code:
         names = ", ".join(result.compiled_anyway)
         render.echo(
@@ -232,17 +329,57 @@ def status(
         sys.exit(code)
 
 
-def _serve_metrics(addr: str, target: Any, env_file: Any, engine_log: str | None) -> None:
+def _ready_level(ready: str | None, engine_url: str | None, prewarm: Any) -> Level | None:
+    """Check --ready and --prewarm against --engine-url; return the level asked."""
+    from artifactd.pod.readiness import LEVELS
+
+    if ready is not None and ready not in LEVELS:
+        raise UsageError(
+            f"--ready {ready!r}: not a readiness level",
+            hint="give --ready serviceable or --ready prewarmed",
+        )
+    if engine_url is None and (ready is not None or prewarm is not None):
+        raise UsageError(
+            "--ready and --prewarm need the engine: no --engine-url",
+            hint="add --engine-url http://127.0.0.1:PORT (the engine's port in the pod)",
+        )
+    return ready if ready is None or ready in LEVELS else None
+
+
+def _prewarm(
+    matrix: Any, cell_id: str | None, engine_url: str | None
+) -> tuple[Prewarm | None, tuple[bool, str] | None]:
+    """Probe the engine and, with --prewarm, send the matrix's warm-up requests to it."""
+    if engine_url is None:
+        return None, None
+    from artifactd.pod.readiness import PREWARM_TIMEOUT_S, Prewarm, prewarm_cell, probe
+
+    serve = prewarm_cell(matrix, engine_url, cell_id) if matrix is not None else None
+    answered = probe(engine_url)
+    if serve is None or not answered[0]:
+        return None, answered
+    from artifactd.build.cells import send_requests
+
+    ok, failures = send_requests(serve, PREWARM_TIMEOUT_S)
+    cell = cell_id or "(the only serve cell)"
+    return Prewarm(str(matrix), cell, ok + len(failures), ok, failures), answered
+
+
+def _serve_metrics(
+    addr: str, target: Any, env_file: Any, engine_log: str | None, engine_url: str | None
+) -> None:
     """Answer every scrape with a fresh status of ``target``, until stopped."""
     import threading
     from contextlib import suppress
 
     from artifactd.pod.metrics import serving, status_registry
+    from artifactd.pod.readiness import readiness
     from artifactd.pod.status import target_status
 
     def fresh() -> CollectorRegistry:
         result = target_status(target, env_file=env_file, engine_log=engine_log)
-        return status_registry(result.families)
+        ready = readiness(result, engine_url) if engine_url is not None else None
+        return status_registry(result.families, result.phases, ready)
 
     with serving(addr, fresh) as (host, port):
         render.echo(f"serving status metrics for {target} at http://{host}:{port}/metrics")
@@ -274,6 +411,7 @@ def _render_status(result: TargetStatus) -> None:
     _render_not_restored([f for f in result.families if f not in shown])
     for fam in shown:
         _render_evidence(fam)
+    _render_phases(result)
     if result.engine_log_error:
         echo(f"engine log: {result.engine_log_error}")
     if result.compiled_anyway:
@@ -318,3 +456,31 @@ def _render_evidence(fam: FamilyStatus) -> None:
         echo(f"    {other.why}")
         for factor in other.factors:
             echo(f"    {factor}")
+
+
+def _render_phases(result: TargetStatus) -> None:
+    if not result.phases:
+        return
+    rows = [("phase", "seconds", "source", "detail")]
+    for p in result.phases:
+        detail = p.outcome or (f"{p.shapes} shapes" if p.shapes is not None else "")
+        seconds = "?" if p.seconds is None else f"{p.seconds:.2f}"
+        rows.append((p.phase, seconds, p.source, detail))
+    render.echo("engine start:")
+    render.echo(render.table(rows))
+
+
+def _render_readiness(ready: Readiness) -> None:
+    render.echo(f"readiness: {ready.level} ({ready.engine})")
+    if ready.prewarm is not None:
+        sent = ready.prewarm
+        render.echo(
+            f"  prewarm: {sent.answered} of {sent.requests} warm-up request(s) answered "
+            f"({sent.matrix}, cell {sent.cell})"
+        )
+    if ready.why_not is not None:
+        render.echo(
+            f"  not prewarmed: {ready.why_not}"
+            if ready.serviceable
+            else f"  not serviceable: {ready.why_not}"
+        )

@@ -3,7 +3,8 @@
 Files written under the restored dirs tell whether the engine compiled there;
 the engine's log tells what it did and where. This module reads a log once
 (streamed, any size, ANSI colours stripped) and keeps the lines below, quoted
-from the sources that print them.
+from the sources that print them; the same read times the engine's start
+(:mod:`artifactd.pod.phases`).
 
 vLLM (vllm-project/vllm, ``vllm/compilation/backends.py``, read at commits
 8ea6b37 (early 2025) and 0041b00 (late 2025)):
@@ -69,6 +70,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 from artifactd.families.vllm import classify_factor, read_factors
+from artifactd.pod.phases import PhaseClock, PhaseTime
 from artifactd.pod.verdict import written_after
 
 #: Evidence lines kept per family, and differing hash factors named per dir.
@@ -131,11 +133,22 @@ class LogFacts:
     counters: dict[str, int] = field(default_factory=dict)
     counters_line: str = ""
     demo: dict[str, Tally] = field(default_factory=dict)
+    #: The start's phases (:mod:`artifactd.pod.phases`).
+    clock: PhaseClock = field(default_factory=PhaseClock)
 
     @property
     def has_vllm(self) -> bool:
         """Whether vLLM's own lines are in the log."""
         return self.vllm.seen or bool(self.vllm_dirs) or self.vllm_disabled
+
+    def phases(self) -> list[PhaseTime]:
+        """Return the engine's start phases; vLLM's compile outcome is its hit and miss lines'."""
+        outcome = None
+        if self.vllm.misses or self.vllm_disabled:
+            outcome = "compiled"
+        elif self.vllm.hits:
+            outcome = "hit"
+        return self.clock.phases(compile_outcome=outcome)
 
 
 @dataclass(frozen=True)
@@ -199,7 +212,7 @@ def scan(lines: Iterable[bytes | str], name: str = "") -> LogFacts:
     for raw in lines:
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         facts.lines += 1
-        _line(facts, _ANSI.sub("", text).strip())
+        _line(facts, facts.clock.feed(_ANSI.sub("", text).strip()).strip())
     return facts
 
 

@@ -13,6 +13,17 @@ restore did not run or missed, and CMD runs anyway on its own caches, with one
 warning line on stderr; with ``require`` it is a :class:`TargetError` (exit 10)
 and CMD does not run.
 
+With ``--engine-log FILE`` (:func:`tee_output`), the engine's standard
+output and error also go, line by line and stamped with the time each was
+read, into FILE for ``status --engine-log FILE`` (the start's phases,
+:mod:`artifactd.pod.phases`, and the compile evidence): a copier process
+forked before the exec reads two pipes that become the engine's stdout and
+stderr, writes every byte through to where they pointed, and appends the
+stamped lines to FILE. The engine keeps the process id; the copier ignores
+SIGINT and SIGTERM and ends when the last writer of the pipes (the engine
+and its workers) is gone, so the engine's last lines are kept. A FILE that
+cannot be opened is one warning, and the engine runs untouched.
+
 Before the exec, the signals the Python runtime set to "ignore" at start-up
 (``SIGPIPE``, ``SIGXFSZ``) are reset to their defaults, as ``subprocess``
 does for its children: an ignored signal survives ``exec``, and an engine
@@ -23,8 +34,10 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, NoReturn
@@ -35,6 +48,8 @@ from artifactd.restore.destination import CacheVolume, parse_env_file
 #: Exit codes of a CMD that cannot be started, as POSIX shells use them.
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
+#: ``--engine-log``: a line longer than this is logged in pieces.
+MAX_LINE_BYTES = 65536
 
 
 class ExecError(ArtifactdError):
@@ -144,3 +159,92 @@ def run(plan: ExecPlan) -> NoReturn:
         raise ExecError(
             f"cannot run {command}: {exc.strerror or exc}", exit_code=EXIT_NOT_EXECUTABLE
         ) from None
+
+
+def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
+    """Copy this process's stdout and stderr, from now on, into ``log_path`` too.
+
+    Call it just before :func:`run`. Appends a stamped
+    ``artifactd-exec: started ...`` line (the engine's process start), forks
+    the copier and points fds 1 and 2 at its pipes. Returns a warning line
+    when ``log_path`` cannot be opened (nothing is changed then).
+    """
+    from artifactd.pod.phases import stamp_line
+
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        return (
+            f"artifactd: warning: cannot open the engine log {log_path} "
+            f"({exc.strerror or exc}); {argv[0]} runs without it"
+        )
+    started = f"artifactd-exec: started {' '.join(argv)[:500]} (pid {os.getpid()})\n"
+    os.write(log_fd, stamp_line(started.encode()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    if os.fork() == 0:  # the copier
+        os.close(out_w)
+        os.close(err_w)
+        _copy({out_r: 1, err_r: 2}, log_fd)
+    os.close(out_r)
+    os.close(err_r)
+    os.close(log_fd)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    return None
+
+
+def _copy(pipes: dict[int, int], log_fd: int) -> NoReturn:
+    """Run the copier: pass each pipe's bytes through, log them stamped, until all end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _pump(pipes, log_fd)
+    finally:  # whatever happens, the copier never returns into artifactd's command line
+        os._exit(0)
+
+
+def _pump(pipes: dict[int, int], log_fd: int) -> None:
+    from artifactd.pod.phases import stamp_line
+
+    partial = dict.fromkeys(pipes, b"")
+    open_fds = set(pipes)
+    while open_fds:
+        try:
+            ready, _, _ = select.select(list(open_fds), [], [])
+        except InterruptedError:
+            continue
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                open_fds.discard(fd)
+                lines = [partial[fd] + b"\n"] if partial[fd] else []
+            else:
+                _write(pipes[fd], chunk)
+                *lines, partial[fd] = (partial[fd] + chunk).split(b"\n")
+                if len(partial[fd]) > MAX_LINE_BYTES:  # a line without end is cut, not hoarded
+                    lines.append(partial[fd])
+                    partial[fd] = b""
+                lines = [line + b"\n" for line in lines]
+            now = time.time()
+            _write(log_fd, b"".join(stamp_line(line, now) for line in lines))
+
+
+def _write(fd: int, data: bytes) -> None:
+    """Write all of ``data``; a reader gone (EPIPE) or a full disk loses it, not the engine."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except InterruptedError:
+            continue
+        except OSError:
+            return

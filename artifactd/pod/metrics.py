@@ -28,6 +28,16 @@ these). The names:
 ``artifactd_family_compiled_files{family}``            files written since the restore (status;
                                                        what counts: :mod:`artifactd.pod.verdict`)
 ``artifactd_family_used{family}``                      1 when the family's verdict is ``used``
+``artifactd_engine_phase_seconds{phase}``              seconds per phase of the engine's start
+                                                       (status; :mod:`artifactd.pod.phases`:
+                                                       ``restore``, ``weights``, ``compile``,
+                                                       ``cuda_graphs``, ``ready``,
+                                                       ``first_request``), those found
+``artifactd_engine_cuda_graph_shapes``                 CUDA-graph shapes captured, when said
+``artifactd_ready{level}``                             1 when the pod reached ``serviceable`` /
+                                                       ``prewarmed`` (status with
+                                                       ``--engine-url``; see
+                                                       :mod:`artifactd.pod.readiness`)
 ``artifactd_node_store_bytes``                         bytes of every blob in the node store
 ``artifactd_node_store_evictions_total``               artifacts gc evicted, every run (the
                                                        store keeps the count)
@@ -58,6 +68,8 @@ from prometheus_client.registry import Collector
 from artifactd.errors import TargetError, UsageError
 
 if TYPE_CHECKING:
+    from artifactd.pod.phases import PhaseTime
+    from artifactd.pod.readiness import Readiness
     from artifactd.pod.verdict import FamilyVerdict
     from artifactd.restore.policy import RestoreOutcome
 
@@ -139,8 +151,15 @@ def restore_registry(outcome: RestoreOutcome) -> CollectorRegistry:
     return reg
 
 
-def status_registry(families: Iterable[FamilyVerdict]) -> CollectorRegistry:
-    """Return ``status``'s metrics from its verdicts (:mod:`artifactd.pod.verdict` decides them)."""
+def status_registry(
+    families: Iterable[FamilyVerdict],
+    phases: Iterable[PhaseTime] = (),
+    ready: Readiness | None = None,
+) -> CollectorRegistry:
+    """Return ``status``'s metrics from its verdicts (:mod:`artifactd.pod.verdict` decides them).
+
+    With the engine's start ``phases`` and the pod's readiness when known.
+    """
     reg = CollectorRegistry()
     compiled = Gauge(
         "family_compiled_files",
@@ -159,7 +178,42 @@ def status_registry(families: Iterable[FamilyVerdict]) -> CollectorRegistry:
     for fam in families:
         compiled.labels(fam.family).set(fam.files_written)
         used.labels(fam.family).set(1 if fam.used else 0)
+    _engine_metrics(reg, phases, ready)
     return reg
+
+
+def _engine_metrics(
+    reg: CollectorRegistry, phases: Iterable[PhaseTime], ready: Readiness | None
+) -> None:
+    timed = [p for p in phases if p.seconds is not None]
+    if timed:
+        seconds = Gauge(
+            "engine_phase_seconds",
+            "Seconds per phase of the engine's start",
+            ["phase"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        for phase in timed:
+            seconds.labels(phase.phase).set(phase.seconds or 0.0)
+    shapes = [p.shapes for p in phases if p.shapes is not None]
+    if shapes:
+        Gauge(
+            "engine_cuda_graph_shapes",
+            "CUDA-graph shapes the engine captured",
+            namespace=NAMESPACE,
+            registry=reg,
+        ).set(shapes[0])
+    if ready is not None:
+        level = Gauge(
+            "ready",
+            "1 when the pod reached the readiness level",
+            ["level"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        level.labels("serviceable").set(1 if ready.serviceable else 0)
+        level.labels("prewarmed").set(1 if ready.prewarmed else 0)
 
 
 def node_store_registry(

@@ -29,14 +29,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.families import FAMILIES, get_family
 from artifactd.pod.enginelogs import EngineEvidence, LogFacts, evidence, read_log
+from artifactd.pod.phases import PhaseTime, restore_phase
 from artifactd.pod.verdict import FamilyVerdict, judge, not_restored, restore_time
-from artifactd.reports import versioned
+from artifactd.reports import jsonable, versioned
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.marker import RestoreMarker
+
+if TYPE_CHECKING:
+    from artifactd.pod.readiness import Readiness
 
 #: ``status --fail-on-compile``: some family was restored and compiled anyway.
 COMPILED_ANYWAY_EXIT = 13
@@ -63,7 +67,9 @@ class TargetStatus:
 
     ``state`` says whether the marker is trusted (``restored``) and, if not,
     ``detail`` why. ``engine_log_error`` is set when the engine log could not
-    be read (the status is then made from the files alone).
+    be read (the status is then made from the files alone). ``phases`` is
+    the engine's start, phase by phase (:mod:`artifactd.pod.phases`): the
+    restore's from the marker, the rest from the engine log.
     """
 
     target: str
@@ -75,6 +81,7 @@ class TargetStatus:
     families: list[FamilyStatus]
     engine_log: str | None = None
     engine_log_error: str | None = None
+    phases: list[PhaseTime] = field(default_factory=list)
 
     @property
     def compiled_anyway(self) -> list[str]:
@@ -104,6 +111,7 @@ def target_status(
         except OSError as exc:
             log_error = f"cannot read {engine_log}: {exc.strerror or exc}"
     marker = volume.installed()
+    engine_phases = facts.phases() if facts is not None else []
     common: dict[str, Any] = {
         "target": str(volume.root),
         "env_file": str(volume.env_file),
@@ -119,6 +127,7 @@ def target_status(
             fingerprint_hash=None,
             restored_at=None,
             families=[_not_restored(name, why, facts) for name in sorted(FAMILIES)],
+            phases=engine_phases,
             **common,
         )
     cutoff = _cutoff(volume, marker)
@@ -128,8 +137,14 @@ def target_status(
         fingerprint_hash=marker["fingerprint_hash"],
         restored_at=marker["restored_at"],
         families=[_family(name, marker, cutoff, facts) for name in marker["selected"]],
+        phases=_with_restore(marker, engine_phases),
         **common,
     )
+
+
+def _with_restore(marker: RestoreMarker, phases: list[PhaseTime]) -> list[PhaseTime]:
+    restore = restore_phase(marker.get("restore_seconds"))
+    return phases if restore is None else [restore, *phases]
 
 
 def _untrusted(volume: CacheVolume) -> tuple[State, str]:
@@ -192,8 +207,15 @@ def _family(
     return _with_record(judge(get_family(name), dirs, cutoff, engine), recorded["files"], dirs)
 
 
-def status_report(status: TargetStatus) -> dict[str, Any]:
+def status_report(status: TargetStatus, ready: Readiness | None = None) -> dict[str, Any]:
     """``status --json``: the target, the restore, and per family its verdict and evidence.
+
+    With ``ready`` (``--engine-url``, ``--prewarm``, ``--ready``) also
+    ``"readiness": {"level", "serviceable", "prewarmed", "engine_url",
+    "engine", "why_not", "prewarm": null | {"matrix", "cell", "requests",
+    "answered", "failures"}}``; always ``"phases": [{"phase", "seconds",
+    "source", "outcome", "shapes", "line"}]`` (empty without a marker's record
+    or an engine log).
 
     ``{"schema_version": 1, "target", "env_file", "state", "detail",
     "fingerprint_hash", "restored_at", "engine_log", "engine_log_error",
@@ -202,7 +224,10 @@ def status_report(status: TargetStatus) -> dict[str, Any]:
     "engine": null | {"family", "source", "hits", "misses", "cache_dirs",
     "other_dirs": [{"path", "why", "factors"}], "cache_disabled", "lines"}}]}``.
     """
-    return versioned({**_fields(status), "compiled_anyway": status.compiled_anyway})
+    body = {**_fields(status), "compiled_anyway": status.compiled_anyway}
+    if ready is not None:
+        body["readiness"] = {**jsonable(ready), "level": ready.level}
+    return versioned(body)
 
 
 def _fields(status: TargetStatus) -> dict[str, Any]:

@@ -169,7 +169,9 @@ def _restore_locked(
         for fp in hits
         for comp in (fp.layer.components if fp.layer else [])
     ]
-    volume.install(staging, swaps, _marker(plan))
+    marker = _marker(plan)
+    marker["restore_seconds"] = round(time.monotonic() - t0, 3)
+    volume.install(staging, swaps, marker)
     phases["install"] = round(time.monotonic() - t2, 4)
     for fp in hits:
         on_event({"stage": "install", "event": "done", "family": fp.family})

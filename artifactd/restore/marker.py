@@ -45,7 +45,13 @@ class FamilyMarker(_FamilyMarkerOptional):
     bytes: int
 
 
-class RestoreMarker(TypedDict):
+class _RestoreMarkerOptional(TypedDict, total=False):
+    #: Seconds the restore took to verify and fetch (the engine start's ``restore``
+    #: phase, :mod:`artifactd.pod.phases`); absent from markers older than it.
+    restore_seconds: float
+
+
+class RestoreMarker(_RestoreMarkerOptional):
     """``<target>/.artifactd/restored.json``: what is installed, written after every swap."""
 
     schema_version: Literal[1]

@@ -22,6 +22,11 @@ It behaves like the engines a serve cell starts (vLLM, SGLang), at toy scale:
   (tokens per model step: the prompt for a prefill, 1 per decode step) and
   the gauge ``vllm:num_requests_running`` (requests in flight), labelled
   ``model_name`` and ``engine``, updated on every request;
+* its log lines mark the phases of its start, as the real engines' do
+  (:mod:`artifactd.pod.phases` reads them): ``model built in S s`` (weights),
+  ``ready``, and per request that ran Dynamo ``torch.compile S s: fx graph
+  cache H hit(s), M miss(es)`` (the request's time; the model compiles
+  lazily, on requests), then the access line of each request;
 * SIGTERM (or SIGINT) shuts the server down cleanly and exits 0, printing one
   JSON line last: ``{"tiny_engine": {"compiled": N, "cache_hits": M, ...}}``
   from Inductor's FX graph cache counters, so a test can see that a run on a
@@ -137,6 +142,7 @@ class Model:
 
         out: list[int] = []
         with self.lock, torch.no_grad():  # one request at a time, like a batch-1 scheduler
+            before, started = counters(), time.monotonic()
             prefill, decode = self.compiled()
             tokens = torch.tensor(ids, dtype=torch.long)
             state = prefill(tokens)
@@ -146,6 +152,14 @@ class Model:
                 token, state = decode(state, token)
                 on_step(1)
                 out.append(int(token.item()))
+            after = counters()
+        hits = after["cache_hits"] - before["cache_hits"]
+        misses = after["compiled"] - before["compiled"]
+        if hits or misses:  # Dynamo compiled (or loaded) a graph in this request
+            log(
+                f"torch.compile {time.monotonic() - started:.3f} s: "
+                f"fx graph cache {hits} hit(s), {misses} miss(es)"
+            )
         return " ".join(f"t{t}" for t in out), len(ids)
 
 

@@ -1,0 +1,208 @@
+"""Two readiness levels of a pod: ``serviceable`` and ``prewarmed`` (``status --ready``).
+
+* **serviceable**: the engine answers (``GET <engine-url>/health`` is 200
+  within :data:`PROBE_TIMEOUT_S`) and the restore's verdicts are known (no
+  restore is installing). A pod whose restore missed is serviceable: a miss is
+  the fail-open policy, the engine compiles as before.
+* **prewarmed**: serviceable, and every warm-up shape of the matrix was served
+  with nothing compiled anyway: ``status --prewarm MATRIX`` sends the
+  matrix's serve requests itself (:func:`artifactd.build.cells.send_requests`,
+  the requests a build's serve cell sends) to the engine, every one must
+  answer 200, and then every family the restore selected must be ``used``
+  (:func:`artifactd.pod.verdict.judge`, the one rule: a family restored and
+  written to since, or missed, is not).
+
+Why status sends the shapes itself rather than reading what the engine
+served: an engine's access log says that a request was answered, not its
+prompt length or batch, so it cannot show that *every* warm-up shape was
+served; and traffic that has not arrived yet proves nothing. Sending the
+matrix's own requests, then reading the verdict, is what a readiness gate can
+guarantee: when it passes, no shape of the matrix will compile on a user's
+request. The requests cost one warm-up pass per probe: run it as a
+``startupProbe`` (it stops once passed), or a readiness probe with a period
+longer than the pass (deploy/k8s).
+
+Exit codes (:meth:`Readiness.exit_code`): ``status --ready LEVEL`` exits 0
+when LEVEL is reached, :data:`NOT_READY_EXIT` when not: a Kubernetes exec
+probe reads exactly that.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from artifactd.errors import UsageError
+
+if TYPE_CHECKING:
+    from artifactd.build.matrix import ServeCell
+    from artifactd.pod.status import TargetStatus
+
+#: ``status --ready LEVEL``: the level was not reached.
+NOT_READY_EXIT = 15
+#: One health probe may take this long: a probe must answer fast, and so must the engine.
+PROBE_TIMEOUT_S = 2.0
+#: One warm-up request may take this long (a shape compiled anyway may compile for minutes).
+PREWARM_TIMEOUT_S = 600.0
+
+Level = Literal["serviceable", "prewarmed"]
+LEVELS: tuple[Level, ...] = ("serviceable", "prewarmed")
+
+
+@dataclass(frozen=True)
+class Prewarm:
+    """What ``--prewarm`` sent: the matrix, its cell, the requests and those that failed."""
+
+    matrix: str
+    cell: str
+    requests: int
+    answered: int
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The levels a pod reached, and why not the next one.
+
+    ``engine`` says what the health probe got; ``why_not`` is None when
+    prewarmed, else why the pod is not (the first reason found).
+    """
+
+    serviceable: bool
+    prewarmed: bool
+    engine_url: str | None
+    engine: str
+    prewarm: Prewarm | None
+    why_not: str | None
+
+    @property
+    def level(self) -> str:
+        """The highest level reached, or ``not ready``."""
+        if self.prewarmed:
+            return "prewarmed"
+        return "serviceable" if self.serviceable else "not ready"
+
+    def reached(self, level: Level) -> bool:
+        """Whether ``level`` is reached."""
+        return self.prewarmed if level == "prewarmed" else self.serviceable
+
+    def exit_code(self, level: Level | None) -> int:
+        """0, or :data:`NOT_READY_EXIT` when ``level`` is asked and not reached."""
+        return NOT_READY_EXIT if level is not None and not self.reached(level) else 0
+
+
+def probe(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """GET ``<engine_url>/health``; return whether it answered 200, and what it got."""
+    url = engine_url.rstrip("/") + "/health"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    started = time.monotonic()
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        exc.close()
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"GET {url}: no answer ({type(reason).__name__}: {reason})"
+    took = time.monotonic() - started
+    return status == 200, f"GET {url}: HTTP {status} in {took:.3f} s"
+
+
+def prewarm_cell(matrix_path: Path, engine_url: str, cell_id: str | None) -> ServeCell:
+    """Return the matrix's serve cell (``cell_id``, or its only one) aimed at ``engine_url``.
+
+    Raises :class:`UsageError` when the matrix has no serve cell, several
+    and no ``cell_id``, or not that one; the matrix's own errors are its
+    :class:`~artifactd.errors.ConfigError`.
+    """
+    from artifactd.build.matrix import expand, load_matrix
+
+    matrix = load_matrix(matrix_path)
+    cells = [c for c in expand(matrix, matrix_path) if c.serve is not None]
+    if not cells:
+        raise UsageError(
+            f"--prewarm {matrix_path}: the matrix has no serve cell, so no warm-up requests",
+            hint="give the matrix the engine is built from (one with `serve:`)",
+        )
+    ids = ", ".join(c.id for c in cells[:10]) + (" ..." if len(cells) > 10 else "")
+    if cell_id is None:
+        if len(cells) > 1:
+            raise UsageError(
+                f"--prewarm {matrix_path}: {len(cells)} serve cells; which one is this pod?",
+                hint=f"add --prewarm-cell ID, one of: {ids}",
+            )
+        chosen = cells[0]
+    else:
+        found = [c for c in cells if c.id == cell_id]
+        if not found:
+            raise UsageError(
+                f"--prewarm-cell {cell_id}: no such serve cell in {matrix_path}",
+                hint=f"one of: {ids}",
+            )
+        chosen = found[0]
+    assert chosen.serve is not None  # noqa: S101 - filtered above
+    return chosen.serve.model_copy(update={"base_url": engine_url.rstrip("/")})
+
+
+def readiness(
+    status: TargetStatus,
+    engine_url: str | None,
+    *,
+    sent: Prewarm | None = None,
+    answered: tuple[bool, str] | None = None,
+) -> Readiness:
+    """Decide the levels from a status taken *after* the warm-up requests (if any) were sent.
+
+    ``answered`` is the health probe's result (:func:`probe`), ``sent`` what
+    ``--prewarm`` sent.
+    """
+    if engine_url is None:
+        ok, engine = False, "not probed: no --engine-url"
+    elif answered is None:
+        ok, engine = probe(engine_url)
+    else:
+        ok, engine = answered
+    why: str | None = None
+    if not ok:
+        why = f"the engine does not answer ({engine})"
+    elif status.state == "restore in progress":
+        why = f"the restore's verdicts are not known yet: {status.detail}"
+    serviceable = why is None
+    if why is None:
+        why = _not_prewarmed(status, sent)
+    return Readiness(serviceable, serviceable and why is None, engine_url, engine, sent, why)
+
+
+def _not_prewarmed(status: TargetStatus, sent: Prewarm | None) -> str | None:
+    if sent is None:
+        return "no warm-up shapes were sent: give --prewarm MATRIX to send the matrix's requests"
+    if sent.failures:
+        return (
+            f"{len(sent.failures)} of {sent.requests} warm-up request(s) failed: {sent.failures[0]}"
+        )
+    if status.state != "restored":
+        return f"no trusted restore ({status.state}): the shapes were served from no restored cache"
+    if status.compiled_anyway:
+        return f"compiled anyway: {', '.join(status.compiled_anyway)}"
+    unused = [f.family for f in status.families if not f.used]
+    if unused:
+        return f"not restored: {', '.join(unused)} (what the engine compiled for them is unseen)"
+    return None
+
+
+__all__ = [
+    "LEVELS",
+    "NOT_READY_EXIT",
+    "Level",
+    "Prewarm",
+    "Readiness",
+    "prewarm_cell",
+    "probe",
+    "readiness",
+]
