@@ -40,11 +40,13 @@ readiness probe's command exits 0, then 13 once a file is written there.
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -773,8 +775,15 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
             assert mount_of(ENGINE, value), f"{key}={value}: outside the engine's mounts"
     assert seen["files"] == tree_digests(tree), "the engine does not see the restored files"
 
-    # The readiness probe, as written: used (0), then compiled anyway (13).
+    # The readiness probe, as written: used (0), then compiled anyway (13). It asks the
+    # engine's /health too: a real HTTP server answers it here, on a free port in place
+    # of the manifest's 8000 (the probe runs on the host's network).
     probe = next(argv for what, argv in exec_arrays(ENGINE) if what == "readinessProbe")
+    engine_url = setting(ENGINE, probe, "--engine-url") or ""
+    assert engine_url.startswith("http://127.0.0.1:"), probe
+    health = _health_server()
+    here = f"http://127.0.0.1:{health.server_address[1]}"
+    probe = [here if a == engine_url else a for a in probe]
     mounts = [f"-v={host}:{b['bind']}" for host, b in binds.items()]
 
     def readiness() -> int:
@@ -790,3 +799,20 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     written.write_bytes(b"\x7fELF" + hashlib.sha256(b"later").digest())
     os.chown(written, INIT_UID, INIT_UID)
     assert readiness() == COMPILED_ANYWAY
+
+
+def _health_server() -> http.server.ThreadingHTTPServer:
+    """Start an engine stand-in on a free loopback port: ``/health`` answers 200."""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            del format, args
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
