@@ -104,7 +104,7 @@ def built(tmp_path: Path) -> tuple[Path, str]:
 def test_the_loop_a_pods_compile_reaches_the_next_artifact_through_the_gate(
     built: tuple[Path, str], tmp_path: Path, registry: RegistryServer, repo: str
 ) -> None:
-    m, store = built
+    _, store = built
     deltas = registry.ref(f"{repo}-deltas")
     pod = tmp_path / "pod"
     restore(store, pod)
@@ -354,3 +354,32 @@ def test_the_commands_say_what_they_do(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("artifactd: error:"), proc.stderr
+
+
+def test_the_contribute_overlay_runs_a_real_command_line_with_its_own_credentials() -> None:
+    """deploy/k8s/overlays/contribute: the sidecar's preStop is a valid `contribute` line."""
+    from test_deploy_k8s import (
+        DEPLOY,
+        calls_of,
+        env_value,
+        kustomize,
+        listed_options,
+        run_help,
+        split_path,
+        used_options,
+    )
+
+    docs = kustomize(DEPLOY / "overlays" / "contribute")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    ((what, c, argv),) = calls_of(deployment, "contribute")
+    assert what == "preStop" and c["restartPolicy"] == "Always"
+    path, rest = split_path(argv)
+    code, text = run_help(path)
+    assert code == 0 and not set(used_options(rest)) - listed_options(text)
+    store = rest[rest.index("--store") + 1]
+    restored_from = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["store"]
+    assert store != restored_from
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
+    assert secrets == {"artifactd-deltas"}
+    assert env_value(c, "ARTIFACTD_SIGN_KEY")
+    assert all(m.get("readOnly") for m in c["volumeMounts"])
