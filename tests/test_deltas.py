@@ -358,16 +358,8 @@ def test_the_commands_say_what_they_do(tmp_path: Path) -> None:
 
 def test_the_contribute_overlay_runs_a_real_command_line_with_its_own_credentials() -> None:
     """deploy/k8s/overlays/contribute: the sidecar's preStop is a valid `contribute` line."""
-    from test_deploy_k8s import (
-        DEPLOY,
-        calls_of,
-        env_value,
-        kustomize,
-        listed_options,
-        run_help,
-        split_path,
-        used_options,
-    )
+    from test_ci_examples import listed_options, run_help, split_path, used_options
+    from test_deploy_k8s import DEPLOY, calls_of, env_value, kustomize
 
     docs = kustomize(DEPLOY / "overlays" / "contribute")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
