@@ -375,3 +375,136 @@ def test_the_contribute_overlay_runs_a_real_command_line_with_its_own_credential
     assert secrets == {"artifactd-deltas"}
     assert env_value(c, "ARTIFACTD_SIGN_KEY")
     assert all(m.get("readOnly") for m in c["volumeMounts"])
+
+
+# --------------------------------------------------------------------------
+# The loop with the tiny engine (a real torch.compile'd server, Inductor)
+# --------------------------------------------------------------------------
+
+ENGINE = Path(__file__).resolve().parent / "engines" / "tiny_engine.py"
+
+
+def tiny_matrix(tmp: Path, lengths: list[int], port: int, name: str) -> Path:
+    """A one-cell serve matrix for the tiny engine sending prompts of ``lengths`` words."""
+    path = tmp / name
+    path.write_text(
+        "name: tiny-deltas\nfamilies: [inductor]\ngpus: 0\n"
+        f"workload:\n  model: tiny-llm\n  engine: {json.dumps(str(ENGINE))}\n"
+        "serve:\n  command: >-\n"
+        "    {{ python }} {{ engine }} --port {{ port }} --model {{ model }}\n"
+        f"  port: {port}\n  ready_timeout_s: 180\n  shutdown_grace_s: 20\n"
+        f"  requests:\n    - kind: completions\n      prompt_tokens: {json.dumps(lengths)}\n"
+        "      max_tokens: 3\n"
+    )
+    return path
+
+
+def pod_serves(target: Path, home: Path, port: int, *lengths: int) -> dict[str, int]:
+    """A pod's engine, ``artifactd exec --target T -- tiny_engine``, serving ``lengths`` words.
+
+    Returns the engine's own report (``compiled``, ``cache_hits``: Inductor's counters).
+    """
+    import signal
+    import urllib.request
+
+    from artifactd.build.cells import prompt_text
+
+    home.mkdir(parents=True, exist_ok=True)
+    time.sleep(0.02)
+    argv = [sys.executable, "-m", "artifactd", "exec", "--target", str(target), "--"]
+    argv += [sys.executable, str(ENGINE), "--port", str(port), "--model", "tiny-llm"]
+    proc = subprocess.Popen(
+        argv,
+        env=clean_env({"HOME": str(home)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with opener.open(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "the engine never came up"
+            time.sleep(0.2)
+        for n in lengths:
+            body = json.dumps({"model": "tiny-llm", "prompt": prompt_text(n), "max_tokens": 3})
+            req = urllib.request.Request(  # noqa: S310 - loopback
+                f"{url}/v1/completions", body.encode(), {"Content-Type": "application/json"}
+            )
+            with opener.open(req, timeout=120) as resp:
+                assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    line = next(x for x in reversed(out.splitlines()) if x.startswith('{"tiny_engine"'))
+    report: dict[str, int] = json.loads(line)["tiny_engine"]
+    return report
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_the_loop_with_the_tiny_engine(tmp_path: Path) -> None:
+    """Shapes A built; a pod serves A and B (B compiles); the delta comes back through the gate."""
+    port = free_port()
+    a = tiny_matrix(tmp_path, [4], port, "a.yaml")
+    store, deltas = f"oci:{tmp_path / 'store'}", f"oci:{tmp_path / 'deltas'}"
+    env = clean_env({"HOME": str(tmp_path / "home")})
+
+    def run(*args: str) -> dict[str, Any]:
+        proc = run_artifactd(*args, "--json", env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return doc
+
+    run("build", str(a), "--store", store)
+    workload = f"model=tiny-llm,engine={ENGINE}"
+    pod = tmp_path / "pod"
+    assert run("restore", "--store", store, "--target", str(pod), "--workload", workload)[
+        "restored"
+    ] == ["inductor"]
+    report = pod_serves(pod, tmp_path / "home", port, 4, 8)
+    assert report["compiled"] >= 1  # the prefill graph of 8 words: shape B
+    status = run("status", "--target", str(pod))
+    assert status["compiled_anyway"] == ["inductor"]
+
+    delta = run("contribute", "--target", str(pod), "--store", deltas)
+    assert delta["published"] and delta["families"][0]["family"] == "inductor"
+    ab = tiny_matrix(tmp_path, [4, 8], port, "ab.yaml")
+    absorbed = run("absorb", str(ab), "--store", store, "--deltas", deltas)
+    assert [d["accepted"] for d in absorbed["deltas"]] == [True], absorbed
+    gated = run(
+        "verify",
+        str(ab),
+        "--store",
+        store,
+        "--candidate",
+        absorbed["candidate"],
+        "--promote",
+        "rel",
+    )
+    assert gated["gate"]["passed"] and gated["gate"]["promoted"] == "rel"
+    assert gated["vouched"]["inductor"]
+
+    fresh = tmp_path / "fresh"
+    run("restore", "--store", store, "--target", str(fresh), "--workload", workload)
+    report = pod_serves(fresh, tmp_path / "home2", port, 4, 8)
+    assert report["compiled"] == 0, report
+    status = run("status", "--target", str(fresh))
+    assert status["compiled_anyway"] == []
