@@ -9,13 +9,16 @@ the gate's own restore, run and verdict per cell):
    restore is what it compiles: an entry the deltas contributed is *vouched
    for* when a cell wrote the same path with equal bytes (compared in the
    normalised form the layer stores, :meth:`Family.normalize` for
-   path-bearing files), or, for a keyed path (:meth:`Family.keyed`: Inductor's
-   FX-graph and kernel entries, named by a hash of what was compiled), the
-   same path. Every other contributed entry is *dropped* and listed: the gate
-   cannot say it is what its path claims. (A library's own hit evidence naming
+   path-bearing files), or a file with the same compile key
+   (:meth:`Family.compile_key`: a keyed path itself, such as Inductor's
+   kernels, named by a hash of what was compiled; for Inductor's
+   ``fxgraph/`` and ``aotautograd/`` entries, their key directory). Every
+   other contributed entry is *dropped* and listed: the gate cannot say it is
+   what its path claims. (A library's own hit evidence naming
    an entry is not used yet: only a re-compile vouches.) The proof pass's
-   checks stand in for the build's for cells the promoted artifact never
-   recorded (shapes added to the matrix since).
+   checks are what the gate compares with: what the promoted artifact
+   computes for the matrix's cells as they are now (a cell's requests may
+   have changed since the build recorded its checks).
 2. **Gate.** The promoted artifact plus the vouched entries (the candidate,
    repacked without the dropped ones when there are any) is published into a
    scratch layout and every cell re-runs on it exactly as ``verify`` runs
@@ -108,8 +111,9 @@ def verify_candidate(
         evidence = _evidence(roots / "proof", cand.config)
         vouched, dropped = _vouch(cand.config, evidence)
         art, packed = _without(store, cand.config, dropped, roots / "pack")
+        # What the promoted artifact computes for this matrix's cells (a cell's requests may
+        # have changed since the build recorded its checks): the candidate must compute the same.
         recorded = {c.id: {r.name: r.got for r in c.checks if r.got is not None} for c in proof}
-        recorded.update(base.config.provenance.checks)
         with open_store(f"oci:{roots / 'gate-store'}", create=True) as scratch:
             gated = _publish(store, scratch, art, packed, roots / "pack")
             gate_ctx = Context(
@@ -180,13 +184,16 @@ def _read_pair(store: Store, candidate: str, wanted: str) -> tuple[Artifact, Art
     return cand, base
 
 
-def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, dict[str, set[str]]]:
-    """Per family, each contributed path the proof pass wrote, and the digests it wrote there."""
+def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, set[str]]:
+    """Per family, what the proof pass wrote: ``path@sha256`` of each file, and each file's key.
+
+    Keys are ``key:<component>/<compile key>`` (:meth:`Family.compile_key`).
+    """
     from artifactd.families import get_family
     from artifactd.pod.verdict import restore_time, written_since
     from artifactd.restore.destination import CacheVolume
 
-    found: dict[str, dict[str, set[str]]] = {}
+    found: dict[str, set[str]] = {}
     cells_dir = proof_roots / "cells"
     for target in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         volume = CacheVolume(target)
@@ -196,22 +203,22 @@ def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, dict[str, se
         cutoff = restore_time(volume.marker_path, marker["restored_at"])
         for name in cand.provenance.contributed:
             fam = get_family(name)
-            dirs = {c: str(p) for c, p in fam.restore_dirs(target).items()}
-            for component, root in dirs.items():
-                for path in written_since(fam, component, Path(root), cutoff):
+            seen = found.setdefault(name, set())
+            for component, root in fam.restore_dirs(target).items():
+                for path in written_since(fam, component, root, cutoff):
                     rel = PurePosixPath(Path(path).relative_to(root).as_posix())
                     data = Path(path).read_bytes()
                     if fam.path_bearing(component, rel):
-                        data = fam.normalize(data, (root,))
-                    key = f"{component}/{rel}"
-                    found.setdefault(name, {}).setdefault(key, set()).add(
-                        hashlib.sha256(data).hexdigest()
-                    )
+                        data = fam.normalize(data, (str(root),))
+                    seen.add(f"{component}/{rel}@{hashlib.sha256(data).hexdigest()}")
+                    key = fam.compile_key(component, rel)
+                    if key is not None:
+                        seen.add(f"key:{component}/{key}")
     return found
 
 
 def _vouch(
-    cand: ArtifactConfig, evidence: Mapping[str, Mapping[str, set[str]]]
+    cand: ArtifactConfig, evidence: Mapping[str, set[str]]
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Split the contributed paths into those the proof pass re-compiled and the rest."""
     from artifactd.families import get_family
@@ -222,13 +229,14 @@ def _vouch(
         fam = get_family(name)
         rec = cand.layer(name)
         entries = {f.path: f for f in rec.files} if rec is not None else {}
-        wrote = evidence.get(name, {})
+        seen = evidence.get(name, set())
         for path in paths:
             entry = entries.get(path)
             component, _, rel = path.partition("/")
-            seen = wrote.get(path, set())
+            key = fam.compile_key(component, PurePosixPath(rel))
             ok = entry is not None and (
-                entry.sha256 in seen or (bool(seen) and fam.keyed(component, PurePosixPath(rel)))
+                f"{path}@{entry.sha256}" in seen
+                or (key is not None and f"key:{component}/{key}" in seen)
             )
             (vouched if ok else dropped).setdefault(name, []).append(path)
     return vouched, dropped
