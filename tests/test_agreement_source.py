@@ -155,6 +155,7 @@ def _marker(target: Path) -> dict[str, Any]:
     for fam in doc["families"].values():
         del fam["dirs"]  # each under its own target
     del doc["restored_at"], doc["env"], doc["store"]
+    doc.pop("restore_seconds", None)  # how long this restore took
     return doc
 
 
@@ -346,6 +347,8 @@ ALLOWED = {
     "build/harvest.py": "records each family's scope key in the artifact it packs",
     "fingerprint/diff.py": "explains which fields decide a family's verdict",
     "fingerprint/model.py": "the model's own scope_key method",
+    "build/candidate.py": "checks the promoted artifact a candidate extends still holds its tag",
+    "stores/retention.py": "tells the scheme's own tags from promotions, to keep the latter",
 }
 
 

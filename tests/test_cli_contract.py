@@ -25,7 +25,9 @@ from artifactd.cli import cli
 from artifactd.reports import REPORT_SCHEMA_VERSION
 
 COMMANDS = {
+    "absorb",
     "build",
+    "contribute",
     "copy",
     "demo",
     "diff",

@@ -214,7 +214,6 @@ def verify(
     fingerprint; a gate that ran and failed is a result with ``passed`` false.
     """
     from artifactd.build.matrix import expand, load_matrix
-    from artifactd.build.schedule import node_devices, run_packed
     from artifactd.stores.artifacts import read_artifact
 
     start = time.monotonic()
@@ -238,24 +237,16 @@ def verify(
             hint="build (or merge) it first, on the same image and target; "
             "`artifactd diff` compares two fingerprints",
         )
-    recorded = art.config.provenance.checks
     roots = keep_roots or Path(tempfile.mkdtemp(prefix=f"artifactd-verify-{matrix.name}-"))
-    roots.mkdir(parents=True, exist_ok=True)
-
-    def run_one(cell: Cell, taken: tuple[str, ...]) -> CellVerified:
-        return _verify_cell(
-            cell,
-            taken,
-            _Context(store, fingerprint, matrix, roots, base, recorded, on_event),
-        )
-
     try:
-        devices = list(gpus) if gpus is not None else node_devices(base)
-        results = run_packed(cells, devices, run_one, jobs=jobs, on_event=on_event)
+        ctx = Context(
+            store, fingerprint, matrix, roots, base, art.config.provenance.checks, on_event
+        )
+        results = run_cells(ctx, cells, gpus=gpus, jobs=jobs)
     finally:
         if keep_roots is None:
             shutil.rmtree(roots, ignore_errors=True)
-    failures = _failures(results)
+    failures = gate_failures(results)
     passed = not failures
     promoted = None
     attestation = None
@@ -272,7 +263,7 @@ def verify(
         )
         attestation = attest(store, art.digest, doc, sign_key)
     if passed and promote:
-        _tag(store, art.digest, promote)
+        tag_manifest(store, art.digest, promote)
         promoted = promote
         on_event({"stage": "verify", "event": "promoted", "tag": promote})
     return VerifyResult(
@@ -289,8 +280,27 @@ def verify(
     )
 
 
-def _failures(results: Sequence[CellVerified]) -> list[str]:
-    """One line per check that differs and per family that fails the gate."""
+def run_cells(
+    ctx: Context, cells: Sequence[Cell], *, gpus: Sequence[str] | None, jobs: int
+) -> list[CellVerified]:
+    """Restore ``ctx.store``'s artifact for the fingerprint per cell, run each, judge each.
+
+    Each cell's roots are ``ctx.roots/cells/<cell id>`` (left in place: the
+    caller removes them); packed onto the node's GPUs as a build packs them.
+    """
+    from artifactd.build.schedule import node_devices, run_packed
+
+    ctx.roots.mkdir(parents=True, exist_ok=True)
+
+    def run_one(cell: Cell, taken: tuple[str, ...]) -> CellVerified:
+        return _verify_cell(cell, taken, ctx)
+
+    devices = list(gpus) if gpus is not None else node_devices(ctx.base)
+    return run_packed(list(cells), devices, run_one, jobs=jobs, on_event=ctx.on_event)
+
+
+def gate_failures(results: Sequence[CellVerified]) -> list[str]:
+    """Return one line per check that differs and per family that fails the gate."""
     return [
         f"{c.id}: check {r.name}: expected {r.expected!r}, got {r.got!r}"
         for c in results
@@ -299,7 +309,7 @@ def _failures(results: Sequence[CellVerified]) -> list[str]:
     ] + [line for c in results for line in c.family_failures]
 
 
-def _tag(store: Store, digest: str, tag: str) -> None:
+def tag_manifest(store: Store, digest: str, tag: str) -> None:
     """Point ``tag`` at the manifest ``digest`` (already in the store)."""
     ref = store.get_manifest(digest)
     if ref is None:  # pragma: no cover - read a moment ago
@@ -308,7 +318,7 @@ def _tag(store: Store, digest: str, tag: str) -> None:
 
 
 @dataclass(frozen=True)
-class _Context:
+class Context:
     """What every cell of one verify run shares."""
 
     store: Store
@@ -320,7 +330,7 @@ class _Context:
     on_event: EventSink
 
 
-def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: _Context) -> CellVerified:
+def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerified:
     """Restore into the cell's own fresh roots, run it there, count and compare."""
     from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
 

@@ -44,6 +44,7 @@ from artifactd.trust.signatures import attest, sign_all, store_identity
 
 if TYPE_CHECKING:
     from artifactd.build.matrix import Cell
+    from artifactd.families.base import Family
     from artifactd.format.archive import PackedLayer
     from artifactd.stores import Store
     from artifactd.stores.artifacts import Artifact
@@ -210,7 +211,6 @@ def _repack(
     """Download, verify and unpack each cell's layer of ``family``; merge; pack one layer."""
     from artifactd.build.treemerge import merge_family
     from artifactd.format.archive import pack_family
-    from artifactd.format.unpack import check_layer, unpack_layer
 
     fam = get_family(family)
     keys = {rec.scope_key for _, rec in recs}
@@ -219,29 +219,8 @@ def _repack(
     downloaded = 0
     sources = []
     for cell, rec in recs:
-        stage = work / "cells" / cell.id
-        dirs = {comp: stage / comp for comp in rec.components}
-
-        def relocate(member: str, data: bytes, dirs: dict[str, Path] = dirs) -> bytes:
-            return fam.relocate(data, str(dirs[member.split("/", 1)[0]]))
-
-        bound = check_layer(rec, frozenset(rec.components), prefix=family)
-        with store.open_blob(rec.digest, rec.size) as blob:
-            unpack_layer(
-                blob,
-                digest=rec.digest,
-                size=rec.size,
-                entries=rec.files,
-                staging=stage,
-                components=frozenset(rec.components),
-                max_tar_bytes=bound,
-                relocate=relocate,
-                keep_mtimes=fam.keep_mtimes,
-                record=rec,
-                prefix=family,
-            )
+        sources.append((cell.id, unpack_record(store, fam, rec, work / "cells" / cell.id)))
         downloaded += rec.size
-        sources.append((cell.id, dirs))
     components = sorted({comp for _, rec in recs for comp in rec.components})
     dest = {comp: work / "merged" / comp for comp in components}
     result = merge_family(fam, sources, dest)
@@ -282,3 +261,36 @@ def _repack(
         family, [c.id for c, _ in recs], "repacked", layer.digest, len(layer.files), downloaded
     )
     return record, layer, merged
+
+
+def unpack_record(store: Store, fam: Family, rec: LayerRecord, stage: Path) -> dict[str, Path]:
+    """Download, verify and unpack one format-2 layer into ``stage``; return its component dirs.
+
+    The restore's checks (:func:`~artifactd.format.unpack.check_layer`, then
+    :func:`~artifactd.format.unpack.unpack_layer` against the record): what a
+    merge or an ``absorb`` reads from another party passes them first.
+    """
+    from artifactd.format.unpack import check_layer, unpack_layer
+
+    dirs = {comp: stage / comp for comp in rec.components}
+
+    def relocate(member: str, data: bytes) -> bytes:
+        return fam.relocate(data, str(dirs[member.split("/", 1)[0]]))
+
+    known = frozenset(c.name for c in fam.components)
+    bound = check_layer(rec, known, prefix=fam.name)
+    with store.open_blob(rec.digest, rec.size) as blob:
+        unpack_layer(
+            blob,
+            digest=rec.digest,
+            size=rec.size,
+            entries=rec.files,
+            staging=stage,
+            components=frozenset(rec.components),
+            max_tar_bytes=bound,
+            relocate=relocate,
+            keep_mtimes=fam.keep_mtimes,
+            record=rec,
+            prefix=fam.name,
+        )
+    return dirs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from artifactd.cli import (
     builds,
+    deltas,
     fanout,
     fingerprints,
     images,
@@ -25,6 +26,7 @@ from artifactd.cli.group import cli
 __all__ = [
     "builds",
     "cli",
+    "deltas",
     "fanout",
     "fingerprints",
     "images",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -134,6 +135,12 @@ def merge(
     help="Tag the artifact TAG in the store, only if the gate passes.",
 )
 @click.option(
+    "--candidate",
+    metavar="TAG",
+    help="Gate the candidate `absorb` published: only contributed entries a cell re-compiled "
+    "are kept; what passes becomes the fingerprint's artifact with --promote.",
+)
+@click.option(
     "--keep-roots",
     type=click.Path(path_type=Path),
     help="Keep each cell's restored roots and log under this directory.",
@@ -156,6 +163,7 @@ def verify(
     gpus: str | None,
     jobs: int,
     promote: str | None,
+    candidate: str | None,
     keep_roots: Path | None,
     sign_key: str | None,
     as_json: bool,
@@ -178,6 +186,22 @@ def verify(
     from artifactd.stores import open_store
 
     key = load_sign_key(sign_key)
+    if candidate is not None:
+        _verify_candidate(
+            file,
+            store,
+            candidate,
+            insecure=insecure,
+            gpu_arch=gpu_arch,
+            image_digest=image_digest,
+            overrides=overrides,
+            gpus=parse_gpus(gpus) if gpus is not None else None,
+            jobs=jobs,
+            promote=promote,
+            key=key,
+            as_json=as_json,
+        )
+        return
     with open_store(store, insecure=insecure) as st:
         result = do_verify(
             file,
@@ -199,6 +223,47 @@ def verify(
     else:
         render.verify(result)
     if not result.passed:
+        from artifactd.errors import VerifyError
+
+        sys.exit(VerifyError.exit_code)
+
+
+def _verify_candidate(
+    file: Path,
+    store: str,
+    candidate: str,
+    *,
+    insecure: bool,
+    gpus: list[str] | None,
+    key: Any,
+    as_json: bool,
+    **kwargs: Any,
+) -> None:
+    """``verify --candidate``: prove the contributed entries, gate, promote (exit 12 on failure)."""
+    from artifactd.build.candidate import verify_candidate
+    from artifactd.stores import open_store
+
+    with open_store(store, insecure=insecure) as st:
+        result = verify_candidate(
+            file,
+            st,
+            candidate,
+            gpus=gpus,
+            sign_key=key,
+            on_event=render.event_printer(as_json),
+            **kwargs,
+        )
+    if as_json:
+        from artifactd.reports import result_report
+
+        render.emit_json(result_report(result))
+    else:
+        render.verify(result.gate)
+        for name, paths in sorted(result.vouched.items()):
+            render.echo(f"vouched {name}: {len(paths)} contributed file(s) re-compiled by a cell")
+        for name, paths in sorted(result.dropped.items()):
+            render.echo(f"dropped {name}: {', '.join(paths)} (no cell re-compiled them)")
+    if not result.gate.passed:
         from artifactd.errors import VerifyError
 
         sys.exit(VerifyError.exit_code)

@@ -180,6 +180,16 @@ class Family(ABC):
         del component, rel
         return False
 
+    def compile_key(self, component: str, rel: PurePosixPath) -> PurePosixPath | None:
+        """Return what a re-compile of the file at ``rel`` is recognised by, or None.
+
+        ``verify --candidate`` vouches for a file a pod contributed when a
+        gate cell wrote one with the same key (bytes may differ, as for
+        :meth:`keyed` paths), or, with None, only the same path with equal
+        bytes. By default a keyed path is its own key.
+        """
+        return rel if self.keyed(component, rel) else None
+
     def merge_file(
         self, component: str, rel: PurePosixPath, ours: bytes, theirs: bytes
     ) -> bytes | None:

@@ -83,6 +83,19 @@ class InductorFamily(Family):
         del rel
         return component in ("cache", "pch")
 
+    def compile_key(self, component: str, rel: PurePosixPath) -> PurePosixPath | None:
+        """Return the entry dir of an ``fxgraph/`` or ``aotautograd/`` file, else the keyed path.
+
+        Torch keeps a graph's compiled forms in a directory named by the
+        graph's key, each file named by a hash of its own bytes, and loads
+        the first one whose guards pass: two compiles of one graph write two
+        names in one key dir (measured here with the tiny engine: the same
+        ``fxgraph/c2/<key>/`` and ``aotautograd/<key>/``, other file names).
+        """
+        if component == "cache" and rel.parts[:1] in (("fxgraph",), ("aotautograd",)):
+            return rel.parent
+        return super().compile_key(component, rel)
+
     library = "Inductor"
     path_cost = (
         "Inductor reads this path as written: on a pod where it does not exist the"

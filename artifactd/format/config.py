@@ -164,7 +164,7 @@ class Provenance(_Model):
     """Where and how the artifact was made."""
 
     builder: str = Field(description="artifactd version that packed it.")
-    source: Literal["harvest", "build", "merge"] = "harvest"
+    source: Literal["harvest", "build", "merge", "delta", "absorb"] = "harvest"
     matrix: str | None = None
     base_image: str | None = None
     cells: list[str] = Field(default_factory=list)
@@ -175,6 +175,20 @@ class Provenance(_Model):
     checks: dict[str, dict[str, float | int | str | bool]] = Field(
         default_factory=dict,
         description="Per cell id, the checks it printed ({'checks': {...}}): what verify compares.",
+    )
+    extends: str | None = Field(
+        None,
+        pattern=DIGEST_PATTERN,
+        description="A delta or candidate: the manifest digest of the artifact it adds to.",
+    )
+    signer: str | None = Field(None, description="A delta: the key id that signed it, if any.")
+    deltas: list[str] = Field(
+        default_factory=list,
+        description="A candidate: the manifest digests of the deltas absorbed.",
+    )
+    contributed: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="A candidate: per family, the file paths the absorbed deltas added.",
     )
 
 
@@ -190,10 +204,11 @@ class ArtifactConfig(_Model):
         SCHEMA_VERSION,
         description="Format: 1 names members '<component>/...', 2 '<family>/<component>/...'.",
     )
-    kind: Literal["full", "family", "cell"] = Field(
+    kind: Literal["full", "family", "cell", "delta"] = Field(
         "full",
         description="'full': every family; 'family': one family, found by its scope tag; "
-        "'cell': one cell's part of a fan-out build, for `merge` (never restored).",
+        "'cell': one cell's part of a fan-out build, for `merge` (never restored); "
+        "'delta': what a pod compiled after its restore, for `absorb` (never restored).",
     )
     fingerprint: Fingerprint
     fingerprint_hash: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -190,13 +190,15 @@ def unbound(tag: str, kind: str, claimed: str | None, wanted: str) -> str | None
     record behind a family tag ``<family>-<scope key>`` (None: it holds no
     such family); ``wanted`` is the hash or scope key the pod resolved, the
     one in ``tag``. ``kind`` is the config's: one cell's part of a fan-out
-    build is never restored, whatever it claims. The content read is pinned
+    build, or a pod's delta, is never restored, whatever it claims. The content read is pinned
     by the manifest's digest (the config blob's is in it), so under
     ``--verify-key`` the claim is signed; the tag never is.
     """
     whole = tag.startswith(FULL_TAG_PREFIX)
     if kind == "cell":
         return f"{tag} names one cell's part of a fan-out build, which is never restored"
+    if kind == "delta":
+        return f"{tag} names a pod's contributed delta, which is never restored (absorb reads it)"
     if claimed == wanted:
         return None
     if claimed is None:
@@ -467,7 +469,7 @@ def _resolve(
         deciding: Sequence[FieldDiff] = ()
         if art is not None:
             why = unbound(want.tag, art.kind, rec.scope_key if rec else None, want.key)
-        if why and rec is not None and art is not None and art.kind != "cell":
+        if why and rec is not None and art is not None and art.kind not in ("cell", "delta"):
             from artifactd.fingerprint.diff import differences
 
             deciding = differences(rec.scope, local.select(fam.scope))

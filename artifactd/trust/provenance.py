@@ -91,6 +91,11 @@ def statement(
     if prov.base_image:
         algo, _, hexdigest = prov.base_image.rpartition("@")[2].partition(":")
         deps.append({"uri": f"oci:{prov.base_image}", "digest": {algo: hexdigest}})
+    # A candidate absorbed from pods' deltas: what it extends and which deltas it holds.
+    for name, ref in [("extends", prov.extends), *(("delta", d) for d in prov.deltas)]:
+        if ref is not None:
+            algo, _, hexdigest = ref.partition(":")
+            deps.append({"name": name, "digest": {algo: hexdigest}})
     byproducts: list[dict[str, Any]] = [
         {
             "name": "cells",
@@ -107,6 +112,8 @@ def statement(
             },
         }
     ]
+    if prov.contributed:
+        byproducts.append({"name": "contributed", "annotations": dict(prov.contributed)})
     if lint is not None:
         byproducts.append({"name": "lint", "annotations": dict(lint)})
     if verify is not None:

@@ -1,0 +1,328 @@
+"""Contribute: publish what a pod compiled after its restore as a quarantined ``kind: delta``.
+
+A pod that served a shape the warm-up never sent compiled it, and ``status``
+says "compiled anyway". :func:`contribute` keeps that work: from the restore
+marker in the target it takes, per restored family, exactly the files the
+verdict counts (:func:`artifactd.pod.verdict.written_since`: written since
+the restore, the family's exclusions and load rewrites left out), packs them
+per family as the format's layers (:func:`artifactd.format.archive.pack_family`)
+and publishes them as one artifact of ``kind: delta`` whose config records
+the pod's fingerprint hash, the manifest digest of the artifact it extends
+(``provenance.extends``), the families' scope keys and the key that signed
+it (``provenance.signer``).
+
+* **Quarantined.** A delta is tagged ``delta-<sha256>`` only: never
+  ``fp-<hash>`` nor a family's scope tag, and resolve's binding check
+  (:func:`artifactd.restore.resolve.unbound`) refuses ``kind: delta`` behind
+  any tag, so no restore installs one. ``artifactd absorb`` alone reads deltas
+  (:mod:`artifactd.build.absorb`).
+* **Content-addressed.** The tag hashes the artifact it extends and the
+  layers' digests (packing is reproducible: fixed mtimes, sorted members), so
+  two pods that compiled the same bytes publish one delta, and publishing
+  again is a no-op.
+* **Bounded.** More than ``max_bytes`` of written files publishes nothing,
+  and says so; so does a pod that compiled nothing.
+* **One base.** A delta extends one whole artifact: a pod restored from
+  family tags (a partial match) or from several artifacts contributes nothing,
+  since ``absorb`` could not say which artifact its entries extend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from artifactd import __version__
+from artifactd.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from artifactd.families.base import Family
+    from artifactd.format.archive import PackedLayer
+    from artifactd.format.config import ArtifactConfig, LayerRecord
+    from artifactd.restore.marker import RestoreMarker
+    from artifactd.trust.keys import PrivateKey
+
+#: Tags of contributed deltas start with this.
+DELTA_TAG_PREFIX = "delta-"
+#: The default cap on a delta's files (bytes, unpacked).
+DEFAULT_MAX_BYTES = 2 << 30
+
+
+@dataclass
+class FamilyDelta:
+    """One family's part of a delta: the files written since the restore."""
+
+    family: str
+    files: int
+    bytes: int
+    layer_digest: str
+
+
+@dataclass
+class ContributeResult:
+    """What :func:`contribute` did: published a delta, found it there already, or nothing."""
+
+    target: str
+    store: str
+    published: bool
+    reason: str
+    tag: str | None = None
+    digest: str | None = None
+    extends: str | None = None
+    fingerprint_hash: str | None = None
+    #: True when the store held this delta already (another pod, or an earlier run).
+    existed: bool = False
+    signed_by: str | None = None
+    families: list[FamilyDelta] = field(default_factory=list)
+    bytes_uploaded: int = 0
+
+
+def delta_tag(extends: str, layer_digests: list[str]) -> str:
+    """Return the content-addressed tag of a delta: ``delta-<sha256 of base and layers>``."""
+    text = "\n".join([extends, *sorted(layer_digests)])
+    return DELTA_TAG_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+def contribute(
+    target: Path,
+    store_ref: str,
+    *,
+    base_store: str | None = None,
+    sign_key: PrivateKey | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    insecure: bool = False,
+) -> ContributeResult:
+    """Publish what the engine wrote under ``target`` since its restore (module doc).
+
+    ``store_ref`` is the delta store (created if needed); ``base_store`` the
+    store the extended artifact is read from (default: the marker's, the one
+    the pod restored from), for its fingerprint and the families' scopes.
+    Returns a result with ``published`` false, and the reason, when there is
+    nothing to publish; raises only when a store cannot be read or written.
+    """
+    from artifactd.pod.verdict import restore_time
+    from artifactd.restore.destination import CacheVolume
+
+    volume = CacheVolume(target)
+    result = ContributeResult(target=str(volume.root), store=store_ref, published=False, reason="")
+    marker = volume.installed()
+    if marker is None:
+        result.reason = "no complete restore in the target: there is nothing a delta could extend"
+        return result
+    result.fingerprint_hash = marker["fingerprint_hash"]
+    base_digest = _single_base(marker)
+    if base_digest is None:
+        result.reason = (
+            "the restore installed families from family tags or several artifacts "
+            f"(match {marker['match']}): a delta extends one whole artifact"
+        )
+        return result
+    result.extends = base_digest
+    cutoff = restore_time(volume.marker_path, marker["restored_at"])
+    with tempfile.TemporaryDirectory(prefix="artifactd-contribute-") as tmp:
+        work = Path(tmp)
+        staged = _stage_written(marker, cutoff, work / "stage")
+        total = sum(size for _, _, size in staged.values())
+        if not staged:
+            result.reason = "nothing was compiled since the restore: no delta to publish"
+            return result
+        if total > max_bytes:
+            result.reason = (
+                f"the files written since the restore take {total} B, over the {max_bytes} B "
+                "cap (--max-bytes): nothing published"
+            )
+            return result
+        base = _read_base(base_store or marker["store"], base_digest, insecure=insecure)
+        art, packed = _pack(
+            base, base_digest, marker=marker, staged=staged, work=work, sign_key=sign_key
+        )
+        return _publish(
+            result,
+            store_ref,
+            art=art,
+            packed=packed,
+            work=work,
+            sign_key=sign_key,
+            insecure=insecure,
+        )
+
+
+def _single_base(marker: RestoreMarker) -> str | None:
+    """Return the one whole artifact every restored family came from; None for anything else."""
+    fams = marker["families"].values()
+    digests = {fam["artifact"] for fam in fams}
+    if marker["match"] != "full" or len(digests) != 1 or any(f["source"] != "full" for f in fams):
+        return None
+    return next(iter(digests))
+
+
+def _stage_written(
+    marker: RestoreMarker, cutoff: float, stage: Path
+) -> dict[str, tuple[dict[str, Path], int, int]]:
+    """Copy, per family, the files the verdict counts into ``stage``: (dirs, files, bytes)."""
+    from artifactd.families import get_family
+    from artifactd.pod.verdict import written_since
+
+    staged: dict[str, tuple[dict[str, Path], int, int]] = {}
+    for name, fam_marker in sorted(marker["families"].items()):
+        fam = get_family(name)
+        dirs: dict[str, Path] = {}
+        count = size = 0
+        for component, root in sorted(fam_marker["dirs"].items()):
+            written = written_since(fam, component, Path(root), cutoff)
+            if not written:
+                continue
+            dest_root = stage / name / component
+            dirs[component] = dest_root
+            for path in written:
+                rel = PurePosixPath(Path(path).relative_to(root).as_posix())
+                size += _copy_one(fam, component, Path(root), rel, dest_root)
+                count += 1
+        if count:
+            staged[name] = (dirs, count, size)
+    return staged
+
+
+def _copy_one(fam: Family, component: str, root: Path, rel: PurePosixPath, dest: Path) -> int:
+    """Copy one written file; a path-bearing one moved from the pod's root to the stage's."""
+    src, out = root / rel, dest / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fam.path_bearing(component, rel):
+        data = fam.relocate(fam.normalize(src.read_bytes(), (str(root),)), str(dest))
+        out.write_bytes(data)
+        shutil.copystat(src, out)
+    else:
+        shutil.copy2(src, out)
+    return os.stat(out).st_size
+
+
+def _read_base(store_ref: str, digest: str, *, insecure: bool) -> ArtifactConfig:
+    from artifactd.stores import open_store
+    from artifactd.stores.artifacts import read_artifact
+
+    with open_store(store_ref, insecure=insecure) as st:
+        art = read_artifact(st, digest)
+    if art is None:
+        raise NotFoundError(
+            f"{store_ref} no longer holds {digest}, the artifact the pod restored",
+            hint="pass --base-store with a store that holds it (the delta records it as its base)",
+        )
+    return art.config
+
+
+def _pack(
+    base: ArtifactConfig,
+    base_digest: str,
+    *,
+    marker: RestoreMarker,
+    staged: dict[str, tuple[dict[str, Path], int, int]],
+    work: Path,
+    sign_key: PrivateKey | None,
+) -> tuple[ArtifactConfig, dict[str, PackedLayer]]:
+    """Pack each family's staged files as its layer; return the delta's config and layers."""
+    from artifactd.families import Located, get_family
+    from artifactd.format.archive import pack_family
+    from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS
+
+    records: list[LayerRecord] = []
+    packed: dict[str, PackedLayer] = {}
+    for name, (dirs, _, _) in staged.items():
+        fam = get_family(name)
+        by_name = {c.name: c for c in fam.components}
+        located = [Located(by_name[comp], path) for comp, path in sorted(dirs.items())]
+        rec = base.layer(name)
+        scope = rec.scope if rec is not None else {}
+        scope_key = marker["families"][name]["scope_key"]
+        layer = pack_family(
+            fam, located, work / f"{name}.tar.zst", scope_key=scope_key, scope=scope
+        )
+        if not layer.files:
+            continue  # only partial entries, which the harvest skips as invalid
+        packed[name] = layer
+        records.append(
+            LayerRecord(
+                family=name,
+                scope_key=scope_key,
+                scope=scope,
+                components=sorted(dirs),
+                files=layer.files,
+                skipped=layer.skipped,
+                pinned_paths=layer.pinned,
+                digest=layer.digest,
+                size=layer.size,
+                diff_id=layer.diff_id,
+                unpacked_size=layer.unpacked_size,
+            )
+        )
+    provenance = Provenance(
+        builder=__version__,
+        source="delta",
+        matrix=base.provenance.matrix,
+        base_image=base.provenance.base_image,
+        extends=base_digest,
+        signer=None if sign_key is None else sign_key.id,
+    )
+    art = ArtifactConfig(
+        architecture=base.architecture,
+        rootfs=RootFS(diff_ids=[r.diff_id for r in records]),
+        kind="delta",
+        fingerprint=base.fingerprint,
+        fingerprint_hash=marker["fingerprint_hash"],
+        layers=records,
+        provenance=provenance,
+    )
+    return art, packed
+
+
+def _publish(
+    result: ContributeResult,
+    store_ref: str,
+    *,
+    art: ArtifactConfig,
+    packed: dict[str, PackedLayer],
+    work: Path,
+    sign_key: PrivateKey | None,
+    insecure: bool,
+) -> ContributeResult:
+    from artifactd.stores import open_store
+    from artifactd.stores.artifacts import publish
+
+    if not art.layers:
+        result.reason = "only partial entries were written since the restore: nothing to publish"
+        return result
+    assert result.extends is not None  # noqa: S101 - set before packing
+    tag = delta_tag(result.extends, [rec.digest for rec in art.layers])
+    result.tag = tag
+    result.families = [
+        FamilyDelta(rec.family, len(rec.files), rec.unpacked_size, rec.digest) for rec in art.layers
+    ]
+    with open_store(store_ref, create=True, insecure=insecure) as st:
+        existing = st.tag_digest(tag)
+        if existing is not None:
+            result.published, result.existed, result.digest = True, True, existing
+            result.reason = "this delta is in the store already (another pod compiled the same)"
+            return result
+        pub = publish(st, art, packed, work, tags=[tag])
+        result.digest, result.bytes_uploaded = pub.digest, pub.bytes_uploaded
+        if sign_key is not None:
+            from artifactd.trust.signatures import sign
+
+            result.signed_by = sign(st, pub.digest, sign_key).key_id
+    result.published = True
+    result.reason = f"published {sum(len(r.files) for r in art.layers)} file(s) as {tag}"
+    return result
+
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DELTA_TAG_PREFIX",
+    "ContributeResult",
+    "FamilyDelta",
+    "contribute",
+    "delta_tag",
+]
