@@ -123,6 +123,27 @@ def _probe_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("artifactd-cache")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_env(
+    tmp_path_factory: pytest.TempPathFactory, _probe_cache_dir: Path
+) -> Iterator[None]:
+    """The environment every process a test starts inherits, module fixtures' included.
+
+    Those processes (the CLI, above all: hundreds per run) keep their bytecode
+    under one session directory: with PYTHONDONTWRITEBYTECODE (set in some
+    shells) each of them compiled artifactd's modules again, a third of a
+    restore's CPU time. The prefix keeps every tree a test snapshots free of
+    ``__pycache__``.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [k for k in os.environ if k.startswith("ARTIFACTD_")]:
+            patch.delenv(name)
+        patch.setenv(ENV_CACHE_DIR, str(_probe_cache_dir))
+        patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        patch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("pycache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_artifactd_env(monkeypatch: pytest.MonkeyPatch, _probe_cache_dir: Path) -> None:
     """No test sees the ARTIFACTD_* settings of the shell that started pytest."""

@@ -105,7 +105,9 @@ class _Faults:
     fail_left: int = 0
     fail_forever: bool = False
     fail_status: int = 503
-    retry_after: str | None = None
+    #: A header value, or a function giving it when the answer is sent (an HTTP
+    #: date relative to the answer, not to when the test set the fault).
+    retry_after: str | Callable[[], str] | None = None
     blob: _BodyFault | None = None
 
 
@@ -140,7 +142,9 @@ class FaultProxy:
         """``127.0.0.1:PORT/REPO`` through this proxy."""
         return f"{self.host}/{repo}"
 
-    def fail_next(self, n: int, status: int = 503, *, retry_after: str | None = None) -> None:
+    def fail_next(
+        self, n: int, status: int = 503, *, retry_after: str | Callable[[], str] | None = None
+    ) -> None:
         """Answer the next ``n`` requests with ``status`` (and ``Retry-After``) unforwarded."""
         with self._lock:
             self._faults.fail_left = n
@@ -282,7 +286,8 @@ class FaultProxy:
                 if not f.fail_forever:
                     f.fail_left -= 1
                 rec.fault = "5xx"
-                return f.fail_status, f.retry_after, None
+                after = f.retry_after() if callable(f.retry_after) else f.retry_after
+                return f.fail_status, after, None
             blob = f.blob
             if blob is not None and blob.matches(rec):
                 if blob.times is not None:

@@ -119,14 +119,27 @@ class Base:
             st.put_manifest(json.dumps(manifest).encode(), OCI_MANIFEST, [tag])
 
 
-@pytest.fixture
-def base(tmp_path: Path, registry: RegistryServer, repo: str) -> Base:
-    return Base(tmp_path, registry, repo)
+@pytest.fixture(scope="module")
+def repo() -> str:
+    """One repository for the module: every test appends under tags of its own.
+
+    The base and the artifact are only read, so they are pushed once (a
+    skopeo push and a CLI harvest per test were most of this module's cost).
+    """
+    return "t/hostile-image-base"
 
 
-@pytest.fixture
-def artifact(tmp_path: Path, registry: RegistryServer, repo: str) -> tuple[str, dict[str, str]]:
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, registry: RegistryServer, repo: str) -> Base:
+    return Base(tmp_path_factory.mktemp("base"), registry, repo)
+
+
+@pytest.fixture(scope="module")
+def artifact(
+    tmp_path_factory: pytest.TempPathFactory, registry: RegistryServer, repo: str
+) -> tuple[str, dict[str, str]]:
     """A harvested generic cache in the registry: (its ref through the proxy's repo name, env)."""
+    tmp_path = tmp_path_factory.mktemp("artifact")
     env = clean_env(
         {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
     )
@@ -381,11 +394,12 @@ def test_the_proxy_passes_a_good_base_through(
     artifact: tuple[str, dict[str, str]],
 ) -> None:
     """Planted as it is, the base's own manifest appends: the proxy changes nothing else."""
-    hostile.plant(repo, "same", base.manifest_bytes, OCI_MANIFEST)
-    proc, _ = _append(hostile.host, repo, "same", artifact)
+    # A tag of its own: test_the_good_base_appends writes "same" in the shared repository.
+    hostile.plant(repo, "same-planted", base.manifest_bytes, OCI_MANIFEST)
+    proc, _ = _append(hostile.host, repo, "same-planted", artifact)
     assert proc.returncode == 0, proc.stderr
     with open_store(registry.ref(f"{repo}-app")) as st:
-        assert st.tag_digest("same") is not None
+        assert st.tag_digest("same-planted") is not None
 
 
 def test_an_index_whose_platforms_reference_too_many_blobs_is_refused_quickly(

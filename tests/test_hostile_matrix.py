@@ -26,6 +26,7 @@ from conftest import PYTHON, clean_env, run_artifactd
 
 import artifactd.build.matrix as matrix_mod
 from artifactd.build.matrix import Matrix, expand, load_matrix
+from artifactd.build.published import check_key
 from artifactd.errors import ConfigError
 
 #: Every hostile run must end well within this (seconds).
@@ -113,9 +114,36 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+def _refused_in_process(path: Path) -> str:
+    """What ``matrix cells`` does with ``path``, in this process: the ConfigError's text.
+
+    The field x payload grid is a property of the sandbox (a library result);
+    the process boundary (exit code, no traceback, bounded time) is proved
+    once per payload through the real CLI below.
+    """
+    with pytest.raises(ConfigError) as info:
+        loaded = load_matrix(path)
+        check_key(loaded, path)
+        expand(loaded, path)
+    return str(info.value)
+
+
 @pytest.mark.parametrize("payload", sorted(ESCAPES))
 @pytest.mark.parametrize("field", FIELDS)
-def test_template_escape_is_refused(tmp_path: Path, field: str, payload: str) -> None:
+def test_template_escape_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, payload: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where a template that escaped would touch PWNED
+    start = time.monotonic()
+    err = _refused_in_process(_write(tmp_path / "m.yaml", _templated(field, ESCAPES[payload])))
+    assert f"{field} template" in err  # the field is named
+    assert not (tmp_path / "PWNED").exists()
+    assert time.monotonic() - start < BOUND
+
+
+@pytest.mark.parametrize(("index", "payload"), list(enumerate(sorted(ESCAPES))))
+def test_template_escape_is_refused_by_the_cli(tmp_path: Path, index: int, payload: str) -> None:
+    field = FIELDS[index % len(FIELDS)]  # each payload once, the fields in turn
     path = _write(tmp_path / "m.yaml", _templated(field, ESCAPES[payload]))
     proc, took = _cells(path, tmp_path)
     err = _clean_failure(proc, ConfigError.exit_code)
@@ -125,9 +153,23 @@ def test_template_escape_is_refused(tmp_path: Path, field: str, payload: str) ->
     assert took < BOUND
 
 
+EXHAUSTED_FIELDS = ("command", "gpus", "serve.ready_url")
+
+
 @pytest.mark.parametrize("payload", sorted(EXHAUSTION))
-@pytest.mark.parametrize("field", ["command", "gpus", "serve.ready_url"])
+@pytest.mark.parametrize("field", EXHAUSTED_FIELDS)
 def test_template_exhaustion_is_refused(tmp_path: Path, field: str, payload: str) -> None:
+    start = time.monotonic()
+    err = _refused_in_process(_write(tmp_path / "m.yaml", _templated(field, EXHAUSTION[payload])))
+    assert f"{field} template" in err
+    assert time.monotonic() - start < BOUND
+
+
+@pytest.mark.parametrize(("index", "payload"), list(enumerate(sorted(EXHAUSTION))))
+def test_template_exhaustion_is_refused_by_the_cli(
+    tmp_path: Path, index: int, payload: str
+) -> None:
+    field = EXHAUSTED_FIELDS[index % len(EXHAUSTED_FIELDS)]
     path = _write(tmp_path / "m.yaml", _templated(field, EXHAUSTION[payload]))
     proc, took = _cells(path, tmp_path)
     err = _clean_failure(proc, ConfigError.exit_code)

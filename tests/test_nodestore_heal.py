@@ -94,13 +94,29 @@ def _leftovers(node: Path) -> list[str]:
     )
 
 
+@pytest.fixture(scope="module")
+def published(
+    tmp_path_factory: pytest.TempPathFactory, registry: RegistryServer
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """One harvest in the registry for the damage cases: (store, harvest doc, pod env).
+
+    The cases damage node stores of their own, never the registry's copy, so
+    they share it (one CLI harvest, not nine).
+    """
+    root = tmp_path_factory.mktemp("published")
+    tree = make_generic_tree(root / "gen")
+    (tree / "big.cubin").write_bytes(os.urandom(256 << 10))
+    env = clean_env({"HOME": str(root / "home"), "ARTIFACTD_GENERIC_DIR": str(tree)})
+    store = registry.ref("t/nodestore-heal-damaged")
+    return store, _harvest(store, env), env
+
+
 @pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
 @pytest.mark.parametrize("what", ["layer", "config", "manifest"])
-def test_a_damaged_node_copy_is_fetched_again_and_the_pod_starts_warm(  # noqa: PLR0917 - fixtures, params
-    tmp_path: Path, registry: RegistryServer, repo: str, env: dict[str, str], what: str, how: str
+def test_a_damaged_node_copy_is_fetched_again_and_the_pod_starts_warm(
+    tmp_path: Path, published: tuple[str, dict[str, Any], dict[str, str]], what: str, how: str
 ) -> None:
-    store = registry.ref(f"{repo}-{what}-{how}")
-    pub = _harvest(store, env)
+    store, pub, env = published
     node = tmp_path / "node"
     args = ("--store", store, "--node-store", f"oci:{node}", "--require")
     first, _ = _restore(env, *args, "--target", str(tmp_path / "a"))

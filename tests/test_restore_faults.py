@@ -340,8 +340,10 @@ def test_retry_after_http_date_is_waited_before_the_retry(scene: Scene) -> None:
     from email.utils import formatdate
 
     _publish(scene.registry, scene.repo, scene.trees, scene.fp)
-    # HTTP dates have whole seconds: 3 s from now is at least 2 s from the answer.
-    scene.proxy.fail_next(1, 503, retry_after=formatdate(time.time() + 3, usegmt=True))
+    # HTTP dates have whole seconds: 3 s after the answer is at least 2 s after it. The date
+    # is taken when the proxy answers: taken here, a slow CLI start (a loaded machine)
+    # would eat into the wait the assertion expects.
+    scene.proxy.fail_next(1, 503, retry_after=lambda: formatdate(time.time() + 3, usegmt=True))
     proc, doc, _ = _cli(scene.ref, scene.tmp / "target", require=True, cwd=scene.tmp)
     assert proc.returncode == 0, proc.stderr
     assert doc["status"] == "restored", doc

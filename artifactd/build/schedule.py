@@ -83,18 +83,8 @@ def run_packed(
     def fits(cell: Cell) -> bool:
         return len(free) >= cell.gpus if cell.gpus else cpu_busy < jobs
 
-    def worker(cell: Cell, taken: tuple[str, ...], queued_at: float) -> None:
+    def worker(cell: Cell, taken: tuple[str, ...], start: float) -> None:
         nonlocal cpu_busy
-        start = time.monotonic()
-        on_event(
-            {
-                "stage": "cell",
-                "event": "start",
-                "cell": cell.id,
-                "devices": list(taken),
-                "waited_ms": round((start - queued_at) * 1000, 1),
-            }
-        )
         try:
             results[cell.index] = run(cell, taken)
             on_event(
@@ -128,8 +118,19 @@ def run_packed(
                 taken, free[:] = tuple(free[: cell.gpus]), free[cell.gpus :]
             else:
                 cpu_busy += 1
+        start = time.monotonic()
+        # Said here, not by the worker: cells start in the order they were given.
+        on_event(
+            {
+                "stage": "cell",
+                "event": "start",
+                "cell": cell.id,
+                "devices": list(taken),
+                "waited_ms": round((start - queued_at) * 1000, 1),
+            }
+        )
         thread = threading.Thread(
-            target=worker, args=(cell, taken, queued_at), name=f"cell-{cell.index}", daemon=True
+            target=worker, args=(cell, taken, start), name=f"cell-{cell.index}", daemon=True
         )
         threads.append(thread)
         thread.start()
