@@ -2,10 +2,20 @@
 # Set up a development environment from scratch: system packages (skopeo,
 # docker-registry, busybox-static, and the container engine of the image-build
 # tests: podman with runc, mmdebstrap, umoci) and a .venv with torch (CPU
-# build), triton and artifactd with every extra the tests need (the producers
-# extra: the real JIT libraries of tests/test_producer_*.py). Safe to run again.
+# build), triton and artifactd with its extras. Safe to run again.
+#
+#   bash scripts/setup.sh           what the demo needs (scripts/demo.sh)
+#   bash scripts/setup.sh --tests   and what only the tests need (scripts/test.sh):
+#                                   the real JIT producers of tests/test_producer_*.py
+#                                   and the released sources the drift guards read
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FOR_TESTS=0
+case "${1:-}" in
+    "") ;;
+    --tests) FOR_TESTS=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--tests]" >&2; exit 2 ;;
+esac
 
 # runc is named: podman depends on "crun | runc" and crun does not work in this
 # sandbox (docs/dev/podman-engine.md); netavark is named so that apt does not
@@ -48,14 +58,17 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     # extra does not pull a multi-GB CUDA build; triton 3.7.1 matches torch 2.13.0.
     .venv/bin/python -m pip install -q "torch==2.13.0"
     .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev,docker]"
-    # The real JIT producers of tests/test_producer_*.py: CuTe DSL (the producers
-    # extra, nvidia-cutlass-dsl, about 300 MB, compiles without a GPU), then
-    # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
-    # CUDA wheels (see pyproject.toml).
-    .venv/bin/python -m pip install -q -e ".[producers]"
-    .venv/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
-        xargs .venv/bin/python -m pip install -q --no-deps
+    if ((FOR_TESTS)); then
+        # The real JIT producers of tests/test_producer_*.py: CuTe DSL (the producers
+        # extra, nvidia-cutlass-dsl, about 300 MB, compiles without a GPU), then
+        # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
+        # CUDA wheels (see pyproject.toml).
+        .venv/bin/python -m pip install -q -e ".[producers]"
+        .venv/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
+            xargs .venv/bin/python -m pip install -q --no-deps
+    fi
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
+((FOR_TESTS)) || exit 0
 
 # The released sources tests/test_drift_guards.py reads (vLLM, SGLang, DeepGEMM,
 # TileLang, FlashInfer): about 245 MB downloaded once, sha256-checked, 3.5 MB kept

@@ -6,7 +6,7 @@ thing a family depends on (a directory name, an environment variable read, a
 path join) with the file of the release where it was read and the text that
 says it. The releases are pinned (name, version, sha256) in
 ``tests/fixtures/drift/releases.json`` and unpacked by
-``scripts/fetch_drift_sources.py`` (``scripts/setup.sh`` runs it). A fact whose
+``scripts/fetch_drift_sources.py`` (``scripts/setup.sh --tests`` runs it). A fact whose
 file is gone or whose text changed fails, naming the family, release, file and
 fact: re-read that code, update the family, then the fact and the pin.
 
@@ -601,7 +601,7 @@ def release_dir(key: str) -> Path:
         return out
     why = (
         f"the sources of {key} (sha256 {release['sha256']}) are not unpacked in {out}:"
-        f" run `python scripts/fetch_drift_sources.py` (scripts/setup.sh does)"
+        f" run `python scripts/fetch_drift_sources.py` (scripts/setup.sh --tests does)"
     )
     if _SKIP_SETTING:
         pytest.skip(f"{ENV_DRIFT_SKIP} is set: {why}")

@@ -10,7 +10,7 @@ driver (``cudaErrorInsufficientDriver``). The producer is
 ``tests/engines/cutedsl_op.py`` (one kernel); the registry is the real one of
 ``tests/registry_server.py``.
 
-Installed by ``scripts/setup.sh`` (the ``producers`` extra); skipped, with
+Installed by ``scripts/setup.sh --tests`` (the ``producers`` extra); skipped, with
 the reason, only where ``nvidia_cutlass_dsl`` is not importable.
 """
 
@@ -35,7 +35,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         importlib.util.find_spec("nvidia_cutlass_dsl") is None,
-        reason="nvidia-cutlass-dsl is not importable (scripts/setup.sh installs the "
+        reason="nvidia-cutlass-dsl is not importable (scripts/setup.sh --tests installs the "
         "producers extra: pip install -e '.[producers]')",
     ),
 ]

@@ -11,8 +11,8 @@ Then a machine differing in one scoped field (``--set``) misses, the field
 named. No GPU is needed: the link step's ``-lcuda`` is satisfied by an empty
 stub library built here (nothing loads it); nothing else stands in.
 
-Needs the ``flashinfer-jit`` extra (pyproject.toml; scripts/setup.sh installs it),
-nvcc and a CUDA toolkit with ``lib64/libcudart.so`` (``CUDA_HOME``, else
+Needs the ``flashinfer-jit`` extra (pyproject.toml; ``scripts/setup.sh --tests``
+installs it), nvcc and a CUDA toolkit with ``lib64/libcudart.so`` (``CUDA_HOME``, else
 ``/usr/local/cuda``).
 """
 
@@ -39,7 +39,8 @@ pytestmark = pytest.mark.slow
 CUDA_HOME = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
 if importlib.util.find_spec("flashinfer") is None:
     pytest.skip(
-        "flashinfer-python is not importable: install the flashinfer-jit extra (scripts/setup.sh)",
+        "flashinfer-python is not importable: install the flashinfer-jit extra "
+        "(scripts/setup.sh --tests)",
         allow_module_level=True,
     )
 if not (Path(CUDA_HOME) / "lib64" / "libcudart.so").exists() or shutil.which("nvcc") is None:
