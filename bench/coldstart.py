@@ -262,7 +262,7 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
             "--gpu-arch", "sm_90a",
         ]  # fmt: skip
         restores.append(timed(restore_argv, art_env)[0])
-        renv = restored_environ(target / "artifactd.env", base)
+        renv = restored_environ(target / "artifactd.env", base, work / "empty")
         restored_s, out = timed(warm_argv, renv)
         restoreds.append(restored_s)
         restored_n = max(restored_n, compiled(out))

@@ -514,7 +514,7 @@ class Acceptance:
         if not self.stopped:
             from artifactd.build.demo import restored_environ
 
-            warm_env = restored_environ(self.target / "artifactd.env", base)
+            warm_env = restored_environ(self.target / "artifactd.env", base, self.out / "empty")
         for family in FAMILIES:
             why = None
             if family not in self.harvested:  # the cold step's reason, so the summary says it once

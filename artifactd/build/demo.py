@@ -50,9 +50,14 @@ class DemoResult:
         return self.restored_seconds / self.cold_seconds if self.cold_seconds else 0.0
 
 
-def restored_environ(env_file: Path, base: Mapping[str, str]) -> dict[str, str]:
-    """Return the environment of a fresh process that sees only the restored caches."""
-    clean = cell_environ(Path(tempfile.mkdtemp(prefix="artifactd-empty-")), [], {}, base)
+def restored_environ(env_file: Path, base: Mapping[str, str], empty: Path) -> dict[str, str]:
+    """Return the environment of a fresh process that sees only the restored caches.
+
+    Every cache the restore did not write points under ``empty`` (a dir of the
+    caller's, removed with its work: it stays empty when nothing compiles).
+    """
+    empty.mkdir(parents=True, exist_ok=True)
+    clean = cell_environ(Path(tempfile.mkdtemp(prefix="empty-", dir=empty)), [], {}, base)
     clean.update(parse_env_file(env_file))
     return clean
 
@@ -116,7 +121,7 @@ def _run_demo(
         raise BuildError(f"restore failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
 
-    env = restored_environ(target / "artifactd.env", environ)
+    env = restored_environ(target / "artifactd.env", environ, workdir / "empty")
     restored_s = 0.0
     restored_compiled = 0
     for cell in expand(matrix, matrix_path):
