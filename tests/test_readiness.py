@@ -26,7 +26,7 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 
-from artifactd.pod.readiness import NOT_READY_EXIT, probe
+from artifactd.pod.readiness import NOT_READY_EXIT, probe_health
 
 ENGINE = Path(__file__).resolve().parent / "engines" / "tiny_engine.py"
 
@@ -63,7 +63,7 @@ def health_server(tmp_path: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
-        while not probe(url, timeout=1)[0]:
+        while not probe_health(url, timeout=1)[0]:
             assert time.monotonic() < deadline, "http.server did not start"
             time.sleep(0.05)
         yield url
@@ -199,7 +199,7 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], limit: float = 120) -> 
     deadline = time.monotonic() + limit
     while True:
         assert proc.poll() is None, "the engine exited"
-        if probe(url, timeout=1)[0]:
+        if probe_health(url, timeout=1)[0]:
             return
         assert time.monotonic() < deadline, "the engine was not ready in time"
         time.sleep(0.1)

@@ -352,10 +352,10 @@ def _prewarm(
     """Probe the engine and, with --prewarm, send the matrix's warm-up requests to it."""
     if engine_url is None:
         return None, None
-    from artifactd.pod.readiness import PREWARM_TIMEOUT_S, Prewarm, prewarm_cell, probe
+    from artifactd.pod.readiness import PREWARM_TIMEOUT_S, Prewarm, prewarm_cell, probe_health
 
     serve = prewarm_cell(matrix, engine_url, cell_id) if matrix is not None else None
-    answered = probe(engine_url)
+    answered = probe_health(engine_url)
     if serve is None or not answered[0]:
         return None, answered
     from artifactd.build.cells import send_requests

@@ -96,7 +96,7 @@ class Readiness:
         return NOT_READY_EXIT if level is not None and not self.reached(level) else 0
 
 
-def probe(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+def probe_health(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
     """GET ``<engine_url>/health``; return whether it answered 200, and what it got."""
     url = engine_url.rstrip("/") + "/health"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -159,13 +159,13 @@ def readiness(
 ) -> Readiness:
     """Decide the levels from a status taken *after* the warm-up requests (if any) were sent.
 
-    ``answered`` is the health probe's result (:func:`probe`), ``sent`` what
+    ``answered`` is the health probe's result (:func:`probe_health`), ``sent`` what
     ``--prewarm`` sent.
     """
     if engine_url is None:
         ok, engine = False, "not probed: no --engine-url"
     elif answered is None:
-        ok, engine = probe(engine_url)
+        ok, engine = probe_health(engine_url)
     else:
         ok, engine = answered
     why: str | None = None
@@ -203,6 +203,6 @@ __all__ = [
     "Prewarm",
     "Readiness",
     "prewarm_cell",
-    "probe",
+    "probe_health",
     "readiness",
 ]
