@@ -119,6 +119,22 @@ def open_regular(
         raise
 
 
+def text_problem(data: bytes) -> str | None:
+    """Say why ``data`` is not UTF-8 text (a NUL byte, an invalid byte), or None when it is.
+
+    The one check of documents people write (matrices, metrics expositions):
+    the caller names the file and raises its own error.
+    """
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"is binary (a NUL byte at {nul})"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"is not UTF-8 text (byte {exc.start})"
+    return None
+
+
 def read_regular(path: str | Path, max_bytes: int, *, follow: bool = False) -> bytes:
     """Return the bytes of a regular file of at most ``max_bytes`` (see :func:`open_regular`).
 

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from artifactd.errors import ConfigError
 from artifactd.families import select_families
-from artifactd.fsutil import InputFileError, read_regular
+from artifactd.fsutil import InputFileError, read_regular, text_problem
 
 #: Largest matrix file read, in bytes. A matrix is a page of YAML; a bigger
 #: file is refused before it is parsed.
@@ -246,19 +246,10 @@ def read_matrix_text(path: Path) -> str:
             ) from None
         hint = "pass the path of a YAML file (warmup_matrices/*.yaml)"
         raise ConfigError(f"matrix file {exc}", hint=hint) from None
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise ConfigError(
-            f"matrix file {path} is binary (a NUL byte at {nul})",
-            hint="a matrix is UTF-8 YAML text",
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"matrix file {path} is not UTF-8 text (byte {exc.start})",
-            hint="a matrix is UTF-8 YAML text",
-        ) from None
+    problem = text_problem(data)
+    if problem is not None:
+        raise ConfigError(f"matrix file {path} {problem}", hint="a matrix is UTF-8 YAML text")
+    return data.decode("utf-8")
 
 
 def _check_shape(text: str, path: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from artifactd.errors import ConfigError, StoreError, UsageError
+from artifactd.fsutil import text_problem
 
 #: Largest exposition read from one source, in bytes. A busy vLLM's /metrics
 #: is tens of kilobytes; a bigger input is refused before it is parsed (4 MiB
@@ -33,19 +34,13 @@ def read_source(
 ) -> str:
     """Return the exposition text of a file or an http(s) URL, bounded in size and time."""
     data = _fetch(source, timeout_s, max_bytes) if is_url(source) else _read_file(source, max_bytes)
-    nul = data.find(b"\0")
-    if nul >= 0:
+    problem = text_problem(data)
+    if problem is not None:
         raise ConfigError(
-            f"metrics source {source} is binary (a NUL byte at {nul})",
+            f"metrics source {source} {problem}",
             hint="give the Prometheus text exposition of /metrics",
         )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"metrics source {source} is not UTF-8 text (byte {exc.start})",
-            hint="give the Prometheus text exposition of /metrics",
-        ) from None
+    return data.decode("utf-8")
 
 
 def _read_file(source: str, max_bytes: int) -> bytes:
