@@ -108,16 +108,31 @@ def _cli(*args: str, env: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
-def test_flashinfer_op_restored_under_another_root_is_not_rebuilt(tmp_path: Path) -> None:
+def _libcuda_stub(tmp_path: Path) -> Path:
+    """Return a dir holding an empty ``libcuda.so``: the link's ``-lcuda`` on a machine
+    without a driver (nothing loads it)."""
     stubs = tmp_path / "stubs"
     stubs.mkdir()
-    # libcuda.so is the driver's; a machine without one links against this empty stub.
     subprocess.run(
         ["gcc", "-shared", "-x", "c", "-", "-o", str(stubs / "libcuda.so")],
         input="void cuInit(void) {}\n",
         text=True,
         check=True,
     )
+    return stubs
+
+
+def _written_since(cache: Path, since: float) -> list[str]:
+    """Names of the files under ``cache`` (its ``tmp/`` left out) written at or after ``since``."""
+    return [
+        p.name
+        for p in cache.rglob("*")
+        if p.is_file() and p.stat().st_mtime >= since and "tmp" not in p.relative_to(cache).parts
+    ]
+
+
+def test_flashinfer_op_restored_under_another_root_is_not_rebuilt(tmp_path: Path) -> None:
+    stubs = _libcuda_stub(tmp_path)
     env_a = _env(tmp_path / "a", "builder", stubs)
     cold = _produce(env_a)
     so_a = Path(cold["so"])
@@ -145,13 +160,7 @@ def test_flashinfer_op_restored_under_another_root_is_not_rebuilt(tmp_path: Path
     assert "ninja: no work to do" in warm["explain"], warm["explain"]
     assert "is dirty" not in warm["explain"]
     # Nothing written since the restore but what the family leaves out (the JIT log, locks).
-    newer = [
-        p.name
-        for p in cache_b.rglob("*")
-        if p.is_file()
-        and p.stat().st_mtime >= before_restore
-        and "tmp" not in p.relative_to(cache_b).parts
-    ]
+    newer = _written_since(cache_b, before_restore)
     assert newer == ["flashinfer_jit.log"], newer
     status = _cli("status", "--target", str(root_b), env=warm_env)
     (verdict,) = [f for f in status["families"] if f["family"] == "flashinfer"]
@@ -186,14 +195,7 @@ def test_a_flashinfer_tree_sglang_hosts_is_not_rebuilt_under_another_root(tmp_pa
     ``sglang`` family's ``cache`` component, restored under root B (another user),
     where FlashInfer's base is the restored SGLang cache: ninja has no work.
     """
-    stubs = tmp_path / "stubs"
-    stubs.mkdir()
-    subprocess.run(
-        ["gcc", "-shared", "-x", "c", "-", "-o", str(stubs / "libcuda.so")],
-        input="void cuInit(void) {}\n",
-        text=True,
-        check=True,
-    )
+    stubs = _libcuda_stub(tmp_path)
     sglang_a = tmp_path / "a" / "sglang-cache"
     sglang_a.mkdir(parents=True)
     env_a = _env(
@@ -231,13 +233,7 @@ def test_a_flashinfer_tree_sglang_hosts_is_not_rebuilt_under_another_root(tmp_pa
     warm = _produce(warm_env)
     assert Path(warm["so"]).is_relative_to(cache_b)
     assert "ninja: no work to do" in warm["explain"], warm["explain"]
-    newer = [
-        p.name
-        for p in cache_b.rglob("*")
-        if p.is_file()
-        and p.stat().st_mtime >= before_restore
-        and "tmp" not in p.relative_to(cache_b).parts
-    ]
+    newer = _written_since(cache_b, before_restore)
     assert newer == ["flashinfer_jit.log"], newer
     status = _cli("status", "--target", str(root_b), env=warm_env)
     (verdict,) = [f for f in status["families"] if f["family"] == "sglang"]
