@@ -213,3 +213,26 @@ def test_an_engine_log_that_cannot_be_opened_is_a_warning(tmp_path: Path) -> Non
 @pytest.mark.parametrize("name", ["vllm-0.11-warm.log", "sglang-0.5-warm.log"])
 def test_fixture_sources_are_named(name: str) -> None:
     assert name in (LOGS / "SOURCE.txt").read_text()
+
+
+def test_a_full_engine_log_stops_growing_and_the_engine_still_speaks(tmp_path: Path) -> None:
+    """At its size limit the log gets one last line; the engine's output still passes."""
+    from artifactd.pod.exec import MAX_LOG_BYTES
+
+    (tmp_path / "artifactd.env").write_text("")
+    log = tmp_path / "engine.log"
+    with log.open("wb") as f:
+        f.truncate(MAX_LOG_BYTES - 200)  # sparse: room for the start line, not for much more
+    script = "for i in range(2000): print('line', i)"
+    proc = run_artifactd(
+        "exec", "--target", str(tmp_path), "--engine-log", str(log), "--", PYTHON, "-c", script
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "line 1999"
+    size = log.stat().st_size
+    assert MAX_LOG_BYTES - 200 < size <= MAX_LOG_BYTES + 200, size
+    with log.open("rb") as f:
+        f.seek(MAX_LOG_BYTES - 200)
+        tail = f.read().decode()
+    assert "artifactd-exec: started" in tail
+    assert tail.rstrip("\n").endswith("the log is full (67108864 bytes): no more lines"), tail

@@ -50,6 +50,9 @@ EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 #: ``--engine-log``: a line longer than this is logged in pieces.
 MAX_LINE_BYTES = 65536
+#: ``--engine-log``: the log stops growing at this size (the engine's output still
+#: passes through). The start's phases are in its first lines; a volume is not a sink.
+MAX_LOG_BYTES = 64 << 20
 
 
 class ExecError(ArtifactdError):
@@ -167,7 +170,8 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
     Call it just before :func:`run`. Appends a stamped
     ``artifactd-exec: started ...`` line (the engine's process start), forks
     the copier and points fds 1 and 2 at its pipes. Returns a warning line
-    when ``log_path`` cannot be opened (nothing is changed then).
+    when ``log_path`` cannot be opened (nothing is changed then). The log
+    stops growing at :data:`MAX_LOG_BYTES`, saying so in one last line.
     """
     from artifactd.pod.phases import stamp_line
 
@@ -180,7 +184,11 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
             f"({exc.strerror or exc}); {argv[0]} runs without it"
         )
     started = f"artifactd-exec: started {' '.join(argv)[:500]} (pid {os.getpid()})\n"
-    os.write(log_fd, stamp_line(started.encode()))
+    room = MAX_LOG_BYTES - os.fstat(log_fd).st_size
+    if room > 0:
+        line = stamp_line(started.encode())
+        os.write(log_fd, line)
+        room -= len(line)
     sys.stdout.flush()
     sys.stderr.flush()
     out_r, out_w = os.pipe()
@@ -188,7 +196,7 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
     if os.fork() == 0:  # the copier
         os.close(out_w)
         os.close(err_w)
-        _copy({out_r: 1, err_r: 2}, log_fd)
+        _copy({out_r: 1, err_r: 2}, log_fd, room)
     os.close(out_r)
     os.close(err_r)
     os.close(log_fd)
@@ -199,17 +207,17 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
     return None
 
 
-def _copy(pipes: dict[int, int], log_fd: int) -> NoReturn:
+def _copy(pipes: dict[int, int], log_fd: int, room: int) -> NoReturn:
     """Run the copier: pass each pipe's bytes through, log them stamped, until all end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        _pump(pipes, log_fd)
+        _pump(pipes, log_fd, room)
     finally:  # whatever happens, the copier never returns into artifactd's command line
         os._exit(0)
 
 
-def _pump(pipes: dict[int, int], log_fd: int) -> None:
+def _pump(pipes: dict[int, int], log_fd: int, room: int) -> None:
     from artifactd.pod.phases import stamp_line
 
     partial = dict.fromkeys(pipes, b"")
@@ -234,8 +242,16 @@ def _pump(pipes: dict[int, int], log_fd: int) -> None:
                     lines.append(partial[fd])
                     partial[fd] = b""
                 lines = [line + b"\n" for line in lines]
+            if room <= 0 or not lines:
+                continue
             now = time.time()
-            _write(log_fd, b"".join(stamp_line(line, now) for line in lines))
+            data = b"".join(stamp_line(line, now) for line in lines)
+            if len(data) < room:
+                room -= len(data)
+            else:  # the last line it writes says so
+                note = f"artifactd-exec: the log is full ({MAX_LOG_BYTES} bytes): no more lines\n"
+                data, room = stamp_line(note.encode(), now), 0
+            _write(log_fd, data)
 
 
 def _write(fd: int, data: bytes) -> None:
