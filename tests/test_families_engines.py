@@ -134,18 +134,23 @@ def test_flashinfer_round_trip_keeps_mtimes_and_skips_what_ninja_rebuilds(tmp_pa
     norm = out / OPS / "norm"
     assert (norm / "build.ninja").stat().st_mtime == FLASHINFER_T0
     # What ninja recorded names the restored root, with the hashes of its commands there.
-    commands = ninja_commands((norm / "build.ninja").read_text())
-    assert str(root) not in (norm / "build.ninja").read_text()
-    log = (norm / ".ninja_log").read_text().splitlines()
+    _assert_records_moved(norm, root)
+    assert (norm / "norm.so").stat().st_mtime == FLASHINFER_T0 + 20
+    assert (norm / "csrc_norm.cuda.o").stat().st_mtime < (norm / "norm.so").stat().st_mtime
+
+
+def _assert_records_moved(op: Path, root: Path) -> None:
+    """The op dir's ninja records name ``op`` (restored), never ``root`` (harvested)."""
+    commands = ninja_commands((op / "build.ninja").read_text())
+    assert str(root) not in (op / "build.ninja").read_text()
+    log = (op / ".ninja_log").read_text().splitlines()
     assert log[0] == "# ninja log v7" and len(log) == 4
     for line in log[1:]:
         output, digest = line.split("\t")[3:]
-        assert output.startswith(f"{norm}/")
+        assert output.startswith(f"{op}/")
         assert int(digest, 16) == command_hash(commands[output], 7)
-    deps = (norm / ".ninja_deps").read_bytes()
-    assert str(norm).encode() in deps and str(root).encode() not in deps
-    assert (norm / "norm.so").stat().st_mtime == FLASHINFER_T0 + 20
-    assert (norm / "csrc_norm.cuda.o").stat().st_mtime < (norm / "norm.so").stat().st_mtime
+    deps = (op / ".ninja_deps").read_bytes()
+    assert str(op).encode() in deps and str(root).encode() not in deps
 
 
 def test_flashinfer_pins_the_paths_its_ninja_files_name_outside_its_root(tmp_path: Path) -> None:
@@ -450,17 +455,7 @@ def test_sglang_round_trip(tmp_path: Path) -> None:
     assert ENGINE_CUDA in cache_pins
     assert layer.pinned == sorted({*cache_pins, "/opt/custom/include"})
     # ninja's records of the hosted ops name the restored root, hashes computed there.
-    norm = out / ".cache" / "flashinfer" / OPS / "norm"
-    commands = ninja_commands((norm / "build.ninja").read_text())
-    assert str(root) not in (norm / "build.ninja").read_text()
-    log = (norm / ".ninja_log").read_text().splitlines()
-    assert log[0] == "# ninja log v7" and len(log) == 4
-    for line in log[1:]:
-        output, digest = line.split("\t")[3:]
-        assert output.startswith(f"{norm}/")
-        assert int(digest, 16) == command_hash(commands[output], 7)
-    deps = (norm / ".ninja_deps").read_bytes()
-    assert str(norm).encode() in deps and str(root).encode() not in deps
+    _assert_records_moved(out / ".cache" / "flashinfer" / OPS / "norm", root)
 
 
 # --------------------------------------------------------------------------
