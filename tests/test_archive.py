@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -16,6 +17,7 @@ from pathlib import Path
 import layers
 import pytest
 import zstandard
+from diskfaults import mount_tmpfs, unmount
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -149,6 +151,31 @@ def test_round_trip_generic_tree(tmp_path: Path) -> None:
     assert snapshot(staging / "cache") == snapshot(src)
     assert (staging / "cache" / "bin" / "up.cubin").read_bytes() == b"cubin bytes\x00\x01\x02"
     assert (staging / "cache" / "sublink" / "deep.ptx").is_file()
+
+
+def test_a_large_file_streams_in_order_and_a_full_disk_mid_file_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """Files over 1 MiB are decompressed on one thread and hashed and written on another."""
+    # Distinct 128 KiB pieces, so a piece written out of order changes the bytes.
+    data = b"".join(hashlib.sha256(bytes([i])).digest() * 4096 for i in range(40))
+    src = tmp_path / "src"
+    write(src / "big.gch", data)
+    layer = pack_tree(src, tmp_path / "g.tar.zst")
+    res = unpack_packed(layer, tmp_path / "stage")
+    assert res.bytes == len(data) == 40 * 128 << 10
+    assert (tmp_path / "stage" / "cache" / "big.gch").read_bytes() == data
+
+    mnt = tmp_path / "small"
+    why = mount_tmpfs(mnt, "2m")
+    if why is not None:
+        pytest.skip(why)
+    try:
+        with pytest.raises(OSError) as err:
+            unpack_packed(layer, mnt / "stage")
+        assert err.value.errno == errno.ENOSPC
+    finally:
+        unmount(mnt)
 
 
 def test_pack_family_writes_only_the_format_production_restores(tmp_path: Path) -> None:

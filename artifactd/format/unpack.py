@@ -46,8 +46,9 @@ import os
 import stat
 import tarfile
 import threading
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -248,11 +249,13 @@ class UnpackResult:
 
 
 #: Files up to this size are read whole and written by the writer threads;
-#: larger ones stream to disk on the reading thread, in :data:`_STREAM_CHUNK` pieces.
+#: larger ones stream to disk in :data:`_STREAM_CHUNK` pieces (see :func:`_stream_member`).
 _BUFFERED_FILE = 1 << 20
 #: Piece size of a streamed file: small enough to stay in the CPU cache from
 #: decompression through hashing to the write (1 MiB pieces measured 1.7x slower).
 _STREAM_CHUNK = 128 << 10
+#: Pieces of a streamed file decompressed ahead of its hashing and writing, at most.
+_STREAM_AHEAD = 8
 #: Bytes read ahead of the writer threads, at most.
 _IN_FLIGHT = 256 << 20
 #: Two writers overlap file creation with parsing; more contend on this disk (measured).
@@ -827,16 +830,36 @@ def _write_small(dest: Path, data: bytes, entry: FileEntry, keep_mtimes: bool, u
 def _stream_member(
     src: Readable, dest: Path, entry: FileEntry, keep_mtimes: bool, umask: int
 ) -> None:
-    """Stream a large file to disk, hashing as it goes."""
+    """Stream a large file to disk, hashing as it goes.
+
+    Two stages overlap: this thread reads (decompresses) the next piece while
+    one helper thread hashes and writes the previous ones, in order. All three
+    steps release the GIL; on the 154 MiB Inductor header of the CPU demo the
+    overlap takes the file from about 0.35 s to about 0.2 s (bench/unpack.py).
+    At most :data:`_STREAM_AHEAD` pieces wait, so memory stays bounded.
+    """
     fd = _create(dest, entry, umask)
     copied = Hasher()
+
+    def put(data: bytes) -> None:
+        copied.update(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    pending: deque[Future[None]] = deque()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream")
     try:
         while data := src.read(_STREAM_CHUNK):
-            copied.update(data)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            pending.append(pool.submit(put, data))
+            if len(pending) > _STREAM_AHEAD:
+                pending.popleft().result()  # a write error (a full disk) surfaces here
+        while pending:
+            pending.popleft().result()
     finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)  # nothing writes to fd once it is closed
         os.close(fd)
     if copied.size != entry.size or copied.hex != entry.sha256:
         raise IntegrityError(f"{entry.path}: content does not match its sha256")
