@@ -6,7 +6,10 @@ Prints, for the CPU demo matrix:
   restored  warm-up with only the restored caches (new TMPDIR, build gone)
   local     warm-up again with the build's own caches left in place
 and the ratios restored/cold, restored/local and (restore + restored)/local
-(target: at most 1.05). Then the start-up table: `python -c pass`,
+(target: at most 1.05), with the restore's parts from its --json phases
+(start+exit: the interpreter's start, imports and exit, outside the
+command's own clock; lookup: probe, resolve and plan; fetch: download,
+verify and unpack; install). Then the start-up table: `python -c pass`,
 `artifactd fingerprint --hash` and a no-op restore (the target already holds
 the matching restore and its marker) in every form the README and the
 deploy/k8s manifests use (--env-file, --gpu-arch, --workload, --node-store on
@@ -253,15 +256,20 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
     harvest = [py, "-m", "artifactd", "harvest", "--store", store, "--gpu-arch", "sm_90a"]
     timed(harvest, bytecode_env(env, work / "pycache"))
     restores, restoreds, locals_ = [], [], []
+    phases: list[dict[str, float]] = []
     restored_n = local_n = 0
     for i in range(runs):
         roots.rename(aside)  # nothing of the build is left for the restored run
         target = work / f"pod-{i}"
         restore_argv = [
             py, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
-            "--gpu-arch", "sm_90a",
+            "--gpu-arch", "sm_90a", "--json",
         ]  # fmt: skip
-        restores.append(timed(restore_argv, art_env)[0])
+        restore_s, out = timed(restore_argv, art_env)
+        restores.append(restore_s)
+        report = json.loads(out.strip().splitlines()[-1])
+        # What the process spent before and after its own clock (start, imports, exit).
+        phases.append({"start+exit": restore_s - report["elapsed_ms"] / 1000, **report["phases"]})
         renv = restored_environ(target / "artifactd.env", base, work / "empty")
         restored_s, out = timed(warm_argv, renv)
         restoreds.append(restored_s)
@@ -274,10 +282,14 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
     local_s = statistics.median(locals_)
     overhead = (restore_s + restored_s) / local_s
     verdict = "ok" if overhead <= TARGET_RESTORED_LOCAL else "FAIL"
+    parts = ", ".join(
+        f"{name} {statistics.median(p.get(name, 0.0) for p in phases):.2f}" for name in phases[0]
+    )
     return [
         f"{f'stage (median of {runs}; cold: 1 run)':40} {'seconds':>8} {'compiled':>9}",
         f"{'cold warm-up (fresh caches)':40} {cold_s:8.2f} {cold_n:9d}",
         f"{'artifactd restore (new process)':40} {restore_s:8.2f} {'-':>9}",
+        f"  restore's parts (its --json phases, medians): {parts}",
         f"{'warm-up on restored caches':40} {restored_s:8.2f} {restored_n:9d}",
         f"{'warm-up, local caches left in place':40} {local_s:8.2f} {local_n:9d}",
         f"restored/cold  = {restored_s / cold_s:.3f}",

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from cachetrees import build_caches
+from forkserver import ENV_FORK, ForkServer, needs_new_interpreter
 from registry_server import RegistryServer, start_registry
 
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
@@ -168,6 +169,33 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: Read at import: the session's fixtures remove every ARTIFACTD_* variable.
+_FORK = os.environ.get(ENV_FORK, "1") != "0"
+#: This pytest process's fork server, once started ("server": ForkServer).
+_FORK_SERVER: dict[str, ForkServer] = {}
+
+
+def fork_server() -> ForkServer | None:
+    """This pytest process's CLI fork server (tests/forkserver.py), started on first use.
+
+    None when ``ARTIFACTD_TEST_FORK=0``: every CLI run then starts a new interpreter.
+    """
+    if not _FORK:
+        return None
+    if "server" not in _FORK_SERVER:
+        _FORK_SERVER["server"] = ForkServer(PYTHON, clean_env(), REPO)
+    return _FORK_SERVER["server"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_fork_server(_session_env: None) -> Iterator[None]:
+    """Stop the fork server at the end of the session, if a test started it."""
+    yield
+    server = _FORK_SERVER.pop("server", None)
+    if server is not None:
+        server.close()
+
+
 def run_artifactd(
     *args: str,
     env: Mapping[str, str] | None = None,
@@ -179,8 +207,14 @@ def run_artifactd(
 
     ``env`` defaults to :func:`clean_env`; the caller asserts on the result.
     ``prelude`` is Python run first in that process (to patch a constant or
-    plant a fault), then the entry point.
+    plant a fault), then the entry point. The run is a fork of a Python that
+    has imported artifactd already (tests/forkserver.py says what that keeps,
+    and when a new interpreter starts instead, as it does for a prelude).
     """
+    run_env = dict(clean_env() if env is None else env)
+    server = None if prelude else fork_server()
+    if server is not None and not needs_new_interpreter(run_env, server.env):
+        return server.run(args, env=run_env, cwd=cwd, timeout=timeout)
     argv = ["-m", "artifactd"]
     if prelude:
         argv = ["-c", f"{prelude}\nfrom artifactd.cli import main\nmain()\n"]
@@ -188,7 +222,7 @@ def run_artifactd(
         [PYTHON, *argv, *args],
         capture_output=True,
         text=True,
-        env=dict(clean_env() if env is None else env),
+        env=run_env,
         cwd=cwd,
         timeout=timeout,
         check=False,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import re
 import socket
 import threading
@@ -433,8 +434,19 @@ def _cut(conn: socket.socket) -> None:
         conn.shutdown(socket.SHUT_RDWR)
 
 
-def _read_request(rfile: BinaryIO) -> tuple[str, str, dict[str, str], bytes | None] | None:
-    """Read one request (line, headers, body); None at end of connection."""
+#: The first byte of a TLS handshake record.
+_TLS_HANDSHAKE = b"\x16"
+
+
+def _read_request(rfile: io.BufferedReader) -> tuple[str, str, dict[str, str], bytes | None] | None:
+    """Read one request (line, headers, body); None at end of connection.
+
+    A TLS ClientHello (skopeo tries TLS first) is refused on its first byte:
+    waiting for a line end it may not have would stall the client until its
+    handshake timeout, before it falls back to plain HTTP.
+    """
+    if rfile.peek(1)[:1] == _TLS_HANDSHAKE:
+        raise _ClosedError
     line = rfile.readline(65537)
     while line in (b"\r\n", b"\n"):
         line = rfile.readline(65537)
