@@ -38,12 +38,14 @@ import locale
 import os
 import pkgutil
 import select
+import selectors
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -121,37 +123,69 @@ class ForkServer:
             }
         ).encode()
         cmd = ["python", "-m", "artifactd", *args]
-        with (
-            open(os.devnull, "rb") as stdin,
-            tempfile.TemporaryFile() as out,
-            tempfile.TemporaryFile() as err,
-            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock,
-        ):
-            sock.connect(str(self.socket_path))
-            message = _HEADER.pack(len(request)) + request
-            sent = socket.send_fds(sock, [message], [stdin.fileno(), out.fileno(), err.fileno()])
-            sock.sendall(message[sent:])
-            sock.settimeout(timeout)
-            reader = sock.makefile("rb")
-            pid_line = reader.readline()
-            if not pid_line:
-                raise RuntimeError("the CLI fork server did not start the run (is it alive?)")
-            try:
-                status = reader.readline()
-            except TimeoutError:
-                os.kill(int(pid_line), signal.SIGKILL)
-                raise subprocess.TimeoutExpired(
-                    cmd, timeout, output=_text(out), stderr=_text(err)
-                ) from None
-            if not status:
-                raise RuntimeError("the CLI fork server closed the connection without a status")
-            return subprocess.CompletedProcess(cmd, int(status), _text(out), _text(err))
+        deadline = time.monotonic() + timeout
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            with (
+                open(os.devnull, "rb") as stdin,
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock,
+            ):
+                sock.connect(str(self.socket_path))
+                message = _HEADER.pack(len(request)) + request
+                sent = socket.send_fds(sock, [message], [stdin.fileno(), out_w, err_w])
+                sock.sendall(message[sent:])
+                os.close(out_w)
+                os.close(err_w)
+                out_w = err_w = -1
+                sock.settimeout(timeout)
+                reader = sock.makefile("rb")
+                pid_line = reader.readline()
+                if not pid_line:
+                    raise RuntimeError("the CLI fork server did not start the run (is it alive?)")
+                # As subprocess.run: read both streams to their end (every writer,
+                # the run's own children too, closed them), then take the status.
+                output = _read_to_end({out_r: bytearray(), err_r: bytearray()}, deadline)
+                status = b""
+                if output is not None:
+                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    with contextlib.suppress(TimeoutError):
+                        status = reader.readline()
+                        if not status:
+                            raise RuntimeError("the CLI fork server closed without a status")
+                if output is None or not status:
+                    os.kill(int(pid_line), signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(cmd, timeout)
+                return subprocess.CompletedProcess(
+                    cmd, int(status), _text(output[out_r]), _text(output[err_r])
+                )
+        finally:
+            for fd in (out_r, err_r, out_w, err_w):
+                if fd >= 0:
+                    os.close(fd)
 
 
-def _text(file: Any) -> str:
-    """What ``subprocess.run(text=True)`` would have decoded from ``file``."""
-    file.seek(0)
-    return io.TextIOWrapper(file, encoding=locale.getpreferredencoding(False)).read()
+def _read_to_end(buffers: dict[int, bytearray], deadline: float) -> dict[int, bytearray] | None:
+    """Read every pipe in ``buffers`` to its end; None when ``deadline`` passes first."""
+    with selectors.DefaultSelector() as sel:
+        for fd in buffers:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    buffers[key.fd] += chunk
+                else:
+                    sel.unregister(key.fd)
+    return buffers
+
+
+def _text(data: bytes | bytearray) -> str:
+    """What ``subprocess.run(text=True)`` would have decoded from ``data``."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()
 
 
 # --------------------------------------------------------------------------

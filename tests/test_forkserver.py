@@ -111,6 +111,26 @@ def test_exit_status_and_a_signal_come_back_as_subprocess_reports_them(
     assert killed.returncode == -15
 
 
+def test_output_is_read_to_its_end_as_subprocess_run_reads_it(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    # The shell exits first; its child writes later, into the same stdout. A
+    # new interpreter's run returns only when every writer closed the pipe:
+    # so must a forked one (exec --engine-log's copier is such a child).
+    argv = [
+        "exec",
+        "--target",
+        str(tmp_path),
+        "--",
+        "sh",
+        "-c",
+        "(sleep 0.5; echo late) & echo early",
+    ]
+    forked = server.run(argv, env=clean_env(), cwd=tmp_path, timeout=60)
+    fresh = new_interpreter(argv, clean_env(), tmp_path)
+    assert forked.stdout == fresh.stdout == "early\nlate\n"
+
+
 def test_a_run_past_its_timeout_is_killed(server: ForkServer, tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     with pytest.raises(subprocess.TimeoutExpired):

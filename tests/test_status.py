@@ -539,6 +539,25 @@ def test_an_unreadable_engine_log_is_reported_not_fatal(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "engine log: cannot read" in proc.stdout
 
 
+def test_an_engine_log_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO no engine writes would block the read, /dev/zero never end: both are refused."""
+    fifo = tmp_path / "engine.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        proc = run_artifactd(
+            "status", "--target", str(tmp_path), "--engine-log", str(path), "--json", timeout=30
+        )
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert doc["engine_log_error"].startswith(f"cannot read {path}"), doc
+        assert "regular file" in doc["engine_log_error"], doc
+    link = tmp_path / "engine.log"
+    (tmp_path / "logs").mkdir()
+    link.symlink_to(engine_log(tmp_path / "logs", "a line"))
+    doc = status(tmp_path, "--engine-log", str(link))
+    assert doc["engine_log_error"] is None, doc
+
+
 def test_engine_log_from_stdin_and_environment_variables(tmp_path: Path) -> None:
     target = vllm_target(tmp_path)
     local = target / "vllm" / "torch_compile_cache" / VLLM_CLEAN_HASH / "rank_0_0" / "backbone"

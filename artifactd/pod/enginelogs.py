@@ -70,6 +70,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 from artifactd.families.vllm import classify_factor, read_factors
+from artifactd.fsutil import open_regular
 from artifactd.pod.phases import PhaseClock, PhaseTime
 from artifactd.pod.verdict import written_after
 
@@ -196,13 +197,15 @@ class EngineEvidence:
 def read_log(path: str | Path) -> LogFacts:
     """Read an engine log (``-``: standard input) and collect its evidence.
 
-    Raises ``OSError`` when the file cannot be read. Bytes that are not UTF-8
-    are replaced; lines are streamed, so a log of any size is read in
-    constant memory.
+    Raises ``OSError`` when the file cannot be read, and for anything but a
+    regular file (a symlink to one is followed, as log dirs use them): a FIFO
+    would block and a device never end; a pipe is read as ``-``. Bytes that are
+    not UTF-8 are replaced; lines are streamed, so a log of any size is read
+    in constant memory.
     """
     if str(path) == "-":
         return scan(sys.stdin.buffer, "-")
-    with open(path, "rb") as handle:
+    with open_regular(path, follow=True) as handle:
         return scan(handle, str(path))
 
 
