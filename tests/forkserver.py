@@ -8,9 +8,11 @@ pytest process that imports all of that once; each run is then a fork of it
 that becomes what ``python -m artifactd ARGS`` is: ``artifactd/__main__.py``
 run as ``__main__``, with the run's own argv, environment (``os.environ``
 replaced, so the CLI's own children inherit it), working directory (also
-``sys.path[0]``, as ``-m`` puts it), umask and stdio, ending through the
-interpreter's normal shutdown (threads joined, atexit handlers run) with its
-own exit status.
+``sys.path[0]``, as ``-m`` puts it), umask and stdio (pipes the client reads
+to their end, as ``subprocess.run`` does), ending as the interpreter ends
+(non-daemon threads joined, atexit handlers run, stdio flushed) with its own
+exit status, but without freeing every object: in a fork that would copy
+every page the server's imports left.
 
 What a fork cannot be is a new interpreter. :func:`needs_new_interpreter`
 says which runs start one instead: an environment that changes how Python or
@@ -138,23 +140,18 @@ class ForkServer:
                 os.close(out_w)
                 os.close(err_w)
                 out_w = err_w = -1
-                sock.settimeout(timeout)
                 reader = sock.makefile("rb")
-                pid_line = reader.readline()
-                if not pid_line:
-                    raise RuntimeError("the CLI fork server did not start the run (is it alive?)")
+                pid_line = _line(sock, reader, deadline)
+                if pid_line is None:  # the server did not even fork the run in time
+                    raise subprocess.TimeoutExpired(cmd, timeout)
+                pid = int(pid_line)
                 # As subprocess.run: read both streams to their end (every writer,
                 # the run's own children too, closed them), then take the status.
                 output = _read_to_end({out_r: bytearray(), err_r: bytearray()}, deadline)
-                status = b""
-                if output is not None:
-                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                    with contextlib.suppress(TimeoutError):
-                        status = reader.readline()
-                        if not status:
-                            raise RuntimeError("the CLI fork server closed without a status")
-                if output is None or not status:
-                    os.kill(int(pid_line), signal.SIGKILL)
+                status = _line(sock, reader, deadline) if output is not None else None
+                if output is None or status is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                     raise subprocess.TimeoutExpired(cmd, timeout)
                 return subprocess.CompletedProcess(
                     cmd, int(status), _text(output[out_r]), _text(output[err_r])
@@ -163,6 +160,18 @@ class ForkServer:
             for fd in (out_r, err_r, out_w, err_w):
                 if fd >= 0:
                     os.close(fd)
+
+
+def _line(sock: socket.socket, reader: io.BufferedReader, deadline: float) -> bytes | None:
+    """The server's next line (a pid, then a status); None when ``deadline`` passes first."""
+    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+    try:
+        line = reader.readline()
+    except TimeoutError:
+        return None
+    if not line:
+        raise RuntimeError("the CLI fork server closed the connection (is it alive?)")
+    return line
 
 
 def _read_to_end(buffers: dict[int, bytearray], deadline: float) -> dict[int, bytearray] | None:
@@ -279,15 +288,15 @@ def _become_the_cli(request: dict[str, Any], fds: list[int]) -> NoReturn:
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except KeyboardInterrupt:
-        _finish()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)  # as Python ends on an uncaught Ctrl-C
-        code = 1
+        code = -signal.SIGINT
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
     _finish()
-    os._exit(code)
+    if code < 0:  # as Python ends on an uncaught Ctrl-C: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
 
 
 def _exit_code(code: object) -> int:
@@ -295,7 +304,7 @@ def _exit_code(code: object) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF
+        return code & 0xFF  # as the OS truncates exit(code)
     print(code, file=sys.stderr)
     return 1
 
