@@ -41,6 +41,8 @@ def _text_digest(path: Path) -> str:
         b"torch/__init__.py,sha256=abc,12\n",
         b"a,b,1\r\nc,d,2\r\n",  # CRLF: the text has universal newlines
         b"lone\rcarriage\n",
+        b"a\r\r\nb\n\r",  # a lone CR before a CRLF, and a CR at the end
+        b"\r\n\r\n\r",
         "caf\u00e9/x.py,,\n".encode(),
     ],
 )
