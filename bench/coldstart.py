@@ -247,7 +247,7 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
     overhead is its own (restore + restored) / local, the pair run back to
     back so the machine's drift weighs on both sides. Rounds alternate which
     side goes first, because on this VM the order alone moves a warm-up by
-    0.2 to 0.5 s: memory a process frees is handed back to the host within
+    about 0.3 s: memory a process frees is handed back to the host within
     about a second (free page reporting), so a process started right after
     another ends runs on warm memory and one started later faults its memory
     in again. The verdict is the median, over pairs of rounds (one of each
