@@ -274,7 +274,7 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
         locals_.append(local_s)
         local_n = max(local_n, compiled(out))
 
-    runs += runs % 2
+    runs = max(2, runs + runs % 2)  # pairs of rounds, one of each order
     for i in range(runs):
         if i % 2:  # every other round runs the local side first
             local()
