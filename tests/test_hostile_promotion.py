@@ -8,6 +8,15 @@ registry, production is a local OCI layout, and the pods' check is a real
 ``restore --verify-key``. The same input goes through ``restore`` and
 ``prefetch`` ``--software-from``: they must adopt the same fingerprint and
 refuse the same unsigned source.
+
+``verify --candidate --promote`` is a promotion too: it must promote the
+artifact it extends plus exactly the entries its gate vouched for. Here the
+candidate is re-pushed after ``absorb`` by someone without a key (a file
+added, a promoted file changed or removed, an entry an earlier gate dropped
+put back), ``fp-<hash>`` is re-pointed while the proof pass runs, and under
+``--verify-key`` the candidate or its base is unsigned or signed by another
+key: each is refused before anything is tagged or signed, and what a pod then
+restores is checked file by file.
 """
 
 from __future__ import annotations
