@@ -8,18 +8,34 @@ registry, production is a local OCI layout, and the pods' check is a real
 ``restore --verify-key``. The same input goes through ``restore`` and
 ``prefetch`` ``--software-from``: they must adopt the same fingerprint and
 refuse the same unsigned source.
+
+``verify --candidate --promote`` is a promotion too: it must promote the
+artifact it extends plus exactly the entries its gate vouched for. Here the
+candidate is re-pushed after ``absorb`` by someone without a key (a file
+added, a promoted file changed or removed, an entry an earlier gate dropped
+put back), ``fp-<hash>`` is re-pointed while the proof pass runs, and under
+``--verify-key`` the candidate or its base is unsigned or signed by another
+key: each is refused before anything is tagged or signed, and what a pod then
+restores is checked file by file.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import clean_env
 from registry_server import RegistryServer
+from test_deltas import WRITE as DELTA_WRITE
 from test_trust import PASSWORD, Keys, cli, doc_of, harvest, restore
 
 from artifactd.errors import TrustError, UsageError
+from artifactd.format.oci import MANIFEST_MEDIA_TYPE
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import copy_between
 from artifactd.trust.keys import load_private_key, load_public_keys
@@ -288,3 +304,334 @@ def test_prefetch_verify_key_reads_its_environment_variable(
                timeout=LIMIT)  # fmt: skip
     ok_clean(proc, 14)
     assert "not signed" in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# verify --candidate: promotion binds to what the gate vouched for
+# --------------------------------------------------------------------------
+#
+# The promoted store is a repository of the real registry; the attacker can push
+# there but holds no key. After `absorb` publishes the candidate, they republish it
+# under the same candidate-* tag with one change, as consistent as the format
+# allows (the layer repacked, its record and tree document rewritten to match,
+# provenance untouched): no digest check can tell it from what absorb wrote.
+
+
+def candidate_matrix(
+    tmp: Path, shapes: list[str], name: str, ran: Path, hook: Path | None = None
+) -> Path:
+    """The deltas loop's matrix (tests/test_deltas.py); each cell also logs its shape to ``ran``.
+
+    ``hook``: a Python file every cell runs after its work.
+    """
+    code = DELTA_WRITE + "; open(" + repr(str(ran)) + ", 'a').write('{{ shape }} ')"
+    if hook is not None:
+        code += "; import runpy; runpy.run_path(" + repr(str(hook)) + ")"
+    path = tmp / name
+    path.write_text(
+        "schema_version: 1\nname: deltas\ntarget: {gpu_arch: sm_90a}\nfamilies: [generic]\n"
+        f"gpus: 0\naxes:\n  shape: {json.dumps(shapes)}\n"
+        f"command: {json.dumps(sys.executable + ' -c ' + json.dumps(code))}\n"
+    )
+    return path
+
+
+class Loop:
+    """Shapes A and Z built into ``store``; a pod compiled B (and a stray file) as a delta."""
+
+    def __init__(self, store: str, tmp: Path, keys: Keys, *, signed: bool = False) -> None:
+        self.store, self.tmp, self.keys = store, tmp, keys
+        self.ran = tmp / "ran.log"
+        sign = ("--sign-key", keys.one.private) if signed else ()
+        built = candidate_matrix(tmp, ["A", "Z"], "built.yaml", self.ran)
+        ok_clean(cli("build", str(built), "--store", store, "--json", *sign, timeout=LIMIT), 0)
+        self.fp_tag = next(t for t in tags_of(store) if t.startswith("fp-"))
+        self.base = tag_digest(store, self.fp_tag)
+        pod = tmp / "pod"
+        restore(store, pod, "--require")
+        serve_shapes(pod, "B")
+        (pod / "generic" / "stray").mkdir()
+        (pod / "generic" / "stray" / "x.cubin").write_bytes(b"no cell makes this")
+        self.deltas = f"oci:{tmp / 'deltas'}"
+        ok_clean(cli("contribute", "--target", str(pod), "--store", self.deltas, timeout=LIMIT), 0)
+        # The traffic asks for A and B now: Z is still promoted, no cell warms it.
+        self.matrix = candidate_matrix(tmp, ["A", "B"], "now.yaml", self.ran)
+
+    def absorb(self, *extra: str) -> str:
+        proc = cli("absorb", str(self.matrix), "--store", self.store, "--deltas", self.deltas,
+                   "--json", *extra, timeout=LIMIT)  # fmt: skip
+        ok_clean(proc, 0)
+        doc = doc_of(proc)
+        assert doc["contributed"] == {"generic": ["cache/k-B.cubin", "cache/stray/x.cubin"]}
+        candidate: str = doc["candidate"]
+        return candidate
+
+    def verify(self, candidate: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return cli("verify", str(self.matrix), "--store", self.store, "--candidate", candidate,
+                   "--promote", "rel", "--sign-key", self.keys.two.private, *extra,
+                   timeout=LIMIT)  # fmt: skip
+
+    def installs(self, name: str) -> dict[str, bytes]:
+        """What a pod restoring fp-<hash> from the store gets: generic's files by name."""
+        target = self.tmp / name
+        ok_clean(restore(self.store, target, "--require"), 0)
+        root = target / "generic"
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def tag_digest(store: str, tag: str) -> str | None:
+    with open_store(store) as st:
+        return st.tag_digest(tag)
+
+
+def serve_shapes(target: Path, *shapes: str) -> None:
+    """The pod's engine: the cell's own command on the restored dir (tests/test_deltas.py)."""
+    time.sleep(0.02)  # past the restore's file-clock tick: what is written counts
+    for shape in shapes:
+        env = clean_env({"ARTIFACTD_GENERIC_DIR": str(target / "generic")})
+        code = DELTA_WRITE.replace("{{ shape }}", shape)
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=LIMIT)
+
+
+def signatures(store: str) -> list[str]:
+    return [t for t in tags_of(store) if t.endswith(".sig")]
+
+
+def repush(store: str, tag: str, work: Path, change: Callable[[Path], None]) -> str:
+    """Republish ``tag`` with ``change`` made to its generic files: consistent, unsigned.
+
+    What someone with push access and no key can do: unpack the layer, change
+    the tree, repack it (a new record and tree document that match it), and
+    publish the same config (provenance untouched) with that layer under ``tag``.
+    """
+    from artifactd.build.merge import unpack_record
+    from artifactd.families import Located, get_family
+    from artifactd.format.archive import pack_family
+    from artifactd.format.config import RootFS
+    from artifactd.stores.artifacts import publish, read_artifact
+
+    fam = get_family("generic")
+    with open_store(store) as st:
+        art = read_artifact(st, tag)
+        assert art is not None
+        rec = art.config.layer("generic")
+        assert rec is not None
+        dirs = unpack_record(st, fam, rec, work / "unpacked")
+        change(dirs["cache"])
+        comps = {c.name: c for c in fam.components}
+        located = [Located(comps[name], path) for name, path in dirs.items()]
+        lay = pack_family(fam, located, work / "evil.tar.zst", scope_key=rec.scope_key,
+                          scope=rec.scope)  # fmt: skip
+        sizes = {"size": lay.size, "unpacked_size": lay.unpacked_size}
+        new = rec.model_copy(
+            update={"files": lay.files, "digest": lay.digest, "diff_id": lay.diff_id, **sizes}
+        )
+        cfg = art.config.model_copy(
+            update={"layers": [new], "rootfs": RootFS(diff_ids=[new.diff_id])}
+        )
+        assert cfg.provenance == art.config.provenance
+        return publish(st, cfg, {"generic": lay}, work, tags=[tag]).digest
+
+
+def _add_evil(cache: Path) -> None:
+    (cache / "evil.cubin").write_bytes(b"EVIL")
+
+
+def _change_promoted(cache: Path) -> None:
+    (cache / "k-A.cubin").write_bytes(b"EVIL A")
+
+
+def _remove_promoted(cache: Path) -> None:
+    (cache / "k-Z.cubin").unlink()
+
+
+TAMPERING = {
+    "extra-file": (_add_evil, "file(s) no delta contributed: cache/evil.cubin"),
+    "changed-file": (_change_promoted, "promoted file(s) changed: cache/k-A.cubin"),
+    "removed-entry": (_remove_promoted, "file(s) missing: cache/k-Z.cubin"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+def test_a_tampered_candidate_is_refused(
+    registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, case: str
+) -> None:
+    """A file added, a promoted file changed or removed: refused; its bytes reach nothing."""
+    change, says = TAMPERING[case]
+    loop = Loop(registry.ref(repo), tmp_path, keys)
+    candidate = loop.absorb()
+    tampered = repush(loop.store, candidate, tmp_path / "attacker", change)
+    assert tag_digest(loop.store, candidate) == tampered
+    sigs, ran = signatures(loop.store), loop.ran.read_text()
+
+    proc = loop.verify(candidate, "--json")
+    ok_clean(proc, 12)
+    assert says in proc.stderr and candidate in proc.stderr, proc.stderr
+    # Refused before any cell ran; nothing tagged, published or signed.
+    assert loop.ran.read_text() == ran
+    assert tag_digest(loop.store, "rel") is None
+    assert tag_digest(loop.store, loop.fp_tag) == loop.base
+    assert signatures(loop.store) == sigs
+    assert not signed_by(loop.store, tampered, keys.two.public)
+    base = loop.installs("after")
+    assert base == {"k-A.cubin": b"ELF A", "k-Z.cubin": b"ELF Z"}
+
+    # The honest candidate, absorbed again, is promoted: base plus what a cell vouched for.
+    assert loop.absorb() == candidate
+    proc = loop.verify(candidate, "--json")
+    ok_clean(proc, 0)
+    doc = doc_of(proc)
+    assert doc["gate"]["promoted"] == "rel" and doc["vouched"] == {"generic": ["cache/k-B.cubin"]}
+    promoted = tag_digest(loop.store, loop.fp_tag)
+    assert promoted not in (loop.base, tampered) and tag_digest(loop.store, "rel") == promoted
+    assert promoted is not None and signed_by(loop.store, promoted, keys.two.public)
+    want = {"k-A.cubin": b"ELF A", "k-B.cubin": b"ELF B", "k-Z.cubin": b"ELF Z"}
+    assert loop.installs("fp") == want
+
+
+def test_an_entry_a_gate_dropped_does_not_come_back_in_the_next_candidate(
+    registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
+) -> None:
+    """The gate dropped stray/x.cubin; the next candidate carries it again, listed nowhere."""
+    loop = Loop(registry.ref(repo), tmp_path, keys)
+    first = loop.absorb()
+    ok_clean(loop.verify(first), 0)
+    promoted = tag_digest(loop.store, loop.fp_tag)
+    assert "stray/x.cubin" not in loop.installs("first")
+    assert tag_digest(loop.store, "rel") == promoted
+    # Another pod compiles C; its candidate extends the promoted artifact.
+    pod = tmp_path / "pod2"
+    restore(loop.store, pod, "--require")
+    serve_shapes(pod, "C")
+    deltas = f"oci:{tmp_path / 'deltas2'}"
+    ok_clean(cli("contribute", "--target", str(pod), "--store", deltas, timeout=LIMIT), 0)
+    loop.matrix = candidate_matrix(tmp_path, ["A", "B", "C"], "next.yaml", loop.ran)
+    proc = cli("absorb", str(loop.matrix), "--store", loop.store, "--deltas", deltas, "--json",
+               timeout=LIMIT)  # fmt: skip
+    ok_clean(proc, 0)
+    second = doc_of(proc)["candidate"]
+
+    def resurrect(cache: Path) -> None:
+        (cache / "stray").mkdir()
+        (cache / "stray" / "x.cubin").write_bytes(b"no cell makes this")
+
+    repush(loop.store, second, tmp_path / "attacker", resurrect)
+    sigs = signatures(loop.store)
+    proc = loop.verify(second)
+    ok_clean(proc, 12)
+    assert "file(s) no delta contributed: cache/stray/x.cubin" in proc.stderr, proc.stderr
+    assert tag_digest(loop.store, loop.fp_tag) == promoted
+    assert signatures(loop.store) == sigs
+    assert tag_digest(loop.store, "rel") == promoted
+    assert "stray/x.cubin" not in loop.installs("second")
+
+
+def test_under_a_policy_verify_gates_only_a_signed_candidate_on_a_signed_base(
+    registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
+) -> None:
+    loop = Loop(registry.ref(repo), tmp_path, keys, signed=True)
+    policy = ("--verify-key", keys.one.public)
+    # absorb signs what it publishes with --sign-key.
+    proc = cli("absorb", str(loop.matrix), "--store", loop.store, "--deltas", loop.deltas,
+               "--sign-key", keys.one.private, "--json", timeout=LIMIT)  # fmt: skip
+    ok_clean(proc, 0)
+    doc = doc_of(proc)
+    candidate, digest = doc["candidate"], doc["digest"]
+    assert doc["signing"]["key_id"] == keys.one.key_id
+    assert [s["digest"] for s in doc["signing"]["signed"]] == [digest]
+    assert signed_by(loop.store, digest, keys.one.public)
+
+    # Republished by someone without the key (an extra file, consistent): unsigned.
+    tampered = repush(loop.store, candidate, tmp_path / "unsigned", _add_evil)
+    # ... or signed with their own key.
+    evil = repush(loop.store, candidate, tmp_path / "evil", _add_evil)
+    assert evil == tampered  # the same bytes: one manifest, now signed by the wrong key
+    ok_clean(cli("sign", f"{loop.store}:{candidate}", "--sign-key", keys.evil.private,
+                 "--sign-unverified", timeout=LIMIT), 0)  # fmt: skip
+    sigs, ran = signatures(loop.store), loop.ran.read_text()
+    for extra, says in [(policy, "does not verify"), (("--verify-key", keys.two.public), "")]:
+        proc = loop.verify(candidate, *extra)
+        ok_clean(proc, 14)
+        assert says in proc.stderr and candidate in proc.stderr, proc.stderr
+    assert loop.ran.read_text() == ran  # refused before the gate ran
+    assert tag_digest(loop.store, "rel") is None
+    assert tag_digest(loop.store, loop.fp_tag) == loop.base
+    assert signatures(loop.store) == sigs
+
+    # Unsigned: the same refusal.
+    proc = cli("absorb", str(loop.matrix), "--store", loop.store, "--deltas", loop.deltas,
+               "--json", timeout=LIMIT)  # fmt: skip
+    ok_clean(proc, 0)
+    proc = loop.verify(candidate, *policy)
+    ok_clean(proc, 14)
+    assert "is not signed" in proc.stderr, proc.stderr
+    assert loop.ran.read_text() == ran and tag_digest(loop.store, "rel") is None
+
+    # Signed by absorb: gated, promoted, signed by the gate's key.
+    ok_clean(cli("absorb", str(loop.matrix), "--store", loop.store, "--deltas", loop.deltas,
+                 "--sign-key", keys.one.private, timeout=LIMIT), 0)  # fmt: skip
+    proc = loop.verify(candidate, *policy, "--json")
+    ok_clean(proc, 0)
+    doc = doc_of(proc)
+    assert doc["signed_by"] == keys.one.key_id and doc["gate"]["promoted"] == "rel"
+    promoted = tag_digest(loop.store, loop.fp_tag)
+    assert promoted is not None and signed_by(loop.store, promoted, keys.two.public)
+    assert tag_digest(loop.store, "rel") == promoted
+    assert "evil.cubin" not in loop.installs("fp")
+
+
+def test_under_a_policy_an_unsigned_promoted_artifact_is_not_gated(
+    registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
+) -> None:
+    """What is promoted is rebuilt from fp-<hash>: an unsigned base is refused, with or without
+    --candidate, before any cell runs."""
+    loop = Loop(registry.ref(repo), tmp_path, keys)
+    candidate = loop.absorb("--sign-key", keys.one.private)
+    ran = loop.ran.read_text()
+    proc = loop.verify(candidate, "--verify-key", keys.one.public)
+    ok_clean(proc, 14)
+    assert "is not signed" in proc.stderr and loop.fp_tag in proc.stderr, proc.stderr
+    proc = cli("verify", str(loop.matrix), "--store", loop.store, "--promote", "rel",
+               "--verify-key", keys.one.public, timeout=LIMIT)  # fmt: skip
+    ok_clean(proc, 14)
+    assert "is not signed" in proc.stderr, proc.stderr
+    assert loop.ran.read_text() == ran and tag_digest(loop.store, "rel") is None
+
+
+def test_a_proof_run_on_another_artifact_vouches_for_nothing(
+    registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
+) -> None:
+    """fp-<hash> is re-pointed while the proof pass runs: the candidate is refused."""
+    loop = Loop(registry.ref(repo), tmp_path, keys)
+    candidate = loop.absorb()
+    # Another full artifact for the fingerprint (the base plus a file), pushed aside.
+    other = repush(loop.store, loop.fp_tag, tmp_path / "other", _add_evil)
+    with open_store(loop.store) as st:
+        base, theirs = st.get_manifest(str(loop.base)), st.get_manifest(other)
+        assert base is not None and theirs is not None
+        st.put_manifest(base.data, MANIFEST_MEDIA_TYPE, [loop.fp_tag])
+        moved = theirs.data
+    assert tag_digest(loop.store, loop.fp_tag) == loop.base
+    # The first proof cell re-points fp-<hash> at it, as a racing pusher would.
+    armed = tmp_path / "armed"
+    armed.write_bytes(moved)
+    host, name = loop.store.split("/", 1)
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import pathlib, urllib.request\n"
+        f"armed = pathlib.Path({str(armed)!r})\n"
+        "if armed.exists():\n"
+        f"    req = urllib.request.Request('http://{host}/v2/{name}/manifests/{loop.fp_tag}',\n"
+        f"        data=armed.read_bytes(), method='PUT',\n"
+        f"        headers={{'Content-Type': {MANIFEST_MEDIA_TYPE!r}}})\n"
+        "    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req).close()\n"
+        "    armed.unlink()\n"
+    )
+    loop.matrix = candidate_matrix(tmp_path, ["A", "B"], "racing.yaml", loop.ran, hook)
+    sigs = signatures(loop.store)
+    proc = loop.verify(candidate)
+    ok_clean(proc, 12)
+    assert not armed.exists()  # the race happened
+    assert f"restored {other}, not {loop.base}" in proc.stderr, proc.stderr
+    assert tag_digest(loop.store, "rel") is None and signatures(loop.store) == sigs
+    assert tag_digest(loop.store, loop.fp_tag) == other  # the racer's, not a promotion

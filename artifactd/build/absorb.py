@@ -30,7 +30,9 @@ Its provenance says ``source: absorb``, the artifact it ``extends``, the
 ``deltas`` absorbed and, per family, the paths they ``contributed``. It is
 published under ``candidate-<hash of the base and the deltas>`` only (no
 ``fp-`` nor scope tag: no restore finds it) for ``verify --candidate`` to
-gate. Nothing accepted: nothing published.
+gate; with ``sign_key``, its manifest is signed, so that ``verify --candidate``
+under a policy gates only what ``absorb`` published (anyone who can push could
+re-point the tag). Nothing accepted: nothing published, nothing signed.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ if TYPE_CHECKING:
     from artifactd.format.config import ArtifactConfig, LayerRecord
     from artifactd.stores import Store
     from artifactd.stores.artifacts import Artifact
+    from artifactd.trust.keys import PrivateKey
     from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.signatures import SignResult
 
 #: Tags of absorbed candidates start with this.
 CANDIDATE_TAG_PREFIX = "candidate-"
@@ -83,6 +87,8 @@ class AbsorbResult:
     #: Per family, the paths the accepted deltas added.
     contributed: dict[str, list[str]] = field(default_factory=dict)
     bytes_uploaded: int = 0
+    #: What ``sign_key`` signed: the candidate's manifest.
+    signing: SignResult | None = None
 
     @property
     def accepted(self) -> list[DeltaJudged]:
@@ -108,8 +114,12 @@ def absorb(
     overrides: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     on_event: EventSink = discard,
+    sign_key: PrivateKey | None = None,
 ) -> AbsorbResult:
-    """Judge every delta in ``deltas``; publish the candidate in ``store`` (module doc)."""
+    """Judge every delta in ``deltas``; publish the candidate in ``store`` (module doc).
+
+    With ``sign_key``, the candidate's manifest is signed once it is published.
+    """
     from artifactd.build.matrix import load_matrix
     from artifactd.build.published import published_fingerprint
     from artifactd.constants import current_environ
@@ -167,6 +177,10 @@ def absorb(
         if not result.accepted:
             return result
         _publish_candidate(store, base, result, records=records, packed=packed, work=work)
+    if sign_key is not None and result.digest is not None:
+        from artifactd.trust.signatures import sign_all
+
+        result.signing = sign_all(store, [result.digest], sign_key)
     return result
 
 

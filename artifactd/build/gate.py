@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from artifactd.pod.verdict import FamilyVerdict
     from artifactd.stores import Store
     from artifactd.trust.keys import PrivateKey
+    from artifactd.trust.policy import TrustPolicy
 
 
 @dataclass(frozen=True)
@@ -205,13 +206,16 @@ def verify(
     keep_roots: Path | None = None,
     on_event: EventSink = discard,
     sign_key: PrivateKey | None = None,
+    trust: TrustPolicy | None = None,
 ) -> VerifyResult:
     """Restore, re-run every cell, compare (see the module doc); tag ``promote`` if it passes.
 
     With ``sign_key``, the artifact's provenance is attested again with the
     gate's verdict in it (passed or not), before any promotion. Raises
     :class:`VerifyError` when the store holds no artifact for this
-    fingerprint; a gate that ran and failed is a result with ``passed`` false.
+    fingerprint, and, under ``trust``, :class:`~artifactd.errors.TrustError`
+    before any cell runs when no key of the policy signed it; a gate that ran
+    and failed is a result with ``passed`` false.
     """
     from artifactd.build.matrix import expand, load_matrix
     from artifactd.stores.artifacts import read_artifact
@@ -224,7 +228,7 @@ def verify(
         matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=base
     )
     tag = whole_want(fingerprint.hash).tag
-    art = read_artifact(store, tag)
+    art = read_artifact(store, tag, trust=trust)
     if art is not None:
         # The gate promotes what the tag names: only if it is for this fingerprint.
         why = unbound(tag, art.config.kind, art.config.fingerprint_hash, fingerprint.hash)

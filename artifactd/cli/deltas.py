@@ -112,6 +112,7 @@ def contribute(
 @gpu_arch_option("Override the matrix's declared target (sm_90a).")
 @image_digest_option("Override the matrix's base image digest.")
 @set_option
+@sign_key_option
 @json_option
 def absorb(
     *,
@@ -124,6 +125,7 @@ def absorb(
     gpu_arch: str | None,
     image_digest: str | None,
     overrides: tuple[str, ...],
+    sign_key: str | None,
     as_json: bool,
 ) -> None:
     """Judge every contributed delta and publish the promoted artifact plus the accepted ones.
@@ -134,12 +136,15 @@ def absorb(
     holds, pass the restore's unpack checks and merge by the family's rules.
     Each is reported accepted or refused, with the reason. The candidate is
     published in --store under the candidate-<hash> tag printed, for
-    `artifactd verify MATRIX --candidate TAG` to gate.
+    `artifactd verify MATRIX --candidate TAG` to gate. --sign-key signs the
+    candidate (CI's key), so that `verify --candidate --verify-key` gates
+    only what absorb published.
     """
     from artifactd.build.absorb import absorb as do_absorb
     from artifactd.stores import open_store
     from artifactd.trust.policy import TrustPolicy
 
+    key = load_sign_key(sign_key)  # before any delta is read: a bad key fails at once
     trust = TrustPolicy.from_specs(verify_keys) if verify_keys else None
     with (
         open_store(store, insecure=insecure) as st,
@@ -154,6 +159,7 @@ def absorb(
             gpu_arch=gpu_arch,
             image_digest=image_digest,
             overrides=overrides,
+            sign_key=key,
         )
     if as_json:
         from artifactd.reports import result_report
@@ -174,3 +180,4 @@ def absorb(
         f"candidate {result.store}:{result.candidate} ({result.digest}): extends "
         f"{result.extends[:19]}... with {added} contributed file(s)"
     )
+    render.signing(result.signing)

@@ -21,6 +21,7 @@ from artifactd.cli.options import (
     set_option,
     sign_key_option,
     store_option,
+    verify_key_option,
 )
 from artifactd.cli.specs import SIGN_KEY
 
@@ -145,6 +146,11 @@ def merge(
     type=click.Path(path_type=Path),
     help="Keep each cell's restored roots and log under this directory.",
 )
+@verify_key_option(
+    "Gate only an artifact signed by one of these public keys (repeatable): with "
+    "--candidate, the candidate (`absorb --sign-key`) and the promoted artifact it extends. "
+    "Unsigned or signed by another key: refused before any cell runs, exit 14."
+)
 @option(
     SIGN_KEY._replace(
         help="Attest the artifact's provenance again, with this gate's verdict in it, "
@@ -165,6 +171,7 @@ def verify(
     promote: str | None,
     candidate: str | None,
     keep_roots: Path | None,
+    verify_keys: tuple[str, ...],
     sign_key: str | None,
     as_json: bool,
 ) -> None:
@@ -180,12 +187,19 @@ def verify(
     with a per-cell, per-family table. --promote TAG tags the artifact only
     then, so a CI job can gate on it. --sign-key attests the artifact's
     provenance again with the gate's verdict in it (sha256-<hex>.att).
+
+    With --candidate, what is promoted is rebuilt from the promoted artifact
+    plus exactly the contributed entries a cell re-compiled; a candidate
+    changed after `absorb` (a file added, changed or removed) is refused,
+    exit 12, before any cell runs.
     """
     from artifactd.build.gate import verify as do_verify
     from artifactd.build.schedule import parse_gpus
     from artifactd.stores import open_store
+    from artifactd.trust.policy import TrustPolicy
 
     key = load_sign_key(sign_key)
+    trust = TrustPolicy.from_specs(verify_keys)
     if candidate is not None:
         _verify_candidate(
             file,
@@ -199,6 +213,7 @@ def verify(
             jobs=jobs,
             promote=promote,
             key=key,
+            trust=trust,
             as_json=as_json,
         )
         return
@@ -215,6 +230,7 @@ def verify(
             keep_roots=keep_roots,
             on_event=render.event_printer(as_json),
             sign_key=key,
+            trust=trust,
         )
     if as_json:
         from artifactd.reports import result_report
@@ -259,6 +275,8 @@ def _verify_candidate(
         render.emit_json(result_report(result))
     else:
         render.verify(result.gate)
+        if result.signed_by is not None:
+            render.echo(f"candidate signed by {result.signed_by[:19]}...")
         for name, paths in sorted(result.vouched.items()):
             render.echo(f"vouched {name}: {len(paths)} contributed file(s) re-compiled by a cell")
         for name, paths in sorted(result.dropped.items()):
