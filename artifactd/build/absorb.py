@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from artifactd.errors import ArtifactdError, BuildError, TrustError
 from artifactd.events import EventSink, discard
+from artifactd.format.oci import CANDIDATE_TAG_PREFIX
 from artifactd.pod.contribute import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -52,9 +53,6 @@ if TYPE_CHECKING:
     from artifactd.stores import Store
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.policy import TrustPolicy
-
-#: Tags of absorbed candidates start with this.
-CANDIDATE_TAG_PREFIX = "candidate-"
 
 
 @dataclass
