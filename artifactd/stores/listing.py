@@ -95,8 +95,10 @@ def parse_tag_page(body: bytes, where: str) -> list[str]:
     if not isinstance(tags, list):
         raise malformed(f'"tags" is a JSON {_json_type(tags)}, not a list')
     for tag in tags:
-        if not isinstance(tag, str) or not TAG_RE.match(tag):
-            raise malformed(f"{str(tag)[:80]!r} is not a valid tag")
+        if not isinstance(tag, str):
+            raise malformed(f'"tags" holds a JSON {_json_type(tag)}, not a string')
+        if not TAG_RE.match(tag):
+            raise malformed(f"{tag[:80]!r} is not a valid tag")
     return tags
 
 
@@ -105,6 +107,8 @@ def _json_type(value: object) -> str:
         return "string"
     if isinstance(value, list):
         return "array"
+    if isinstance(value, dict):
+        return "object"
     if isinstance(value, bool):
         return "boolean"
     return "null" if value is None else "number"
