@@ -299,7 +299,7 @@ def test_a_malformed_tag_list_is_exit_3_with_a_message(
         proxy.rewrite(r"/tags/list", _body(body))
         for command in (["ls"], ["prune", "--store"]):
             proc = run_artifactd(*command, proxy.ref(repo), timeout=CEILING_S)
-            _refused(proc.stderr, proc.returncode, "malformed", why)
+            _refused(proc.stderr, proc.returncode, "tag listing is malformed", why)
             assert proc.stdout.strip() == "", "nothing listed from a malformed answer"
     with open_store(registry.ref(repo)) as st:
         assert st.list_tags() == TAGS  # nothing was deleted meanwhile
