@@ -98,7 +98,7 @@ def parse_tag_page(body: bytes, where: str) -> list[str]:
         if not isinstance(tag, str):
             raise malformed(f'"tags" holds a JSON {_json_type(tag)}, not a string')
         if not TAG_RE.match(tag):
-            raise malformed(f"{tag[:80]!r} is not a valid tag")
+            raise malformed(f"{tag[:80]!a} is not a valid tag")
     return tags
 
 
@@ -140,20 +140,21 @@ def next_page(link: str | None, current: str, first: str, where: str) -> str | N
         origin, ours = _origin(resolved), _origin(first)
     except ValueError:  # an unparsable port or host
         raise StoreError(
-            f"{where}: the tag listing's next-page link is not a URL: {target[:120]!r}"
+            f"{where}: the tag listing's next-page link is not a URL: {target[:120]!a}"
         ) from None
     if origin != ours:
         scheme, host, port = origin
+        shown = ascii(f"{scheme}://{host}:{port}"[:200])[1:-1]  # the registry's text, escaped
         raise StoreError(
             f"{where}: the tag listing's next page is on another origin "
-            f"({scheme}://{host}:{port}); not followed, so no credential goes there",
+            f"({shown}); not followed, so no credential goes there",
             hint="the registry (or something in between) sent a Link header naming another "
             "host; list that registry directly if it is meant",
         )
     parts = urlsplit(resolved)
     if parts.path != urlsplit(first).path:
         raise StoreError(
-            f"{where}: the tag listing's next page {parts.path[:120]!r} is not this "
+            f"{where}: the tag listing's next page {parts.path[:120]!a} is not this "
             "repository's tag list; not followed",
         )
     return f"{first.split('?', 1)[0]}?{parts.query}" if parts.query else first.split("?", 1)[0]
