@@ -15,7 +15,11 @@ any thread, and apply to the requests that arrive after the switch:
 * :meth:`FaultProxy.corrupt_blobs`: flip bytes of a blob download, keeping its
   length (the digest no longer matches);
 * :attr:`FaultProxy.on_blob_get`: a callback run with the digest before a
-  blob download is forwarded (to fill a disk at the worst moment, say).
+  blob download is forwarded (to fill a disk at the worst moment, say);
+* :meth:`FaultProxy.rewrite`: forward GETs whose path matches, then hand
+  each 200 answer's headers and whole body to a function that returns the
+  ones sent instead (a crafted ``Link`` header, a malformed tag list), the
+  registry's own challenges and errors passing through untouched.
 
 Body faults apply to ``GET /v2/<repo>/blobs/sha256:<hex>`` requests, all of
 them or only those whose digest is in ``digests``; with ``path`` (a regular
@@ -65,7 +69,7 @@ class Record:
     method: str
     path: str
     status: int | None = None
-    #: The fault applied: "5xx", "cut", "drip", "corrupt", "upstream-down", or None.
+    #: The fault applied: "5xx", "cut", "drip", "corrupt", "rewrite", "upstream-down", or None.
     fault: str | None = None
     #: Body bytes sent back to the client.
     sent: int = 0
@@ -112,6 +116,10 @@ class _Faults:
     blob: _BodyFault | None = None
 
 
+#: Given a request's path, and its answer's headers and body, return those sent instead.
+Rewriter = Callable[[str, list[tuple[str, str]], bytes], tuple[list[tuple[str, str]], bytes]]
+
+
 class _ClosedError(Exception):
     """The client connection is gone (or was cut on purpose)."""
 
@@ -130,6 +138,7 @@ class FaultProxy:
         self.log: list[Record] = []
         #: Called with the digest before a blob GET is forwarded.
         self.on_blob_get: Callable[[str], None] | None = None
+        self._rewrites: list[tuple[re.Pattern[str], Rewriter]] = []
         self._faults = _Faults()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -200,10 +209,16 @@ class FaultProxy:
         fault = _BodyFault("corrupt", _set(digests), _re(path), offsets=offs, times=times)
         self._set_blob(fault)
 
+    def rewrite(self, path: str, rewriter: Rewriter) -> None:
+        """Rewrite the 200 answers to GETs whose path ``path`` (a regex) matches, until cleared."""
+        with self._lock:
+            self._rewrites.append((re.compile(path), rewriter))
+
     def clear(self) -> None:
-        """Remove every fault: forward faithfully again."""
+        """Remove every fault and rewrite: forward faithfully again."""
         with self._lock:
             self._faults = _Faults()
+            self._rewrites = []
 
     def reset_log(self) -> None:
         """Forget the recorded requests."""
@@ -347,6 +362,26 @@ class FaultProxy:
             with self._lock:
                 self._conns.discard(conn)
 
+    def _rewriter(self, rec: Record) -> Rewriter | None:
+        with self._lock:
+            found = [fn for pat, fn in self._rewrites if pat.search(rec.path)]
+        if rec.method != "GET" or not found:
+            return None
+        rec.fault = "rewrite"
+        return found[0]
+
+    def _send_rewritten(
+        self, conn: socket.socket, resp: http.client.HTTPResponse, rec: Record, fn: Rewriter
+    ) -> None:
+        headers = [
+            (k, v)
+            for k, v in resp.getheaders()
+            if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length"
+        ]
+        headers, body = fn(rec.path, headers, resp.read())
+        _send_head(conn, 200, "OK", [*headers, ("Content-Length", str(len(body)))])
+        self._sendall(conn, body, rec)
+
     def _relay(
         self,
         conn: socket.socket,
@@ -356,6 +391,10 @@ class FaultProxy:
         fault: _BodyFault | None,
     ) -> None:
         """Send ``resp`` to the client with ``fault`` (raise _ClosedError when it cut)."""
+        rewriter = self._rewriter(rec) if resp.status == 200 else None
+        if rewriter is not None:
+            self._send_rewritten(conn, resp, rec, rewriter)
+            return
         headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
         no_body = method == "HEAD" or resp.status in (204, 304) or 100 <= resp.status < 200
         if no_body:

@@ -12,10 +12,12 @@ characters) and ``/``, then a name of at most 63 characters,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +177,31 @@ def test_an_unwritable_features_file_is_an_error_with_a_hint(node: Path, tmp_pat
         env=clean_env(),
     )  # fmt: skip
     assert proc.returncode != 0 and "hint:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_node_features_is_not_quadratic_in_the_number_of_tags(node: Path, tmp_path: Path) -> None:
+    """20,000 tags on one node store: labels in bounded time (a ceiling, not a benchmark).
+
+    The tags are real index entries written through the layout's own API, all
+    naming one real manifest; the ceiling is generous (a lookup per tag, as
+    before, took minutes for 20,000).
+    """
+    count = 20_000
+    store = LayoutStore(Path(shutil.copytree(node, tmp_path / "node")))
+    digest = store.tag_digest(next(t for t in store.list_tags() if t.startswith("fp-")))
+    ref = store.get_manifest(digest or "")
+    assert ref is not None
+    many = [f"fp-{hashlib.sha256(str(i).encode()).hexdigest()}" for i in range(count)]
+    store.put_manifest(ref.data, ref.media_type, many)
+    out = tmp_path / "features"
+    start = time.monotonic()
+    proc = run_artifactd(
+        "node-features", "--store", f"oci:{store.root}", "--out", str(out),
+        "--max-labels", "16", "--json", env=clean_env(), timeout=60,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    labels = json.loads(proc.stdout)["labels"]
+    assert len(labels) == 16 and all(map(k8s_label_key, labels))
+    assert elapsed < 30, f"{count} tags took {elapsed:.1f} s"
+    assert len(store.list_tags()) >= count

@@ -426,3 +426,167 @@ def test_a_manifest_promoted_during_the_prune_is_left(
     assert pruned.skipped == [found.digest]
     assert _index_tags(root) == {target, "release-7"}
     assert _restored(ref, _fp(local_fp, "sm_90a"), tmp_path / "r") == "restored"
+
+
+# --------------------------------------------------------------------------
+# Hostile stamps, submissions and signed ranking (issue 28, item 4)
+# --------------------------------------------------------------------------
+
+
+def _junk(st: Any, template: str, stamp: str, n: int) -> list[str]:
+    """Push ``n`` whole-artifact manifests stamped ``stamp``, as a pusher without a key could."""
+    found = st.get_manifest(template)
+    assert found is not None
+    tags = []
+    for i in range(n):
+        doc = json.loads(found.data)
+        fake = hashlib.sha256(f"junk-{i}".encode()).hexdigest()
+        doc["annotations"]["org.opencontainers.image.created"] = stamp
+        doc["annotations"]["io.artifactd.fingerprint"] = fake
+        st.put_manifest(json.dumps(doc).encode(), found.media_type, [f"fp-{fake}"])
+        tags.append(f"fp-{fake}")
+    return tags
+
+
+def test_junk_stamped_in_the_future_does_not_get_legitimate_artifacts_deleted(
+    registry: RegistryServer,
+    repo: str,
+    local_fp: Fingerprint,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ref = registry.ref(repo)
+    pushed = _fill(ref, local_fp, tmp_path, monkeypatch)
+    with open_store(ref) as st:
+        junk = _junk(st, _tag(pushed["sm_90a"], "fp-"), "2999-01-01T00:00:00Z", 3)
+    done = _prune(ref, "--apply")  # the defaults: --keep-last 3, --grace 600
+    # The oldest legitimate artifact goes, as --keep-last 3 says; the three newest stay.
+    assert set(done["delete_tags"]) == set(pushed["sm_80"])
+    left = _skopeo_tags(registry, repo)
+    for arch in ("sm_86", "sm_89", "sm_90a"):
+        assert set(pushed[arch]) <= left, arch
+    reasons = {t: d["reason"] for d in done["decisions"] for t in d["tags"]}
+    for tag in junk:  # an unknown age: ranked last, kept, never "the newest"
+        assert tag in left and "in the future (unknown age)" in reasons[tag], reasons[tag]
+    # A clock a little ahead (within the 5 minutes of skew) is still an age.
+    with open_store(ref) as st:
+        ahead = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+        (soon,) = _junk(st, _tag(pushed["sm_90a"], "fp-"), ahead, 1)
+        pruned = plan(st)
+    soon_reason = next(d.reason for d in pruned.decisions if soon in d.tags)
+    assert "newest" in soon_reason or "grace" in soon_reason, soon_reason
+    assert _restored(ref, _fp(local_fp, "sm_90a"), tmp_path / "r") == "restored"
+
+
+def _submit(
+    st: Any, source: str, *, kind: str, tag: str, days_ago: float, mp: pytest.MonkeyPatch, tmp: Path
+) -> str:
+    """Publish ``source``'s artifact again as a ``kind`` (delta or full) under ``tag`` only."""
+    from artifactd.stores.artifacts import publish
+
+    art = read_artifact(st, source)
+    assert art is not None
+    mp.setenv(SOURCE_DATE_EPOCH, str(int(time.time() - days_ago * DAY)))
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = art.config.model_copy(update={"kind": kind})
+    digest = publish(st, config, {}, tmp, tags=[tag]).digest
+    mp.delenv(SOURCE_DATE_EPOCH)
+    return digest
+
+
+def test_deltas_and_candidates_are_pruned_by_age_with_what_they_held(
+    registry: RegistryServer,
+    repo: str,
+    local_fp: Fingerprint,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Submissions: kept 7 days by default, then deleted; they hold no family manifest."""
+    ref = registry.ref(repo)
+    pushed = _fill(ref, local_fp, tmp_path, monkeypatch)
+    old_fp, new_fp = _tag(pushed["sm_80"], "fp-"), _tag(pushed["sm_90a"], "fp-")
+    names = {
+        "old_delta": "delta-" + "a" * 64,
+        "new_delta": "delta-" + "b" * 64,
+        "future_delta": "delta-" + "c" * 64,
+        "old_candidate": "candidate-" + "d" * 32,
+        "new_candidate": "candidate-" + "e" * 32,
+    }
+    key = generate(tmp_path / "ci")
+    with open_store(ref) as st:
+        work = tmp_path / "pub"
+        old_delta = _submit(
+            st, old_fp, kind="delta", tag=names["old_delta"], days_ago=30, mp=monkeypatch, tmp=work
+        )
+        _submit(
+            st, new_fp, kind="delta", tag=names["new_delta"], days_ago=1, mp=monkeypatch, tmp=work
+        )
+        _submit(
+            st,
+            new_fp,
+            kind="delta",
+            tag=names["future_delta"],
+            days_ago=-365 * 500,
+            mp=monkeypatch,
+            tmp=work,
+        )
+        # The old candidate extends sm_80: it shares sm_80's layers.
+        _submit(
+            st,
+            old_fp,
+            kind="full",
+            tag=names["old_candidate"],
+            days_ago=30,
+            mp=monkeypatch,
+            tmp=work,
+        )
+        _submit(
+            st,
+            new_fp,
+            kind="full",
+            tag=names["new_candidate"],
+            days_ago=1,
+            mp=monkeypatch,
+            tmp=work,
+        )
+        sign(st, old_delta, load_private_key(key.private))
+    done = _prune(ref, "--apply")
+    by_tag = {t: d for d in done["decisions"] for t in d["tags"]}
+    assert by_tag[names["old_delta"]]["kind"] == "delta"
+    assert by_tag[names["old_candidate"]]["kind"] == "candidate"
+    gone = {names["old_delta"], names["future_delta"], names["old_candidate"]}
+    gone |= {attached_tag(old_delta, "sig")} | set(pushed["sm_80"])
+    # sm_80 is the oldest of its groups: nothing but the old candidate held it.
+    assert set(done["delete_tags"]) == gone, by_tag
+    left = _skopeo_tags(registry, repo)
+    assert not gone & left
+    assert {names["new_delta"], names["new_candidate"]} <= left
+    assert "younger than 7 days" in by_tag[names["new_delta"]]["reason"]
+    # --older-than sets how long a submission stays.
+    dry = _prune(ref, "--older-than", "0.5")
+    assert set(dry["delete_tags"]) == {names["new_delta"], names["new_candidate"]}
+
+
+def test_with_verify_key_signed_artifacts_rank_ahead_of_unsigned_ones(
+    local_fp: Fingerprint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Junk pushed seconds after the legitimate artifacts, unsigned, pushes none of them out."""
+    root = tmp_path / "store"
+    ref = f"oci:{root}"
+    pushed = _fill(ref, local_fp, tmp_path, monkeypatch)
+    key = generate(tmp_path / "ci")
+    st = LayoutStore(root)
+    for arch in ARCHES:
+        digest = st.tag_digest(_tag(pushed[arch], "fp-"))
+        assert digest
+        sign(st, digest, load_private_key(key.private))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    junk = _junk(st, _tag(pushed["sm_90a"], "fp-"), now, 3)
+    fp_tags = {_tag(pushed[a], "fp-") for a in ARCHES}
+    # Without a policy, age alone: the junk is newest and the older signed ones go.
+    unsigned = _prune(ref, "--keep-last", "3")
+    assert fp_tags <= set(unsigned["delete_tags"])
+    signed = _prune(ref, "--keep-last", "3", "--verify-key", key.public)
+    # With it: the three newest signed stay, the oldest goes (with its signature), junk goes.
+    assert fp_tags & set(signed["delete_tags"]) == {_tag(pushed["sm_80"], "fp-")}
+    assert set(junk) <= set(signed["delete_tags"])

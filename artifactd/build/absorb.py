@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from artifactd.errors import ArtifactdError, BuildError, TrustError
 from artifactd.events import EventSink, discard
+from artifactd.format.oci import CANDIDATE_TAG_PREFIX
 from artifactd.pod.contribute import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -56,9 +57,6 @@ if TYPE_CHECKING:
     from artifactd.trust.keys import PrivateKey
     from artifactd.trust.policy import TrustPolicy
     from artifactd.trust.signatures import SignResult
-
-#: Tags of absorbed candidates start with this.
-CANDIDATE_TAG_PREFIX = "candidate-"
 
 
 @dataclass

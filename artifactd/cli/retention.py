@@ -8,7 +8,7 @@ import click
 
 from artifactd.cli import render
 from artifactd.cli.group import cli
-from artifactd.cli.options import json_option, store_option
+from artifactd.cli.options import json_option, store_option, verify_key_option
 from artifactd.stores.retention import DEFAULT_GRACE_S, DEFAULT_KEEP_LAST
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     metavar="SECONDS",
     help="Never delete an artifact pushed less than SECONDS ago (a push racing the prune).",
 )
+@verify_key_option(
+    "Rank the artifacts these public keys verify (repeatable) ahead of the rest in "
+    "--keep-last: what no key signed never pushes out what one did."
+)
 @click.option("--apply", "do_apply", is_flag=True, help="Delete. Without it: a dry run.")
 @json_option
 def prune(
@@ -58,6 +62,7 @@ def prune(
     older_than: float | None,
     keep_tags: tuple[str, ...],
     grace: float,
+    verify_keys: tuple[str, ...],
     do_apply: bool,
     as_json: bool,
 ) -> None:
@@ -65,18 +70,22 @@ def prune(
 
     Kept: what a --keep-tag pattern or a promoted tag (any tag outside
     fp-/<family>-<scope>/run-*-cell-*) names, with the family artifacts that
-    carry its layers; the --keep-last newest of each family; anything pushed
-    within --grace seconds; with --older-than, anything younger. Signatures
-    and attestations go with their artifact. Age is the creation time
-    artifactd stamps on each manifest, never the registry's. On a registry,
+    carry its layers; the --keep-last newest of each family (with
+    --verify-key, the signed ones first; a creation time more than 5 minutes
+    ahead is an unknown age and ranks last); anything pushed within --grace
+    seconds; with --older-than, anything younger. Deltas and unpromoted
+    candidates are kept for --older-than DAYS (default 7), then deleted.
+    Signatures and attestations go with their artifact. Age is the creation
+    time artifactd stamps on each manifest, never the registry's. On a registry,
     manifests are deleted through its API (deletes must be enabled) and its
     own garbage collection frees the blobs afterwards; on oci:DIR,
     unreferenced blobs are removed too.
     """
     from artifactd.stores import open_store
     from artifactd.stores.retention import Rules, apply, plan
+    from artifactd.trust.policy import TrustPolicy
 
-    rules = Rules(keep_last, older_than, grace, keep_tags)
+    rules = Rules(keep_last, older_than, grace, keep_tags, TrustPolicy.from_specs(verify_keys))
     with open_store(store, insecure=insecure) as st:
         pruned = plan(st, rules)
         if do_apply:

@@ -30,6 +30,10 @@ DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 DIGEST_RE = re.compile(DIGEST_PATTERN)
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 FULL_TAG_PREFIX = "fp-"
+#: Tags of contributed deltas (``artifactd contribute``) start with this.
+DELTA_TAG_PREFIX = "delta-"
+#: Tags of absorbed candidates (``artifactd absorb``) start with this.
+CANDIDATE_TAG_PREFIX = "candidate-"
 
 
 def full_tag(fingerprint_hash: str) -> str:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from artifactd import __version__
 from artifactd.errors import NotFoundError
+from artifactd.format.oci import DELTA_TAG_PREFIX
 
 if TYPE_CHECKING:
     from artifactd.families.base import Family
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
     from artifactd.restore.marker import RestoreMarker
     from artifactd.trust.keys import PrivateKey
 
-#: Tags of contributed deltas start with this.
-DELTA_TAG_PREFIX = "delta-"
 #: The default cap on a delta's files (bytes, unpacked).
 DEFAULT_MAX_BYTES = 2 << 30
 

@@ -107,20 +107,15 @@ def node_labels(
         raise UsageError(f"--max-labels must be 0 or more, not {max_labels}")
     _check_prefix(prefix)
     usage = read_usage(node.root)
-    tags = {
-        t: d
-        for t in node.list_tags()
-        if parse_attached_tag(t) is None and (d := node.tag_digest(t))
-    }
+    # One read of index.json for every tag (a lookup per tag read it once per tag).
+    tags = {t: d for t, d in node.tag_digests().items() if parse_attached_tag(t) is None}
     order = sorted(tags, key=lambda t: (-usage.get(tags[t], 0.0), t))
-    keys: list[str] = []
+    keys: dict[str, None] = {}  # insertion-ordered, with a set's membership test
     for tag in order:
-        key = f"{prefix}/{label_name(tag)}"
-        if key not in keys:
-            keys.append(key)
         if len(keys) >= max_labels:
             break
-    return keys[:max_labels]
+        keys.setdefault(f"{prefix}/{label_name(tag)}")
+    return list(keys)
 
 
 def features_text(keys: Sequence[str], source: str) -> str:

@@ -369,7 +369,7 @@ def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
             if on_disk.get(desc.digest) is None or not _intact(node, desc.digest, desc.size):
                 node.remove_blob(desc.digest)
                 damaged.add(digest)
-    every = {t: d for t in node.list_tags() if (d := node.tag_digest(t)) is not None}
+    every = node.tag_digests()
     return node.remove_tags([t for t, d in every.items() if d in damaged])
 
 
@@ -477,7 +477,7 @@ def _collect(
     blobs = node.blob_digests()
     before = sum(blobs.values())
     usage = read_usage(node.root)
-    every = {t: d for t in node.list_tags() if (d := node.tag_digest(t))}
+    every = node.tag_digests()
     # Signatures and attestations are not evicted on their own (they would go
     # first: nothing records their use); they live as long as their subject.
     attached = {t: s[0] for t in every if (s := parse_attached_tag(t)) is not None}

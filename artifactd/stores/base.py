@@ -109,6 +109,13 @@ class Store(abc.ABC):
     def list_tags(self) -> list[str]:
         """Return every tag (used for listing and explaining misses, never to resolve)."""
 
+    def tag_digests(self) -> dict[str, str]:
+        """Every tag and the digest it names now (a tag gone since the listing is left out).
+
+        One tag lookup per tag here; a layout answers from one read of its index.
+        """
+        return {t: d for t in self.list_tags() if (d := self.tag_digest(t)) is not None}
+
     def delete_manifest(self, digest: str) -> bool:
         """Delete the manifest ``digest`` and every tag naming it; False when it was not there.
 

@@ -26,6 +26,7 @@ from artifactd.format.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, chec
 from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
 from artifactd.stores.base import ManifestRef, Progress, Store
+from artifactd.stores.listing import check_tag_count
 
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}
 #: Registries refuse manifests over 4 MiB; so do we, before reading one whole.
@@ -184,12 +185,22 @@ class LayoutStore(Store):
         return None
 
     def list_tags(self) -> list[str]:
-        """Every ref.name annotation in index.json, sorted."""
-        return sorted(
-            tag
-            for desc in self._entries()
-            if (tag := (desc.get("annotations") or {}).get(ANN_REF_NAME))
-        )
+        """Every ref.name annotation in index.json, sorted (at most :data:`MAX_TAGS`)."""
+        return sorted(self.tag_digests())
+
+    def tag_digests(self) -> dict[str, str]:
+        """Every tag and the digest it names, from one read of index.json.
+
+        The first entry naming a tag wins, as in :meth:`tag_digest`. More than
+        :data:`~artifactd.stores.listing.MAX_TAGS` tags is a :class:`StoreError`.
+        """
+        out: dict[str, str] = {}
+        for desc in self._entries():
+            tag = (desc.get("annotations") or {}).get(ANN_REF_NAME)
+            if tag:
+                out.setdefault(tag, str(desc["digest"]))
+        check_tag_count(len(out), self.ref)
+        return out
 
     def remove_tags(self, tags: list[str]) -> list[str]:
         """Drop ``tags`` from index.json (their blobs stay: see :meth:`blob_digests`)."""
@@ -307,10 +318,12 @@ class LayoutStore(Store):
                 and isinstance(desc.get("digest"), str)
                 and DIGEST_RE.match(desc["digest"])
                 and isinstance(desc.get("annotations") or {}, dict)
+                and isinstance((desc.get("annotations") or {}).get(ANN_REF_NAME, ""), str)
             )
             if not ok:
                 raise IntegrityError(
-                    f"{where}: manifest entry {i} is malformed (no valid digest or annotations)",
+                    f"{where}: manifest entry {i} is malformed "
+                    "(no valid digest, annotations or ref name)",
                     hint="the layout was damaged or written by another tool; re-copy the store",
                 )
         return entries

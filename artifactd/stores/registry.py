@@ -14,7 +14,6 @@ Plain HTTP is used automatically for loopback registries (as Docker treats
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ from artifactd.format.oci import DIGEST_RE, MANIFEST_MEDIA_TYPE, check_digest, c
 from artifactd.hashing import digest_of
 from artifactd.stores.base import ManifestRef, Progress, Store
 from artifactd.stores.credentials import Credentials, find_credentials
+from artifactd.stores.listing import PAGE_SIZE, Page, read_tag_pages
 from artifactd.stores.reference import (
     RegistryRef,
     is_loopback,
@@ -257,23 +257,18 @@ class RegistryStore(Store):
         return bool(resp.status_code != 404)
 
     def list_tags(self) -> list[str]:
-        """All tags, following ``Link`` pagination."""
-        tags: list[str] = []
-        url: str | None = f"{self.base}/tags/list?n=1000"
-        while url:
-            resp = self._send("GET", url, missing=(404,), what="tag listing")
+        """Every tag, read through the bounded reader (:mod:`~artifactd.stores.listing`)."""
+        return read_tag_pages(self._tag_page, f"{self.base}/tags/list?n={PAGE_SIZE}", self.ref)
+
+    def _tag_page(self, url: str) -> Page | None:
+        """GET one page of the tag list (None: no such repository)."""
+        resp = self._send("GET", url, missing=(404,), what="tag listing")
+        try:
             if resp.status_code == 404:
-                resp.close()
-                return []
-            try:
-                tags.extend(resp.json().get("tags") or [])
-            except ValueError:
-                raise StoreError(f"{self.ref}: tag listing is not JSON") from None
-            link = resp.headers.get("Link", "")
+                return None
+            return Page(resp.content, resp.headers.get("Link"))
+        finally:
             resp.close()
-            m = re.search(r"<([^>]+)>", link)
-            url = urljoin(self.base + "/", m.group(1)) if m else None
-        return sorted(tags)
 
     def close(self) -> None:
         """Close the sessions of every thread that used this store."""

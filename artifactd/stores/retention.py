@@ -5,23 +5,33 @@ layer) and decides, per manifest, keep or delete with a reason:
 
 * a manifest a ``--keep-tag`` pattern names, or that a *promoted* tag names
   (any tag outside artifactd's scheme: ``fp-<hash>``, ``<family>-<scope key>``,
-  ``run-<id>-cell-<n>``, ``sha256-<hex>.sig|.att``), is kept, and so are the
-  single-family manifests that carry one of a promoted artifact's layers;
+  ``run-<id>-cell-<n>``, ``sha256-<hex>.sig|.att``, ``delta-*``,
+  ``candidate-*``), is kept, and so are the single-family manifests that
+  carry one of a promoted whole artifact's layers;
 * the ``keep_last`` newest artifacts of each group are kept: one group per
   family for single-family artifacts, one for whole (``fp-``) artifacts, one
-  for fan-out cells;
+  for fan-out cells. With a trust policy (``--verify-key``), the artifacts it
+  verifies rank ahead of the others, so what no key vouched for never pushes
+  out what one did;
 * an artifact younger than ``grace_s`` is kept, whatever else holds: a push
   that is under way during the prune (its age comes from its own manifest);
 * with ``older_than_days``, an artifact younger than that is kept;
+* *submissions*, a delta (``kind: delta``) and a candidate that no tag but
+  its ``candidate-*`` names (absorbed, not promoted), are never ranked and
+  never promote or hold anything: each is kept within the grace and while
+  younger than ``older_than_days`` (default :data:`DEFAULT_SUBMISSION_DAYS`),
+  and deleted after, or when its age is unknown;
 * a signature or attestation goes with its artifact, never alone;
 * anything that is not an artifactd artifact is kept.
 
 Age is the ``org.opencontainers.image.created`` annotation that publish stamps
 on each manifest (:func:`~artifactd.stores.artifacts.creation_time`), never
 the registry's modification time, which the distribution API does not
-expose. An artifact without it (published before artifactd stamped one) has
-no known age: it is kept, except with ``older_than_days=0`` and
-``grace_s=0`` together, which say that every artifact is old enough.
+expose. A time more than :data:`MAX_CLOCK_SKEW_S` in the future is no age at
+all (anyone who may push can stamp 2999): like an artifact without one
+(published before artifactd stamped one), it ranks after every known age and
+is kept, except with ``older_than_days=0`` and ``grace_s=0`` together, which
+say that every artifact is old enough.
 
 :func:`apply` deletes through the store: ``DELETE /v2/<repo>/manifests/<digest>``
 on a registry (its blobs are then the registry's own garbage collection's:
@@ -38,8 +48,9 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from artifactd.errors import IntegrityError, UsageError
+from artifactd.errors import IntegrityError, TrustError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.format.imagemanifest import ImageManifest
 from artifactd.format.oci import (
@@ -48,15 +59,30 @@ from artifactd.format.oci import (
     ANN_FINGERPRINT,
     ANN_KIND,
     ANN_SCOPE_KEY,
+    CANDIDATE_TAG_PREFIX,
+    DELTA_TAG_PREFIX,
     family_tag,
     full_tag,
 )
 from artifactd.stores.base import Store
 
+if TYPE_CHECKING:
+    from artifactd.trust.policy import TrustPolicy
+
 #: How long a just-pushed artifact is safe from a prune (``--grace``).
 DEFAULT_GRACE_S = 600
 #: How many artifacts of each group a prune keeps (``--keep-last``).
 DEFAULT_KEEP_LAST = 3
+#: How far in the future a creation time may lie and still be an age (seconds):
+#: a publisher's clock a little ahead. A later one is an unknown age.
+MAX_CLOCK_SKEW_S = 300
+#: How long a submission (a delta, an unpromoted candidate) is kept without
+#: ``--older-than`` (days): time for ``absorb`` and ``verify --candidate`` to read it.
+DEFAULT_SUBMISSION_DAYS = 7.0
+#: The kinds ranked by age in groups (``--keep-last``), and the submissions,
+#: which are kept for a time only.
+_RANKED = ("full", "family", "cell")
+_SUBMISSIONS = ("delta", "candidate")
 #: The command that frees a registry's blobs once manifests are deleted
 #: (Debian's docker-registry; run it with the registry stopped or read-only).
 REGISTRY_GC = "registry garbage-collect /etc/docker/registry/config.yml"
@@ -70,7 +96,8 @@ class Manifest:
 
     digest: str
     tags: list[str]
-    #: ``full``, ``family``, ``cell``, ``signature``, ``attestation`` or ``other``.
+    #: ``full``, ``family``, ``cell``, ``delta``, ``candidate`` (a whole artifact
+    #: only ``candidate-*`` tags name), ``signature``, ``attestation`` or ``other``.
     kind: str
     family: str | None
     fingerprint: str | None
@@ -159,7 +186,7 @@ def _describe(digest: str, tags: list[str], data: bytes, now: float) -> Manifest
             digest, tags, kind, None, None, None, None, size, subject=subject, blobs=blobs
         )
     notes = manifest.annotations or {}
-    if not manifest.is_artifactd or notes.get(ANN_KIND) not in ("full", "family", "cell"):
+    if not manifest.is_artifactd or notes.get(ANN_KIND) not in (*_RANKED, "delta"):
         return Manifest(digest, tags, "other", None, None, None, None, size, blobs=blobs)
     layers = {
         d.digest: (
@@ -169,6 +196,8 @@ def _describe(digest: str, tags: list[str], data: bytes, now: float) -> Manifest
         for d in manifest.layers
     }
     kind = notes[ANN_KIND]
+    if kind == "full" and all(t.startswith(CANDIDATE_TAG_PREFIX) for t in tags):
+        kind = "candidate"  # absorbed, not yet promoted: a submission
     family = next(iter(layers.values()), ("", ""))[0] or None if kind == "family" else None
     created = notes.get(ANN_CREATED)
     return Manifest(
@@ -186,19 +215,29 @@ def _describe(digest: str, tags: list[str], data: bytes, now: float) -> Manifest
 
 
 def _age(created: str | None, now: float) -> float | None:
-    """Seconds since an RFC 3339 UTC time as publish writes it; None when absent or unreadable."""
+    """Seconds since an RFC 3339 UTC time as publish writes it; None when unknown.
+
+    Unknown: absent, unreadable, or more than :data:`MAX_CLOCK_SKEW_S` in the
+    future (a manifest stamped 2999 is not the newest, whoever pushed it).
+    """
     if not created:
         return None
     try:
         when = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
-    return now - when
+    if when > now + MAX_CLOCK_SKEW_S:
+        return None
+    return max(0.0, now - when)
 
 
 def _scheme_tags(m: Manifest) -> set[str]:
-    """Return the tags artifactd's own scheme gives ``m`` (any other tag on it is a promotion)."""
+    """Return the tags artifactd's own scheme gives ``m`` (any other tag on it is a promotion).
+
+    A ``candidate-*`` or ``delta-*`` tag is a submission's, never a promotion.
+    """
     own = {t for t in m.tags if _CELL_TAG.match(t)} if m.kind == "cell" else set()
+    own |= {t for t in m.tags if t.startswith((CANDIDATE_TAG_PREFIX, DELTA_TAG_PREFIX))}
     if m.fingerprint:
         own.add(full_tag(m.fingerprint))
     for family, scope in m.layers.values() if m.kind == "family" else []:
@@ -215,6 +254,9 @@ class Rules:
     older_than_days: float | None = None
     grace_s: float = DEFAULT_GRACE_S
     keep_tags: tuple[str, ...] = ()
+    #: With a policy, the artifacts it verifies rank ahead of the rest in
+    #: ``keep_last``: what no key vouched for never pushes out what one did.
+    trust: TrustPolicy | None = None
 
     def check(self) -> Rules:
         """Return the rules, or raise :class:`UsageError` for a negative one."""
@@ -238,12 +280,13 @@ def plan(store: Store, rules: Rules | None = None, *, now: float | None = None) 
     reasons, promoted_layers = _pinned(manifests, rules.keep_tags)
     groups: dict[str, list[Manifest]] = {}
     for m in manifests:
-        if m.kind in ("full", "family", "cell"):
+        if m.kind in _RANKED:
             group = f"family {m.family}" if m.kind == "family" else m.kind
             groups.setdefault(group, []).append(m)
+        elif m.kind in _SUBMISSIONS and m.digest not in reasons:
+            reasons[m.digest] = _submission(m, rules)
     for group, members in groups.items():
-        newest = sorted(members, key=lambda m: (m.age_s is None, m.age_s or 0.0, m.digest))
-        for rank, m in enumerate(newest):
+        for rank, m in enumerate(_ranked(store, members, rules.trust)):
             if m.digest not in reasons:
                 holder = next((promoted_layers[d] for d in m.layers if d in promoted_layers), None)
                 reasons[m.digest] = _by_age(m, rank, group, holder, rules)
@@ -256,6 +299,43 @@ def plan(store: Store, rules: Rules | None = None, *, now: float | None = None) 
         else:
             reasons[m.digest] = ("keep", "its artifact is kept (or is not tagged here)")
     return _finish(store, manifests, reasons, rules)
+
+
+def _ranked(store: Store, members: Sequence[Manifest], trust: TrustPolicy | None) -> list[Manifest]:
+    """Return one group's artifacts newest first; with ``trust``, those it verifies first.
+
+    An unknown age (none stamped, unreadable, or in the future) ranks after
+    every known one: it is never "the newest".
+    """
+    vouched: set[str] = set()
+    if trust is not None:
+        for m in members:
+            try:
+                trust.check(store, m.digest)
+            except TrustError:
+                continue
+            vouched.add(m.digest)
+    return sorted(
+        members,
+        key=lambda m: (m.digest not in vouched, m.age_s is None, m.age_s or 0.0, m.digest),
+    )
+
+
+def _submission(m: Manifest, rules: Rules) -> tuple[str, str]:
+    """Decide a delta or an unpromoted candidate: kept for a time, never ranked.
+
+    Within the grace, or younger than ``--older-than`` (default
+    :data:`DEFAULT_SUBMISSION_DAYS`), it stays; after that, or without a
+    known age (publish always stamps one), it goes.
+    """
+    days = DEFAULT_SUBMISSION_DAYS if rules.older_than_days is None else rules.older_than_days
+    if m.age_s is None:
+        return "delete", f"a {m.kind} with no valid creation time ({m.created or 'none'})"
+    if m.age_s < rules.grace_s:
+        return "keep", f"within the {rules.grace_s:.0f} s grace (a recent push)"
+    if m.age_s < days * 86400:
+        return "keep", f"a {m.kind} younger than {days:g} days"
+    return "delete", f"a {m.kind} older than {days:g} days"
 
 
 def _pinned(
@@ -271,7 +351,7 @@ def _pinned(
     for m in manifests:
         pinned = [t for t in m.tags if any(fnmatch.fnmatchcase(t, p) for p in keep_tags)]
         promoted = (
-            sorted(set(m.tags) - _scheme_tags(m)) if m.kind in ("full", "family", "cell") else []
+            sorted(set(m.tags) - _scheme_tags(m)) if m.kind in (*_RANKED, *_SUBMISSIONS) else []
         )
         if pinned:
             reasons[m.digest] = ("keep", f"--keep-tag matches {pinned[0]}")
@@ -299,7 +379,11 @@ def _by_age(
         return "keep", f"among the {rules.keep_last} newest of {group}"
     if m.age_s is None:
         if not every_old:
-            return "keep", "no creation time (published before it was recorded)"
+            return "keep", (
+                f"creation time {m.created[:40]!r} unreadable or in the future (unknown age)"
+                if m.created
+                else "no creation time (published before it was recorded)"
+            )
     elif m.age_s < rules.grace_s:
         return "keep", f"within the {rules.grace_s:.0f} s grace (a recent push)"
     elif days is not None and m.age_s < days * 86400:
@@ -368,10 +452,8 @@ def apply(
     planned = {d.digest: set(d.tags) for d in pruned.decisions}
     doomed = [d for d in pruned.decisions if d.decision == "delete"]
     now_tags: dict[str, set[str]] = {}
-    for tag in store.list_tags():
-        digest = store.tag_digest(tag)
-        if digest is not None:
-            now_tags.setdefault(digest, set()).add(tag)
+    for tag, digest in store.tag_digests().items():
+        now_tags.setdefault(digest, set()).add(tag)
     subjects = {d.digest: _ATTACHED.match(d.tags[0]) for d in doomed}
     left: set[str] = set()
     order = sorted(doomed, key=lambda d: subjects[d.digest] is not None)
