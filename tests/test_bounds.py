@@ -169,6 +169,19 @@ def test_every_numeric_option_refuses_nan_infinities_and_out_of_range(
     assert list(tmp_path.iterdir()) == [], "a refused option ran the command"
 
 
+def test_the_readme_table_states_every_range() -> None:
+    """README's "Bounds of every input" has a row per range of artifactd/bounds.py, stating it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Bounds of every input", 1)[1].split("\n### ", 1)[0]
+    rows = section.splitlines()
+    for name, value in vars(B).items():
+        if isinstance(value, B.Range):
+            row = next((r for r in rows if f"`bounds.{name}`" in r), "")
+            assert value.span() in row, f"bounds.{name} ({value.span()}): row {row!r}"
+        elif name.isupper() and isinstance(value, int):
+            assert str(value) in section, f"bounds.{name} = {value} is not in the table"
+
+
 # --------------------------------------------------------------------------
 # The warm-up matrix's numeric fields, from its JSON Schema
 # --------------------------------------------------------------------------
