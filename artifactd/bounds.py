@@ -19,16 +19,14 @@ through it:
 
 The README's table "Bounds of every input" lists these with the size and
 count caps of the files and documents artifactd reads. Light on purpose: the
-fast path imports this module at every pod start (no ``math``, nothing but
-:mod:`artifactd.errors`).
+fast path imports this module at every pod start (the standard library's
+``collections.abc`` and ``typing`` only; not even ``math``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
-
-from artifactd.errors import UsageError
 
 #: Most cells a matrix may expand to (the product of its axes' lengths).
 MAX_CELLS = 10_000
@@ -85,22 +83,19 @@ class Range(NamedTuple):
         above = value > self.lo if self.lo_open else value >= self.lo
         return above and value <= self.hi
 
-    def parse(self, text: Any, what: str) -> Any:
-        """Read ``text`` (or take a number) and check it; a :class:`UsageError` names the range.
+    def read(self, text: Any) -> Any:
+        """Return ``text`` (or a number) read as the range's kind, or None when out of range.
 
-        ``what`` names the input in the message (``--grace``, ``ARTIFACTD_X``).
-        Returns an ``int`` for ``int`` and ``size`` ranges, a ``float`` otherwise.
+        An ``int`` for ``int`` and ``size`` ranges, a ``float`` otherwise; None
+        for anything that is not such a number, NaN, an infinity, or a value
+        past either end.
         """
-        value = self._read(text)
+        value = self._number(text)
         if value is None or not self.contains(value):
-            raise UsageError(f"{what} {str(text)!r} is not {self.describe()}", hint=self.hint())
+            return None
         return int(value) if self.kind != "float" else float(value)
 
-    def hint(self) -> str:
-        """Return what to give instead, for an error's hint."""
-        return f"give {self.describe()}"
-
-    def _read(self, text: Any) -> float | None:
+    def _number(self, text: Any) -> float | None:
         """Return the number ``text`` holds, as the range's kind reads it; None if none."""
         if isinstance(text, bool) or not isinstance(text, (int, float, str)):
             return None
@@ -176,17 +171,16 @@ READY_TIMEOUT_S = Range(0, 86_400, "seconds", lo_open=True)
 #: ``serve.shutdown_grace_s``: between SIGTERM and SIGKILL.
 SHUTDOWN_GRACE_S = Range(0, 3_600, "seconds")
 #: ``serve.requests[].prompt_tokens[]``: words in one prompt (about one token each).
-PROMPT_WORDS = Range(1, 1 << 20, "words", kind="int")
+PROMPT_WORDS = Range(1, 1 << 21, "words", kind="int")
 #: ``serve.requests[].max_tokens``: tokens generated per request.
-MAX_TOKENS = Range(1, 1 << 20, "tokens", kind="int")
-#: ``serve.requests[].concurrency``: requests in flight at once (one thread each).
+MAX_TOKENS = Range(1, 1 << 21, "tokens", kind="int")
+#: ``serve.requests[].concurrency``: requests in flight at once (one thread each;
+#: vLLM's largest default ``max_num_seqs`` is 1024).
 CONCURRENCY = Range(1, 1_024, "requests", kind="int")
-#: ``serve.requests[].repeat``: times the whole group is sent.
-REPEAT = Range(1, 1_000, kind="int")
+#: ``serve.requests[].repeat``: times the whole group is sent (``matrix shapes``
+#: sends its decode group once per request in flight).
+REPEAT = Range(1, 1_024, kind="int")
 #: Most prompt lengths in one request group.
 MAX_PROMPT_LENGTHS = 256
 #: Most request groups in ``serve.requests``.
 MAX_REQUEST_GROUPS = 64
-#: Most words one request group sends in all (its prompts' words times ``repeat``):
-#: every prompt of a group is built before it is sent, about 8 bytes a word.
-MAX_GROUP_WORDS = 1 << 24

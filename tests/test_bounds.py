@@ -312,14 +312,6 @@ def test_every_numeric_field_refuses_nan_infinities_and_out_of_range(
         parse_matrix(yaml.safe_dump(_set(BASE, path, low)), matrix)
 
 
-def test_a_request_group_is_bounded_in_total() -> None:
-    """Within each field's range, a group's words in all (prompts x repeat) are capped too."""
-    group = {"prompt_tokens": [B.PROMPT_WORDS.hi] * 20, "repeat": B.REPEAT.hi}
-    text = yaml.safe_dump(_set(BASE, ("serve", "requests", 0), group))
-    with pytest.raises(ConfigError, match=f"over the limit of {B.MAX_GROUP_WORDS}"):
-        parse_matrix(text, Path("m.yaml"))
-
-
 def test_a_rendered_gpus_template_is_held_to_the_same_range(tmp_path: Path) -> None:
     from artifactd.build.matrix import expand
 

@@ -139,16 +139,6 @@ class ServeRequests(_Frozen):
         1, **_bounds("repeat"), description="How many times to send the whole group."
     )
 
-    @model_validator(mode="after")
-    def _bounded_group(self) -> ServeRequests:
-        words = sum(self.prompt_tokens) * self.repeat
-        if words > B.MAX_GROUP_WORDS:
-            raise ValueError(
-                f"the group sends {words} words (its prompt_tokens times repeat), "
-                f"over the limit of {B.MAX_GROUP_WORDS}: each prompt is built before it is sent"
-            )
-        return self
-
 
 class Serve(_Frozen):
     """A cell that serves: start the engine, wait until ready, send requests, stop it."""

@@ -94,7 +94,6 @@ from artifactd.cli.specs import (
     env_flag,
     family_names,
 )
-from artifactd.errors import UsageError
 
 if TYPE_CHECKING:
     from artifactd.restore.policy import RestoreOutcome
@@ -276,10 +275,7 @@ def _convert(spec: Opt, text: str) -> Any:
     if spec.kind == "path":
         return Path(text)
     if spec.bound is not None:
-        try:
-            return spec.bound.parse(text, spec.flag)
-        except UsageError:
-            return None  # click refuses it, with the range in its message
+        return spec.bound.read(text)  # None: click refuses it, stating the range
     return text
 
 

@@ -16,7 +16,6 @@ import click
 from artifactd import bounds as B  # noqa: N812
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.specs import Opt
-from artifactd.errors import UsageError
 
 if TYPE_CHECKING:
     from artifactd.trust.policy import Basis
@@ -29,7 +28,7 @@ class Number(click.ParamType):  # type: ignore[type-arg]  # not generic in every
 
     The one click type of every numeric option (click's ``FloatRange`` lets
     NaN through): the value is read and checked by
-    :meth:`artifactd.bounds.Range.parse`, and anything outside the range
+    :meth:`artifactd.bounds.Range.read`, and anything outside the range
     (NaN, infinities, a value past either end) is exit 2 with the range in
     the message.
     """
@@ -41,10 +40,10 @@ class Number(click.ParamType):  # type: ignore[type-arg]  # not generic in every
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """Return the value read as the range's kind; fail (exit 2) when it is out of range."""
-        try:
-            return self.bound.parse(value, "")
-        except UsageError:
+        number = self.bound.read(value)
+        if number is None:
             self.fail(f"{str(value)!r} is not {self.bound.describe()}", param, ctx)
+        return number
 
     def __repr__(self) -> str:
         return f"Number({self.bound.describe()})"

@@ -31,7 +31,7 @@ class Opt(NamedTuple):
 
     ``kind`` is how a value is converted (``path``: a :class:`pathlib.Path`);
     a ``bound`` makes it a number, read and checked by
-    :meth:`artifactd.bounds.Range.parse` (out of range: exit 2, stating the
+    :meth:`artifactd.bounds.Range.read` (out of range: exit 2, stating the
     range). ``multiple`` options collect every occurrence, and their
     environment variable holds several values separated by whitespace (as
     click reads it).
