@@ -63,9 +63,9 @@ from test_fanout_examples import PINNED, container_env, container_lines
 from test_image_build import base, docker_client, init_image, run_in, tree_digests
 
 from artifactd import __version__
+from artifactd.bounds import SIZE
 from artifactd.build.matrix import expand, load_matrix
 from artifactd.cli import cli
-from artifactd.cli.specs import parse_size
 from artifactd.families import FAMILIES, get_family
 from artifactd.images.build import INIT_UID
 from artifactd.pod.nodefeatures import (
@@ -584,7 +584,7 @@ def test_the_daemonset_prefetches_the_release_and_collects_garbage() -> None:
     _, gc_c, gc = one_call(DAEMONSET, "gc")
     assert gc_c in pod(DAEMONSET)["containers"], "gc runs for the node's life"
     max_bytes = setting(gc_c, gc, "--max-bytes")
-    assert max_bytes and parse_size(max_bytes) > 0
+    assert max_bytes and SIZE.read(max_bytes)
     script = next(argv for w, argv in exec_arrays(gc_c) if w == "run")[-1]
     assert re.search(r"\bwhile\b", script) and re.search(r"\bsleep \d+", script), script
 

@@ -40,6 +40,7 @@ import jinja2.sandbox
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.errors import ConfigError
 from artifactd.families import select_families
 from artifactd.fsutil import InputFileError, read_regular, text_problem
@@ -52,9 +53,9 @@ MAX_MATRIX_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
 #: Longest YAML scalar (a key, a command, an axis value), in characters.
 MAX_SCALAR_CHARS = 64 << 10
-#: Most cells a matrix may expand to: the product of its axes' lengths,
-#: computed before anything is expanded.
-MAX_CELLS = 10_000
+#: Most cells a matrix may expand to (:data:`artifactd.bounds.MAX_CELLS`): the
+#: product of its axes' lengths, computed before anything is expanded.
+MAX_CELLS = B.MAX_CELLS
 #: Longest text a template may render to, in characters.
 MAX_RENDERED_CHARS = 64 << 10
 #: Longest string a template may make with ``*`` (kept small: a template of a
@@ -82,6 +83,32 @@ TEMPLATE_RULES = (
 )
 
 
+#: The range of each numeric field, by name (the same range wherever the name
+#: appears); a refusal names it. The ranges themselves are :mod:`artifactd.bounds`'s.
+RANGES = {
+    "axes": B.AXIS_NUMBER,
+    "gpus": B.GPUS_PER_CELL,
+    "timeout_s": B.CELL_TIMEOUT_S,
+    "check_tolerance": B.CHECK_TOLERANCE,
+    "port": B.SERVE_PORT,
+    "ready_timeout_s": B.READY_TIMEOUT_S,
+    "shutdown_grace_s": B.SHUTDOWN_GRACE_S,
+    "prompt_tokens": B.PROMPT_WORDS,
+    "max_tokens": B.MAX_TOKENS,
+    "concurrency": B.CONCURRENCY,
+    "repeat": B.REPEAT,
+}
+
+
+def _bounds(name: str) -> dict[str, Any]:
+    return RANGES[name].field()
+
+
+#: A number given as an axis value.
+_AxisInt = Annotated[int, Field(**RANGES["axes"]._replace(kind="int").field())]
+_AxisFloat = Annotated[float, Field(**_bounds("axes"))]
+
+
 class Target(BaseModel):
     """The GPU the matrix builds for."""
 
@@ -99,13 +126,18 @@ class ServeRequests(_Frozen):
     kind: Literal["completions", "chat"] = Field(
         "completions", description="/v1/completions or /v1/chat/completions (OpenAI-compatible)."
     )
-    prompt_tokens: list[int] = Field(
+    prompt_tokens: list[Annotated[int, Field(**_bounds("prompt_tokens"))]] = Field(
         default_factory=lambda: [128],
+        max_length=B.MAX_PROMPT_LENGTHS,
         description="Prompt lengths, in words (about one token each): one request per length.",
     )
-    max_tokens: int = Field(16, ge=1, description="Tokens to generate per request.")
-    concurrency: int = Field(1, ge=1, description="Requests in flight at once.")
-    repeat: int = Field(1, ge=1, description="How many times to send the whole group.")
+    max_tokens: int = Field(
+        16, **_bounds("max_tokens"), description="Tokens to generate per request."
+    )
+    concurrency: int = Field(1, **_bounds("concurrency"), description="Requests in flight at once.")
+    repeat: int = Field(
+        1, **_bounds("repeat"), description="How many times to send the whole group."
+    )
 
 
 class Serve(_Frozen):
@@ -121,10 +153,14 @@ class Serve(_Frozen):
     model: str | None = Field(
         None, description="The `model` of each request (default: workload.model)."
     )
-    port: int = Field(18000, ge=1024, le=65000, description="Cell i serves on port + i.")
-    ready_timeout_s: float = Field(600, gt=0)
-    requests: list[ServeRequests] = Field(default_factory=lambda: [ServeRequests()])
-    shutdown_grace_s: float = Field(30, ge=0, description="After SIGTERM, before SIGKILL.")
+    port: int = Field(18000, **_bounds("port"), description="Cell i serves on port + i.")
+    ready_timeout_s: float = Field(600, **_bounds("ready_timeout_s"))
+    requests: list[ServeRequests] = Field(
+        default_factory=lambda: [ServeRequests()], max_length=B.MAX_REQUEST_GROUPS
+    )
+    shutdown_grace_s: float = Field(
+        30, **_bounds("shutdown_grace_s"), description="After SIGTERM, before SIGKILL."
+    )
 
 
 class Matrix(_Frozen):
@@ -148,18 +184,20 @@ class Matrix(_Frozen):
     target: Target = Target()
     families: list[str] = Field(default_factory=list)
     workload: dict[str, str] = Field(default_factory=dict)
-    axes: dict[str, list[str | int | float | bool]] = Field(default_factory=dict)
+    axes: dict[str, list[str | _AxisInt | _AxisFloat | bool]] = Field(default_factory=dict)
     command: str | None = Field(None, description="A template: a one-shot warm-up (or give serve).")
     serve: Serve | None = Field(None, description="An engine to serve instead of a command.")
-    gpus: int | str = Field(
+    gpus: Annotated[int, Field(**_bounds("gpus"))] | str = Field(
         1, description="GPUs a cell needs: a number or a template over the axes."
     )
     env: dict[Annotated[str, Field(pattern=r"^[^=]+$")], str] = Field(
         default_factory=dict, description="Extra variables for every cell (a name holds no `=`)."
     )
-    timeout_s: float = Field(1800, gt=0)
+    timeout_s: float = Field(1800, **_bounds("timeout_s"))
     check_tolerance: float = Field(
-        1e-6, ge=0, description="Relative tolerance when verify compares numeric checks."
+        1e-6,
+        **_bounds("check_tolerance"),
+        description="Relative tolerance when verify compares numeric checks.",
     )
 
     @model_validator(mode="after")
@@ -217,11 +255,34 @@ def parse_matrix(text: str, path: Path) -> Matrix:
     try:
         matrix = Matrix.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{path}: {loc}: {first['msg']}") from None
+        raise _config_error(exc, path) from None
     select_families(matrix.families)  # unknown family names fail here, not after the warm-up
     return matrix
+
+
+#: Pydantic's refusals of a number: its range (a union's other members refuse
+#: its type, and are not shown) or that it is not one.
+_NUMBER_ERRORS = frozenset(
+    {"finite_number", "greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+)
+_NOT_A_NUMBER = frozenset(
+    {"int_parsing", "int_parsing_size", "int_from_float", "int_type", "float_parsing", "float_type"}
+)
+_UNION_MEMBER = re.compile(r"(constrained-)?(str|int|float|bool)|function-\w+\[.*\]")
+
+
+def _config_error(exc: ValidationError, path: Path) -> ConfigError:
+    """Return a matrix's first problem as one line; a number's names the field's range."""
+    errors = exc.errors()
+    first = next((e for e in errors if e["type"] in _NUMBER_ERRORS), errors[0])
+    loc = list(first["loc"])
+    if loc and isinstance(loc[-1], str) and _UNION_MEMBER.fullmatch(loc[-1]) and len(errors) > 1:
+        loc.pop()  # which member of `int | str` refused is noise
+    message = f"{path}: {'.'.join(str(p) for p in loc)}: {first['msg']}"
+    named = [p for p in loc if isinstance(p, str) and p in RANGES]
+    if first["type"] in _NUMBER_ERRORS | _NOT_A_NUMBER and named:
+        message += f"; give {RANGES[named[-1]].describe()}"
+    return ConfigError(message)
 
 
 #: The safe loader, libyaml's when it is there (a 1 MiB file parses in a blink).
@@ -452,12 +513,13 @@ def _gpus(
             number = float(text)
         except ValueError:
             number = -1.5  # not a number: refused below
-        if not number.is_integer():
+        if not B.GPUS_PER_CELL.contains(number) or not number.is_integer():
             shown = text if len(text) <= 80 else text[:77] + "..."
-            raise ConfigError(f"{where} rendered to {shown!r}, not a whole number", hint=_GPUS_HINT)
+            raise ConfigError(
+                f"{where} rendered to {shown!r}, not {B.GPUS_PER_CELL.describe()}",
+                hint=_GPUS_HINT,
+            )
         count = int(number)
-    if count < 0:
-        raise ConfigError(f"{where} is {count}; a cell needs 0 or more GPUs", hint=_GPUS_HINT)
     return count
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.group import cli
@@ -18,6 +19,7 @@ from artifactd.cli.options import (
     image_digest_option,
     json_option,
     load_sign_key,
+    number_option,
     run_id_option,
     set_option,
     sign_key_option,
@@ -92,9 +94,9 @@ def harvest(
     is_flag=True,
     help="Fail (exit 11) when the hygiene lint finds anything (default: report warnings).",
 )
-@click.option(
+@number_option(
     "--cell",
-    type=click.IntRange(min=0),
+    bound=B.CELL_INDEX,
     envvar=C.JOB_COMPLETION_INDEX,
     metavar="I",
     help="Build only cell I and push it as a partial artifact for `merge` "

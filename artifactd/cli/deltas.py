@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.group import cli
 from artifactd.cli.options import (
@@ -14,6 +15,7 @@ from artifactd.cli.options import (
     insecure_option,
     json_option,
     load_sign_key,
+    number_option,
     set_option,
     sign_key_option,
     store_option,
@@ -41,9 +43,10 @@ from artifactd.pod.contribute import DEFAULT_MAX_BYTES
     metavar="REF",
     help="Where to read the artifact the pod restored [default: the restore marker's store].",
 )
-@click.option(
+@number_option(
     "--max-bytes",
-    type=click.IntRange(min=0),
+    bound=B.SIZE,
+    metavar="SIZE",
     default=DEFAULT_MAX_BYTES,
     show_default=True,
     help="Publish nothing when the files written since the restore take more.",
@@ -102,9 +105,10 @@ def contribute(
     "Accept only deltas signed by one of these public keys (repeatable); "
     "an unsigned delta, or one signed by another key, is refused."
 )
-@click.option(
+@number_option(
     "--max-bytes",
-    type=click.IntRange(min=0),
+    bound=B.SIZE,
+    metavar="SIZE",
     default=DEFAULT_MAX_BYTES,
     show_default=True,
     help="Refuse a delta whose files take more.",

@@ -37,7 +37,7 @@ import, at module level and inside functions, to these lists):
 * on a host with an NVIDIA driver, :data:`GPU`: ``ctypes``, ``pynvml`` (NVML
   and libcuda);
 * the artifactd modules of :data:`LIGHT`, which import at module level only
-  what these lists allow: ``artifactd``, ``artifactd.cli``,
+  what these lists allow: ``artifactd``, ``artifactd.bounds``, ``artifactd.cli``,
   ``artifactd.cli.main``, ``artifactd.cli.render``, ``artifactd.cli.specs``,
   ``artifactd.constants``, ``artifactd.errors``, ``artifactd.events``,
   ``artifactd.families``, ``artifactd.fingerprint``,
@@ -93,8 +93,6 @@ from artifactd.cli.specs import (
     Opt,
     env_flag,
     family_names,
-    parse_seconds,
-    parse_size,
 )
 
 if TYPE_CHECKING:
@@ -137,6 +135,7 @@ GPU = frozenset({"ctypes", "pynvml"})
 LIGHT = frozenset(
     {
         "artifactd",
+        "artifactd.bounds",
         "artifactd.cli",
         "artifactd.cli.main",
         "artifactd.cli.render",
@@ -275,11 +274,8 @@ def _convert(spec: Opt, text: str) -> Any:
         return True if word in TRUE else False if word in FALSE else None
     if spec.kind == "path":
         return Path(text)
-    if spec.kind == "float":
-        try:
-            return float(text)
-        except ValueError:
-            return None
+    if spec.bound is not None:
+        return spec.bound.read(text)  # None: click refuses it, stating the range
     return text
 
 
@@ -330,7 +326,7 @@ def restore(
     consumer_user: str | None,
     require: bool,
     dry_run: bool,
-    max_bytes: str | None,
+    max_bytes: int | None,
     lock_timeout: float | None,
     metrics_file: Path | None,
     as_json: bool,
@@ -338,8 +334,6 @@ def restore(
     """Restore the matching caches into ``target``; exit with the outcome's code."""
     from artifactd.fingerprint.probe import start_request
 
-    size_limit = parse_size(max_bytes) if max_bytes else None
-    timeout = None if lock_timeout is None else parse_seconds(lock_timeout)
     # The probe's subprocesses and NVML run while the restore modules import.
     pending = start_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
@@ -358,8 +352,8 @@ def restore(
         require=require,
         dry_run=dry_run,
         insecure=insecure,
-        max_bytes=size_limit,
-        lock_timeout=timeout,
+        max_bytes=max_bytes,
+        lock_timeout=lock_timeout,
         verify_keys=tuple(verify_keys),
     )
     # Plain data again: a no-op restore (warm volume, marker matches) answers

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.group import cli
@@ -13,10 +14,11 @@ from artifactd.cli.options import (
     family_option,
     fingerprint_options,
     json_option,
+    number_option,
     store_option,
     verify_key_option,
 )
-from artifactd.cli.specs import family_names, parse_size
+from artifactd.cli.specs import family_names
 from artifactd.pod.nodefeatures import DEFAULT_MAX_LABELS, LABEL_PREFIX
 
 
@@ -109,14 +111,15 @@ def prefetch(
     metavar="oci:PATH",
     help="The node store to collect (a local OCI layout).",
 )
-@click.option(
+@number_option(
     "--max-bytes",
+    bound=B.SIZE,
     metavar="SIZE",
-    help="Evict until the store holds at most SIZE (20G; 0 empties it; negative is refused).",
+    help="Evict until the store holds at most SIZE (20G; 0 empties it).",
 )
-@click.option(
+@number_option(
     "--min-free",
-    type=click.FloatRange(0, 100),
+    bound=B.MIN_FREE_PCT,
     metavar="PCT",
     help="Evict until the store's filesystem has PCT percent free.",
 )
@@ -132,7 +135,7 @@ def prefetch(
 def gc(
     *,
     store: str,
-    max_bytes: str | None,
+    max_bytes: int | None,
     min_free: float | None,
     dry_run: bool,
     metrics_file: Path | None,
@@ -156,7 +159,7 @@ def gc(
     node = LayoutStore(node_root(store))
     result = do_gc(
         node,
-        max_bytes=parse_size(max_bytes) if max_bytes else None,
+        max_bytes=max_bytes,
         min_free_pct=min_free,
         dry_run=dry_run,
         on_event=render.event_printer(as_json),
@@ -167,7 +170,7 @@ def gc(
         registry = node_store_registry(
             result.bytes_after,
             result.evictions_total,
-            high_water_bytes=parse_size(max_bytes) if max_bytes else None,
+            high_water_bytes=max_bytes,
             free_ratio=result.free_pct_after / 100,
             min_free_ratio=None if min_free is None else min_free / 100,
         )
@@ -204,9 +207,9 @@ def gc(
     metavar="FILE",
     help="The features file to write, in NFD's features.d directory.",
 )
-@click.option(
+@number_option(
     "--max-labels",
-    type=click.IntRange(min=0),
+    bound=B.MAX_LABELS,
     default=DEFAULT_MAX_LABELS,
     show_default=True,
     help="At most this many labels: the most recently used artifacts.",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.specs import Opt
 
@@ -22,6 +23,43 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Number(click.ParamType):  # type: ignore[type-arg]  # not generic in every click allowed
+    """A number from the command line or its environment variable, checked against its range.
+
+    The one click type of every numeric option (click's ``FloatRange`` lets
+    NaN through): the value is read and checked by
+    :meth:`artifactd.bounds.Range.read`, and anything outside the range
+    (NaN, infinities, a value past either end) is exit 2 with the range in
+    the message.
+    """
+
+    name = "number"
+
+    def __init__(self, bound: B.Range) -> None:
+        self.bound = bound
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the value read as the range's kind; fail (exit 2) when it is out of range."""
+        number = self.bound.read(value)
+        if number is None:
+            self.fail(f"{str(value)!r} is not {self.bound.describe()}", param, ctx)
+        return number
+
+    def __repr__(self) -> str:
+        return f"Number({self.bound.describe()})"
+
+
+def number_option(*decls: str, bound: B.Range, help: str, **kwargs: Any) -> Callable[[F], F]:
+    """Add a click option of type :class:`Number`, its range stated at the end of its help."""
+    return click.option(*decls, type=Number(bound), help=f"{help} {range_help(bound)}", **kwargs)
+
+
+def range_help(bound: B.Range) -> str:
+    """Return the sentence that ends a numeric option's help (``Range: 0 to 600 seconds.``)."""
+    unit = "bytes" if bound.kind == "size" else bound.unit
+    return f"Range: {bound.span()}{' ' + unit if unit else ''}."
+
+
 def option(spec: Opt) -> Callable[[F], F]:
     """Return the click option an :class:`~artifactd.cli.specs.Opt` declares."""
     extra: dict[str, Any] = {}
@@ -29,14 +67,18 @@ def option(spec: Opt) -> Callable[[F], F]:
         extra["is_flag"] = True
     if spec.multiple:
         extra["multiple"] = True
-    if spec.kind != "str":
-        extra["type"] = click.Path(path_type=Path) if spec.kind == "path" else float
+    help = spec.help
+    if spec.bound is not None:
+        extra["type"] = Number(spec.bound)
+        help = f"{help} {range_help(spec.bound)}"
+    elif spec.kind == "path":
+        extra["type"] = click.Path(path_type=Path)
     if spec.default is not None:
         extra.update(default=spec.default, show_default=spec.show_default)
     if spec.required:
         extra["required"] = True
     return click.option(
-        spec.flag, spec.dest, help=spec.help, envvar=spec.envvar, metavar=spec.metavar, **extra
+        spec.flag, spec.dest, help=help, envvar=spec.envvar, metavar=spec.metavar, **extra
     )
 
 
@@ -184,9 +226,9 @@ def _check_run_id(ctx: click.Context, param: click.Parameter, value: str | None)
 
 def cell_options(fn: F) -> F:
     """``--gpus`` and ``--jobs``: how a node runs a matrix's cells (``build``, ``verify``)."""
-    fn = click.option(
+    fn = number_option(
         "--jobs",
-        type=click.IntRange(min=1),
+        bound=B.JOBS,
         default=1,
         show_default=True,
         help="CPU-only cells (gpus: 0) running at once.",

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli.group import cli
-from artifactd.cli.options import json_option, store_option, verify_key_option
+from artifactd.cli.options import json_option, number_option, store_option, verify_key_option
 from artifactd.stores.retention import DEFAULT_GRACE_S, DEFAULT_KEEP_LAST
 
 if TYPE_CHECKING:
@@ -17,18 +18,18 @@ if TYPE_CHECKING:
 
 @cli.command()
 @store_option
-@click.option(
+@number_option(
     "--keep-last",
-    type=click.IntRange(min=0),
+    bound=B.KEEP_LAST,
     default=DEFAULT_KEEP_LAST,
     show_default=True,
     metavar="N",
     help="Keep the N newest artifacts of each family (and of whole artifacts, and of cells).",
 )
-@click.option(
+@number_option(
     "--older-than",
     "older_than",
-    type=click.FloatRange(min=0),
+    bound=B.OLDER_THAN_DAYS,
     default=None,
     metavar="DAYS",
     help="Delete only artifacts older than DAYS (0: every artifact is old enough).",
@@ -40,9 +41,9 @@ if TYPE_CHECKING:
     metavar="PATTERN",
     help="Keep what tags matching this shell pattern name (repeatable), e.g. 'release-*'.",
 )
-@click.option(
+@number_option(
     "--grace",
-    type=click.FloatRange(min=0),
+    bound=B.GRACE_S,
     default=DEFAULT_GRACE_S,
     show_default=True,
     metavar="SECONDS",

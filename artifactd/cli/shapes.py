@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.build.scrape import FETCH_TIMEOUT_S
 from artifactd.cli import render
 from artifactd.cli.fanout import matrix
-from artifactd.cli.options import json_option
+from artifactd.cli.options import json_option, number_option
 
 
 @matrix.command()
@@ -22,12 +23,12 @@ from artifactd.cli.options import json_option
     help="A /metrics scrape (a file) or an http(s) URL of one; repeat it for "
     "each replica or scrape: they are summed.",
 )
-@click.option(
+@number_option(
     "--coverage",
-    type=click.FloatRange(min=0, max=1, min_open=True),
+    bound=B.COVERAGE,
     default=0.99,
     show_default=True,
-    help="Fraction of the observed traffic to cover, in (0, 1].",
+    help="Fraction of the observed traffic to cover.",
 )
 @click.option(
     "--engine",
@@ -36,10 +37,10 @@ from artifactd.cli.options import json_option
     show_default=True,
     help="Whose metric families to read (auto: by their vllm: or sglang: prefix).",
 )
-@click.option(
+@number_option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    bound=B.SCRAPE_TIMEOUT_S,
     default=FETCH_TIMEOUT_S,
     show_default=True,
     metavar="S",

@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd import constants as C  # noqa: N812
 from artifactd.errors import UsageError
 
@@ -29,8 +30,11 @@ class Opt(NamedTuple):
     """One long option: its flag, parameter name, help and how its value is read.
 
     ``kind`` is how a value is converted (``path``: a :class:`pathlib.Path`);
-    ``multiple`` options collect every occurrence, and their environment
-    variable holds several values separated by whitespace (as click reads it).
+    a ``bound`` makes it a number, read and checked by
+    :meth:`artifactd.bounds.Range.read` (out of range: exit 2, stating the
+    range). ``multiple`` options collect every occurrence, and their
+    environment variable holds several values separated by whitespace (as
+    click reads it).
     """
 
     flag: str
@@ -40,10 +44,11 @@ class Opt(NamedTuple):
     metavar: str | None = None
     is_flag: bool = False
     multiple: bool = False
-    kind: Literal["str", "path", "float"] = "str"
+    kind: Literal["str", "path"] = "str"
     default: str | None = None
     show_default: bool = False
     required: bool = False
+    bound: B.Range | None = None
 
 
 JSON = Opt(
@@ -209,18 +214,19 @@ DRY_RUN = Opt(
 MAX_BYTES = Opt(
     "--max-bytes",
     "max_bytes",
-    "Refuse to unpack more than SIZE (bytes, or 500M, 20G; at least 0) into TARGET.",
+    "Refuse to unpack more than SIZE (bytes, or 500M, 20G) into TARGET.",
     C.ENV_MAX_BYTES,
     metavar="SIZE",
+    bound=B.SIZE,
 )
 LOCK_TIMEOUT = Opt(
     "--lock-timeout",
     "lock_timeout",
     "How long to wait for another restore into TARGET to finish, in seconds "
-    "(finite, at least 0; 0: do not wait) [600].",
+    "(0: do not wait) [600].",
     C.ENV_LOCK_TIMEOUT,
     metavar="SECONDS",
-    kind="float",
+    bound=B.LOCK_TIMEOUT_S,
 )
 
 #: Every option of each pod-start command, in ``--help`` order.
@@ -275,44 +281,3 @@ def family_names(values: Sequence[str]) -> list[str] | None:
     """``--family`` values as a list of names, or None (every family) when none were given."""
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     return names or None
-
-
-_NAN = float("nan")
-
-
-def _finite(value: float) -> bool:
-    """``math.isfinite``, without loading the ``math`` extension at every pod start."""
-    return value - value == 0  # inf - inf and nan - nan are nan
-
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str, *, option: str = "--max-bytes") -> int:
-    """Read a size given as bytes or with a binary unit: ``500M``, ``20G``, ``1.5GiB``.
-
-    A negative, infinite or NaN size is a :class:`UsageError`, as is anything
-    that is not a number.
-    """
-    value = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
-    number = value[: len(value) - len(unit)]
-    try:
-        size = float(number) * _SIZE_UNITS[unit]
-    except ValueError:
-        size = _NAN
-    if not _finite(size) or size < 0:
-        raise UsageError(
-            f"{option} {text!r} is not a size", hint="use bytes or a unit, at least 0: 500M, 20G"
-        )
-    return int(size)
-
-
-def parse_seconds(value: float, *, option: str = "--lock-timeout") -> float:
-    """Check a duration in seconds: a finite number, at least 0 (NaN would wait forever)."""
-    if not _finite(value) or value < 0:
-        raise UsageError(
-            f"{option} {value!r} is not a duration",
-            hint="give seconds, at least 0 (0: try once, do not wait)",
-        )
-    return value
