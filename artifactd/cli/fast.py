@@ -60,7 +60,8 @@ import, at module level and inside functions, to these lists):
   ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
   ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
-  ``artifactd.stores.artifacts``, ``artifactd.stores.reference``,
+  ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
+  tag count, checked when it is listed), ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
   ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
@@ -184,6 +185,7 @@ LATER = frozenset(
         "artifactd.restore.journal",
         "artifactd.restore.mounted",
         "artifactd.stores.artifacts",
+        "artifactd.stores.listing",
         "artifactd.stores.reference",
         "artifactd.stores.registry",
         "artifactd.trust.policy",

@@ -26,7 +26,6 @@ from artifactd.format.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, chec
 from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
 from artifactd.stores.base import ManifestRef, Progress, Store
-from artifactd.stores.listing import check_tag_count
 
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}
 #: Registries refuse manifests over 4 MiB; so do we, before reading one whole.
@@ -194,6 +193,9 @@ class LayoutStore(Store):
         The first entry naming a tag wins, as in :meth:`tag_digest`. More than
         :data:`~artifactd.stores.listing.MAX_TAGS` tags is a :class:`StoreError`.
         """
+        # Imported here: the pod-start fast path opens layouts but never lists them.
+        from artifactd.stores.listing import check_tag_count
+
         out: dict[str, str] = {}
         for desc in self._entries():
             tag = (desc.get("annotations") or {}).get(ANN_REF_NAME)
