@@ -63,13 +63,16 @@ def redact_url(url: str) -> str:
 class ExchangeError(StoreError):
     """No whole answer: ``reason`` is ``timeout``, ``unreachable`` or ``too_large``.
 
-    ``detail`` says what happened in words that fit after the redacted URL.
+    ``detail`` says what happened in words that fit after the redacted URL
+    (``is unreachable (ConnectionRefusedError: ...)``), ``why`` the same
+    without the verb, to fit in parentheses (``ConnectionRefusedError: ...``).
     """
 
-    def __init__(self, url: str, detail: str, *, reason: Reason) -> None:
+    def __init__(self, url: str, detail: str, *, reason: Reason, why: str | None = None) -> None:
         super().__init__(f"{url} {detail}", hint="check the URL and that the server is up")
         self.url = url
         self.detail = detail
+        self.why = why or detail
         self.reason: Reason = reason
 
 
@@ -308,9 +311,9 @@ def exchange(
         ) from None
     except (OSError, http.client.HTTPException) as exc:
         # An error's text names no URL (the redacted one is ours): the host and port at most.
-        what = f"{type(exc).__name__}: {exc}"[:300]
+        what = redact_url(f"{type(exc).__name__}: {exc}"[:300])
         raise ExchangeError(
-            endpoint.shown, f"is unreachable ({redact_url(what)})", reason="unreachable"
+            endpoint.shown, f"is unreachable ({what})", reason="unreachable", why=what
         ) from None
     finally:
         if response is not None:

@@ -306,7 +306,7 @@ def _send(req: _Request, timeout: float, deadline: float | None = None) -> str:
             max_bytes=MAX_ANSWER_BYTES,
         )
     except ExchangeError as exc:
-        raise _RequestError(req, f"no answer ({exc.detail})") from None
+        raise _RequestError(req, f"no answer ({exc.why})") from None
     except UsageError as exc:
         raise _RequestError(req, exc.message) from None
     status, raw = answer.status, answer.body

@@ -146,7 +146,7 @@ def probe_health(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[boo
     try:
         answer = exchange(endpoint, timeout_s=timeout, max_bytes=HEALTH_MAX_BYTES)
     except ExchangeError as exc:
-        return False, f"GET {endpoint.shown}: no answer ({exc.detail})"
+        return False, f"GET {endpoint.shown}: no answer ({exc.why})"
     took = time.monotonic() - started
     return answer.status == 200, f"GET {endpoint.shown}: HTTP {answer.status} in {took:.3f} s"
 
