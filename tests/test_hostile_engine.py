@@ -260,7 +260,8 @@ def test_prewarm_against_an_engine_that_never_completes_ends_at_its_deadline(
     matrix = prewarm_matrix(tmp_path / "m.yaml", concurrency=64, repeat=100)
     with Crafted(health_only) as server:
         url = server.url(userinfo=f"probe:{SECRET}")
-        args = ("status", "--target", str(tmp_path / "cache"), "--engine-url", url)
+        target = str(tmp_path / "cache")
+        args: tuple[str, ...] = ("status", "--target", target, "--engine-url", url)
         args += ("--prewarm", str(matrix), "--ready", "prewarmed")
         proc, took = timed(*args, "--prewarm-timeout", "3", "--json")
         text, _ = timed(*args, env={"ARTIFACTD_PREWARM_TIMEOUT": "3"})
