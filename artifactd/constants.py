@@ -48,6 +48,8 @@ ENV_STATUS_SERVE = "ARTIFACTD_STATUS_SERVE"
 ENV_ENGINE_URL = "ARTIFACTD_ENGINE_URL"
 ENV_PREWARM = "ARTIFACTD_PREWARM"
 ENV_PREWARM_CELL = "ARTIFACTD_PREWARM_CELL"
+#: ``status --prewarm-timeout``: seconds every warm-up request together may take.
+ENV_PREWARM_TIMEOUT = "ARTIFACTD_PREWARM_TIMEOUT"
 ENV_READY = "ARTIFACTD_READY"
 #: The registry (``HOST[:PORT]``) the ``ARTIFACTD_REGISTRY_USERNAME``/``PASSWORD``
 #: pair belongs to: the pair is sent there and nowhere else (see

@@ -254,8 +254,8 @@ def test_tiny_engine_goes_serviceable_then_prewarmed_and_a_new_shape_keeps_it_se
         from artifactd.build.cells import send_requests
         from artifactd.pod.readiness import prewarm_cell
 
-        answered, failures = send_requests(prewarm_cell(shapes_a, url, None))
-        assert (answered, failures) == (2, [])
+        sent = send_requests(prewarm_cell(shapes_a, url, None))
+        assert (sent.requests, sent.answered, sent.failures) == (2, 2, [])
     finally:
         stop(cold)
     store = f"oci:{tmp_path / 'store'}"

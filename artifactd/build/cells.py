@@ -51,8 +51,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,14 @@ POLL_FIRST_S, POLL_MAX_S = 0.05, 0.5
 REQUEST_TIMEOUT_S = 1800.0
 #: After SIGKILL, how long to wait for the group to be gone before giving up.
 KILL_WAIT_S = 10.0
+#: Most requests in flight at once, each on a thread of its own: a group's
+#: ``concurrency`` above it is sent this many at a time (vLLM's largest default
+#: ``max_num_seqs`` is 1024). The serve schema's upper bound for ``concurrency``.
+MAX_CONCURRENCY = 1024
+#: Largest answer read from the engine, in bytes (a completion's JSON).
+MAX_ANSWER_BYTES = 16 << 20
+#: Failure lines kept from one ``send_requests`` (the rest are counted).
+MAX_FAILURE_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -247,17 +255,15 @@ def _wait_ready(
         delay = min(delay * 2, POLL_MAX_S)
 
 
-def _plan(serve: ServeCell, g: int) -> list[_Request]:
-    """Group ``g``'s requests: every prompt length, ``repeat`` times (repeat-major)."""
+def _plan(serve: ServeCell, g: int) -> Iterator[_Request]:
+    """Group ``g``'s requests: every prompt length, ``repeat`` times (repeat-major), lazily."""
     group = serve.requests[g]
     chat = group.kind == "chat"
     base = serve.base_url.rstrip("/")
     url = f"{base}/v1/chat/completions" if chat else f"{base}/v1/completions"
-    return [
-        _Request(g, i, r, words, url, _body(serve, group, words, chat), chat)
-        for r in range(group.repeat)
-        for i, words in enumerate(group.prompt_tokens)
-    ]
+    for r in range(group.repeat):
+        for i, words in enumerate(group.prompt_tokens):
+            yield _Request(g, i, r, words, url, _body(serve, group, words, chat), chat)
 
 
 def _body(serve: ServeCell, group: ServeRequests, words: int, chat: bool) -> dict[str, Any]:
@@ -278,23 +284,32 @@ class _RequestError(Exception):
         self.what = what
 
 
-def _send(req: _Request, timeout: float) -> str:
-    """POST one request; return the answer's text or raise _RequestError."""
-    opener = _opener()  # one per request: the threads share nothing
+def _send(req: _Request, timeout: float, deadline: float | None = None) -> str:
+    """POST one request; return the answer's text or raise _RequestError.
+
+    The whole exchange within ``timeout`` and ``deadline``
+    (:func:`artifactd.boundedhttp.exchange`), the answer at most
+    :data:`MAX_ANSWER_BYTES`.
+    """
+    from artifactd.boundedhttp import ExchangeError, exchange
+    from artifactd.errors import UsageError
+
     data = json.dumps(req.body).encode()
-    request = urllib.request.Request(  # noqa: S310 - scheme checked in run_serve
-        req.url, data=data, method="POST", headers={"Content-Type": "application/json"}
-    )
     try:
-        with opener.open(request, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        head = exc.read(BODY_HEAD_BYTES).decode(errors="replace")
-        exc.close()
-        raise _RequestError(req, f"HTTP {exc.code}: {head.strip()}") from exc
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise _RequestError(req, f"no answer ({type(reason).__name__}: {reason})") from exc
+        answer = exchange(
+            req.url,
+            method="POST",
+            body=data,
+            headers={"Content-Type": "application/json"},
+            timeout_s=timeout,
+            deadline=deadline,
+            max_bytes=MAX_ANSWER_BYTES,
+        )
+    except ExchangeError as exc:
+        raise _RequestError(req, f"no answer ({exc.why})") from None
+    except UsageError as exc:
+        raise _RequestError(req, exc.message) from None
+    status, raw = answer.status, answer.body
     head = raw[:BODY_HEAD_BYTES].decode(errors="replace").strip()
     if status != 200:
         raise _RequestError(req, f"HTTP {status}: {head}")
@@ -318,7 +333,8 @@ def _send_all(
     """Send every group's requests; return the texts keyed by (group, length, repeat)."""
     texts: dict[tuple[int, int, int], str] = {}
     for g, group in enumerate(serve.requests):
-        pool = ThreadPoolExecutor(group.concurrency, thread_name_prefix=f"serve-{cell.id}")
+        workers = min(group.concurrency, MAX_CONCURRENCY)
+        pool = ThreadPoolExecutor(workers, thread_name_prefix=f"serve-{cell.id}")
         try:
             futures = {pool.submit(_send, req, timeout): req for req in _plan(serve, g)}
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
@@ -338,30 +354,79 @@ def _send_all(
     return texts
 
 
-def send_requests(serve: ServeCell, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, list[str]]:
+@dataclass(frozen=True)
+class Sent:
+    """What :func:`send_requests` sent: how many requests, how many answered, the failures.
+
+    ``failures`` holds the first :data:`MAX_FAILURE_LINES` lines; ``requests -
+    answered`` is how many failed (or were not sent before the deadline).
+    """
+
+    requests: int
+    answered: int
+    failures: list[str]
+
+
+def send_requests(
+    serve: ServeCell, timeout: float = REQUEST_TIMEOUT_S, *, deadline: float | None = None
+) -> Sent:
     """Send every request group of ``serve`` to its ``base_url``, as a serve cell does.
 
-    Each group's requests go ``concurrency`` at a time, the groups one after
-    the other. Returns how many answered 200 with an OpenAI-shaped answer, and
-    one line per request that did not (``status --prewarm`` reads them; the
-    engine is someone else's, so nothing here stops it or raises).
+    Each group's requests go ``concurrency`` at a time (at most
+    :data:`MAX_CONCURRENCY` threads), the groups one after the other; each
+    request's whole exchange within ``timeout``, and all of them within
+    ``deadline`` (a :func:`time.monotonic` instant): what is not sent by then
+    is counted as failed, unsent. The engine is someone else's
+    (``status --prewarm``), so nothing here stops it or raises.
     """
+    requests = sum(g.repeat * len(g.prompt_tokens) for g in serve.requests)
     answered = 0
+    failed = 0
     failures: list[str] = []
-    for g, group in enumerate(serve.requests):
-        with ThreadPoolExecutor(group.concurrency, thread_name_prefix="prewarm") as pool:
-            futures = {pool.submit(_send, req, timeout): req for req in _plan(serve, g)}
-        for fut, req in futures.items():
-            exc = fut.exception()
-            if exc is None:
-                answered += 1
-                continue
+
+    def record(fut: Future[str], req: _Request) -> None:
+        nonlocal answered, failed
+        exc = fut.exception()
+        if exc is None:
+            answered += 1
+            return
+        failed += 1
+        if len(failures) < MAX_FAILURE_LINES:
             what = exc.what if isinstance(exc, _RequestError) else repr(exc)
             failures.append(
-                f"request group {g}, prompt of {req.words} words, repeat {req.repeat}: "
-                f"POST {req.url}: {what}"
+                f"request group {req.group}, prompt of {req.words} words, repeat {req.repeat}: "
+                f"POST {_shown(req.url)}: {what}"
             )
-    return answered, failures
+
+    for g, group in enumerate(serve.requests):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        workers = min(group.concurrency, MAX_CONCURRENCY)
+        with ThreadPoolExecutor(workers, thread_name_prefix="prewarm") as pool:
+            pending: dict[Future[str], _Request] = {}
+            for req in _plan(serve, g):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                while len(pending) >= workers:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        record(fut, pending.pop(fut))
+                pending[pool.submit(_send, req, timeout, deadline)] = req
+            wait(pending)
+            for fut, req in pending.items():  # in the order they were sent
+                record(fut, req)
+    if failed > MAX_FAILURE_LINES:
+        failures.append(f"... and {failed - MAX_FAILURE_LINES} more failed request(s)")
+    unsent = requests - answered - failed
+    if unsent:
+        failures.append(f"{unsent} request(s) not sent: the deadline passed first")
+    return Sent(requests, answered, failures)
+
+
+def _shown(url: str) -> str:
+    from artifactd.boundedhttp import redact_url
+
+    return redact_url(url)
 
 
 def _request_error(
@@ -375,7 +440,7 @@ def _request_error(
     status = proc.poll()
     died = f"; the engine {_describe_exit(status)}" if status is not None else ""
     return BuildError(
-        f"cell {cell.id}: {where}: POST {req.url} failed: {exc.what}{died}; "
+        f"cell {cell.id}: {where}: POST {_shown(req.url)} failed: {exc.what}{died}; "
         f"last lines of its log:\n{_log_tail(log_path)}",
         hint=f"full output in {log_path}; check serve.model, serve.base_url and the "
         "request groups against what the engine serves",

@@ -9,7 +9,9 @@ comment, indented deeper, or a ``-`` item at the key's own indentation, less
 the blank and comment lines at its end (those belong to what follows). Any
 doubt (no ``serve:``, two of them, serve written inline, no ``requests:`` key)
 is refused; the result must load as a matrix equal to the old one but for
-``serve.requests``, or nothing is written; it is written atomically.
+``serve.requests``, or nothing is written; it is written atomically. A file
+that cannot be replaced (a read-only directory, no space) is a
+:class:`~artifactd.errors.TargetError` (exit 10), the matrix left as it was.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from artifactd.build.matrix import (
     parse_matrix,
     read_matrix_text,
 )
-from artifactd.errors import ConfigError
+from artifactd.errors import ConfigError, TargetError
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*|\"[^\"]*\"|'[^']*')\s*:(?:\s|$)")
 
@@ -155,5 +157,12 @@ def replace_requests(
         )
     from artifactd.fsutil import atomic_write
 
-    atomic_write(path, new.encode(), mode=os.stat(path).st_mode & 0o7777)
+    try:
+        atomic_write(path, new.encode(), mode=os.stat(path).st_mode & 0o7777)
+    except OSError as exc:
+        raise TargetError(
+            f"cannot write {path}: {exc.strerror or exc} (it is unchanged)",
+            hint="the matrix is replaced by a file written next to it: its directory must be "
+            "writable; or print the requests without --write and paste them",
+        ) from None
     return new

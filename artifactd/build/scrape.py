@@ -10,10 +10,9 @@ unreachable, failing or silent URL a :class:`~artifactd.errors.StoreError` (exit
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from artifactd.errors import ConfigError, StoreError, UsageError
+from artifactd.errors import ConfigError, StoreError
 from artifactd.fsutil import text_problem
 
 #: Largest exposition read from one source, in bytes. A busy vLLM's /metrics
@@ -29,6 +28,13 @@ def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
 
+def shown(source: str) -> str:
+    """How a source is named in messages and results: a URL without its password."""
+    from artifactd.boundedhttp import redact_url
+
+    return redact_url(source) if is_url(source) else source
+
+
 def read_source(
     source: str, *, timeout_s: float = FETCH_TIMEOUT_S, max_bytes: int = MAX_EXPOSITION_BYTES
 ) -> str:
@@ -37,7 +43,7 @@ def read_source(
     problem = text_problem(data)
     if problem is not None:
         raise ConfigError(
-            f"metrics source {source} {problem}",
+            f"metrics source {shown(source)} {problem}",
             hint="give the Prometheus text exposition of /metrics",
         )
     return data.decode("utf-8")
@@ -64,55 +70,26 @@ def _read_file(source: str, max_bytes: int) -> bytes:
 def _fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
     """GET ``url``: the whole exchange within ``timeout_s``, at most ``max_bytes`` of body.
 
-    http.client, not a proxy-aware opener: a /metrics endpoint is in the
-    cluster, and every environment variable artifactd reads is one it names.
+    :func:`artifactd.boundedhttp.exchange`: one deadline over connect, status
+    line, headers and body; no proxy (a /metrics endpoint is in the cluster);
+    a password in the URL never shown.
     """
-    # Imported here: the command line imports this module for its defaults, fast.
-    import http.client
-    import urllib.parse
+    from artifactd.boundedhttp import ExchangeError, exchange, parse_url
 
     hint = "check the URL (http://POD:PORT/metrics) and that the engine is up"
-    parts = urllib.parse.urlsplit(url)
-    if not parts.hostname:
-        raise UsageError(f"metrics URL {url} names no host", hint=hint)
-    deadline = time.monotonic() + timeout_s
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
+    endpoint = parse_url(url, "metrics URL")
     try:
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", target, headers={"Accept": "text/plain"})
-        response = conn.getresponse()
-        if response.status != http.client.OK:
-            raise StoreError(f"metrics source {url} answered HTTP {response.status}", hint=hint)
-        declared = response.getheader("Content-Length") or ""
-        if declared.isdigit() and int(declared) > max_bytes:
+        answer = exchange(
+            endpoint, timeout_s=timeout_s, max_bytes=max_bytes, headers={"Accept": "text/plain"}
+        )
+    except ExchangeError as exc:
+        if exc.reason == "too_large":
             raise ConfigError(
-                f"metrics source {url} answers {declared} bytes, over {max_bytes}",
-                hint="an engine's /metrics is tens of kilobytes",
-            )
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            if conn.sock is not None:  # each read gets only the time that is left
-                conn.sock.settimeout(left)
-            chunk = response.read1(min(1 << 16, max_bytes + 1 - size))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise ConfigError(
-                    f"metrics source {url} sent over {max_bytes} bytes",
-                    hint="an engine's /metrics is tens of kilobytes",
-                )
-    except TimeoutError:
+                f"metrics source {exc}", hint="an engine's /metrics is tens of kilobytes"
+            ) from None
+        raise StoreError(f"metrics source {exc}", hint=hint) from None
+    if answer.status != 200:
         raise StoreError(
-            f"metrics source {url} did not answer within {timeout_s:g} s", hint=hint
-        ) from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise StoreError(f"metrics source {url} is unreachable: {exc}", hint=hint) from None
-    finally:
-        conn.close()
+            f"metrics source {endpoint.shown} answered HTTP {answer.status}", hint=hint
+        )
+    return answer.body

@@ -50,7 +50,12 @@ The metric families read, per engine, and where they are defined:
 
 Inputs are untrusted: :mod:`artifactd.build.scrape` reads them, bounded in
 size and time; malformed text is refused naming the source
-(:class:`~artifactd.errors.ConfigError`, exit 2).
+(:class:`~artifactd.errors.ConfigError`, exit 2), a URL by
+:func:`~artifactd.build.scrape.shown` (no password). Every value read is
+bounded before it becomes a request: a bucket count over
+:data:`MAX_COUNT` is refused; a token length over :data:`MAX_TOKENS`, a
+concurrency over :data:`~artifactd.build.cells.MAX_CONCURRENCY` and a CUDA-graph
+size over :data:`MAX_GRAPH_SIZE` are clamped to it, with a note.
 """
 
 from __future__ import annotations
@@ -62,12 +67,22 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
 
+from artifactd.build.cells import MAX_CONCURRENCY
 from artifactd.build.matrix import ServeRequests
-from artifactd.build.scrape import FETCH_TIMEOUT_S, read_source
+from artifactd.build.scrape import FETCH_TIMEOUT_S, is_url, read_source, shown
 from artifactd.errors import ConfigError, UsageError
 
 #: Most sources one run reads (each is parsed, then only its few series are kept).
 MAX_SOURCES = 64
+#: Largest bucket count read (2**53: beyond it a float no longer counts by ones;
+#: no engine's counter gets there). A bigger one is refused.
+MAX_COUNT = float(2**53)
+#: Largest prompt length or max_tokens written into a request, in tokens: a
+#: bucket bound past it (``le="1e300"``) is sent as this, with a note. The serve
+#: schema's upper bound for ``prompt_tokens`` and ``max_tokens``.
+MAX_TOKENS = 1 << 21
+#: Largest CUDA-graph batch size printed (vLLM's step buckets end at 16384).
+MAX_GRAPH_SIZE = 1 << 16
 
 Engine = Literal["vllm", "sglang"]
 ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
@@ -244,10 +259,10 @@ def _series_of(samples: Sequence[Sample], name: str, source: str) -> list[dict[f
                 hint="a histogram bucket names its upper bound in le",
             )
         bound = _bound(labels["le"], source, name)
-        if not math.isfinite(value) or value < 0:
+        if not (0 <= value <= MAX_COUNT):  # NaN fails it too
             raise ConfigError(
                 f"metrics source {source}: {name}{{le={labels['le']!r}}} counts {value}",
-                hint="a bucket's count is a finite number >= 0",
+                hint="a bucket's count is a finite number in [0, 2**53]",
             )
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
         one = series.setdefault(key, {})
@@ -297,7 +312,8 @@ class _Read:
 
 
 def _read_one(source: str, timeout_s: float) -> _Read:
-    samples = parse_exposition(read_source(source, timeout_s=timeout_s), source)
+    name = shown(source)
+    samples = parse_exposition(read_source(source, timeout_s=timeout_s), name)
     engines = {e for e in ENGINES if any(n.startswith(f"{e}:") for n, _, _ in samples)}
     histograms = {
         name
@@ -307,7 +323,7 @@ def _read_one(source: str, timeout_s: float) -> _Read:
     }
     return _Read(
         engines,
-        {name: _series_of(samples, name, source) for name in histograms},
+        {h: _series_of(samples, h, name) for h in histograms},
         {m.running: _gauge(samples, m.running) for m in METRICS.values()},
     )
 
@@ -342,9 +358,16 @@ def load_traffic(
             f"{len(sources)} metrics sources, over the limit of {MAX_SOURCES}",
             hint="a few scrapes per replica are enough",
         )
+    urls = [s for s in sources if is_url(s)]
+    if urls:
+        from artifactd.boundedhttp import parse_url
+
+        for url in urls:  # every URL checked before any is fetched
+            parse_url(url, "--from-metrics")
+    names_shown = [shown(s) for s in sources]
     reads = [_read_one(src, timeout_s) for src in sources]
     chosen: Engine = (
-        detect_engine(set().union(*(r.engines for r in reads)), sources)
+        detect_engine(set().union(*(r.engines for r in reads)), names_shown)
         if engine == "auto"
         else engine
     )
@@ -358,12 +381,12 @@ def load_traffic(
     prompt = histogram(names.prompt)
     if prompt is None:
         raise ConfigError(
-            f"no {names.prompt} histogram in {', '.join(sources)}",
+            f"no {names.prompt} histogram in {', '.join(names_shown)}",
             hint=names.enable_hint,
         )
     return Traffic(
         engine=chosen,
-        sources=tuple(sources),
+        sources=tuple(names_shown),
         prompt=prompt,
         generation=histogram(names.generation),
         max_tokens=histogram(names.max_tokens),
@@ -430,18 +453,28 @@ def nearest_rank(values: Sequence[float], q: Fraction) -> float:
 
 
 def derived_graph_sizes(concurrency: int) -> list[int]:
-    """Batch sizes 1, 2, 4, then every 8, up to the first that holds ``concurrency``."""
-    sizes: list[int] = []
-    size = 1
-    while True:
-        sizes.append(size)
-        if size >= concurrency:
-            return sizes
-        size = size * 2 if size < 8 else size + 8
+    """Batch sizes 1, 2, 4, then every 8, up to the first that holds ``concurrency``.
+
+    ``concurrency`` is taken in [1, :data:`MAX_CONCURRENCY`] (at most 131 sizes).
+    """
+    top = max(1, min(concurrency, MAX_CONCURRENCY))
+    if top <= 8:
+        return [s for s in (1, 2, 4, 8) if s < top] + [next(s for s in (1, 2, 4, 8) if s >= top)]
+    return [1, 2, 4, *range(8, -(-top // 8) * 8 + 1, 8)]
 
 
 def _int_up(value: float) -> int:
     return max(1, math.ceil(value))
+
+
+def _clamped(value: float, limit: int, what: str, notes: list[str]) -> int:
+    """``value`` rounded up to an integer in [1, ``limit``]; a note when it was over."""
+    if value > limit:
+        note = f"{what}: {value:g} is over {limit}; clamped to {limit}"
+        if note not in notes:
+            notes.append(note)
+        return limit
+    return _int_up(value)
 
 
 def _cumulative_at(hist: Histogram, bound: float) -> float:
@@ -452,9 +485,9 @@ def _prompt_buckets(prompt: Histogram, q: Fraction, notes: list[str]) -> list[Bu
     buckets = []
     for lower, upper, count in cover_buckets(prompt, q):
         if math.isfinite(upper):
-            tokens = max(1, math.floor(upper))
+            tokens = _clamped(math.floor(upper), MAX_TOKENS, f"{prompt.name} bound", notes)
         else:
-            tokens = math.floor(lower) + 1
+            tokens = _clamped(math.floor(lower) + 1, MAX_TOKENS, f"{prompt.name} bound", notes)
             notes.append(
                 f"{round(count)} request(s) had prompts over {lower:g} tokens (the last bucket "
                 f"bound); sent as {tokens}: raise it to your longest prompt by hand"
@@ -481,7 +514,8 @@ def _max_tokens(traffic: Traffic, q: Fraction, notes: list[str]) -> tuple[Histog
     if not math.isfinite(bound):
         bound = _largest_finite(lengths)
         notes.append(f"{lengths.name}: the quantile lies past the last bucket bound; capped there")
-    return lengths, _int_up(bound), _cumulative_at(lengths, bound) / lengths.total
+    tokens = _clamped(bound, MAX_TOKENS, f"{lengths.name} bound", notes)
+    return lengths, tokens, _cumulative_at(lengths, bound) / lengths.total
 
 
 def _concurrency(traffic: Traffic, q: Fraction, notes: list[str]) -> int:
@@ -494,7 +528,7 @@ def _concurrency(traffic: Traffic, q: Fraction, notes: list[str]) -> int:
     if not traffic.running:
         notes.append(f"no {running} samples: concurrency 1")
         return 1
-    return _int_up(nearest_rank(traffic.running, q))
+    return _clamped(nearest_rank(traffic.running, q), MAX_CONCURRENCY, running, notes)
 
 
 def _graph_sizes(
@@ -508,8 +542,13 @@ def _graph_sizes(
     if not math.isfinite(top):
         top = _largest_finite(steps)
         notes.append(f"{steps.name}: steps past the last bucket bound run without a graph")
-    used = {_int_up(upper) for _, upper, count in steps.buckets() if count > 0 and upper <= top}
-    return sorted(used | {_int_up(top)}), _cumulative_at(steps, top) / steps.total
+    used = {
+        _clamped(upper, MAX_GRAPH_SIZE, steps.name, notes)
+        for _, upper, count in steps.buckets()
+        if count > 0 and upper <= top
+    }
+    used.add(_clamped(top, MAX_GRAPH_SIZE, steps.name, notes))
+    return sorted(used), _cumulative_at(steps, top) / steps.total
 
 
 def choose_shapes(traffic: Traffic, coverage: float) -> Shapes:

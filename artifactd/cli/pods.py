@@ -177,7 +177,7 @@ ENGINE_URL = Opt(
     "--engine-url",
     "engine_url",
     "The engine's base URL (e.g. http://127.0.0.1:8000): its /health is probed "
-    "(2 s timeout) for the readiness levels.",
+    "(answered in full within 2 s) for the readiness levels; a password in it is never shown.",
     C.ENV_ENGINE_URL,
     metavar="URL",
 )
@@ -196,6 +196,15 @@ PREWARM_CELL = Opt(
     "The serve cell of MATRIX this pod runs (when it has several).",
     C.ENV_PREWARM_CELL,
     metavar="ID",
+)
+PREWARM_TIMEOUT = Opt(
+    "--prewarm-timeout",
+    "prewarm_timeout",
+    "Seconds every warm-up request of --prewarm together may take, in (0, 3600] "
+    "(each one at most 120 s, at most 1024 in flight); what is unanswered by then fails.",
+    C.ENV_PREWARM_TIMEOUT,
+    metavar="SECONDS",
+    kind="float",
 )
 READY = Opt(
     "--ready",
@@ -217,6 +226,7 @@ STATUS_OPTIONS = (
     ENGINE_URL,
     PREWARM,
     PREWARM_CELL,
+    PREWARM_TIMEOUT,
     READY,
     S.JSON,
 )
@@ -235,6 +245,7 @@ def status(
     engine_url: str | None,
     prewarm: Any,
     prewarm_cell: str | None,
+    prewarm_timeout: float | None,
     ready: str | None,
     as_json: bool,
 ) -> None:
@@ -277,11 +288,15 @@ def status(
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
     ARTIFACTD_ENGINE_LOG, ARTIFACTD_FAIL_ON_COMPILE, ARTIFACTD_METRICS_FILE,
     ARTIFACTD_STATUS_SERVE, ARTIFACTD_ENGINE_URL, ARTIFACTD_PREWARM,
-    ARTIFACTD_PREWARM_CELL, ARTIFACTD_READY, ARTIFACTD_JSON.
+    ARTIFACTD_PREWARM_CELL, ARTIFACTD_PREWARM_TIMEOUT, ARTIFACTD_READY, ARTIFACTD_JSON.
     """
     from artifactd.pod.status import status_report, target_status
 
     level = _ready_level(ready, engine_url, prewarm)
+    if engine_url is not None:
+        from artifactd.pod.readiness import check_engine_url
+
+        check_engine_url(engine_url)
     if serve is not None and (prewarm is not None or ready is not None):
         raise UsageError(
             "--serve answers scrapes; --prewarm and --ready are for one status run",
@@ -291,7 +306,7 @@ def status(
     if serve is not None:
         _serve_metrics(serve, target, env_file, engine_log, engine_url)
         return
-    sent, answered = _prewarm(prewarm, prewarm_cell, engine_url)
+    sent, answered = _prewarm(prewarm, prewarm_cell, engine_url, prewarm_timeout)
     result = target_status(target, env_file=env_file, engine_log=engine_log)
     readiness = None
     if engine_url is not None:
@@ -347,22 +362,33 @@ def _ready_level(ready: str | None, engine_url: str | None, prewarm: Any) -> Lev
 
 
 def _prewarm(
-    matrix: Any, cell_id: str | None, engine_url: str | None
+    matrix: Any, cell_id: str | None, engine_url: str | None, timeout_s: float | None
 ) -> tuple[Prewarm | None, tuple[bool, str] | None]:
     """Probe the engine and, with --prewarm, send the matrix's warm-up requests to it."""
     if engine_url is None:
         return None, None
-    from artifactd.pod.readiness import PREWARM_TIMEOUT_S, Prewarm, prewarm_cell, probe_health
+    import time
 
+    from artifactd.pod.readiness import (
+        PREWARM_DEADLINE_S,
+        PREWARM_REQUEST_TIMEOUT_S,
+        Prewarm,
+        check_prewarm_timeout,
+        prewarm_cell,
+        probe_health,
+    )
+
+    overall = check_prewarm_timeout(PREWARM_DEADLINE_S if timeout_s is None else timeout_s)
     serve = prewarm_cell(matrix, engine_url, cell_id) if matrix is not None else None
     answered = probe_health(engine_url)
     if serve is None or not answered[0]:
         return None, answered
     from artifactd.build.cells import send_requests
 
-    ok, failures = send_requests(serve, PREWARM_TIMEOUT_S)
+    deadline = time.monotonic() + overall
+    sent = send_requests(serve, PREWARM_REQUEST_TIMEOUT_S, deadline=deadline)
     cell = cell_id or "(the only serve cell)"
-    return Prewarm(str(matrix), cell, ok + len(failures), ok, failures), answered
+    return Prewarm(str(matrix), cell, sent.requests, sent.answered, sent.failures), answered
 
 
 def _serve_metrics(

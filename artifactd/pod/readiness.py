@@ -25,14 +25,22 @@ longer than the pass (deploy/k8s).
 Exit codes (:meth:`Readiness.exit_code`): ``status --ready LEVEL`` exits 0
 when LEVEL is reached, :data:`NOT_READY_EXIT` when not: a Kubernetes exec
 probe reads exactly that.
+
+The engine is someone else's and may misbehave: every exchange with it is
+bounded as a whole (:func:`artifactd.boundedhttp.exchange`: connect, status
+line, headers and body under one deadline, the body capped), the health
+probe within :data:`PROBE_TIMEOUT_S`, each warm-up request within
+:data:`PREWARM_REQUEST_TIMEOUT_S` and all of them within ``--prewarm-timeout``
+(default :data:`PREWARM_DEADLINE_S`), at most
+:data:`~artifactd.build.cells.MAX_CONCURRENCY` in flight. The engine URL is
+checked before anything is sent (:func:`check_engine_url`, exit 2) and is
+shown without its password everywhere (text, ``--json``, errors).
 """
 
 from __future__ import annotations
 
-import http.client
+import math
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -47,8 +55,15 @@ if TYPE_CHECKING:
 NOT_READY_EXIT = 15
 #: One health probe may take this long: a probe must answer fast, and so must the engine.
 PROBE_TIMEOUT_S = 2.0
-#: One warm-up request may take this long (a shape compiled anyway may compile for minutes).
-PREWARM_TIMEOUT_S = 600.0
+#: One warm-up request may take this long, whole. A restored shape answers in
+#: seconds; one that compiles anyway fails the level however long it takes.
+PREWARM_REQUEST_TIMEOUT_S = 120.0
+#: Every warm-up request together may take this long by default (``--prewarm-timeout``).
+PREWARM_DEADLINE_S = 600.0
+#: Longest ``--prewarm-timeout`` accepted, in seconds.
+MAX_PREWARM_DEADLINE_S = 3600.0
+#: Largest answer read from ``/health``.
+HEALTH_MAX_BYTES = 64 << 10
 
 Level = Literal["serviceable", "prewarmed"]
 LEVELS: tuple[Level, ...] = ("serviceable", "prewarmed")
@@ -56,7 +71,11 @@ LEVELS: tuple[Level, ...] = ("serviceable", "prewarmed")
 
 @dataclass(frozen=True)
 class Prewarm:
-    """What ``--prewarm`` sent: the matrix, its cell, the requests and those that failed."""
+    """What ``--prewarm`` sent: the matrix, its cell, the requests and those that failed.
+
+    ``requests - answered`` failed; ``failures`` says why for the first few
+    (:class:`artifactd.build.cells.Sent`).
+    """
 
     matrix: str
     cell: str
@@ -96,22 +115,40 @@ class Readiness:
         return NOT_READY_EXIT if level is not None and not self.reached(level) else 0
 
 
+def check_engine_url(engine_url: str) -> str:
+    """Return ``engine_url`` as shown (no password); raise :class:`UsageError` if malformed."""
+    from artifactd.boundedhttp import parse_url
+
+    return parse_url(engine_url, "--engine-url").shown
+
+
+def check_prewarm_timeout(seconds: float) -> float:
+    """Return ``seconds`` if finite and in (0, :data:`MAX_PREWARM_DEADLINE_S`], else raise."""
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_PREWARM_DEADLINE_S):
+        raise UsageError(
+            f"--prewarm-timeout {seconds}: not a number of seconds in "
+            f"(0, {MAX_PREWARM_DEADLINE_S:g}]",
+            hint="give the seconds every warm-up request together may take; keep it "
+            "under the probe's timeoutSeconds",
+        )
+    return seconds
+
+
 def probe_health(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
-    """GET ``<engine_url>/health``; return whether it answered 200, and what it got."""
-    url = engine_url.rstrip("/") + "/health"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    """GET ``<engine_url>/health``; return whether it answered 200, and what it got.
+
+    The whole exchange within ``timeout``; the URL is shown without its password.
+    """
+    from artifactd.boundedhttp import ExchangeError, exchange, parse_url
+
+    endpoint = parse_url(engine_url.rstrip("/") + "/health", "--engine-url")
     started = time.monotonic()
     try:
-        with opener.open(url, timeout=timeout) as resp:
-            status = resp.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-        exc.close()
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", exc)
-        return False, f"GET {url}: no answer ({type(reason).__name__}: {reason})"
+        answer = exchange(endpoint, timeout_s=timeout, max_bytes=HEALTH_MAX_BYTES)
+    except ExchangeError as exc:
+        return False, f"GET {endpoint.shown}: no answer ({exc.why})"
     took = time.monotonic() - started
-    return status == 200, f"GET {url}: HTTP {status} in {took:.3f} s"
+    return answer.status == 200, f"GET {endpoint.shown}: HTTP {answer.status} in {took:.3f} s"
 
 
 def prewarm_cell(matrix_path: Path, engine_url: str, cell_id: str | None) -> ServeCell:
@@ -176,15 +213,17 @@ def readiness(
     serviceable = why is None
     if why is None:
         why = _not_prewarmed(status, sent)
-    return Readiness(serviceable, serviceable and why is None, engine_url, engine, sent, why)
+    shown = None if engine_url is None else check_engine_url(engine_url)
+    return Readiness(serviceable, serviceable and why is None, shown, engine, sent, why)
 
 
 def _not_prewarmed(status: TargetStatus, sent: Prewarm | None) -> str | None:
     if sent is None:
         return "no warm-up shapes were sent: give --prewarm MATRIX to send the matrix's requests"
-    if sent.failures:
+    if sent.answered < sent.requests:
+        first = sent.failures[0] if sent.failures else "no answer"
         return (
-            f"{len(sent.failures)} of {sent.requests} warm-up request(s) failed: {sent.failures[0]}"
+            f"{sent.requests - sent.answered} of {sent.requests} warm-up request(s) failed: {first}"
         )
     if status.state != "restored":
         return f"no trusted restore ({status.state}): the shapes were served from no restored cache"
@@ -198,10 +237,15 @@ def _not_prewarmed(status: TargetStatus, sent: Prewarm | None) -> str | None:
 
 __all__ = [
     "LEVELS",
+    "MAX_PREWARM_DEADLINE_S",
     "NOT_READY_EXIT",
+    "PREWARM_DEADLINE_S",
+    "PREWARM_REQUEST_TIMEOUT_S",
     "Level",
     "Prewarm",
     "Readiness",
+    "check_engine_url",
+    "check_prewarm_timeout",
     "prewarm_cell",
     "probe_health",
     "readiness",
