@@ -144,6 +144,8 @@ JOBS = Range(1, 256, "cells", kind="int")
 COVERAGE = Range(0, 1, lo_open=True)
 #: ``matrix shapes --timeout``: how long one metrics URL may take.
 SCRAPE_TIMEOUT_S = Range(0, 3_600, "seconds", lo_open=True)
+#: ``status --prewarm-timeout``: every warm-up request together (an hour).
+PREWARM_TIMEOUT_S = Range(0, 3_600, "seconds", lo_open=True)
 #: ``gc --min-free``: percent of the node store's filesystem to keep free.
 MIN_FREE_PCT = Range(0, 100, "percent")
 #: ``node-features --max-labels``.

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.build.matrix import Cell, ServeCell, ServeRequests
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
@@ -75,8 +76,9 @@ REQUEST_TIMEOUT_S = 1800.0
 KILL_WAIT_S = 10.0
 #: Most requests in flight at once, each on a thread of its own: a group's
 #: ``concurrency`` above it is sent this many at a time (vLLM's largest default
-#: ``max_num_seqs`` is 1024). The serve schema's upper bound for ``concurrency``.
-MAX_CONCURRENCY = 1024
+#: ``max_num_seqs`` is 1024). The serve schema's upper bound for ``concurrency``
+#: (one owner: :mod:`artifactd.bounds`).
+MAX_CONCURRENCY = int(B.CONCURRENCY.hi)
 #: Largest answer read from the engine, in bytes (a completion's JSON).
 MAX_ANSWER_BYTES = 16 << 20
 #: Failure lines kept from one ``send_requests`` (the rest are counted).

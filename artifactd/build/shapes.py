@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.build.cells import MAX_CONCURRENCY
 from artifactd.build.matrix import ServeRequests
 from artifactd.build.scrape import FETCH_TIMEOUT_S, is_url, read_source, shown
@@ -79,8 +80,9 @@ MAX_SOURCES = 64
 MAX_COUNT = float(2**53)
 #: Largest prompt length or max_tokens written into a request, in tokens: a
 #: bucket bound past it (``le="1e300"``) is sent as this, with a note. The serve
-#: schema's upper bound for ``prompt_tokens`` and ``max_tokens``.
-MAX_TOKENS = 1 << 21
+#: schema's upper bound for ``prompt_tokens`` and ``max_tokens`` (one owner:
+#: :mod:`artifactd.bounds`).
+MAX_TOKENS = int(min(B.PROMPT_WORDS.hi, B.MAX_TOKENS.hi))
 #: Largest CUDA-graph batch size printed (vLLM's step buckets end at 16384).
 MAX_GRAPH_SIZE = 1 << 16
 

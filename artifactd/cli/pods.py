@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
 from artifactd.cli import specs as S  # noqa: N812
@@ -200,11 +201,11 @@ PREWARM_CELL = Opt(
 PREWARM_TIMEOUT = Opt(
     "--prewarm-timeout",
     "prewarm_timeout",
-    "Seconds every warm-up request of --prewarm together may take, in (0, 3600] "
-    "(each one at most 120 s, at most 1024 in flight); what is unanswered by then fails.",
+    "Seconds every warm-up request of --prewarm together may take [600] (each one at "
+    "most 120 s, at most 1024 in flight); what is unanswered by then fails.",
     C.ENV_PREWARM_TIMEOUT,
     metavar="SECONDS",
-    kind="float",
+    bound=B.PREWARM_TIMEOUT_S,
 )
 READY = Opt(
     "--ready",
@@ -373,12 +374,11 @@ def _prewarm(
         PREWARM_DEADLINE_S,
         PREWARM_REQUEST_TIMEOUT_S,
         Prewarm,
-        check_prewarm_timeout,
         prewarm_cell,
         probe_health,
     )
 
-    overall = check_prewarm_timeout(PREWARM_DEADLINE_S if timeout_s is None else timeout_s)
+    overall = PREWARM_DEADLINE_S if timeout_s is None else timeout_s
     serve = prewarm_cell(matrix, engine_url, cell_id) if matrix is not None else None
     answered = probe_health(engine_url)
     if serve is None or not answered[0]:

@@ -39,7 +39,6 @@ shown without its password everywhere (text, ``--json``, errors).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +59,6 @@ PROBE_TIMEOUT_S = 2.0
 PREWARM_REQUEST_TIMEOUT_S = 120.0
 #: Every warm-up request together may take this long by default (``--prewarm-timeout``).
 PREWARM_DEADLINE_S = 600.0
-#: Longest ``--prewarm-timeout`` accepted, in seconds.
-MAX_PREWARM_DEADLINE_S = 3600.0
 #: Largest answer read from ``/health``.
 HEALTH_MAX_BYTES = 64 << 10
 
@@ -120,18 +117,6 @@ def check_engine_url(engine_url: str) -> str:
     from artifactd.boundedhttp import parse_url
 
     return parse_url(engine_url, "--engine-url").shown
-
-
-def check_prewarm_timeout(seconds: float) -> float:
-    """Return ``seconds`` if finite and in (0, :data:`MAX_PREWARM_DEADLINE_S`], else raise."""
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_PREWARM_DEADLINE_S):
-        raise UsageError(
-            f"--prewarm-timeout {seconds}: not a number of seconds in "
-            f"(0, {MAX_PREWARM_DEADLINE_S:g}]",
-            hint="give the seconds every warm-up request together may take; keep it "
-            "under the probe's timeoutSeconds",
-        )
-    return seconds
 
 
 def probe_health(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
@@ -237,7 +222,6 @@ def _not_prewarmed(status: TargetStatus, sent: Prewarm | None) -> str | None:
 
 __all__ = [
     "LEVELS",
-    "MAX_PREWARM_DEADLINE_S",
     "NOT_READY_EXIT",
     "PREWARM_DEADLINE_S",
     "PREWARM_REQUEST_TIMEOUT_S",
@@ -245,7 +229,6 @@ __all__ = [
     "Prewarm",
     "Readiness",
     "check_engine_url",
-    "check_prewarm_timeout",
     "prewarm_cell",
     "probe_health",
     "readiness",
