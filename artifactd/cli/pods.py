@@ -301,7 +301,11 @@ def status(
     if metrics_file is not None:
         from artifactd.pod.metrics import status_registry, write_textfile
 
-        write_textfile(metrics_file, status_registry(result.families, result.phases, readiness))
+        warning = write_textfile(
+            metrics_file, status_registry(result.families, result.phases, readiness)
+        )
+        if warning is not None:  # an add-on: status keeps its exit code
+            render.echo(warning, err=True)
     code = result.exit_code(fail_on_compile=fail_on_compile)
     if not code and readiness is not None:
         code = readiness.exit_code(level)
