@@ -90,7 +90,9 @@ def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opt
 
     --engine-log FILE keeps a stamped copy of CMD's output for `artifactd
     status --engine-log FILE` (a copier process forked first; CMD keeps the
-    process id and its output still reaches the container's log).
+    process id and its output still reaches the container's log). A FILE
+    that is no regular file (a FIFO, a device, a symlink) or cannot be
+    written is one warning, and CMD runs anyway.
 
     \b
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
