@@ -4,7 +4,14 @@
 is *given* (a key, an env file, a mounted artifact's files and documents, a
 store's blobs): without blocking, as a regular file only, and read up to a
 limit, so that no input can hang a command (a FIFO), stream forever (a device)
-or fill memory (a huge file).
+or fill memory (a huge file). :func:`read_lines` reads a text file that may
+still be growing (an engine log) line by line, up to a byte budget, each line
+cut at a cap.
+
+:func:`open_append` and :func:`replace_regular` are the writing side, for the
+files written beside a command (an engine log, a metrics textfile): a symlink
+at the path is never followed, a FIFO never blocks the open, and anything but
+a regular file is refused, never written into or replaced.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -75,35 +83,9 @@ def open_regular(
     that one any more. Raises :class:`InputFileError`.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    if not follow:
-        flags |= os.O_NOFOLLOW
+    fd = _open_nonblocking(path, flags, follow=follow, verb="read")
     try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise MissingInputError(
-            path, "does not exist", reason="missing", code=errno.ENOENT
-        ) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and not follow:
-            raise InputFileError(
-                path, "is a symlink, not a regular file", reason="not_regular", code=errno.ELOOP
-            ) from None
-        if exc.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
-            raise InputFileError(
-                path, "is not a regular file (a socket or device)", reason="not_regular"
-            ) from None
-        raise InputFileError(
-            path,
-            f"cannot be read ({exc.strerror or exc})",
-            reason="unreadable",
-            code=exc.errno or errno.EIO,
-        ) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputFileError(
-                path, f"is {file_kind(st.st_mode)}, not a regular file", reason="not_regular"
-            )
+        st = _regular_stat(fd, path)
         if expect is not None and (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
             raise InputFileError(path, "was replaced while it was read", reason="not_regular")
         if max_bytes is not None and st.st_size > max_bytes:
@@ -117,6 +99,129 @@ def open_regular(
     except BaseException:
         os.close(fd)
         raise
+
+
+def _open_nonblocking(
+    path: str | Path, flags: int, *, follow: bool, verb: str, mode: int = 0o644
+) -> int:
+    """``os.open`` ``flags`` (with ``O_NONBLOCK``); its errors as :class:`InputFileError`."""
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, mode)
+    except FileNotFoundError:
+        raise MissingInputError(
+            path, "does not exist", reason="missing", code=errno.ENOENT
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise InputFileError(
+                path, "is a symlink, not a regular file", reason="not_regular", code=errno.ELOOP
+            ) from None
+        if exc.errno == errno.ENXIO:  # a socket, a FIFO no one reads, a device with nothing behind
+            raise InputFileError(
+                path, "is not a regular file (a FIFO, socket or device)", reason="not_regular"
+            ) from None
+        raise InputFileError(
+            path,
+            f"cannot be {verb} ({exc.strerror or exc})",
+            reason="unreadable",
+            code=exc.errno or errno.EIO,
+        ) from None
+
+
+def _regular_stat(fd: int, path: str | Path) -> os.stat_result:
+    """``fstat`` the open descriptor; refuse anything but a regular file (the caller closes)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError(
+            path, f"is {file_kind(st.st_mode)}, not a regular file", reason="not_regular"
+        )
+    return st
+
+
+def open_append(path: str | Path, *, mode: int = 0o644) -> int:
+    """Open ``path`` for appending (created when missing), as a regular file only.
+
+    The writing side of :func:`open_regular`, for a file written beside a
+    command (an engine log): ``O_NOFOLLOW`` (a symlink at the path is refused,
+    never followed), ``O_NONBLOCK`` (a FIFO no one reads fails at once, one
+    someone reads opens at once: neither blocks), then the open descriptor is
+    checked with ``fstat``: a FIFO, a device (``/dev/full``), a directory is
+    refused. Returns the descriptor (close-on-exec, blocking again). Raises
+    :class:`InputFileError`.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = _open_nonblocking(path, flags, follow=False, verb="written", mode=mode)
+    try:
+        _regular_stat(fd, path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def replace_regular(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write`), over a regular file only.
+
+    What is at ``path`` is looked at first (``lstat``): a symlink, a FIFO, a
+    device or a directory there is refused and left as it was, never
+    replaced (``rename`` would put a regular file in place of ``/dev/full``
+    when run as root). Raises :class:`InputFileError`, or ``OSError`` when the
+    write fails (a full disk, a read-only directory).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise InputFileError(
+            path,
+            f"cannot be written ({exc.strerror or exc})",
+            reason="unreadable",
+            code=exc.errno or errno.EIO,
+        ) from None
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError(
+                path, f"is {file_kind(st.st_mode)}, not a regular file", reason="not_regular"
+            )
+    atomic_write(path, data, mode=mode)
+
+
+def read_lines(
+    handle: BinaryIO, *, max_bytes: int, max_line: int, chunk: int = 1 << 16
+) -> Iterator[bytes]:
+    """Yield the lines of ``handle`` (without their newline), reading at most ``max_bytes``.
+
+    For a text file that may keep growing while it is read (an engine log):
+    the caller fixes the budget when it opens the file (its size then, and a
+    cap), so the read ends whatever is appended meanwhile. A line longer than
+    ``max_line`` bytes yields its first ``max_line`` bytes; the rest is read
+    past, never held. Memory is ``chunk + max_line`` whatever the input, and
+    time is linear in the bytes read.
+    """
+    remaining = max_bytes
+    line = bytearray()
+    while remaining > 0:
+        data = handle.read(min(chunk, remaining))
+        if not data:
+            break
+        remaining -= len(data)
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            room = max_line - len(line)
+            if room > 0:
+                line += data[start : min(end, start + room)]
+            yield bytes(line)
+            line.clear()
+            start = end + 1
+        room = max_line - len(line)
+        if room > 0 and start < len(data):
+            line += data[start : start + room]
+    if line:
+        yield bytes(line)
 
 
 def text_problem(data: bytes) -> str | None:

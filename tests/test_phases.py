@@ -217,7 +217,7 @@ def test_fixture_sources_are_named(name: str) -> None:
 
 def test_a_full_engine_log_stops_growing_and_the_engine_still_speaks(tmp_path: Path) -> None:
     """At its size limit the log gets one last line; the engine's output still passes."""
-    from artifactd.pod.exec import MAX_LOG_BYTES
+    from artifactd.pod.phases import MAX_LOG_BYTES
 
     (tmp_path / "artifactd.env").write_text("")
     log = tmp_path / "engine.log"

@@ -378,10 +378,8 @@ def restore(
 
 def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:
     """Write the restore's metrics; a failure to is reported, never fatal to the restore."""
-    from artifactd.errors import ArtifactdError
     from artifactd.pod.metrics import restore_registry, write_textfile
 
-    try:
-        write_textfile(path, restore_registry(outcome))
-    except ArtifactdError as exc:
-        render.echo(f"artifactd: warning: {exc.message}", err=True)
+    warning = write_textfile(path, restore_registry(outcome))
+    if warning is not None:
+        render.echo(warning, err=True)

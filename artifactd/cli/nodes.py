@@ -174,7 +174,9 @@ def gc(
             free_ratio=result.free_pct_after / 100,
             min_free_ratio=None if min_free is None else min_free / 100,
         )
-        write_textfile(metrics_file, registry)
+        warning = write_textfile(metrics_file, registry)
+        if warning is not None:  # an add-on: gc's outcome stands
+            render.echo(warning, err=True)
     if as_json:
         from artifactd.reports import result_report
 

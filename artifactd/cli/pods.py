@@ -91,7 +91,9 @@ def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opt
 
     --engine-log FILE keeps a stamped copy of CMD's output for `artifactd
     status --engine-log FILE` (a copier process forked first; CMD keeps the
-    process id and its output still reaches the container's log).
+    process id and its output still reaches the container's log). A FILE
+    that is no regular file (a FIFO, a device, a symlink) or cannot be
+    written is one warning, and CMD runs anyway.
 
     \b
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
@@ -317,7 +319,11 @@ def status(
     if metrics_file is not None:
         from artifactd.pod.metrics import status_registry, write_textfile
 
-        write_textfile(metrics_file, status_registry(result.families, result.phases, readiness))
+        warning = write_textfile(
+            metrics_file, status_registry(result.families, result.phases, readiness)
+        )
+        if warning is not None:  # an add-on: status keeps its exit code
+            render.echo(warning, err=True)
     code = result.exit_code(fail_on_compile=fail_on_compile)
     if not code and readiness is not None:
         code = readiness.exit_code(level)

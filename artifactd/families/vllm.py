@@ -116,6 +116,7 @@ from artifactd.families.layouts import (
     deepgemm_excluded,
     deepgemm_partial_entries,
 )
+from artifactd.fsutil import read_regular
 
 if TYPE_CHECKING:
     import ipaddress
@@ -226,6 +227,10 @@ def merge_handles(ours: bytes, theirs: bytes) -> bytes | None:
 # --------------------------------------------------------------------------
 
 
+#: The largest ``cache_key_factors.json`` read (vLLM's are a few KiB).
+MAX_FACTORS_BYTES = 1 << 20
+
+
 def read_factors(root: Path) -> dict[str, dict[str, Any]]:
     """Return ``{hash dir name: factors}`` for every hash dir under ``root/torch_compile_cache``.
 
@@ -233,7 +238,8 @@ def read_factors(root: Path) -> dict[str, dict[str, Any]]:
     the dir name) into ``rank_<r>_<dp>/<prefix>/cache_key_factors.json`` for
     each rank and prefix; the first readable one in sorted order is returned.
     Hash dirs without one (older vLLM), unreadable or non-object files, and the
-    ``torch_aot_compile`` dir are left out.
+    ``torch_aot_compile`` dir are left out; so is a file that is not a regular
+    file (a FIFO would block) or is larger than :data:`MAX_FACTORS_BYTES`.
     """
     found: dict[str, dict[str, Any]] = {}
     try:
@@ -245,8 +251,8 @@ def read_factors(root: Path) -> dict[str, dict[str, Any]]:
     for hash_dir in hash_dirs:
         for meta in sorted(hash_dir.rglob(FACTORS_FILE)):
             try:
-                doc = json.loads(meta.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                doc = json.loads(read_regular(meta, MAX_FACTORS_BYTES).decode("utf-8"))
+            except (OSError, ValueError, RecursionError):
                 continue
             if isinstance(doc, dict):
                 found[hash_dir.name] = doc

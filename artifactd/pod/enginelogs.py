@@ -70,25 +70,36 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 from artifactd.families.vllm import classify_factor, read_factors
-from artifactd.fsutil import open_regular
-from artifactd.pod.phases import PhaseClock, PhaseTime
+from artifactd.fsutil import open_regular, read_lines
+from artifactd.pod.phases import MAX_READ_BYTES, MAX_READ_LINE, PhaseClock, PhaseTime, log_count
 from artifactd.pod.verdict import written_after
 
 #: Evidence lines kept per family, and differing hash factors named per dir.
 MAX_LINES = 5
 MAX_FACTORS = 8
+#: Distinct cache dirs kept from one log (a rank names its own: 64 is 8 nodes of
+#: 8 GPUs), and the longest path kept (PATH_MAX): a log naming more is input,
+#: and each line's work stays constant.
+MAX_DIRS = 64
+MAX_PATH = 4096
+#: A count read from a warm-up report is believed up to this.
+MAX_COUNT = 10**9
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_VLLM_DIR = re.compile(r"Using cache directory: (?P<path>.+?) for vLLM's torch\.compile")
+# The lines with a free-form middle (``head(.+?)tail``) are read by :func:`_between`,
+# linear in the line: a lazy regex tries every head to the end of the line, and
+# one hostile 64 KiB line of heads took seconds.
+_VLLM_DIR = ("Using cache directory: ", " for vLLM's torch.compile")
 _VLLM_DISABLED = "vLLM's torch.compile cache is disabled."
-_VLLM_HIT = re.compile(r"Directly load the compiled graph\(s\) for .+? from the cache, took ")
-_VLLM_MISS = re.compile(r"Compiling a graph for .+? takes [0-9.]+ s")
+_VLLM_HIT = ("Directly load the compiled graph(s) for ", " from the cache, took ")
+_VLLM_MISS = "Compiling a graph for "
+_VLLM_MISS_TAIL = re.compile(r" takes [0-9.]+ s")
 _VLLM_AOT_HIT = re.compile(r"Directly load AOT compilation from path (?P<path>\S+)")
 _VLLM_AOT_MISS = (
-    re.compile(r"Cannot load aot compilation from path (?P<path>.+?), error: "),
-    re.compile(r"Compiling model again due to a load failure from (?P<path>.+?), reason: "),
-    re.compile(r"saved AOT compiled function to (?P<path>\S+)"),
+    ("Cannot load aot compilation from path ", ", error: "),
+    ("Compiling model again due to a load failure from ", ", reason: "),
 )
+_VLLM_AOT_SAVED = re.compile(r"saved AOT compiled function to (?P<path>\S+)")
 _FX = re.compile(r"fx graph cache (?P<what>hit|miss) for key ")
 _COUNTER = re.compile(r"['\"]fxgraph_cache_(?P<what>hit|miss)['\"]\s*:\s*(?P<n>\d+)")
 #: The CPU demo report's parts, and the family each one is evidence for.
@@ -126,8 +137,10 @@ class LogFacts:
     path: str
     lines: int = 0
     vllm: Tally = field(default_factory=Tally)
-    #: vLLM's chosen cache dirs and AOT artifact paths, in first-seen order.
+    #: vLLM's chosen cache dirs and AOT artifact paths, in first-seen order
+    #: (the first :data:`MAX_DIRS`; ``more_dirs`` counts the lines naming others).
     vllm_dirs: list[str] = field(default_factory=list)
+    more_dirs: int = 0
     vllm_disabled: bool = False
     fx_graph: Tally = field(default_factory=Tally)
     #: The last printed counters mapping: ``{"hit": n, "miss": n}``.
@@ -136,6 +149,17 @@ class LogFacts:
     demo: dict[str, Tally] = field(default_factory=dict)
     #: The start's phases (:mod:`artifactd.pod.phases`).
     clock: PhaseClock = field(default_factory=PhaseClock)
+    _dir_set: set[str] = field(default_factory=set, repr=False)
+
+    def remember_dir(self, path: str) -> None:
+        """Keep a dir vLLM named, once, up to :data:`MAX_DIRS` (constant work per line)."""
+        if path in self._dir_set:
+            return
+        if len(self.vllm_dirs) >= MAX_DIRS or len(path) > MAX_PATH:
+            self.more_dirs += 1
+            return
+        self._dir_set.add(path)
+        self.vllm_dirs.append(path)
 
     @property
     def has_vllm(self) -> bool:
@@ -200,13 +224,18 @@ def read_log(path: str | Path) -> LogFacts:
     Raises ``OSError`` when the file cannot be read, and for anything but a
     regular file (a symlink to one is followed, as log dirs use them): a FIFO
     would block and a device never end; a pipe is read as ``-``. Bytes that are
-    not UTF-8 are replaced; lines are streamed, so a log of any size is read
-    in constant memory.
+    not UTF-8 are replaced. Bounded (:mod:`artifactd.pod.phases` holds the
+    bounds): the read stops at the file's size when opened (a log the engine
+    is still writing is not chased) and at :data:`~artifactd.pod.phases.MAX_READ_BYTES`;
+    a line longer than :data:`~artifactd.pod.phases.MAX_READ_LINE` bytes is
+    read as its first that many; lines are streamed, so memory is constant.
     """
     if str(path) == "-":
-        return scan(sys.stdin.buffer, "-")
+        lines = read_lines(sys.stdin.buffer, max_bytes=MAX_READ_BYTES, max_line=MAX_READ_LINE)
+        return scan(lines, "-")
     with open_regular(path, follow=True) as handle:
-        return scan(handle, str(path))
+        budget = min(os.fstat(handle.fileno()).st_size, MAX_READ_BYTES)
+        return scan(read_lines(handle, max_bytes=budget, max_line=MAX_READ_LINE), str(path))
 
 
 def scan(lines: Iterable[bytes | str], name: str = "") -> LogFacts:
@@ -222,31 +251,41 @@ def scan(lines: Iterable[bytes | str], name: str = "") -> LogFacts:
 def _line(facts: LogFacts, line: str) -> None:  # noqa: PLR0911 - one return per kind of line
     if not line:
         return
-    if (m := _VLLM_DIR.search(line)) is not None:
-        _remember(facts.vllm_dirs, m.group("path"))
+    if (path := _between(line, *_VLLM_DIR)) is not None:
+        facts.remember_dir(path)
         return
     if _VLLM_DISABLED in line:
         facts.vllm_disabled = True
         return
-    if _VLLM_HIT.search(line):
+    if _between(line, *_VLLM_HIT) is not None:
         facts.vllm.add(True, line)
         return
-    if _VLLM_MISS.search(line):
+    if (at := line.find(_VLLM_MISS)) >= 0 and _VLLM_MISS_TAIL.search(
+        line, at + len(_VLLM_MISS) + 1
+    ):
         facts.vllm.add(False, line)
         return
     if (m := _VLLM_AOT_HIT.search(line)) is not None:
-        _remember(facts.vllm_dirs, m.group("path"))
+        facts.remember_dir(m.group("path"))
         facts.vllm.add(True, line)
         return
-    for pattern in _VLLM_AOT_MISS:
-        if (m := pattern.search(line)) is not None:
-            _remember(facts.vllm_dirs, m.group("path"))
+    for head, tail in _VLLM_AOT_MISS:
+        if (path := _between(line, head, tail)) is not None:
+            facts.remember_dir(path)
             facts.vllm.add(False, line)
             return
+    if (m := _VLLM_AOT_SAVED.search(line)) is not None:
+        facts.remember_dir(m.group("path"))
+        facts.vllm.add(False, line)
+        return
     if (m := _FX.search(line)) is not None:
         facts.fx_graph.add(m.group("what") == "hit", line)
         return
-    counters = {m.group("what"): int(m.group("n")) for m in _COUNTER.finditer(line)}
+    counters = {
+        m.group("what"): n
+        for m in _COUNTER.finditer(line)
+        if (n := log_count(m.group("n"))) is not None
+    }
     if counters:
         facts.counters = counters
         facts.counters_line = line[:400]
@@ -255,16 +294,25 @@ def _line(facts: LogFacts, line: str) -> None:  # noqa: PLR0911 - one return per
         _demo_report(facts, line)
 
 
-def _remember(paths: list[str], path: str) -> None:
-    if path not in paths:
-        paths.append(path)
+def _between(line: str, head: str, tail: str) -> str | None:
+    """Return what ``head(.+?)tail`` would capture in ``line``, or None; linear in the line.
+
+    The first ``head``, then the first ``tail`` at least one character after
+    it: when the first head has no tail after it, no later head has one.
+    """
+    start = line.find(head)
+    if start < 0:
+        return None
+    start += len(head)
+    end = line.find(tail, start + 1)
+    return None if end < 0 else line[start:end]
 
 
 def _demo_report(facts: LogFacts, line: str) -> None:
     """Count the CPU demo report's parts: ``{"inductor": {"hits": n, "compiled": n}, ...}``."""
     try:
         doc = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # a line of 30,000 brackets is a RecursionError
         return
     if not isinstance(doc, dict):
         return
@@ -282,7 +330,7 @@ def _demo_report(facts: LogFacts, line: str) -> None:
 
 
 def _count(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 # --------------------------------------------------------------------------
@@ -378,29 +426,39 @@ def restored_key_dirs(root: Path, cutoff: float) -> set[PurePosixPath]:
 
 
 def _files(root: Path, rel: PurePosixPath) -> Iterator[tuple[PurePosixPath, os.stat_result]]:
-    """Every regular file under ``root`` (symlinks not followed), with its lstat."""
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
+    """Every regular file under ``root`` (symlinks not followed), with its lstat.
+
+    Walked with a stack, not recursion: a tree nested deeper than Python's
+    recursion limit is the engine's to write.
+    """
+    pending = [(root, rel)]
+    while pending:
+        top, top_rel = pending.pop()
         try:
-            st = entry.stat(follow_symlinks=False)
+            entries = list(os.scandir(top))
         except OSError:
             continue
-        if entry.is_dir(follow_symlinks=False):
-            yield from _files(Path(entry.path), rel / entry.name)
-        elif entry.is_file(follow_symlinks=False):
-            yield rel / entry.name, st
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                pending.append((Path(entry.path), top_rel / entry.name))
+            elif entry.is_file(follow_symlinks=False):
+                yield top_rel / entry.name, st
 
 
 def other_dirs(paths: Iterable[str], root: Path, cutoff: float) -> list[OtherDir]:
     """Return the dirs among ``paths`` (vLLM's) that the restore into ``root`` did not install.
 
-    One entry per hash dir (every rank names its own ``rank_<r>_<dp>``).
+    One entry per hash dir (every rank names its own ``rank_<r>_<dp>``). The
+    restored tree is walked once, and vLLM's factor files read once, however
+    many dirs there are.
     """
     root = Path(os.path.normpath(root))
     restored: set[PurePosixPath] | None = None
+    factors: dict[str, dict[str, Any]] | None = None
     seen: set[object] = set()
     out: list[OtherDir] = []
     for text in paths:
@@ -432,28 +490,37 @@ def other_dirs(paths: Iterable[str], root: Path, cutoff: float) -> list[OtherDir
             )
             out.append(OtherDir(text, why))
             continue
+        if factors is None and key.parts[0] == "torch_compile_cache":
+            factors = read_factors(root)
         out.append(
             OtherDir(
                 text,
                 f"{key} is not a dir the restore installed: a hash factor differs from the "
                 "build's (a pod IP, HOME, the model path, --max-num-batched-tokens...)",
-                differing_factors(root, key, restored),
+                differing_factors(root, key, restored, factors),
             )
         )
     return out
 
 
-def differing_factors(root: Path, key: PurePosixPath, restored: set[PurePosixPath]) -> list[str]:
+def differing_factors(
+    root: Path,
+    key: PurePosixPath,
+    restored: set[PurePosixPath],
+    factors: Mapping[str, dict[str, Any]] | None = None,
+) -> list[str]:
     """Name the hash factors of ``key`` that differ from the closest restored hash dir's.
 
     Reads the ``cache_key_factors.json`` vLLM writes into each hash dir
-    (:func:`artifactd.families.vllm.read_factors`); empty when the new dir has
-    none (vLLM compiled elsewhere, or an AOT dir, which keeps none).
+    (:func:`artifactd.families.vllm.read_factors`; ``factors`` when already
+    read); empty when the new dir has none (vLLM compiled elsewhere, or an AOT
+    dir, which keeps none).
     """
     if key.parts[0] != "torch_compile_cache" or len(key.parts) != 2:
         return []
 
-    factors = read_factors(root)
+    if factors is None:
+        factors = read_factors(root)
     mine = factors.get(key.name)
     if mine is None:
         return []

@@ -21,8 +21,16 @@ forked before the exec reads two pipes that become the engine's stdout and
 stderr, writes every byte through to where they pointed, and appends the
 stamped lines to FILE. The engine keeps the process id; the copier ignores
 SIGINT and SIGTERM and ends when the last writer of the pipes (the engine
-and its workers) is gone, so the engine's last lines are kept. A FILE that
-cannot be opened is one warning, and the engine runs untouched.
+and its workers) is gone, so the engine's last lines are kept.
+
+The log is an add-on, and the rule of every add-on holds
+(:func:`artifactd.fsutil.open_append`): it never blocks or fails the engine,
+and it writes only a regular file, bounded. A FILE that is a FIFO (never
+waited on), a device such as ``/dev/full``, a directory or a symlink (never
+followed), that cannot be created, or whose first line cannot be written (a
+full disk) is one warning, and the engine runs untouched with its own exit
+status; a write that fails later (the disk fills) loses log lines, never the
+engine's output.
 
 Before the exec, the signals the Python runtime set to "ignore" at start-up
 (``SIGPIPE``, ``SIGXFSZ``) are reset to their defaults, as ``subprocess``
@@ -43,16 +51,17 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from artifactd.errors import ArtifactdError, TargetError, UsageError
+from artifactd.fsutil import open_append
+from artifactd.pod.phases import MAX_LINE_BYTES, MAX_LOG_BYTES, stamp_line
 from artifactd.restore.destination import CacheVolume, parse_env_file
 
 #: Exit codes of a CMD that cannot be started, as POSIX shells use them.
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
-#: ``--engine-log``: a line longer than this is logged in pieces.
-MAX_LINE_BYTES = 65536
-#: ``--engine-log``: the log stops growing at this size (the engine's output still
-#: passes through). The start's phases are in its first lines; a volume is not a sink.
-MAX_LOG_BYTES = 64 << 20
+# ``--engine-log``: a line longer than MAX_LINE_BYTES is logged in pieces; the log
+# stops growing at MAX_LOG_BYTES (the engine's output still passes through). The
+# start's phases are in its first lines; a volume is not a sink. Both bounds are
+# the log's owner's (:mod:`artifactd.pod.phases`), which ``status`` reads by.
 
 
 class ExecError(ArtifactdError):
@@ -170,41 +179,71 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
     Call it just before :func:`run`. Appends a stamped
     ``artifactd-exec: started ...`` line (the engine's process start), forks
     the copier and points fds 1 and 2 at its pipes. Returns a warning line
-    when ``log_path`` cannot be opened (nothing is changed then). The log
-    stops growing at :data:`MAX_LOG_BYTES`, saying so in one last line.
+    when the log cannot be kept (nothing is changed then): ``log_path`` is not
+    a regular file (a FIFO, a device, a directory, a symlink: refused without
+    blocking and never followed, :func:`artifactd.fsutil.open_append`), cannot
+    be created, or its first line cannot be written (a full disk); or there are
+    no pipes or process to copy with. The log stops growing at
+    :data:`MAX_LOG_BYTES`, saying so in one last line.
     """
-    from artifactd.pod.phases import stamp_line
-
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        log_fd = open_append(log_path)
+    except OSError as exc:
+        why = getattr(exc, "problem", None) or exc.strerror or str(exc)
+        return (
+            f"artifactd: warning: cannot open the engine log {log_path} ({why}); {_without(argv)}"
+        )
+    try:
+        started = f"artifactd-exec: started {' '.join(argv)[:500]} (pid {os.getpid()})\n"
+        room = MAX_LOG_BYTES - os.fstat(log_fd).st_size
+        if room > 0:
+            line = stamp_line(started.encode())
+            _write_all(log_fd, line)
+            room -= len(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pipes = _fork_copier(log_fd, room)
     except OSError as exc:
         return (
-            f"artifactd: warning: cannot open the engine log {log_path} "
-            f"({exc.strerror or exc}); {argv[0]} runs without it"
+            f"artifactd: warning: cannot write the engine log {log_path} "
+            f"({exc.strerror or exc}); {_without(argv)}"
         )
-    started = f"artifactd-exec: started {' '.join(argv)[:500]} (pid {os.getpid()})\n"
-    room = MAX_LOG_BYTES - os.fstat(log_fd).st_size
-    if room > 0:
-        line = stamp_line(started.encode())
-        os.write(log_fd, line)
-        room -= len(line)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    if os.fork() == 0:  # the copier
+    finally:
+        os.close(log_fd)
+    for fd, target in zip(pipes, (1, 2), strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    return None
+
+
+def _without(argv: Sequence[str]) -> str:
+    return f"{argv[0]} runs without it"
+
+
+def _fork_copier(log_fd: int, room: int) -> tuple[int, int]:
+    """Fork the copier; return the write ends of its stdout and stderr pipes.
+
+    Nothing is left open when a pipe or the fork fails (``OSError``).
+    """
+    fds: list[int] = []
+    try:
+        out_r, out_w = os.pipe()
+        fds += (out_r, out_w)
+        err_r, err_w = os.pipe()
+        fds += (err_r, err_w)
+        pid = os.fork()
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if pid == 0:  # the copier
         os.close(out_w)
         os.close(err_w)
         _copy({out_r: 1, err_r: 2}, log_fd, room)
     os.close(out_r)
     os.close(err_r)
-    os.close(log_fd)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.close(out_w)
-    os.close(err_w)
-    return None
+    return out_w, err_w
 
 
 def _copy(pipes: dict[int, int], log_fd: int, room: int) -> NoReturn:
@@ -218,8 +257,6 @@ def _copy(pipes: dict[int, int], log_fd: int, room: int) -> NoReturn:
 
 
 def _pump(pipes: dict[int, int], log_fd: int, room: int) -> None:
-    from artifactd.pod.phases import stamp_line
-
     partial = dict.fromkeys(pipes, b"")
     open_fds = set(pipes)
     while open_fds:
@@ -256,11 +293,17 @@ def _pump(pipes: dict[int, int], log_fd: int, room: int) -> None:
 
 def _write(fd: int, data: bytes) -> None:
     """Write all of ``data``; a reader gone (EPIPE) or a full disk loses it, not the engine."""
+    try:
+        _write_all(fd, data)
+    except OSError:
+        return
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (``os.write`` may write part); raises ``OSError``."""
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view) :]
         except InterruptedError:
             continue
-        except OSError:
-            return

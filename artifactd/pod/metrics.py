@@ -59,13 +59,15 @@ from prometheus_client import (
     Counter,
     Gauge,
     disable_created_metrics,
+    generate_latest,
     start_http_server,
-    write_to_textfile,
 )
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import ALLOWUTF8
 from prometheus_client.registry import Collector
 
-from artifactd.errors import TargetError, UsageError
+from artifactd.errors import UsageError
+from artifactd.fsutil import InputFileError, replace_regular
 
 if TYPE_CHECKING:
     from artifactd.pod.phases import PhaseTime
@@ -261,20 +263,28 @@ def node_store_registry(
     return reg
 
 
-def write_textfile(path: Path, registry: CollectorRegistry) -> None:
+def write_textfile(path: Path, registry: CollectorRegistry) -> str | None:
     """Write ``registry`` for node-exporter's textfile collector, atomically.
 
-    Raises :class:`TargetError` when the file cannot be written (the caller
-    decides; a restore reports it and keeps its own outcome).
+    The metrics file is an add-on, under the rule of every add-on: it never
+    fails the command that writes it (``restore``, ``status``, ``gc``), and it
+    writes only a regular file (:func:`artifactd.fsutil.replace_regular`: a
+    symlink, a FIFO, a device or a directory at ``path`` is left as it was).
+    Returns one warning line when the file cannot be written, else None; the
+    caller prints it and keeps its own outcome and exit code.
     """
+    data = generate_latest(registry, ALLOWUTF8)  # what prometheus-client writes to a textfile
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_to_textfile(str(path), registry)
+        replace_regular(path, data)
+    except InputFileError as exc:
+        return f"artifactd: warning: the metrics file {exc}: not written"
     except OSError as exc:
-        raise TargetError(
-            f"cannot write metrics to {path}: {exc.strerror or exc}",
-            hint="point --metrics-file at node-exporter's textfile directory, writable here",
-        ) from None
+        return (
+            f"artifactd: warning: cannot write metrics to {path}: {exc.strerror or exc} "
+            "(point --metrics-file at node-exporter's textfile directory, writable here)"
+        )
+    return None
 
 
 class _Fresh(Collector):

@@ -72,6 +72,7 @@ The tiny test engine (``tests/engines/tiny_engine.py``) prints
 from __future__ import annotations
 
 import calendar
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -83,6 +84,23 @@ Phase = Literal["restore", "weights", "compile", "cuda_graphs", "ready", "first_
 
 #: What ``artifactd exec --engine-log`` puts before each line it copies.
 STAMP_PREFIX = "artifactd-exec "
+#: The engine log's bounds, one owner for its writer and its reader. ``exec``
+#: writes a longer line in pieces of this many bytes, and ``status`` reads the
+#: first :data:`MAX_READ_LINE` bytes of a longer line (a piece and its stamp).
+MAX_LINE_BYTES = 65536
+MAX_READ_LINE = MAX_LINE_BYTES + 64
+#: ``exec`` stops writing the log at this size; ``status`` reads no more of a log
+#: than its size when opened, and at most this (plus one line): the start's
+#: phases are in its first lines, and a log still growing is never chased.
+MAX_LOG_BYTES = 64 << 20
+MAX_READ_BYTES = MAX_LOG_BYTES + MAX_READ_LINE
+#: A time or duration read from a log is believed up to this many seconds (a
+#: stamp: until the year 2286; a phase: 115 days); a larger one is ignored.
+MAX_SECONDS = 1e10
+#: A count read from a log (shapes, hits) has at most this many digits.
+MAX_COUNT_DIGITS = 9
+#: Distinct CUDA-graph bars counted (one per mode and rank); more are not.
+MAX_BARS = 64
 _STAMPED = re.compile(r"artifactd-exec (?P<t>\d+(?:\.\d+)?) \| ?(?P<rest>.*)$", re.DOTALL)
 
 _VLLM_TIME = re.compile(
@@ -105,9 +123,12 @@ _COMPILE_TINY = re.compile(
     r"(?P<misses>\d+) miss\(es\)"
 )
 _GRAPHS_VLLM = re.compile(r"Graph capturing finished in (?P<s>[0-9.]+) secs?")
-_GRAPHS_VLLM_BAR = re.compile(
-    r"Capturing CUDA graphs \((?P<what>[^)]*)\):\s*100%.*?\|\s*(?P<n>\d+)/(?P=n)\b"
-)
+#: vLLM's finished bar, ``Capturing CUDA graphs (<what>): 100%|...| N/N``, read by
+#: :func:`_finished_bar` in time linear in the line (a regex with a lazy ``.*?``
+#: between them took seconds on one hostile line).
+_BAR_HEAD = "Capturing CUDA graphs ("
+_BAR_DONE = re.compile(r"\):\s*100%")
+_BAR_COUNT = re.compile(r"\|\s*(\d+)/(\d+)\b")
 _GRAPHS_SGLANG = re.compile(r"Capture cuda graph end\. Time elapsed: (?P<s>[0-9.]+) s")
 _GRAPHS_SGLANG_BS = re.compile(r"Capture cuda graph bs \[(?P<bs>[0-9, ]*)\]")
 #: An engine's own "ready" line; uvicorn's (vLLM's only one) stands in when there is none.
@@ -180,8 +201,8 @@ class PhaseClock:
         """Take one log line (ANSI colours stripped); return it without the exec wrapper's stamp."""
         stamp: float | None = None
         if line.startswith(STAMP_PREFIX) and (m := _STAMPED.match(line)) is not None:
-            stamp, line = float(m.group("t")), m.group("rest")
-            if line.startswith("artifactd-exec: started "):
+            stamp, line = log_seconds(m.group("t")), m.group("rest")
+            if stamp is not None and line.startswith("artifactd-exec: started "):
                 self.started, self.exact_start = stamp, True
         if "\r" in line:  # tqdm redraws a bar with carriage returns
             for segment in line.split("\r"):
@@ -224,7 +245,7 @@ class PhaseClock:
             for source, pattern in _WEIGHTS:
                 if (m := pattern.search(line)) is not None:
                     said = m.group("s")
-                    self.weights = (source, float(said) if said else None, when, short)
+                    self.weights = (source, log_seconds(said) if said else None, when, short)
                     return
         if not self.engine_ready:
             for source, pattern in _READY:
@@ -243,31 +264,36 @@ class PhaseClock:
             self.first_request = (when, short)
             return
         if (m := _COMPILE_VLLM.search(line)) is not None:
-            self.compile_s = (self.compile_s or 0.0) + float(m.group("s"))
+            self._compiled(log_seconds(m.group("s")))
             self.compile_source, self.compile_line = "vLLM", short
             return
         if (m := _COMPILE_TINY.search(line)) is not None:
-            self.compile_s = (self.compile_s or 0.0) + float(m.group("s"))
-            self.tiny_hits += int(m.group("hits"))
-            self.tiny_misses += int(m.group("misses"))
+            self._compiled(log_seconds(m.group("s")))
+            self.tiny_hits += log_count(m.group("hits")) or 0
+            self.tiny_misses += log_count(m.group("misses")) or 0
             self.compile_source = "tiny engine"
             self.compile_line = self.compile_line or short
             return
-        if (m := _GRAPHS_VLLM_BAR.search(line)) is not None:
-            key = m.group("what")  # one count per bar (a redraw repeats its final state)
-            if key not in self._seen_bars:
+        if (bar := _finished_bar(line)) is not None:
+            key, n = bar[0][:MAX_LINE], bar[1]  # one count per bar (a redraw repeats its end)
+            if key not in self._seen_bars and len(self._seen_bars) < MAX_BARS:
                 self._seen_bars.add(key)
-                self.vllm_shapes += int(m.group("n"))
+                self.vllm_shapes += n
             return
         if (m := _GRAPHS_SGLANG_BS.search(line)) is not None:
             self.sglang_shapes = len([b for b in m.group("bs").split(",") if b.strip()])
             return
         for source, pattern in (("vLLM", _GRAPHS_VLLM), ("SGLang", _GRAPHS_SGLANG)):
             if (m := pattern.search(line)) is not None:
-                # Every rank captures; the slowest one is the phase.
-                self.graphs_s = max(self.graphs_s or 0.0, float(m.group("s")))
-                self.graphs_source, self.graphs_line = source, short
+                said = log_seconds(m.group("s"))
+                if said is not None:  # every rank captures; the slowest one is the phase
+                    self.graphs_s = max(self.graphs_s or 0.0, said)
+                    self.graphs_source, self.graphs_line = source, short
                 return
+
+    def _compiled(self, said: float | None) -> None:
+        if said is not None:
+            self.compile_s = min((self.compile_s or 0.0) + said, MAX_SECONDS)
 
     def phases(self, *, compile_outcome: str | None = None) -> list[PhaseTime]:
         """Return the engine's phases found (in :data:`PHASES` order, ``restore`` excluded).
@@ -317,6 +343,45 @@ class PhaseClock:
         return out
 
 
+def _finished_bar(line: str) -> tuple[str, int] | None:
+    """Return (what, N) of vLLM's finished bar ``Capturing CUDA graphs (what): 100%|..| N/N``.
+
+    Each head is tried once, each ``)`` and each ``|`` looked at once: linear in the line.
+    """
+    start = 0
+    while (head := line.find(_BAR_HEAD, start)) >= 0:
+        close = line.find(")", head + len(_BAR_HEAD))
+        if close < 0:
+            return None
+        done = _BAR_DONE.match(line, close)
+        if done is None:  # every head before this ")" ends at it too
+            start = close + 1
+            continue
+        for m in _BAR_COUNT.finditer(line, done.end()):
+            if m.group(1) == m.group(2):
+                n = log_count(m.group(1))
+                return None if n is None else (line[head + len(_BAR_HEAD) : close], n)
+        return None
+    return None
+
+
+def log_seconds(text: str) -> float | None:
+    """Return a time or duration read from a log, or None unless finite in 0..:data:`MAX_SECONDS`.
+
+    ``[0-9.]+`` also matches ``1.2.3`` and 400-digit numbers: a log is input.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and 0 <= value <= MAX_SECONDS else None
+
+
+def log_count(text: str) -> int | None:
+    """Return a count read from a log (digits), or None when it has too many digits."""
+    return int(text) if text.isdigit() and len(text) <= MAX_COUNT_DIGITS else None
+
+
 def _utc(year: int, m: re.Match[str]) -> float | None:
     try:
         fields = (year, *(int(m.group(k)) for k in ("mo", "d", "h", "mi", "s")), 0, 0, 0)
@@ -354,6 +419,8 @@ __all__ = [
     "Phase",
     "PhaseClock",
     "PhaseTime",
+    "log_count",
+    "log_seconds",
     "restore_phase",
     "stamp_line",
 ]
