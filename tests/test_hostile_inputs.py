@@ -586,7 +586,7 @@ def test_lock_timeout_out_of_range_is_a_usage_error(
         proc = _restore(locked_target, "--store", world.store.ref, *args, env=env)
     _ok(proc)
     assert proc.returncode == 2, proc.stderr
-    assert "--lock-timeout" in proc.stderr and "not a duration" in proc.stderr
+    assert "--lock-timeout" in proc.stderr and "not a number of seconds from 0" in proc.stderr
 
 
 def test_a_target_with_a_newline_is_refused_before_anything_is_created(world: World) -> None:
