@@ -71,8 +71,6 @@ class LayoutStore(Store):
             if not (self.root / "index.json").exists():
                 with self._locked_index():
                     pass  # creates index.json under the lock, never over another's
-        except StoreError:
-            raise
         except OSError as exc:
             raise StoreError(f"cannot create OCI layout at {self.root}: {exc}") from exc
 
