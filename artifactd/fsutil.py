@@ -240,6 +240,27 @@ def text_problem(data: bytes) -> str | None:
     return None
 
 
+def utf8_argument(value: str, what: str) -> str:
+    """Return ``value``, or raise :class:`~artifactd.errors.UsageError` if it is not UTF-8 text.
+
+    The one check of text that came from a command line or the environment
+    and must be written as text (a fingerprint, JSON, a tag, an env file): a
+    byte that is not UTF-8 reaches Python as a lone surrogate, which none of
+    them can hold. ``what`` names the argument (``--set``, ``--target``).
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        from artifactd.errors import UsageError
+
+        shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise UsageError(
+            f"{what} '{shown}': not UTF-8 text (\\udcXX stands for a byte that is not)",
+            hint="pass UTF-8 text",
+        ) from None
+    return value
+
+
 def read_regular(path: str | Path, max_bytes: int, *, follow: bool = False) -> bytes:
     """Return the bytes of a regular file of at most ``max_bytes`` (see :func:`open_regular`).
 

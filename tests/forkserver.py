@@ -193,8 +193,15 @@ def _read_to_end(buffers: dict[int, bytearray], deadline: float) -> dict[int, by
 
 
 def _text(data: bytes | bytearray) -> str:
-    """What ``subprocess.run(text=True)`` would have decoded from ``data``."""
-    return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()
+    """What ``subprocess.run(text=True)`` would have decoded from ``data``.
+
+    Bytes the encoding cannot decode (a file name that is not UTF-8, printed
+    as it is) come back as U+FFFD, where ``subprocess.run`` would raise: a test
+    of such names reads the rest of the output.
+    """
+    return io.TextIOWrapper(
+        io.BytesIO(data), encoding=locale.getpreferredencoding(False), errors="replace"
+    ).read()
 
 
 # --------------------------------------------------------------------------

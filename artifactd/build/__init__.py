@@ -7,6 +7,7 @@ Modules:
   (:mod:`~artifactd.build.scrape` reads them, :mod:`~artifactd.build.matrix_edit`
   writes them into a matrix).
 * :mod:`~artifactd.build.schedule`: assign cells to workers and GPUs.
+* :mod:`~artifactd.build.launch`: start every cell in its own process group; stop the group.
 * :mod:`~artifactd.build.cells`: run one warm-up cell (serve, send requests, stop).
 * :mod:`~artifactd.build.run`: the ``build`` command: cells, harvest, publish.
 * :mod:`~artifactd.build.harvest`: harvest a machine's caches into an artifact.

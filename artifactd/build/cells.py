@@ -4,10 +4,11 @@ A ``serve`` cell (see :mod:`artifactd.build.matrix`) compiles what a real engine
 compiles, the way it compiles it, by running it. Its lifecycle:
 
 1. **start**: the engine's argv runs with the cell's environment (the fresh
-   cache roots the builder made) in a session and process group of its own,
-   its stdout and stderr going to the cell's log; the whole group is what gets
-   signalled later, since engines fork workers (tokenisers, tensor-parallel
-   ranks, compile pools) that write caches too;
+   cache roots the builder made) through the cells' one launcher
+   (:func:`artifactd.build.launch.start`: a session and process group of its
+   own), its stdout and stderr going to the cell's log; the whole group is
+   what gets signalled later, since engines fork workers (tokenisers,
+   tensor-parallel ranks, compile pools) that write caches too;
 2. **ready**: ``ready_url`` is polled (short timeouts, backoff up to 0.5 s)
    until it answers 200. An engine that exits first is a crash, reported at
    once with its exit status and the last lines of its log; one that is not
@@ -18,7 +19,8 @@ compiles, the way it compiles it, by running it. Its lifecycle:
    engine will compile in production is compiled now. Any answer but 200, or
    no answer, fails the cell;
 4. **stop**: SIGTERM to the process group, ``shutdown_grace_s`` for it to
-   exit, then SIGKILL to whatever is left of the group.
+   exit, then SIGKILL to whatever is left of the group
+   (:func:`artifactd.build.launch.stop`, as for a command cell).
 
 Harvest must wait for the exit, of the whole group and not only the engine's
 main process: caches are written by whichever process compiled (worker
@@ -58,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from artifactd import bounds as B  # noqa: N812
+from artifactd.build import launch
 from artifactd.build.matrix import Cell, ServeCell, ServeRequests
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
@@ -72,8 +75,6 @@ PROBE_TIMEOUT_S = 2.0
 POLL_FIRST_S, POLL_MAX_S = 0.05, 0.5
 #: Default wait for one answer: the first request of a shape may compile for minutes.
 REQUEST_TIMEOUT_S = 1800.0
-#: After SIGKILL, how long to wait for the group to be gone before giving up.
-KILL_WAIT_S = 10.0
 #: Most requests in flight at once, each on a thread of its own: a group's
 #: ``concurrency`` above it is sent this many at a time (vLLM's largest default
 #: ``max_num_seqs`` is 1024). The serve schema's upper bound for ``concurrency``
@@ -155,64 +156,6 @@ def _describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"was killed by {name}"
     return f"exited with status {returncode}"
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is left in process group ``pgid``."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _wait_group(proc: subprocess.Popen[bytes], deadline: float) -> bool:
-    """Wait until the engine and every process of its group are gone; False at deadline."""
-    while True:
-        left = deadline - time.monotonic()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, min(left, 0.1)))
-        if proc.returncode is not None and not _group_alive(proc.pid):
-            return True
-        if left <= 0:
-            return False
-        if proc.returncode is not None:
-            time.sleep(min(0.05, max(0.0, left)))
-
-
-def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> tuple[bool, int]:
-    """SIGTERM the engine's group, wait ``grace_s``, SIGKILL what is left; (killed, status)."""
-    killed = False
-    _signal_group(proc.pid, signal.SIGTERM)
-    if not _wait_group(proc, time.monotonic() + grace_s):
-        killed = True
-        _signal_group(proc.pid, signal.SIGKILL)
-        _wait_group(proc, time.monotonic() + KILL_WAIT_S)
-    if proc.returncode is None:  # unkillable (D state): reap what can be reaped
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=KILL_WAIT_S)
-    return killed, proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
 
 def _wait_ready(
@@ -494,14 +437,7 @@ def run_serve(
     t0 = time.monotonic()
     try:
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                serve.argv,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = launch.start(serve.argv, env, stdout=log)
     except OSError as exc:
         raise BuildError(
             f"cell {cell.id}: cannot start {serve.argv[0]!r}: {exc.strerror or exc}",
@@ -535,10 +471,10 @@ def run_serve(
             }
         )
     except BaseException:
-        _stop(proc, serve.shutdown_grace_s)
+        launch.stop(proc, serve.shutdown_grace_s)
         raise
     t_stop = time.monotonic()
-    killed, returncode = _stop(proc, serve.shutdown_grace_s)
+    killed, returncode = launch.stop(proc, serve.shutdown_grace_s)
     shutdown_s = time.monotonic() - t_stop
     on_event(
         {

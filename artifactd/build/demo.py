@@ -22,7 +22,7 @@ from typing import Any
 
 from artifactd.build.matrix import expand, load_matrix
 from artifactd.build.published import pod_environ, pod_flags
-from artifactd.build.run import BuildResult, build, cell_environ
+from artifactd.build.run import BuildResult, build, cell_environ, run_cell
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.restore.destination import parse_env_file  # re-exported: used from here
@@ -126,13 +126,10 @@ def _run_demo(
     restored_compiled = 0
     for cell in expand(matrix, matrix_path):
         on_event({"stage": "verify", "event": "start", "cell": cell.id})
-        t0 = time.monotonic()
-        run = subprocess.run(cell.argv, env=env, capture_output=True, text=True, check=False)
-        restored_s += time.monotonic() - t0
-        if run.returncode != 0:
-            raise BuildError(f"restored run of cell {cell.id} failed: {run.stderr[-500:]}")
-        last = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else "{}"
-        restored_compiled += int(json.loads(last).get("compiled", 0))
+        # The one launcher the build ran the cells with: no process of a cell outlives it.
+        run = run_cell(cell, env, matrix.timeout_s, workdir / "restored-logs" / f"{cell.id}.log")
+        restored_s += run.seconds
+        restored_compiled += int((run.report or {}).get("compiled", 0))
     return DemoResult(
         store=store.ref,
         artifact=built.harvest.digest,

@@ -20,17 +20,18 @@ Job's pod) and publishes it as a partial artifact tagged
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from artifactd import __version__
+from artifactd.build import launch
 from artifactd.build.cells import run_serve
 from artifactd.build.harvest import HarvestResult, harvest
 from artifactd.build.matrix import Cell, Matrix, expand, load_matrix
@@ -179,36 +180,47 @@ def _checks_of(report: dict[str, Any] | None, cell: Cell) -> dict[str, Any]:
 
 
 def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log: Path) -> CellResult:
-    """Run one command cell as a subprocess; its output goes to ``log``."""
+    """Run one command cell through the cells' launcher; its output goes to ``log``.
+
+    The command runs in a process group of its own (:mod:`artifactd.build.launch`)
+    and the whole group is stopped when the cell ends: past ``timeout`` seconds
+    (then the cell fails), and also when the command exits, for whatever it
+    left running in the background, so no process of a cell outlives it. Its
+    stdout is kept beside the log while it runs (the report is its last JSON
+    line), then appended to the log.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
+    stdout_path = log.with_name(log.name + ".stdout")
     start = time.monotonic()
-    try:
-        with log.open("w") as out:
-            proc = subprocess.run(
-                cell.argv,
-                env=dict(env),
-                stdout=subprocess.PIPE,
-                stderr=out,
-                timeout=timeout,
-                check=False,
-                text=True,
-            )
-            out.write(proc.stdout)
-    except FileNotFoundError as exc:
-        raise BuildError(f"cell {cell.id}: cannot run {cell.argv[0]!r}: {exc.strerror}") from exc
-    except subprocess.TimeoutExpired as exc:
+    with log.open("wb") as err, stdout_path.open("w+b") as out:
+        try:
+            proc = launch.start(cell.argv, env, stdout=out, stderr=err)
+        except OSError as exc:
+            raise BuildError(
+                f"cell {cell.id}: cannot run {cell.argv[0]!r}: {exc.strerror or exc}",
+                hint="check the command in the matrix",
+            ) from exc
+        try:
+            finished = launch.wait(proc, timeout)
+        finally:
+            launch.stop(proc, launch.COMMAND_GRACE_S)
+        seconds = round(time.monotonic() - start, 3)
+        report = _last_json(_tail_text(out))
+        out.seek(0)
+        shutil.copyfileobj(out, err)
+    stdout_path.unlink(missing_ok=True)
+    if not finished:
         raise BuildError(
-            f"cell {cell.id} ran past its timeout of {timeout:.0f} s",
+            f"cell {cell.id} ran past its timeout of {timeout:g} s; "
+            "it was stopped with every process it started",
             hint=f"see {log}; raise timeout_s in the matrix",
-        ) from exc
-    seconds = round(time.monotonic() - start, 3)
+        )
     if proc.returncode != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        tail = log_tail(log, 5)
         raise BuildError(
             f"cell {cell.id} exited with status {proc.returncode}: " + " | ".join(tail),
             hint=f"full output in {log}",
         )
-    report = _last_json(proc.stdout)
     return CellResult(
         cell.id,
         cell.argv,
@@ -220,6 +232,17 @@ def run_cell(cell: Cell, env: Mapping[str, str], timeout: float, log: Path) -> C
         checks=_checks_of(report, cell),
         log_tail=log_tail(log),
     )
+
+
+#: Bytes at the end of a command cell's stdout searched for its JSON report.
+REPORT_TAIL_BYTES = 1 << 20
+
+
+def _tail_text(out: IO[bytes]) -> str:
+    """Return the last :data:`REPORT_TAIL_BYTES` of a cell's stdout file, as text."""
+    out.seek(0, os.SEEK_END)
+    out.seek(max(0, out.tell() - REPORT_TAIL_BYTES))
+    return out.read().decode("utf-8", errors="replace")
 
 
 def run_serve_cell(

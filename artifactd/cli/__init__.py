@@ -34,15 +34,17 @@ code  meaning
 0     success; also any restore failure without ``--require``
 1     unexpected error (a bug)
 2     bad usage, bad matrix or fingerprint file
-3     store unreachable or unreadable; no container engine answers (``image build``)
+3     store unreachable or unreadable (a local layout this user cannot read or
+      write); no container engine answers (``image build``)
 4     artifact, tag or blob not found
 5     integrity: digest mismatch, hostile or schema-invalid artifact
 6     restore miss with ``--require``
 7     a warm-up cell failed, cells conflict (``build``, ``merge``), a cell's
       partial artifact is missing (``merge``), an image build failed, or
       there was nothing to harvest
-9     not enough space on the restore target
-10    restore target not writable, or its lock not taken in time
+9     not enough space on the restore target (or a layout's disk, ``contribute``'s temp dir)
+10    restore target not writable, or its lock not taken in time; an output
+      (``schema --out``, ``--metrics-file``) or a node store that cannot be written
 11    ``lint --strict`` or ``build --strict``: the hygiene lint found something
 12    ``verify``: a check differs from the build's, or a cell compiled anyway
 13    ``status --fail-on-compile``: a restored family compiled anyway

@@ -71,7 +71,10 @@ def contribute(
     out) are packed as the family's layer and published as one `kind: delta`
     artifact tagged delta-<sha256>, content-addressed: pods that compiled the
     same bytes publish one delta. No restore ever installs a delta; `artifactd
-    absorb` reads them. Nothing compiled: nothing published, exit 0.
+    absorb` reads them. Nothing compiled: nothing published, exit 0; so
+    does more than --max-bytes (sized before anything is copied). A file
+    that cannot be read is left out with a warning; a temp dir (TMPDIR) too
+    small for the copy exits 9, nothing published.
     """
     from artifactd.pod.contribute import contribute as do_contribute
 
@@ -79,6 +82,8 @@ def contribute(
     result = do_contribute(
         target, store, base_store=base_store, sign_key=key, max_bytes=max_bytes, insecure=insecure
     )
+    for skipped in result.skipped:
+        render.echo(f"artifactd: warning: left out, unreadable: {skipped}", err=True)
     if as_json:
         from artifactd.reports import result_report
 

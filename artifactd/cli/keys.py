@@ -20,6 +20,7 @@ from artifactd.cli.options import (
     verify_key_option,
 )
 from artifactd.cli.specs import SIGN_KEY
+from artifactd.errors import UsageError
 
 
 @cli.command()
@@ -98,7 +99,10 @@ def sign(
     from artifactd.trust.policy import sign_ref
 
     basis = signing_basis(verify_keys, sign_unverified, signing=True, what="sign")
-    result = sign_ref(ref, load_sign_key(sign_key), basis=basis, insecure=insecure)
+    key = load_sign_key(sign_key)
+    if key is None:  # --sign-key "" (an unset variable in a script) names no key
+        raise UsageError("sign needs a key: --sign-key is empty", hint="--sign-key PATH.key")
+    result = sign_ref(ref, key, basis=basis, insecure=insecure)
     if as_json:
         from artifactd.reports import result_report
 

@@ -45,9 +45,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         echo(f"artifactd: error: {exc.diagnostics()}", err=True)
         sys.exit(exc.exit_code)
     except OSError as exc:
+        # Every filesystem error a user can cause is mapped where it happens, to
+        # its documented code (store 3, no space 9, target 10, input file 2): one
+        # that reaches here was not foreseen, which is what exit 1 means.
         if traceback:
             raise
-        echo(f"artifactd: error: {exc.strerror or exc}: {exc.filename or ''}", err=True)
+        echo(
+            f"artifactd: error: {exc.strerror or exc}: {exc.filename or ''}\n"
+            "  hint: artifactd did not map this error (exit 1: a bug); "
+            "ARTIFACTD_TRACEBACK=1 shows where, please report it",
+            err=True,
+        )
         sys.exit(1)
     except Exception as exc:
         if traceback:

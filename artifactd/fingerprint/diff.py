@@ -9,9 +9,10 @@ or an artifact reference (``oci:DIR:TAG``, ``HOST/REPO:TAG``, ``...@sha256:...``
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from artifactd.errors import ConfigError, UsageError
@@ -19,8 +20,9 @@ from artifactd.families import Family, select_families
 from artifactd.fingerprint.model import Fingerprint, flatten, from_raw
 from artifactd.fingerprint.probe import probe_request
 from artifactd.format.config import ArtifactConfig
+from artifactd.fsutil import InputFileError, read_regular
 from artifactd.stores import open_store, parse_artifact_ref
-from artifactd.stores.artifacts import read_artifact
+from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact
 from artifactd.stores.credentials import check_unbound_pair
 
 
@@ -160,10 +162,25 @@ def load_side(
     if spec == "local":
         raw = probe_request(gpu_arch=gpu_arch, workload=workload, overrides=overrides)
         return Side("local", from_raw(raw))
-    path = Path(spec)
-    if path.is_file():
-        return _side_from_file(spec, path.read_bytes())
+    if names_file(spec):
+        try:
+            data = read_regular(spec, MAX_CONFIG_BYTES, follow=True)
+        except InputFileError as exc:
+            raise ConfigError(
+                f"{spec} {exc.problem}",
+                hint="give a readable JSON file from `artifactd fingerprint --json`, "
+                "or an artifact reference such as oci:DIR:TAG",
+            ) from None
+        return _side_from_file(spec, data)
     return _side_from_store(spec, insecure=insecure)
+
+
+def names_file(spec: str) -> bool:
+    """Whether a diff operand names a regular file (a path that cannot be looked up does not)."""
+    try:
+        return stat.S_ISREG(os.stat(spec).st_mode)
+    except (OSError, ValueError):  # too long a name, a search permission, a NUL byte
+        return False
 
 
 def load_sides(
@@ -181,7 +198,7 @@ def load_sides(
     upgrade here would invalidate: a cache built as things are (A), used after
     the change (B).
     """
-    check_unbound_pair(s for s in (a, b) if s != "local" and not Path(s).is_file())
+    check_unbound_pair(s for s in (a, b) if s != "local" and not names_file(s))
     on_b = b == "local"
     side_a = load_side(
         a,

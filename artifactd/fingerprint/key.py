@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from artifactd.errors import UsageError
+from artifactd.fsutil import utf8_argument
 from artifactd.hashing import canonical_hash
 
 Raw = dict[str, Any]
@@ -137,27 +138,10 @@ def parse_image_digest(value: str) -> str:
     return m.group(1)
 
 
-def _utf8(value: str, what: str) -> str:
-    """Return ``value``, or raise :class:`UsageError` if it holds bytes that are not UTF-8.
-
-    A command line or an environment variable with such bytes reaches Python
-    as lone surrogates, which no fingerprint, JSON or tag can hold.
-    """
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
-        raise UsageError(
-            f"{what} '{shown}': not UTF-8 text (\\udcXX stands for a byte that is not)",
-            hint="pass UTF-8 text",
-        ) from None
-    return value
-
-
 def parse_pairs(pairs: Sequence[str], *, what: str) -> dict[str, str]:
     """Parse ``KEY=VALUE`` strings (CLI ``--workload`` and friends) into a dict."""
     out: dict[str, str] = {}
-    for pair in (_utf8(p, what) for p in pairs):
+    for pair in (utf8_argument(p, what) for p in pairs):
         for item in (p for p in pair.split(",") if p.strip()):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
@@ -195,7 +179,7 @@ def check_overrides(assignments: Sequence[str]) -> list[tuple[str, list[str], st
     """
     out = []
     for item in assignments:
-        path, sep, text = _utf8(item, "--set").partition("=")
+        path, sep, text = utf8_argument(item, "--set").partition("=")
         keys = [k for k in path.strip().split(".") if k]
         if not sep or not keys:
             raise UsageError(

@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin, is_typeddict
 from pydantic import TypeAdapter
 
 from artifactd.build.matrix import Matrix
+from artifactd.errors import TargetError
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.format.config import ArtifactConfig, FamilyTree
 from artifactd.restore.journal import RestoreJournal
@@ -49,13 +50,23 @@ def render_schemas() -> dict[str, str]:
 
 
 def write_schemas(directory: Path) -> list[Path]:
-    """Write every schema into ``directory``; return the paths written."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write every schema into ``directory``; return the paths written.
+
+    Raises :class:`TargetError` when ``directory`` cannot be made or written
+    (a file where the directory belongs, no permission, a name too long).
+    """
     written = []
-    for name, text in render_schemas().items():
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in render_schemas().items():
+            path = directory / name
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    except OSError as exc:
+        raise TargetError(
+            f"cannot write the schemas into {directory}: {exc.strerror or exc}",
+            hint="--out names a directory (made if missing) this user can write",
+        ) from None
     return written
 
 

@@ -27,8 +27,10 @@ walked as the harvest walks it (:mod:`artifactd.families.tree`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -117,14 +119,22 @@ def lint_caches(
     cache root found.
     """
     environ = current_environ() if environ is None else environ
-    if directory is not None and not directory.is_dir():
-        # A mistyped path must not read as "clean" (a CI gate would pass).
-        raise UsageError(
-            f"lint: {directory} is not a directory"
-            if directory.exists()
-            else f"lint: {directory} does not exist",
-            hint="pass build roots (build --keep-roots DIR) or a restore target",
-        )
+    if directory is not None:
+        try:
+            kind = os.stat(directory).st_mode
+        except OSError as exc:
+            # A mistyped path must not read as "clean" (a CI gate would pass).
+            raise UsageError(
+                f"lint: {directory} does not exist"
+                if exc.errno == errno.ENOENT
+                else f"lint: {directory} cannot be read ({exc.strerror or exc})",
+                hint="pass build roots (build --keep-roots DIR) or a restore target",
+            ) from None
+        if not stat.S_ISDIR(kind):
+            raise UsageError(
+                f"lint: {directory} is not a directory",
+                hint="pass build roots (build --keep-roots DIR) or a restore target",
+            )
     roots = roots_for_lint(directory, families, environ)
     extra = [directory] if directory is not None else list(roots.values())
     return roots, lint(roots, hazards=Hazards.from_environ(environ, extra_paths=extra))

@@ -20,8 +20,17 @@ it (``provenance.signer``).
   layers' digests (packing is reproducible: fixed mtimes, sorted members), so
   two pods that compiled the same bytes publish one delta, and publishing
   again is a no-op.
-* **Bounded.** More than ``max_bytes`` of written files publishes nothing,
-  and says so; so does a pod that compiled nothing.
+* **Bounded.** The written files are sized from one ``lstat`` walk before
+  anything is copied: more than ``max_bytes`` publishes nothing, and says so
+  (exit 0), as a pod that compiled nothing does. The copy counts what it
+  reads against the same cap, so files that grow past it while being copied
+  stop the copy and publish nothing either. Each file is opened as input
+  (:func:`artifactd.fsutil.open_regular`: a regular file, never a FIFO, the
+  very file the walk sized); one that cannot be read is left out with a
+  warning (``skipped``), the rest published. The staging copy lives in a
+  temp dir (``TMPDIR``); a full one is a :class:`~artifactd.errors.NoSpaceError`
+  (exit 9), an unwritable one a :class:`~artifactd.errors.TargetError`
+  (exit 10): nothing is published, and the temp dir is emptied.
 * **One base.** A delta extends one whole artifact: a pod restored from
   family tags (a partial match) or from several artifacts contributes nothing,
   since ``absorb`` could not say which artifact its entries extend.
@@ -29,16 +38,17 @@ it (``provenance.signer``).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from artifactd import __version__
-from artifactd.errors import NotFoundError
+from artifactd.errors import ArtifactdError, NoSpaceError, NotFoundError, TargetError
 from artifactd.format.oci import DELTA_TAG_PREFIX
 
 if TYPE_CHECKING:
@@ -79,6 +89,8 @@ class ContributeResult:
     signed_by: str | None = None
     families: list[FamilyDelta] = field(default_factory=list)
     bytes_uploaded: int = 0
+    #: Written files left out because they could not be read: "family/component/path: why".
+    skipped: list[str] = field(default_factory=list)
 
 
 def delta_tag(extends: str, layer_digests: list[str]) -> str:
@@ -102,7 +114,9 @@ def contribute(
     store the extended artifact is read from (default: the marker's, the one
     the pod restored from), for its fingerprint and the families' scopes.
     Returns a result with ``published`` false, and the reason, when there is
-    nothing to publish; raises only when a store cannot be read or written.
+    nothing to publish (nothing compiled, or over ``max_bytes``); raises when
+    a store cannot be read or written, and :class:`NoSpaceError` or
+    :class:`TargetError` when the temp dir cannot hold the staging copy.
     """
     from artifactd.pod.verdict import restore_time
     from artifactd.restore.destination import CacheVolume
@@ -123,32 +137,77 @@ def contribute(
         return result
     result.extends = base_digest
     cutoff = restore_time(volume.marker_path, marker["restored_at"])
-    with tempfile.TemporaryDirectory(prefix="artifactd-contribute-") as tmp:
-        work = Path(tmp)
-        staged = _stage_written(marker, cutoff, work / "stage")
-        total = sum(size for _, _, size in staged.values())
-        if not staged:
-            result.reason = "nothing was compiled since the restore: no delta to publish"
-            return result
-        if total > max_bytes:
-            result.reason = (
-                f"the files written since the restore take {total} B, over the {max_bytes} B "
-                "cap (--max-bytes): nothing published"
-            )
-            return result
-        base = _read_base(base_store or marker["store"], base_digest, insecure=insecure)
-        art, packed = _pack(
-            base, base_digest, marker=marker, staged=staged, work=work, sign_key=sign_key
+    written = _written(marker, cutoff)
+    if not written:
+        result.reason = "nothing was compiled since the restore: no delta to publish"
+        return result
+    total = sum(w.st.st_size for w in written)
+    if total > max_bytes:
+        result.reason = (
+            f"the files written since the restore take {total} B, over the {max_bytes} B "
+            "cap (--max-bytes): nothing copied, nothing published"
         )
-        return _publish(
+        return result
+    base = _read_base(base_store or marker["store"], base_digest, insecure=insecure)
+    try:
+        scratch = tempfile.TemporaryDirectory(
+            prefix="artifactd-contribute-", ignore_cleanup_errors=True
+        )
+    except OSError as exc:
+        raise _scratch_error(exc) from None
+    with scratch as tmp:
+        return _stage_and_publish(
             result,
             store_ref,
-            art=art,
-            packed=packed,
-            work=work,
+            written=written,
+            max_bytes=max_bytes,
+            base=base,
+            marker=marker,
+            work=Path(tmp),
             sign_key=sign_key,
             insecure=insecure,
         )
+
+
+def _stage_and_publish(
+    result: ContributeResult,
+    store_ref: str,
+    *,
+    written: list[_Written],
+    max_bytes: int,
+    base: ArtifactConfig,
+    marker: RestoreMarker,
+    work: Path,
+    sign_key: PrivateKey | None,
+    insecure: bool,
+) -> ContributeResult:
+    """Copy the written files into ``work``, pack them, publish: what :func:`contribute` does."""
+    assert result.extends is not None  # noqa: S101 - set before staging
+    try:
+        staged = _stage(written, work / "stage", max_bytes, result.skipped)
+        if staged is None:
+            result.reason = (
+                f"the files written since the restore grew past the {max_bytes} B "
+                "cap (--max-bytes) while they were copied: nothing published"
+            )
+            return result
+        if not staged:
+            result.reason = "no file written since the restore could be read: nothing published"
+            return result
+        art, packed = _pack(
+            base, result.extends, marker=marker, staged=staged, work=work, sign_key=sign_key
+        )
+    except OSError as exc:
+        raise _scratch_error(exc) from None
+    return _publish(
+        result,
+        store_ref,
+        art=art,
+        packed=packed,
+        work=work,
+        sign_key=sign_key,
+        insecure=insecure,
+    )
 
 
 def _single_base(marker: RestoreMarker) -> str | None:
@@ -160,44 +219,128 @@ def _single_base(marker: RestoreMarker) -> str | None:
     return next(iter(digests))
 
 
-def _stage_written(
-    marker: RestoreMarker, cutoff: float, stage: Path
-) -> dict[str, tuple[dict[str, Path], int, int]]:
-    """Copy, per family, the files the verdict counts into ``stage``: (dirs, files, bytes)."""
-    from artifactd.families import get_family
-    from artifactd.pod.verdict import written_since
+class _Written(NamedTuple):
+    """One file the verdict counts: its family, component, restored root and ``lstat``."""
 
-    staged: dict[str, tuple[dict[str, Path], int, int]] = {}
+    family: str
+    component: str
+    root: Path
+    rel: PurePosixPath
+    st: os.stat_result
+
+
+def _written(marker: RestoreMarker, cutoff: float) -> list[_Written]:
+    """Walk (``lstat`` only) the files the verdict counts, per restored family."""
+    from artifactd.families import get_family
+    from artifactd.pod.verdict import written_entries
+
+    found: list[_Written] = []
     for name, fam_marker in sorted(marker["families"].items()):
         fam = get_family(name)
-        dirs: dict[str, Path] = {}
-        count = size = 0
         for component, root in sorted(fam_marker["dirs"].items()):
-            written = written_since(fam, component, Path(root), cutoff)
-            if not written:
-                continue
-            dest_root = stage / name / component
-            dirs[component] = dest_root
-            for path in written:
+            for path, st in written_entries(fam, component, Path(root), cutoff):
                 rel = PurePosixPath(Path(path).relative_to(root).as_posix())
-                size += _copy_one(fam, component, Path(root), rel, dest_root)
-                count += 1
-        if count:
-            staged[name] = (dirs, count, size)
+                found.append(_Written(name, component, Path(root), rel, st))
+    return found
+
+
+class _OverCapError(Exception):
+    """The files grew past the cap while they were copied."""
+
+
+def _stage(
+    written: list[_Written], stage: Path, max_bytes: int, skipped: list[str]
+) -> dict[str, tuple[dict[str, Path], int, int]] | None:
+    """Copy the written files into ``stage``, per family: (dirs, files, bytes); None past the cap.
+
+    At most ``max_bytes`` are read in all, whatever the files grew to since
+    the walk. A file that cannot be read (or is not the one the walk saw) is
+    left out, and named in ``skipped``.
+    """
+    from artifactd.families import get_family
+
+    staged: dict[str, tuple[dict[str, Path], int, int]] = {}
+    budget = max_bytes
+    for w in written:
+        fam = get_family(w.family)
+        dest_root = stage / w.family / w.component
+        try:
+            size = _copy_one(fam, w, dest_root, budget)
+        except _OverCapError:
+            return None
+        except _UnreadableError as exc:
+            skipped.append(f"{w.family}/{w.component}/{w.rel}: {exc}")
+            continue
+        budget -= size
+        dirs, count, total = staged.get(w.family, ({}, 0, 0))
+        dirs[w.component] = dest_root
+        staged[w.family] = (dirs, count + 1, total + size)
     return staged
 
 
-def _copy_one(fam: Family, component: str, root: Path, rel: PurePosixPath, dest: Path) -> int:
-    """Copy one written file; a path-bearing one moved from the pod's root to the stage's."""
-    src, out = root / rel, dest / rel
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fam.path_bearing(component, rel):
-        data = fam.relocate(fam.normalize(src.read_bytes(), (str(root),)), str(dest))
-        out.write_bytes(data)
-        shutil.copystat(src, out)
-    else:
-        shutil.copy2(src, out)
-    return os.stat(out).st_size
+class _UnreadableError(Exception):
+    """A written file that cannot be read as the regular file the walk saw."""
+
+
+#: Bytes copied at a time.
+_CHUNK = 1 << 20
+
+
+def _copy_one(fam: Family, w: _Written, dest: Path, budget: int) -> int:
+    """Copy one written file, reading at most ``budget`` bytes; return the bytes read.
+
+    A path-bearing file is moved from the pod's root to the stage's. Raises
+    :class:`_OverCapError` past the budget and :class:`_UnreadableError` for a source
+    that cannot be read; an ``OSError`` is the stage's (writing).
+    """
+    from artifactd.fsutil import InputFileError, open_regular
+
+    out = dest / w.rel
+    try:
+        src = open_regular(w.root / w.rel, expect=w.st)
+    except InputFileError as exc:
+        raise _UnreadableError(exc.problem) from None
+    with src:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if fam.path_bearing(w.component, w.rel):
+            data = _read_source(src, budget + 1)
+            if len(data) > budget:
+                raise _OverCapError
+            out.write_bytes(fam.relocate(fam.normalize(data, (str(w.root),)), str(dest)))
+            read = len(data)
+        else:
+            read = 0
+            with out.open("wb") as sink:
+                while chunk := _read_source(src, min(_CHUNK, budget - read + 1)):
+                    read += len(chunk)
+                    if read > budget:
+                        raise _OverCapError
+                    sink.write(chunk)
+        os.utime(out, ns=(w.st.st_atime_ns, w.st.st_mtime_ns))
+        os.chmod(out, stat.S_IMODE(w.st.st_mode))
+    return read
+
+
+def _read_source(src: BinaryIO, n: int) -> bytes:
+    """Read up to ``n`` bytes of a written file; a read error makes it unreadable."""
+    try:
+        return src.read(n)
+    except OSError as exc:
+        raise _UnreadableError(f"cannot be read ({exc.strerror or exc})") from None
+
+
+def _scratch_error(exc: OSError) -> ArtifactdError:
+    """Map a failure to write the staging copy in the temp dir to the error a user can act on."""
+    where = f"{tempfile.gettempdir()} ({exc.strerror or exc})"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError(
+            f"the temp dir is out of space for the staging copy: {where}; nothing published",
+            hint="point TMPDIR at a larger directory, or lower --max-bytes below its free space",
+        )
+    return TargetError(
+        f"cannot write the staging copy in the temp dir: {where}; nothing published",
+        hint="point TMPDIR at a writable directory",
+    )
 
 
 def _read_base(store_ref: str, digest: str, *, insecure: bool) -> ArtifactConfig:

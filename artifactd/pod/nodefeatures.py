@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from artifactd.errors import TargetError, UsageError
+from artifactd.errors import NotFoundError, TargetError, UsageError
 from artifactd.fsutil import atomic_write
 
 if TYPE_CHECKING:
@@ -138,17 +138,23 @@ def write_features(
     nothing: the file then lists no label, so a node's stale labels go. NFD
     rereads the file at each of its intervals, so it is replaced in one
     rename, never seen half-written. Raises :class:`TargetError` when it
-    cannot be written.
+    cannot be written, and :class:`StoreError` when the node store cannot be read.
     """
     from artifactd.stores.layout import LayoutStore
 
     keys: list[str] = []
-    if (root / "oci-layout").is_file():
-        keys = node_labels(LayoutStore(root), max_labels=max_labels, prefix=prefix)
+    try:  # one that cannot be read is a StoreError: its labels are not cleared
+        node: LayoutStore | None = LayoutStore(root)
+    except NotFoundError:
+        node = None
+    if node is not None:
+        keys = node_labels(node, max_labels=max_labels, prefix=prefix)
     else:
         _check_prefix(prefix)
     try:
-        atomic_write(path, features_text(keys, f"oci:{root}").encode())
+        # The store's path is a comment: a name that is not UTF-8 is shown escaped.
+        text = features_text(keys, f"oci:{root}")
+        atomic_write(path, text.encode("utf-8", "backslashreplace"))
     except OSError as exc:
         raise TargetError(
             f"cannot write the node features to {path}: {exc.strerror or exc}",

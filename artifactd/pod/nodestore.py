@@ -84,9 +84,25 @@ def node_root(ref: str) -> Path:
 
 @contextlib.contextmanager
 def node_lock(root: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold the node store's lock (exclusive, or ``shared``) for the block; wait ``timeout`` s."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold the node store's lock (exclusive, or ``shared``) for the block; wait ``timeout`` s.
+
+    A node store that cannot be made or locked (a file where its directory
+    belongs, no permission, a full disk) is a :class:`TargetError` (a full
+    disk: :class:`NoSpaceError`), as one that stays locked is.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        detail = f"the node store {root} cannot be used ({exc.strerror or exc})"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpaceError(
+                f"{detail}: out of space",
+                hint="collect it (artifactd gc) or give its disk more room",
+            ) from None
+        raise TargetError(
+            detail, hint="point --node-store at a directory (made if missing) this user can write"
+        ) from None
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         deadline = time.monotonic() + timeout
@@ -300,10 +316,11 @@ def _fetch(
                     digest = node.tag_digest(tag)
                     if digest is not None:
                         fetched += copy_attached(remote, node, digest, Path(tmp))
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        except (OSError, NoSpaceError) as exc:
+            if isinstance(exc, NoSpaceError) or exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                why = exc.message if isinstance(exc, NoSpaceError) else exc.strerror
                 raise NoSpaceError(
-                    f"the node store {node.root} is out of space ({exc.strerror})",
+                    f"the node store {node.root} is out of space ({why})",
                     hint="collect it (artifactd gc --store oci:PATH --max-bytes SIZE) "
                     "or give its disk more room",
                 ) from None

@@ -148,13 +148,16 @@ def _with_restore(marker: RestoreMarker, phases: list[PhaseTime]) -> list[PhaseT
 
 
 def _untrusted(volume: CacheVolume) -> tuple[State, str]:
-    """Why :meth:`CacheVolume.installed` did not trust the marker (read-only)."""
-    if volume.journal_path.exists():
+    """Why :meth:`CacheVolume.installed` did not trust the marker (read-only).
+
+    ``os.path.exists``: a path that cannot be looked up (a name too long) is not there.
+    """
+    if os.path.exists(volume.journal_path):
         return "restore in progress", (
             f"{volume.journal_path} exists: a restore is installing, or was interrupted "
             "(the next restore repairs it)"
         )
-    if not volume.marker_path.exists():
+    if not os.path.exists(volume.marker_path):
         return "no marker", f"{volume.marker_path} does not exist: nothing was restored here"
     marker = volume.read_marker()
     if marker is None:

@@ -164,14 +164,21 @@ def written_since(family: Family, component: str, root: Path, cutoff: float) -> 
     entry the harvest would skip as invalid (a partial write) is entered, with
     the same exclusions, since a library writing it is compiling.
     """
-    found: list[str] = []
+    return [path for path, _ in written_entries(family, component, root, cutoff)]
+
+
+def written_entries(
+    family: Family, component: str, root: Path, cutoff: float
+) -> list[tuple[str, os.stat_result]]:
+    """:func:`written_since`, each file with the ``lstat`` the walk judged it by (its size)."""
+    found: list[tuple[str, os.stat_result]] = []
     for entry in walk_component(family, component, root):
         if entry.skip is not None and family.excluded(component, entry.rel, entry.is_dir):
             continue
         if entry.skip is not None and entry.is_dir:
             found.extend(_inside(family, component, root, entry.rel, cutoff))
         elif entry.is_file and _counts(family, entry.rel, entry.st, cutoff):
-            found.append(str(entry.path))
+            found.append((str(entry.path), entry.st))
     return found
 
 
@@ -181,9 +188,9 @@ def _counts(family: Family, rel: PurePosixPath, st: os.stat_result, cutoff: floa
 
 def _inside(
     family: Family, component: str, root: Path, top: PurePosixPath, cutoff: float
-) -> list[str]:
+) -> list[tuple[str, os.stat_result]]:
     """Walk an entry the harvest skipped as invalid: every file the family does not exclude."""
-    found: list[str] = []
+    found: list[tuple[str, os.stat_result]] = []
     for dirpath, dirnames, filenames in os.walk(root / top):
         rel_dir = PurePosixPath(Path(dirpath).relative_to(root).as_posix())
         dirnames[:] = sorted(
@@ -200,7 +207,7 @@ def _inside(
                 and not family.excluded(component, rel, False)
                 and _counts(family, rel, st, cutoff)
             ):
-                found.append(str(root / rel))
+                found.append((str(root / rel), st))
     return found
 
 
@@ -213,6 +220,7 @@ __all__ = [
     "restore_time",
     "wait_past",
     "written_after",
+    "written_entries",
     "written_files",
     "written_since",
 ]

@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.errors import ArtifactdError, ConfigError, NoSpaceError, TargetError, UsageError
-from artifactd.fsutil import atomic_write, fsync_dir, read_regular, sync_filesystem, write_temp
+from artifactd.fsutil import (
+    atomic_write,
+    fsync_dir,
+    read_regular,
+    sync_filesystem,
+    utf8_argument,
+    write_temp,
+)
 from artifactd.hashing import sha256_hex
 from artifactd.restore.marker import MarkerFormatError, RestoreMarker, dump, load
 
@@ -146,7 +153,9 @@ def check_env_text(text: str, what: str) -> None:
 
     A restore calls it on what ends up in env values (the target, the consumer
     user) before it creates anything, and :func:`render_env_file` on each value.
+    The file is UTF-8 text, so a name with bytes that are not UTF-8 is refused too.
     """
+    utf8_argument(text, what)
     if "\n" in text or "\0" in text:
         raise UsageError(
             f"{what} {text!r} holds a newline or NUL byte, which the env file cannot carry",
@@ -210,7 +219,10 @@ class CacheVolume:
         directory present, and the env file holding exactly what the marker
         says. This is the one check a no-op restore trusts.
         """
-        if self.journal_path.exists():
+        try:
+            if self.journal_path.exists():
+                return None
+        except OSError:  # the target cannot be looked into (no permission, a name too long)
             return None
         marker = self.read_marker()
         if marker is None or not all(

@@ -14,14 +14,16 @@ restore reads a layout and loads neither.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from artifactd.errors import IntegrityError, NotFoundError, StoreError
+from artifactd.errors import IntegrityError, NoSpaceError, NotFoundError, StoreError
 from artifactd.format.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
 from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
@@ -43,11 +45,23 @@ class LayoutStore(Store):
         self.ref = ref or f"oci:{root}"
         if create:
             self._init()
-        elif not (root / "oci-layout").is_file():
+        elif not self._is_layout():
             raise NotFoundError(
                 f"{self.ref} is not an OCI image layout (no oci-layout file)",
                 hint="build or harvest into it first, or check the path",
             )
+
+    def _is_layout(self) -> bool:
+        """Whether ``root/oci-layout`` is a file; a root that cannot be looked into raises."""
+        try:
+            return stat.S_ISREG(os.stat(self.root / "oci-layout").st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:  # no permission, a name too long, an I/O error
+            raise StoreError(
+                f"cannot read {self.ref}: {exc.strerror or exc}",
+                hint="check the path, and that this user may read the directory",
+            ) from None
 
     def _init(self) -> None:
         try:
@@ -59,6 +73,25 @@ class LayoutStore(Store):
                     pass  # creates index.json under the lock, never over another's
         except OSError as exc:
             raise StoreError(f"cannot create OCI layout at {self.root}: {exc}") from exc
+
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Turn a failure to write ``what`` into this layout into the error a user can act on.
+
+        A full disk is :class:`NoSpaceError` (exit 9); anything else (no
+        permission, a read-only mount, a name too long) :class:`StoreError`.
+        """
+        try:
+            yield
+        except OSError as exc:
+            detail = f"{self.ref}: cannot write {what} ({exc.strerror or exc})"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpaceError(
+                    f"{detail}: out of space", hint="free space on its disk, or prune the store"
+                ) from None
+            raise StoreError(
+                detail, hint="check that this user may write the directory, and that it is a layout"
+            ) from None
 
     # -- blobs -------------------------------------------------------------
     def _blob_path(self, digest: str) -> Path:
@@ -75,17 +108,18 @@ class LayoutStore(Store):
             return 0
         import tempfile
 
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as out, path.open("rb") as src:
-                copied = copy_hashed(src, out, progress=progress)
-            if not copied.matches(digest, size):
-                raise IntegrityError(f"{path} does not match {digest} ({size} bytes)")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with self._writing(f"blob {digest}"):
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+                    copied = copy_hashed(src, out, progress=progress)
+                if not copied.matches(digest, size):
+                    raise IntegrityError(f"{path} does not match {digest} ({size} bytes)")
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         return size
 
     def put_blob_bytes(self, data: bytes) -> str:
@@ -93,7 +127,8 @@ class LayoutStore(Store):
         digest = digest_of(data)
         dest = self._blob_path(digest)
         if not dest.is_file():
-            atomic_write(dest, data)
+            with self._writing(f"blob {digest}"):
+                atomic_write(dest, data)
         return digest
 
     @contextmanager
@@ -292,7 +327,8 @@ class LayoutStore(Store):
 
     def remove_blob(self, digest: str) -> None:
         """Delete one blob (a garbage collector's job: the caller checked nothing uses it)."""
-        self._blob_path(digest).unlink(missing_ok=True)
+        with self._writing(f"blob {digest}"):
+            self._blob_path(digest).unlink(missing_ok=True)
 
     # -- index.json --------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
@@ -338,7 +374,7 @@ class LayoutStore(Store):
         """Read, yield for changes, then write index.json, all under one flock."""
         import fcntl
 
-        with (self.root / ".index.lock").open("a") as lock:
+        with self._writing("index.json"), (self.root / ".index.lock").open("a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             index = self._read_index()
             index.setdefault("manifests", [])

@@ -277,7 +277,7 @@ def generate(prefix: Path, *, password: str | None = None, force: bool = False) 
     pub_path = prefix.parent / f"{prefix.name}.pub"
     if not force:
         for path in (key_path, pub_path):
-            if path.exists():
+            if os.path.lexists(path):  # a name too long is not there: writing it says why
                 raise UsageError(
                     f"{path} exists", hint="choose another --out, or pass --force to replace it"
                 )
