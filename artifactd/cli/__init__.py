@@ -44,7 +44,8 @@ code  meaning
       there was nothing to harvest
 9     not enough space on the restore target (or a layout's disk, ``contribute``'s temp dir)
 10    restore target not writable, or its lock not taken in time; an output
-      (``schema --out``, ``--metrics-file``) or a node store that cannot be written
+      (``schema --out``, ``node-features --out``, ``matrix shapes --write``) or a node
+      store that cannot be written (a ``--metrics-file`` is an add-on: a warning)
 11    ``lint --strict`` or ``build --strict``: the hygiene lint found something
 12    ``verify``: a check differs from the build's, or a cell compiled anyway
 13    ``status --fail-on-compile``: a restored family compiled anyway
