@@ -392,6 +392,30 @@ def test_a_restore_target_whose_name_is_not_utf8_is_a_usage_error(world: World) 
     assert not os.path.lexists(target)
 
 
+def test_signing_in_a_store_whose_path_is_not_utf8_is_a_usage_error(world: World) -> None:
+    """A signature names its store as JSON text: a layout under a non-UTF-8 path cannot be named.
+
+    Found by the sweep above when an earlier case had copied the store there
+    (the module's bad paths are shared): an internal error, now exit 2.
+    """
+    store = os.fsencode(world.root / f"copied-{NOT_UTF8}")
+    proc = _run(world, "copy", f"oci:{world.store}", "oci:" + os.fsdecode(store))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before = sorted(os.listdir(os.path.join(store, b"blobs", b"sha256")))
+    proc = _run(
+        world,
+        "sign",
+        "--sign-key",
+        str(world.key),
+        "--sign-unverified",
+        f"oci:{os.fsdecode(store)}:{world.tag}",
+    )
+    _check(proc, "sign")
+    assert proc.returncode == 2, proc.stderr
+    assert "not UTF-8 text" in proc.stderr
+    assert sorted(os.listdir(os.path.join(store, b"blobs", b"sha256"))) == before
+
+
 def test_schema_out_a_file_or_too_long_is_a_target_error(world: World) -> None:
     for out in (world.matrix, world.root / ("n" * 300)):
         proc = _run(world, "schema", "--out", str(out))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, TrustError
 from artifactd.format.oci import CONFIG_MEDIA_TYPE, DIGEST_RE, MANIFEST_MEDIA_TYPE
+from artifactd.fsutil import utf8_argument
 from artifactd.hashing import canonical_json, digest_of
 
 if TYPE_CHECKING:
@@ -84,7 +85,10 @@ def signing_payload(digest: str, reference: str) -> bytes:
     DIGEST},"type":"cosign container image signature"},"optional":null}``: Go's
     encoding of cosign's structs (fields in this order, no spaces). Verifiers
     parse it, so the order is a courtesy to byte-level diffing, not a rule.
+    A ``reference`` that is not UTF-8 text (a layout under a path that is not)
+    cannot be named: :class:`~artifactd.errors.UsageError`, before anything is signed.
     """
+    utf8_argument(reference, "the store a signature names")
     doc = {
         "critical": {
             "identity": {"docker-reference": reference},
