@@ -306,6 +306,9 @@ def test_every_line_is_valid_as_written(world: World) -> None:
         _check(proc, " ".join(argv))
 
 
+# The whole sweep (over 400 CLI runs, about 50 CPU-seconds) runs in the full suite;
+# the pinned cases below keep the inner loop's share of it.
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "slot", "bad"), _cases())
 def test_an_everyday_bad_input_ends_in_a_documented_code(
     world: World, command: str, slot: int, bad: str
