@@ -12,11 +12,11 @@ The fast suite (:data:`FAST_SUITE`): the pure core (canonical hashing, digests,
 bounds), fingerprints and their probe cache and diff, the artifact format and
 its pack/unpack property tests, the pod-start fast path (its import rule, its
 parser, a no-op restore and ``fingerprint --hash`` run for real), restores from
-a local layout store, the stage-order and layout rules, and the document
-schemas; ``-m "not slow"`` within them. No registry, container engine, GPU or
-compiler: the parts of the code whose behaviour can differ between Pythons
-(imports, the standard library, typing at run time, tarfile and json), in
-about a minute a Python.
+a local layout store and ``status`` on what they restored, the stage-order and
+layout rules, and the document schemas; ``-m "not slow"`` within them. No
+registry, container engine, GPU or compiler: the parts of the code whose
+behaviour can differ between Pythons (imports, the standard library, typing at
+run time, tarfile and json), in about a minute a Python.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ FAST_SUITE = [
     "tests/test_agreement_fastpath.py",
     "tests/test_startup.py",
     "tests/test_layout_store.py",
+    "tests/test_status.py",
     "tests/test_layout.py",
     "tests/test_schema.py",
 ]
