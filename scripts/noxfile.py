@@ -13,7 +13,8 @@ bounds), fingerprints and their probe cache and diff, the artifact format and
 its pack/unpack property tests, the pod-start fast path (its import rule, its
 parser, a no-op restore and ``fingerprint --hash`` run for real), restores from
 a local layout store and ``status`` on what they restored, the stage-order and
-layout rules, and the document schemas; ``-m "not slow"`` within them. No
+layout rules, the document schemas, and that a test which runs torch
+(``@pytest.mark.torch``) skips here; ``-m "not slow"`` within them. No
 registry, container engine, GPU or compiler: the parts of the code whose
 behaviour can differ between Pythons (imports, the standard library, typing at
 run time, tarfile and json), in about a minute a Python.
@@ -48,6 +49,7 @@ FAST_SUITE = [
     "tests/test_status.py",
     "tests/test_layout.py",
     "tests/test_schema.py",
+    "tests/test_suite_markers.py",
 ]
 
 nox.options.envdir = str(ROOT / ".nox")
