@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from conftest import PYTHON, clean_env, run_artifactd
+from conftest import PEAK_PRELUDE, PYTHON, clean_env, peak_kib, run_artifactd
 from crashes import leftovers, snapshot
 from hostile import publish
 
@@ -49,15 +49,6 @@ QUICK = 30
 #: Peak memory (KiB) a restore that refuses an oversized document may reach: the
 #: interpreter and the restore modules, nothing of the document.
 SMALL_PEAK_KIB = 200 << 10
-#: Run in the restore's process: report its peak memory on stderr when it exits.
-PEAK_PRELUDE = """
-import atexit, sys
-def _peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            sys.stderr.write(f"\\nPEAK_KIB={line.split()[1]}\\n")
-atexit.register(_peak)
-"""
 
 
 def _reads_unreadable_files() -> bool:
@@ -120,11 +111,6 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
 def _report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return doc
-
-
-def _peak_kib(proc: subprocess.CompletedProcess[str]) -> int:
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("PEAK_KIB="))
-    return int(line.split("=", 1)[1])
 
 
 def _restore(
@@ -393,7 +379,7 @@ def test_an_oversized_tree_document_is_refused_before_it_is_read(world: World) -
     assert proc.returncode == 5, proc.stderr
     assert _report(proc)["failure"]["kind"] == "corrupt"
     assert "larger than" in _report(proc)["failure"]["message"]
-    assert _peak_kib(proc) < SMALL_PEAK_KIB, "the document was read"
+    assert peak_kib(proc) < SMALL_PEAK_KIB, "the document was read"
     assert seconds < QUICK
     assert snapshot(world.target) == before
 
@@ -416,7 +402,7 @@ def test_an_oversized_config_is_refused_before_it_is_read(
     assert proc.returncode == 5, proc.stderr
     assert _report(proc)["failure"]["kind"] == "corrupt"
     assert "implausibly large" in _report(proc)["failure"]["message"]
-    assert _peak_kib(proc) < SMALL_PEAK_KIB, "the config was read"
+    assert peak_kib(proc) < SMALL_PEAK_KIB, "the config was read"
     assert snapshot(world.target) == before
 
 
