@@ -9,7 +9,8 @@ are parsed here, from the declarations click also reads
 ``bench/coldstart.py --only startup`` times every form below against a bare
 ``python -c pass`` (target: within 2.5 x).
 
-What it serves: ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
+What it serves: ``--version`` (:data:`~artifactd.cli.render.VERSION_LINE`, as
+click prints it), ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
 ``--gpu-arch``, ``--image-digest``) and ``restore`` with any of its options
 given as ``--name VALUE``, ``--name=VALUE`` or an ``ARTIFACTD_*`` variable. A
 restore whose target already holds what resolving would pick (the no-op: a
@@ -204,6 +205,8 @@ def parse(
     args: Sequence[str], environ: Mapping[str, str] | None = None
 ) -> Callable[[], None] | None:
     """Return a call that runs ``args``, or None when click must parse them."""
+    if list(args) == ["--version"]:
+        return lambda: render.echo(render.VERSION_LINE)
     if not args or args[0] not in COMMANDS:
         return None
     values = parse_options(args[0], args[1:], os.environ if environ is None else environ)
