@@ -44,11 +44,16 @@ def _name(node: ast.expr) -> str | None:
 
 
 def is_environ(node: ast.expr) -> bool:
-    """Whether ``node`` is an environment mapping: ``os.environ``, ``current_environ()``, ``env``..."""
+    """Whether ``node`` is an environment: ``os.environ``, ``current_environ()``, ``env``..."""
     if isinstance(node, ast.Call):
         return _name(node.func) == "current_environ"
     name = (_name(node) or "").lower().strip("_")
     return name in ENV_NAMES or name.endswith(("_env", "_environ")) or name.startswith("env_")
+
+
+def _is_os_env(node: ast.expr) -> bool:
+    """Whether ``node`` is ``os.environ``, ``os.getenv`` or another reader of the process's."""
+    return isinstance(node, ast.Attribute) and node.attr in OS_ENV and _name(node.value) == "os"
 
 
 def _keys(node: ast.AST) -> Iterator[ast.expr]:
@@ -56,12 +61,14 @@ def _keys(node: ast.AST) -> Iterator[ast.expr]:
     if isinstance(node, ast.Subscript) and is_environ(node.value):
         yield node.slice
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
-        receiver, method = node.func.value, node.func.attr
-        if method in {"get", "pop", "setdefault"} and is_environ(receiver):
+        mapping_read = node.func.attr in {"get", "pop", "setdefault"} and is_environ(
+            node.func.value
+        )
+        if mapping_read or _is_os_env(node.func):
             yield node.args[0]
-        elif method in OS_ENV and _name(receiver) == "os":
-            yield node.args[0]
-    elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+    elif isinstance(node, ast.Compare) and any(
+        isinstance(op, (ast.In, ast.NotIn)) for op in node.ops
+    ):
         if any(is_environ(c) for c in node.comparators):
             yield node.left
     elif isinstance(node, ast.Dict) and any(
@@ -78,51 +85,28 @@ def _module_strings(tree: ast.Module) -> dict[str, ast.Constant]:
         if isinstance(node, ast.AnnAssign):
             target = node.target
         value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
-            if isinstance(value.value, str):
-                out[target.id] = value
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+        ):
+            out[target.id] = value
     return out
 
 
-def violations(name: str, source: str) -> list[str]:
-    """Every place module ``name`` (given its ``source``) names a variable itself, as messages."""
-    tree = ast.parse(source)
-    own = _module_strings(tree)
-    found: dict[tuple[int, str], str] = {}
+def _is_own_variable(node: ast.AST) -> bool:
+    """Whether ``node`` is a literal of artifactd's own variables' shape, ``"ARTIFACTD_X"``."""
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("ARTIFACTD_")
+        and node.value.replace("_", "").isalnum()
+        and node.value.isupper()
+    )
 
-    def literal(node: ast.expr, how: str) -> None:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found.setdefault((node.lineno, node.value), f"{name}:{node.lineno}: {node.value!r} {how}")
 
-    # Loop variables used as keys: the literals their loop walks name variables too.
-    key_names: set[str] = set()
-    for node in ast.walk(tree):
-        for key in _keys(node):
-            literal(key, "names an environment variable")
-            if isinstance(key, ast.Name):
-                key_names.add(key.id)
-                if key.id in own:
-                    literal(own[key.id], f"is {key.id}, an environment variable's name")
-        if (
-            isinstance(node, ast.Attribute)
-            and node.attr in OS_ENV
-            and _name(node.value) == "os"
-            and name != CONSTANTS
-        ):
-            found[(node.lineno, node.attr)] = (
-                f"{name}:{node.lineno}: os.{node.attr}: read the environment through "
-                "constants.current_environ() or an environ argument"
-            )
-        if isinstance(node, ast.keyword) and node.arg == "envvar":
-            literal(node.value, "given to click as envvar=")
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and node.value.startswith("ARTIFACTD_")
-            and node.value.replace("_", "").isalnum()
-            and node.value.isupper()
-        ):
-            literal(node, "is one of artifactd's variables")
+def _walked(tree: ast.Module, names: set[str]) -> Iterator[tuple[str, ast.expr]]:
+    """Each element of a literal tuple, list or set a loop over one of ``names`` walks."""
     for node in ast.walk(tree):
         loops: list[tuple[ast.expr, ast.expr]] = []
         if isinstance(node, (ast.For, ast.AsyncFor)):
@@ -130,12 +114,46 @@ def violations(name: str, source: str) -> list[str]:
         elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             loops.extend((gen.target, gen.iter) for gen in node.generators)
         for target, walked in loops:
-            if isinstance(target, ast.Name) and target.id in key_names:
-                if isinstance(walked, (ast.Tuple, ast.List, ast.Set)):
-                    for element in walked.elts:
-                        literal(element, f"is walked as {target.id}, an environment variable")
+            if (
+                isinstance(target, ast.Name)
+                and target.id in names
+                and isinstance(walked, (ast.Tuple, ast.List, ast.Set))
+            ):
+                yield from ((target.id, element) for element in walked.elts)
+
+
+def violations(name: str, source: str) -> list[str]:
+    """Every place module ``name`` (given its ``source``) names a variable itself, as messages."""
     if name == CONSTANTS:
         return []
+    tree = ast.parse(source)
+    own = _module_strings(tree)
+    found: dict[tuple[int, str], str] = {}
+
+    def literal(node: ast.expr, how: str) -> None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            where = (node.lineno, node.value)
+            found.setdefault(where, f"{name}:{node.lineno}: {node.value!r} {how}")
+
+    key_names: set[str] = set()  # names used as keys: a loop over literals may bind them
+    for node in ast.walk(tree):
+        for key in _keys(node):
+            literal(key, "names an environment variable")
+            if isinstance(key, ast.Name):
+                key_names.add(key.id)
+                if key.id in own:
+                    literal(own[key.id], f"is {key.id}, an environment variable's name")
+        if isinstance(node, ast.Attribute) and _is_os_env(node):
+            found[(node.lineno, node.attr)] = (
+                f"{name}:{node.lineno}: os.{node.attr}: read the environment through "
+                "constants.current_environ() or an environ argument"
+            )
+        if isinstance(node, ast.keyword) and node.arg == "envvar":
+            literal(node.value, "given to click as envvar=")
+        if isinstance(node, ast.Constant) and _is_own_variable(node):
+            literal(node, "is one of artifactd's variables")
+    for target, element in _walked(tree, key_names):
+        literal(element, f"is walked as {target}, an environment variable")
     return [found[k] for k in sorted(found)]
 
 
@@ -157,7 +175,7 @@ def test_constants_names_each_variable_once() -> None:
         if isinstance(target, ast.Name)
     ]
     assert sorted({n for n in names if names.count(n) > 1}) == []
-    values = [v.value for v in _module_strings(tree).values()]
+    values = [str(v.value) for v in _module_strings(tree).values()]
     variables = [v for v in values if v.replace("_", "").isalnum() and v.isupper()]
     assert sorted({v for v in variables if variables.count(v) > 1}) == []
 
@@ -175,8 +193,7 @@ def test_the_checker_sees_what_it_must_refuse() -> None:
         'def f(base_env):\n    return base_env.pop("TMP")\n': 1,
         'def f(environ):\n    return "HOME" in environ\n': 1,
         'def f(environ):\n    return {**environ, "TMPDIR": "/x"}\n': 1,
-        "from artifactd.constants import current_environ\n"
-        'X = current_environ().get("PATH")\n': 1,
+        'from artifactd.constants import current_environ\nX = current_environ().get("PATH")\n': 1,
         'def f(environ):\n    for k in ("USER", "LOGNAME"):\n        environ.get(k)\n': 2,
         'def f(environ):\n    return [environ[k] for k in ["A_B"] if k]\n': 1,
         'MY_VAR = "MY_VAR"\ndef f(environ):\n    return environ.get(MY_VAR)\n': 1,

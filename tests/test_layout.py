@@ -173,4 +173,3 @@ def test_every_package_ships_in_the_wheel() -> None:
     )
     packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
     assert packages - listed == set()
-
