@@ -80,7 +80,6 @@ interpreter's teardown of these modules (a few milliseconds).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -209,7 +208,7 @@ def parse(
         return lambda: render.echo(render.VERSION_LINE)
     if not args or args[0] not in COMMANDS:
         return None
-    values = parse_options(args[0], args[1:], os.environ if environ is None else environ)
+    values = parse_options(args[0], args[1:], C.current_environ() if environ is None else environ)
     if values is None:
         return None
     run: Callable[..., None] = fingerprint if args[0] == "fingerprint" else restore

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from artifactd import constants as C  # noqa: N812
@@ -66,7 +64,7 @@ def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
     """List the tags in a store (default: ARTIFACTD_STORE or oci:.artifactd/store)."""
     from artifactd.stores import list_tags
 
-    ref = store or os.environ.get(C.ENV_STORE, C.DEFAULT_STORE)
+    ref = store or C.current_environ().get(C.ENV_STORE, C.DEFAULT_STORE)
     tags = list_tags(ref, insecure=insecure)
     if as_json:
         from artifactd.reports import tags_report
