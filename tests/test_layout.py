@@ -267,7 +267,6 @@ STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     + "schemas.py beside reports.py",
     ("artifactd.pod.readiness", "artifactd.build.matrix"): _LATER + "the serve cell lookup",
     ("artifactd.pod.status", "artifactd.reports"): _LATER + "jsonable/versioned",
-    ("artifactd.restore.policy", "artifactd.pod.nodestore"): _LATER + "the node store into stores/",
     ("artifactd.stores.base", "artifactd.restore.source"): _LATER + "a StoreSource adapter",
     ("artifactd.trust.policy", "artifactd.stores"): _LATER + "inspect_ref/sign_ref into stores",
     ("artifactd.trust.policy", "artifactd.stores.artifacts"): _LATER + "inspect_ref/sign_ref",

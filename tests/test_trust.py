@@ -731,8 +731,8 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
     assert doc_of(third)["status"] == "restored", third.stdout
     assert '"bypassed"' in third.stdout or "bypassed" in third.stderr
     # gc never strips a signature from a kept artifact, and drops it with its subject.
-    from artifactd.pod.nodestore import gc
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.nodestore import gc
 
     layout = LayoutStore(node)
     tags_before = set(layout.list_tags())

@@ -7,7 +7,6 @@ Modules:
 * :mod:`~artifactd.pod.verdict`: the one "compiled anyway" verdict.
 * :mod:`~artifactd.pod.enginelogs`: evidence from the engines' logs.
 * :mod:`~artifactd.pod.metrics`: Prometheus metrics of restores and verdicts.
-* :mod:`~artifactd.pod.nodestore`: the node-local store shared by a node's pods.
 
 Nothing is imported here.
 """

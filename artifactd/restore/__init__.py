@@ -11,6 +11,7 @@ Modules:
 * :mod:`~artifactd.restore.journal`: the journal that makes an interrupted restore recoverable.
 * :mod:`~artifactd.restore.marker`: the marker a restore leaves (what is installed).
 * :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
+* :mod:`~artifactd.restore.nodefill`: fill the node store with what a restore would pick.
 
 Nothing is imported here: the no-op restore path stays light.
 """
