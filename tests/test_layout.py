@@ -256,10 +256,6 @@ STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     + "loading diff sides moves up",
     ("artifactd.fingerprint.diff", "artifactd.stores.credentials"): _LATER
     + "loading diff sides moves up",
-    ("artifactd.format.archive", "artifactd.restore"): _LATER + "the tree cap beside TREE_DOC",
-    ("artifactd.format.archive", "artifactd.restore.mounted"): _LATER
-    + "the tree cap beside TREE_DOC",
-    ("artifactd.format.unpack", "artifactd.restore.mounted"): _LATER + "the source error in format",
     ("artifactd.format.schemas", "artifactd.build.matrix"): _LATER + "schemas.py beside reports.py",
     ("artifactd.format.schemas", "artifactd.restore.journal"): _LATER
     + "schemas.py beside reports.py",

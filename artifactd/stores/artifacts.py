@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from artifactd.trust.signatures import SignResult
 
 #: An artifact config larger than this is refused before it is read: every
-#: family's file entries (the tree documents' limit, :data:`artifactd.restore.mounted.MAX_TREE_DOC`,
+#: family's file entries (the tree documents' limit, :data:`artifactd.format.config.MAX_TREE_DOC`,
 #: about 200,000 files at the 245 bytes an entry a measured harvest writes) plus
 #: room for the fingerprint, the skipped paths and the provenance. Parsing a
 #: config of this size measured 1.7 s and 510 MiB (``python bench/doc_limits.py``).
