@@ -256,11 +256,6 @@ STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     + "loading diff sides moves up",
     ("artifactd.fingerprint.diff", "artifactd.stores.credentials"): _LATER
     + "loading diff sides moves up",
-    ("artifactd.format.schemas", "artifactd.build.matrix"): _LATER + "schemas.py beside reports.py",
-    ("artifactd.format.schemas", "artifactd.restore.journal"): _LATER
-    + "schemas.py beside reports.py",
-    ("artifactd.format.schemas", "artifactd.restore.marker"): _LATER
-    + "schemas.py beside reports.py",
     ("artifactd.pod.readiness", "artifactd.build.matrix"): _LATER + "the serve cell lookup",
     ("artifactd.pod.status", "artifactd.reports"): _LATER + "jsonable/versioned",
     ("artifactd.stores.base", "artifactd.restore.source"): _LATER + "a StoreSource adapter",
