@@ -259,9 +259,6 @@ STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("artifactd.pod.readiness", "artifactd.build.matrix"): _LATER + "the serve cell lookup",
     ("artifactd.pod.status", "artifactd.reports"): _LATER + "jsonable/versioned",
     ("artifactd.stores.base", "artifactd.restore.source"): _LATER + "a StoreSource adapter",
-    ("artifactd.trust.policy", "artifactd.stores"): _LATER + "inspect_ref/sign_ref into stores",
-    ("artifactd.trust.policy", "artifactd.stores.artifacts"): _LATER + "inspect_ref/sign_ref",
-    ("artifactd.trust.signatures", "artifactd.stores.artifacts"): _LATER + "blob helpers",
 }
 
 

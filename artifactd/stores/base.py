@@ -16,7 +16,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
+from artifactd.errors import IntegrityError
 from artifactd.events import EventSink
+from artifactd.hashing import copy_hashed
 
 if TYPE_CHECKING:
     from artifactd.format.unpack import UnpackResult
@@ -138,6 +140,36 @@ class Store(abc.ABC):
         """Yield tags starting with ``prefix``."""
         return (t for t in self.list_tags() if t.startswith(prefix))
 
+    # Blobs checked against their digests, for every stage that reads or copies
+    # one (configs, signature layers, image layers): methods, so the trust stage
+    # uses them on the store it is given without importing this one.
+
+    def read_blob(self, digest: str, size: int, *, max_size: int, what: str) -> bytes:
+        """Fetch a small blob whole and verify it against its digest and size."""
+        if size > max_size:
+            raise IntegrityError(f"{what} {digest} is implausibly large ({size} B)")
+        buf = _Chunks()
+        with self.open_blob(digest, size) as f:
+            read = copy_hashed(f, buf, limit=size)
+        if read.size > size:
+            raise IntegrityError(f"{what} {digest} is longer than its descriptor")
+        if not read.matches(digest, size):
+            raise IntegrityError(f"{what} {digest} does not match its digest")
+        return b"".join(buf)
+
+    def copy_blob(self, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
+        """Stream one blob to ``dst`` through a temp file, verifying it; return bytes uploaded."""
+        path = tmp_dir / digest.replace(":", "-")
+        with self.open_blob(digest, size) as reader, path.open("wb") as out:
+            copied = copy_hashed(reader, out)
+        if not copied.matches(digest, size):
+            path.unlink(missing_ok=True)
+            raise IntegrityError(f"{self.ref}: blob {digest} does not match its digest or size")
+        try:
+            return dst.put_blob(path, digest, size)
+        finally:
+            path.unlink(missing_ok=True)
+
     # The restore source (artifactd.restore.source): what a restore reads, and nothing
     # about which tag.
 
@@ -215,6 +247,14 @@ class Store(abc.ABC):
                 record=layer,
                 prefix=plan.member_prefix,
             )
+
+
+class _Chunks(list[bytes]):
+    """A blob read whole, chunk by chunk (no ``io``: the store interface is on the fast path)."""
+
+    def write(self, data: bytes, /) -> int:
+        self.append(data)
+        return len(data)
 
 
 class _Progress:
