@@ -249,13 +249,6 @@ STAGE_RULE = " < ".join(name for name, _ in STAGES)
 #: Imports allowed against the order, each with its reason: (importer, imported).
 _LATER = "moved in a later change: "
 STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("artifactd.fingerprint.diff", "artifactd.format.config"): _LATER
-    + "loading diff sides moves up",
-    ("artifactd.fingerprint.diff", "artifactd.stores"): _LATER + "loading diff sides moves up",
-    ("artifactd.fingerprint.diff", "artifactd.stores.artifacts"): _LATER
-    + "loading diff sides moves up",
-    ("artifactd.fingerprint.diff", "artifactd.stores.credentials"): _LATER
-    + "loading diff sides moves up",
     ("artifactd.pod.readiness", "artifactd.build.matrix"): _LATER + "the serve cell lookup",
     ("artifactd.pod.status", "artifactd.reports"): _LATER + "jsonable/versioned",
     ("artifactd.stores.base", "artifactd.restore.source"): _LATER + "a StoreSource adapter",

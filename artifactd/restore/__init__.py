@@ -12,6 +12,7 @@ Modules:
 * :mod:`~artifactd.restore.marker`: the marker a restore leaves (what is installed).
 * :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
 * :mod:`~artifactd.restore.nodefill`: fill the node store with what a restore would pick.
+* :mod:`~artifactd.restore.explain`: ``artifactd diff``: read two operands, explain a miss.
 
 Nothing is imported here: the no-op restore path stays light.
 """
