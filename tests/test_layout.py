@@ -251,7 +251,6 @@ _LATER = "moved in a later change: "
 STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("artifactd.pod.readiness", "artifactd.build.matrix"): _LATER + "the serve cell lookup",
     ("artifactd.pod.status", "artifactd.reports"): _LATER + "jsonable/versioned",
-    ("artifactd.stores.base", "artifactd.restore.source"): _LATER + "a StoreSource adapter",
 }
 
 

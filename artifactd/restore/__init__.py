@@ -2,8 +2,8 @@
 
 Modules:
 
-* :mod:`~artifactd.restore.source`: the :class:`RestoreSource` protocol (a store, a
-  mounted tree, the node store).
+* :mod:`~artifactd.restore.source`: the :class:`RestoreSource` protocol (a mounted
+  tree; a store, the node store included, through the :class:`StoreSource` adapter).
 * :mod:`~artifactd.restore.resolve`: the tag-selection rule and the restore plan.
 * :mod:`~artifactd.restore.install`: the mechanism: stage, swap, write the marker.
 * :mod:`~artifactd.restore.policy`: the policy: :func:`run_restore`, node store, misses.

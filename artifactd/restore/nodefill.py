@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
 from artifactd.events import EventSink, discard
+from artifactd.restore.source import StoreSource
 from artifactd.stores.nodestore import (
     LOCK_TIMEOUT,
     TMP_PREFIX,
@@ -182,7 +183,7 @@ def _wanted(
     """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
     from artifactd.restore.resolve import picks
 
-    return [w.tag for w in picks(node, fingerprint_hash, flat, families)]
+    return [w.tag for w in picks(StoreSource(node), fingerprint_hash, flat, families)]
 
 
 def _signed(node: LayoutStore, tag: str) -> bool:

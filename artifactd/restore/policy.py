@@ -438,6 +438,7 @@ def _plan(
 
 def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
     """Open the source the request names: its store, or what its ``from_dir`` holds."""
+    from artifactd.restore.source import StoreSource
     from artifactd.stores import open_store
 
     ref = request.store
@@ -449,7 +450,7 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
             return found
         ref = found
     assert ref is not None  # noqa: S101 - run_restore set the default
-    return open_store(ref, insecure=request.insecure)
+    return StoreSource(open_store(ref, insecure=request.insecure))
 
 
 def _unresolved(

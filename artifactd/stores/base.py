@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from artifactd.errors import IntegrityError
 from artifactd.events import EventSink
 from artifactd.hashing import copy_hashed
-
-if TYPE_CHECKING:
-    from artifactd.format.unpack import UnpackResult
-    from artifactd.hashing import Readable
-    from artifactd.restore.resolve import FamilyPlan
-    from artifactd.restore.source import Current, Found, Want
-    from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustPolicy
 
 #: Called with the bytes transferred so far.
 Progress = Callable[[int], None]
@@ -72,8 +64,8 @@ class ManifestRef(NamedTuple):
 class Store(abc.ABC):
     """Blobs by digest, manifests by tag or digest.
 
-    Every store is a :class:`~artifactd.restore.source.RestoreSource` (:meth:`current`,
-    :meth:`find`, :meth:`stage_layer`): a restore reads from it through those alone.
+    A store knows nothing of restores: a restore reads one through
+    :class:`~artifactd.restore.source.StoreSource`, the adapter the restore stage owns.
     """
 
     #: The reference the user gave (``oci:DIR``, ``HOST/REPO``), for messages.
@@ -170,84 +162,6 @@ class Store(abc.ABC):
         finally:
             path.unlink(missing_ok=True)
 
-    # The restore source (artifactd.restore.source): what a restore reads, and nothing
-    # about which tag.
-
-    def current(self, want: Want) -> Current | None:
-        """Return what ``want``'s tag names now: one tag lookup, no config read."""
-        from artifactd.restore.source import Current
-
-        digest = self.tag_digest(want.tag)
-        return None if digest is None else Current(digest)
-
-    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
-        """Read and verify the artifact ``want``'s tag names (signature first, with ``trust``)."""
-        from artifactd.restore.source import Found
-        from artifactd.stores.artifacts import read_artifact
-
-        art = read_artifact(self, want.tag, trust=trust)
-        if art is None:
-            return None
-        return Found(
-            want.tag,
-            art.digest,
-            art.config.kind,
-            art.config.fingerprint_hash,
-            {rec.family: rec for rec in art.config.layers},
-            art.config.schema_version,
-            art.signed_by,
-        )
-
-    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
-        """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
-        from artifactd.errors import ArtifactdError
-        from artifactd.format.oci import FULL_TAG_PREFIX
-        from artifactd.stores.artifacts import read_artifact
-
-        out = []
-        for tag in list(self.iter_tags(FULL_TAG_PREFIX))[:limit]:
-            try:
-                art = read_artifact(self, tag)
-            except ArtifactdError:
-                continue
-            if art is not None:
-                out.append((tag, art))
-        return out
-
-    def stage_layer(
-        self,
-        plan: FamilyPlan,
-        staging: Path,
-        *,
-        relocate: Callable[[str, bytes], bytes],
-        keep_mtimes: bool,
-        max_tar_bytes: int,
-        on_event: EventSink,
-    ) -> UnpackResult:
-        """Stream the planned layer from this store, verified, into ``staging``."""
-        from artifactd.errors import IntegrityError
-        from artifactd.format.unpack import (
-            unpack_layer,  # zstd and tarfile: only when there is work
-        )
-
-        layer = plan.layer
-        if layer is None:  # pragma: no cover - hits always carry a layer
-            raise IntegrityError(f"no record for {plan.family}")
-        with self.open_blob(layer.digest, layer.size) as blob:
-            return unpack_layer(
-                _Progress(blob, plan.family, layer.size, on_event),
-                digest=layer.digest,
-                size=layer.size,
-                entries=layer.files,
-                staging=staging,
-                components=frozenset(layer.components),
-                max_tar_bytes=max_tar_bytes,
-                relocate=relocate,
-                keep_mtimes=keep_mtimes,
-                record=layer,
-                prefix=plan.member_prefix,
-            )
-
 
 class _Chunks(list[bytes]):
     """A blob read whole, chunk by chunk (no ``io``: the store interface is on the fast path)."""
@@ -255,18 +169,3 @@ class _Chunks(list[bytes]):
     def write(self, data: bytes, /) -> int:
         self.append(data)
         return len(data)
-
-
-class _Progress:
-    """Count bytes read from a layer stream; report them as throttled ``progress`` events."""
-
-    def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
-        self._source = source
-        self._done = 0
-        self._report = progress_events(on_event, stage="fetch", family=family, total=total)
-
-    def read(self, n: int = -1, /) -> bytes:
-        data = self._source.read(n)
-        self._done += len(data)
-        self._report(self._done)
-        return data
