@@ -37,8 +37,7 @@ from hostile import publish
 from artifactd.build.harvest import harvest
 from artifactd.errors import BuildError
 from artifactd.fingerprint.model import Fingerprint
-from artifactd.format.config import TREE_DOC
-from artifactd.restore.mounted import MAX_TREE_DOC
+from artifactd.format.config import MAX_TREE_DOC, TREE_DOC
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact
 from artifactd.stores.base import Store
@@ -609,13 +608,13 @@ def test_a_harvest_refuses_documents_a_restore_would_not_read(
     limit: str,
 ) -> None:
     """The limits are lowered to this small cache's size: as if it held 200,000 files."""
-    import artifactd.restore.mounted
+    import artifactd.format.config
     import artifactd.stores.artifacts
 
     if limit == "config":
         monkeypatch.setattr(artifactd.stores.artifacts, "MAX_CONFIG_BYTES", 2000)
     else:
-        monkeypatch.setattr(artifactd.restore.mounted, "MAX_TREE_DOC", 1000)
+        monkeypatch.setattr(artifactd.format.config, "MAX_TREE_DOC", 1000)
     store = open_store(f"oci:{tmp_path / 'store'}", create=True)
     with pytest.raises(BuildError, match="config would" if limit == "config" else "its tree doc"):
         harvest(store, local_fp, environ=caches)

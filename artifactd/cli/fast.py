@@ -46,12 +46,12 @@ import, at module level and inside functions, to these lists):
   ``artifactd.fingerprint.probecache``, ``artifactd.fingerprint.tools``,
   ``artifactd.format``,
   ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
-  ``artifactd.pod``, ``artifactd.pod.nodestore``, ``artifactd.reports``,
-  ``artifactd.restore``, ``artifactd.restore.destination``,
-  ``artifactd.restore.marker``, ``artifactd.restore.policy``,
+  ``artifactd.reports``, ``artifactd.restore``,
+  ``artifactd.restore.destination``, ``artifactd.restore.marker``,
+  ``artifactd.restore.nodefill``, ``artifactd.restore.policy``,
   ``artifactd.restore.resolve``, ``artifactd.restore.source``,
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
-  ``artifactd.trust``, ``artifactd.trust.keys``;
+  ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
 * inside a function only, :data:`LATER`: what a pod start needs when it is not
   a no-op (installing, planning a miss, a registry, signatures, a report of
   dataclasses, ``--metrics-file``; click, for every other command line):
@@ -59,7 +59,7 @@ import, at module level and inside functions, to these lists):
   ``artifactd.cli.app``, ``artifactd.families.base``,
   ``artifactd.fingerprint.diff``, ``artifactd.fingerprint.model``,
   ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
-  ``artifactd.pod.metrics``, ``artifactd.restore.install``,
+  ``artifactd.pod``, ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
   tag count, checked when it is listed), ``artifactd.stores.reference``,
@@ -154,18 +154,18 @@ LIGHT = frozenset(
         "artifactd.format.oci",
         "artifactd.fsutil",
         "artifactd.hashing",
-        "artifactd.pod",
-        "artifactd.pod.nodestore",
         "artifactd.reports",
         "artifactd.restore",
         "artifactd.restore.destination",
         "artifactd.restore.marker",
+        "artifactd.restore.nodefill",
         "artifactd.restore.policy",
         "artifactd.restore.resolve",
         "artifactd.restore.source",
         "artifactd.stores",
         "artifactd.stores.base",
         "artifactd.stores.layout",
+        "artifactd.stores.nodestore",
         "artifactd.trust",
         "artifactd.trust.keys",
     }
@@ -180,6 +180,7 @@ LATER = frozenset(
         "artifactd.fingerprint.model",
         "artifactd.format.imagemanifest",
         "artifactd.format.unpack",
+        "artifactd.pod",
         "artifactd.pod.metrics",
         "artifactd.restore.install",
         "artifactd.restore.journal",

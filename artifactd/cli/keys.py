@@ -97,7 +97,7 @@ def sign(
     under one of those keys first: a second signer, a key rotation) or, for
     content published before signing began, an explicit --sign-unverified.
     """
-    from artifactd.trust.policy import sign_ref
+    from artifactd.stores.artifacts import sign_ref
 
     basis = signing_basis(verify_keys, sign_unverified, signing=True, what="sign")
     key = load_sign_key(sign_key)

@@ -38,8 +38,8 @@ def inspect(
     they are checked, and the command fails (exit 14) unless a given key
     signed exactly this artifact's digest.
     """
+    from artifactd.stores.artifacts import inspect_ref
     from artifactd.trust.keys import load_public_keys
-    from artifactd.trust.policy import inspect_ref
 
     keys = load_public_keys(verify_keys) if verify_keys else []
     art, trust = inspect_ref(ref, keys=keys, insecure=insecure)

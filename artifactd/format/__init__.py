@@ -1,4 +1,4 @@
-"""The artifact format: OCI config, manifests, layers, archives, unpacking, schemas.
+"""The artifact format: OCI config, manifests, layers, archives, unpacking.
 
 Modules:
 
@@ -10,7 +10,6 @@ Modules:
   (an artifact's and a runtime image's).
 * :mod:`~artifactd.format.archive`: write a family's tree into a reproducible tar+zstd layer.
 * :mod:`~artifactd.format.unpack`: check and unpack a layer safely; stage a tree.
-* :mod:`~artifactd.format.schemas`: the JSON Schemas published under ``registry-schema/``.
 
 Nothing is imported here.
 """

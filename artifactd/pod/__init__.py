@@ -10,7 +10,6 @@ Modules:
 * :mod:`~artifactd.pod.phases`: the engine's start, phase by phase, from its log.
 * :mod:`~artifactd.pod.readiness`: the ``serviceable`` and ``prewarmed`` levels
   (``status --ready``).
-* :mod:`~artifactd.pod.nodestore`: the node-local store shared by a node's pods.
 * :mod:`~artifactd.pod.nodefeatures`: the node store's artifacts as node-feature-discovery labels.
 * :mod:`~artifactd.pod.contribute`: publish what a pod compiled anyway as a ``kind: delta``.
 

@@ -20,6 +20,7 @@ Modules:
 * :mod:`~artifactd.stores.registry`: an OCI registry repository as a store.
 * :mod:`~artifactd.stores.artifacts`: publish, read and copy artifacts over any store.
 * :mod:`~artifactd.stores.retention`: which artifacts ``prune`` keeps and deletes, and ``du``.
+* :mod:`~artifactd.stores.nodestore`: the node-local tier: its lock, usage records and gc.
 """
 
 from __future__ import annotations
