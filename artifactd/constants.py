@@ -67,7 +67,7 @@ ENV_KEY_PASSWORD = "ARTIFACTD_KEY_PASSWORD"  # noqa: S105 - a variable name
 ENV_CACHE_DIR = "ARTIFACTD_CACHE_DIR"
 #: Where a runtime image carries baked stores (``<dir>/<fingerprint hash>/``).
 ENV_PREBUILT = "ARTIFACTD_PREBUILT"
-#: Set by Kubernetes in each pod of an Indexed Job: ``build --cell`` reads it.
+#: Set by Kubernetes in each pod of an Indexed Job: ``build``'s default ``--cell``.
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 DEFAULT_PREBUILT = "/opt/prebuilt-cache"
 #: The reproducible-builds convention: a publish stamps this Unix time as the
@@ -85,10 +85,12 @@ TMPDIR = "TMPDIR"
 HOME = "HOME"
 CUDA_HOME = "CUDA_HOME"
 DOCKER_CONFIG = "DOCKER_CONFIG"
+#: The container engine's address, as the docker CLI and SDK read it (``image build``).
+DOCKER_HOST = "DOCKER_HOST"
+#: Where a toolchain the probe asks for its version is looked up.
+PATH = "PATH"
 #: The GPUs a process may use: the builder gives each cell its own.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-#: Set by Kubernetes in each pod of an Indexed Job: ``build``'s default ``--cell``.
-JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 
 # --- JIT cache families: DeepGEMM, TileLang, CuTe DSL / FA4, CUDA driver JIT ---
 DG_JIT_CACHE_DIR = "DG_JIT_CACHE_DIR"

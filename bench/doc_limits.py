@@ -6,7 +6,7 @@ Harvests a synthetic Triton cache of ``--files`` files (real layout: one
 fresh OCI layout, then reports the artifact config's size, the family tree
 document's size and their bytes per file entry. Then, each in a fresh Python
 so the peak is its own, it parses a tree document and a config padded to
-:data:`artifactd.restore.mounted.MAX_TREE_DOC` and
+:data:`artifactd.format.config.MAX_TREE_DOC` and
 :data:`artifactd.stores.artifacts.MAX_CONFIG_BYTES`
 (the same entries repeated under new names) and reports the peak resident
 memory (``VmHWM``: ``ru_maxrss`` would include the parent's) and the time.
@@ -191,7 +191,7 @@ def parse_cost(kind: str, data: bytes, work: Path) -> tuple[float, int]:
 
 def main() -> None:
     """Measure and print."""
-    from artifactd.restore.mounted import MAX_TREE_DOC
+    from artifactd.format.config import MAX_TREE_DOC
     from artifactd.stores.artifacts import MAX_CONFIG_BYTES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -234,6 +234,24 @@ def run_artifactd(
     )
 
 
+#: A ``run_artifactd`` prelude: the command reports its peak memory (VmHWM) on
+#: stderr when it exits, read back by :func:`peak_kib`.
+PEAK_PRELUDE = """
+import atexit, sys
+def _peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            sys.stderr.write(f"\\nPEAK_KIB={line.split()[1]}\\n")
+atexit.register(_peak)
+"""
+
+
+def peak_kib(proc: subprocess.CompletedProcess[str]) -> int:
+    """The peak memory, in KiB, a run with :data:`PEAK_PRELUDE` reported."""
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("PEAK_KIB="))
+    return int(line.split("=", 1)[1])
+
+
 def run_artifactd_json(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
 ) -> dict[str, Any]:

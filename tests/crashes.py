@@ -50,6 +50,7 @@ from artifactd.restore.destination import (
 from artifactd.restore.install import RestoreResult, restore
 from artifactd.restore.marker import RestoreMarker
 from artifactd.restore.resolve import plan_restore
+from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
 
@@ -372,10 +373,12 @@ def restore_version(
     on_event: EventSink = discard,
 ) -> RestoreResult:
     """Plan and restore ``version`` into ``target`` in this process (the mechanism)."""
-    plan = plan_restore(pair.store, version.fp, target)
+    plan = plan_restore(StoreSource(pair.store), version.fp, target)
     if plan.match != "full":
         raise AssertionError(f"{version.name}: expected a full match, got {plan.match}")
-    return restore(plan, pair.store, CacheVolume(target, step_hook=step_hook), on_event=on_event)
+    return restore(
+        plan, StoreSource(pair.store), CacheVolume(target, step_hook=step_hook), on_event=on_event
+    )
 
 
 class InjectedError(Exception):
@@ -399,6 +402,7 @@ import artifactd.restore.destination as D
 from artifactd.fingerprint.model import from_raw
 from artifactd.restore.resolve import plan_restore
 from artifactd.restore.install import restore
+from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 
 store_ref, target, fp_json, step, mode, env_file = sys.argv[1:7]
@@ -431,7 +435,7 @@ if mode.startswith("recover-undo:"):  # die in recovery, after its Nth undo
     with vol.locked():
         vol.recover()
     sys.exit(17)
-store = open_store(store_ref)
+store = StoreSource(open_store(store_ref))
 plan = plan_restore(store, from_raw(json.loads(fp_json)), Path(target), env_file=env_file)
 restore(plan, store, D.CacheVolume(Path(target), env_file=env_file, step_hook=hook))
 sys.exit(17)  # the step never came
@@ -642,7 +646,10 @@ def kill_loop(
         if journal and marker is not None:
             problems.append("installed() trusted a marker while a journal exists")
         for v in pair.versions():
-            if journal and noop_plan(pair.store, v.fp.hash, v.fp.flatten(), vol) is not None:
+            if (
+                journal
+                and noop_plan(StoreSource(pair.store), v.fp.hash, v.fp.flatten(), vol) is not None
+            ):
                 problems.append(f"noop_plan({v.name}) trusted a marker while a journal exists")
         if marker is not None and (trusted is None or {found} != {trusted}):
             problems.append(f"installed() names {trusted} but the content is {found}")

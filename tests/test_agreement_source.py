@@ -401,7 +401,8 @@ def test_one_plan_builder_and_no_dispatch_on_the_kind_of_source() -> None:
         "restore/install.py",
         "restore/policy.py",
         "restore/resolve.py",
-        "pod/nodestore.py",
+        "stores/nodestore.py",
+        "restore/nodefill.py",
     ):
         for node in ast.walk(modules[path]):
             if (

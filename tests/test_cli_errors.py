@@ -404,12 +404,15 @@ def test_signing_in_a_store_whose_path_is_not_utf8_is_a_usage_error(world: World
     store = os.fsencode(world.root / f"copied-{NOT_UTF8}")
     proc = _run(world, "copy", f"oci:{world.store}", "oci:" + os.fsdecode(store))
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # A key of its own: other tests of the module may have signed the store with world.key.
+    proc = _run(world, "keygen", "--out", str(world.root / "utf8-sign"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
     before = sorted(os.listdir(os.path.join(store, b"blobs", b"sha256")))
     proc = _run(
         world,
         "sign",
         "--sign-key",
-        str(world.key),
+        str(world.root / "utf8-sign.key"),
         "--sign-unverified",
         f"oci:{os.fsdecode(store)}:{world.tag}",
     )

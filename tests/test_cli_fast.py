@@ -15,10 +15,13 @@ from typing import Any
 
 import click
 import pytest
+from click.testing import CliRunner
 from conftest import clean_env
 
+from artifactd import __version__
 from artifactd.cli import cli
 from artifactd.cli.fast import parse_options
+from artifactd.cli.render import VERSION_LINE
 
 POD_ENV = {
     "ARTIFACTD_TARGET": "/cache",
@@ -156,3 +159,12 @@ def test_pod_start_commands_do_not_import_click(tmp_path: Path) -> None:
     # Help and every other command still go through click.
     assert "click" in _imported("restore", "--help", cwd=tmp_path)
     assert "click" in _imported("ls", store, cwd=tmp_path, code=4)
+
+
+def test_version_is_answered_without_click_as_click_answers_it(tmp_path: Path) -> None:
+    """``artifactd --version`` takes the fast path; click, for any other line, prints the same."""
+    assert "click" not in _imported("--version", cwd=tmp_path)
+    assert "click" in _imported("--version", "--help", cwd=tmp_path)
+    by_click = CliRunner().invoke(cli, ["--version"])
+    assert by_click.exit_code == 0
+    assert by_click.output == f"{VERSION_LINE}\n" == f"artifactd, version {__version__}\n"

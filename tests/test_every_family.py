@@ -31,6 +31,7 @@ from artifactd.families import FAMILIES, Family
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore
+from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 
 
@@ -100,9 +101,9 @@ def test_family_harvests_and_restores(family: str, tmp_path: Path, local_fp: Fin
         [packed] = result.families
         assert packed.family == family and packed.files > 0
         target = tmp_path / "pod"
-        plan = plan_restore(st, local_fp, target, families=[family])
+        plan = plan_restore(StoreSource(st), local_fp, target, families=[family])
         assert plan.match == "full"
-        done = restore(plan, st)
+        done = restore(plan, StoreSource(st))
     assert done.restored == [family] and done.files == packed.files
     fam = FAMILIES[family]
     # A set: vLLM nests its deep_gemm component inside its cache dir.
@@ -206,7 +207,7 @@ def test_restored_components_are_where_the_library_looks(
     with open_store(f"oci:{tmp_path / 'store'}", create=True) as st:
         harvest(st, local_fp, families=[family], environ=environ)
         target = tmp_path / "pod"
-        restore(plan_restore(st, local_fp, target, families=[family]), st)
+        restore(plan_restore(StoreSource(st), local_fp, target, families=[family]), StoreSource(st))
     fam = FAMILIES[family]
     pod_env = {"HOME": str(tmp_path / "pod-home")}
     for line in (target / "artifactd.env").read_text().splitlines():

@@ -42,6 +42,7 @@ from artifactd.families.vllm import (
 from artifactd.fingerprint.model import Fingerprint, LibraryInfo
 from artifactd.fingerprint.probe import TRACKED_LIBRARIES
 from artifactd.format.archive import PackedLayer
+from artifactd.restore.source import StoreSource
 
 FLASHINFER = FlashInferFamily()
 VLLM = VLLMFamily()
@@ -564,17 +565,20 @@ def test_harvest_and_restore_engine_families(
     assert {f.family for f in result.families} == set(names)
 
     target = tmp_path / "target"
-    plan = plan_restore(store, local_fp, target, families=names)
+    plan = plan_restore(StoreSource(store), local_fp, target, families=names)
     assert plan.match == "full"
-    restore(plan, store)
+    restore(plan, StoreSource(store))
     # A second, real restore swaps every dir out (the nested deep_gemm included).
     stale = target / "vllm" / "torch_compile_cache" / "stale"
     stale.mkdir()
     shutil.rmtree(target / "sglang-jit")
     vol = CacheVolume(target)
-    assert noop_plan(store, local_fp.hash, local_fp.flatten(), vol, families=names) is None
-    again = plan_restore(store, local_fp, target, families=names)
-    restore(again, store)
+    assert (
+        noop_plan(StoreSource(store), local_fp.hash, local_fp.flatten(), vol, families=names)
+        is None
+    )
+    again = plan_restore(StoreSource(store), local_fp, target, families=names)
+    restore(again, StoreSource(store))
     assert not stale.exists()
 
     dg = target / "vllm" / "deep_gemm" / "cache" / "kernel.sm90_fp8_gemm_1d2d.0123456789abcdef"

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from cachetrees import make_vllm_tree
-from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
+from conftest import PEAK_PRELUDE, PYTHON, clean_env, peak_kib, run_artifactd, run_artifactd_json
 from diskfaults import fill, mount_tmpfs, unmount
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,15 +44,6 @@ ENGINE_EXIT = 7
 #: Peak memory (KiB) of a ``status`` that reads a log: the interpreter and its
 #: modules, a chunk and a line (33 MiB here); a 256 MiB line read whole took 4.8 GiB.
 SMALL_PEAK_KIB = 100 << 10
-#: Run in the command's process: report its peak memory on stderr when it exits.
-PEAK_PRELUDE = """
-import atexit, sys
-def _peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            sys.stderr.write(f"\\nPEAK_KIB={line.split()[1]}\\n")
-atexit.register(_peak)
-"""
 #: The kinds of hostile path every add-on output is tried with.
 NOT_REGULAR = ["fifo", "fifo-with-reader", "device", "symlink", "directory"]
 
@@ -61,11 +52,6 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
     """Nothing a user sees is a crash: no traceback, no internal error."""
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "internal error" not in proc.stderr, proc.stderr[-3000:]
-
-
-def _peak_kib(proc: subprocess.CompletedProcess[str]) -> int:
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("PEAK_KIB="))
-    return int(line.split("=", 1)[1])
 
 
 def _json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -355,7 +341,7 @@ def test_a_256_mib_line_is_read_in_bounded_memory_and_time(tmp_path: Path) -> No
     assert doc["engine_log_error"] is None
     vllm = next(f for f in doc["families"] if f["family"] == "vllm")["engine"]
     assert vllm["hits"] == 1, vllm  # the lines before it are read as ever
-    assert _peak_kib(proc) < SMALL_PEAK_KIB, "the line was held whole"
+    assert peak_kib(proc) < SMALL_PEAK_KIB, "the line was held whole"
     assert time.monotonic() - started < QUICK
 
 
@@ -395,7 +381,7 @@ def test_100000_distinct_cache_dirs_finish_fast_and_are_capped(tmp_path: Path) -
     assert len(engine["cache_dirs"]) == MAX_DIRS
     assert engine["cache_dirs"][0] == f"{root}/h000000/rank_0_0"  # the first ones, in order
     assert len(engine["other_dirs"]) == MAX_DIRS
-    assert _peak_kib(proc) < SMALL_PEAK_KIB
+    assert peak_kib(proc) < SMALL_PEAK_KIB
 
 
 def test_a_factors_file_that_is_a_fifo_does_not_hang_status(tmp_path: Path) -> None:

@@ -30,15 +30,14 @@ from typing import Any
 
 import pytest
 import zstandard
-from conftest import PYTHON, clean_env, run_artifactd
+from conftest import PEAK_PRELUDE, PYTHON, clean_env, peak_kib, run_artifactd
 from crashes import leftovers, snapshot
 from hostile import publish
 
 from artifactd.build.harvest import harvest
 from artifactd.errors import BuildError
 from artifactd.fingerprint.model import Fingerprint
-from artifactd.format.config import TREE_DOC
-from artifactd.restore.mounted import MAX_TREE_DOC
+from artifactd.format.config import MAX_TREE_DOC, TREE_DOC
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact
 from artifactd.stores.base import Store
@@ -49,15 +48,6 @@ QUICK = 30
 #: Peak memory (KiB) a restore that refuses an oversized document may reach: the
 #: interpreter and the restore modules, nothing of the document.
 SMALL_PEAK_KIB = 200 << 10
-#: Run in the restore's process: report its peak memory on stderr when it exits.
-PEAK_PRELUDE = """
-import atexit, sys
-def _peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            sys.stderr.write(f"\\nPEAK_KIB={line.split()[1]}\\n")
-atexit.register(_peak)
-"""
 
 
 def _reads_unreadable_files() -> bool:
@@ -120,11 +110,6 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
 def _report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return doc
-
-
-def _peak_kib(proc: subprocess.CompletedProcess[str]) -> int:
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("PEAK_KIB="))
-    return int(line.split("=", 1)[1])
 
 
 def _restore(
@@ -393,7 +378,7 @@ def test_an_oversized_tree_document_is_refused_before_it_is_read(world: World) -
     assert proc.returncode == 5, proc.stderr
     assert _report(proc)["failure"]["kind"] == "corrupt"
     assert "larger than" in _report(proc)["failure"]["message"]
-    assert _peak_kib(proc) < SMALL_PEAK_KIB, "the document was read"
+    assert peak_kib(proc) < SMALL_PEAK_KIB, "the document was read"
     assert seconds < QUICK
     assert snapshot(world.target) == before
 
@@ -416,7 +401,7 @@ def test_an_oversized_config_is_refused_before_it_is_read(
     assert proc.returncode == 5, proc.stderr
     assert _report(proc)["failure"]["kind"] == "corrupt"
     assert "implausibly large" in _report(proc)["failure"]["message"]
-    assert _peak_kib(proc) < SMALL_PEAK_KIB, "the config was read"
+    assert peak_kib(proc) < SMALL_PEAK_KIB, "the config was read"
     assert snapshot(world.target) == before
 
 
@@ -623,13 +608,13 @@ def test_a_harvest_refuses_documents_a_restore_would_not_read(
     limit: str,
 ) -> None:
     """The limits are lowered to this small cache's size: as if it held 200,000 files."""
-    import artifactd.restore.mounted
+    import artifactd.format.config
     import artifactd.stores.artifacts
 
     if limit == "config":
         monkeypatch.setattr(artifactd.stores.artifacts, "MAX_CONFIG_BYTES", 2000)
     else:
-        monkeypatch.setattr(artifactd.restore.mounted, "MAX_TREE_DOC", 1000)
+        monkeypatch.setattr(artifactd.format.config, "MAX_TREE_DOC", 1000)
     store = open_store(f"oci:{tmp_path / 'store'}", create=True)
     with pytest.raises(BuildError, match="config would" if limit == "config" else "its tree doc"):
         harvest(store, local_fp, environ=caches)

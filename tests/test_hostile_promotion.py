@@ -37,9 +37,9 @@ from test_trust import PASSWORD, Keys, cli, doc_of, harvest, restore
 from artifactd.errors import TrustError, UsageError
 from artifactd.format.oci import MANIFEST_MEDIA_TYPE
 from artifactd.stores import open_store
-from artifactd.stores.artifacts import copy_between
+from artifactd.stores.artifacts import copy_between, sign_ref
 from artifactd.trust.keys import load_private_key, load_public_keys
-from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy, sign_ref
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy
 from artifactd.trust.signatures import attached_tag
 
 #: The image the caches were built for: a software field the pod's probe cannot see.

@@ -7,6 +7,11 @@
 * No import cycle among artifactd's modules at module level: the graph is built
   from each module's top-level imports (imports inside functions and under
   ``if TYPE_CHECKING:`` are not edges, they run later or never).
+* The stage order is a rule (import-linter's "layers" contract is the model):
+  no module imports a module of a higher stage, at module level or inside a
+  function; only ``if TYPE_CHECKING:`` imports are exempt. The order is
+  :data:`STAGES`; each exception is named in :data:`STAGE_EXCEPTIONS` with its
+  reason. No run-time cycle (function-local imports counted) crosses a stage.
 """
 
 from __future__ import annotations
@@ -179,31 +184,173 @@ def test_every_package_ships_in_the_wheel() -> None:
     assert packages - listed == set()
 
 
-def test_every_environment_variable_is_named_in_constants() -> None:
-    """A variable's name is written once, in ``artifactd/constants.py``; code names the constant.
+# --- The stage order --------------------------------------------------------
 
-    Caught: a bare ``"ARTIFACTD_..."`` literal anywhere else, and any literal
-    given to click as ``envvar=`` (a variable the CLI reads). Docstrings and help
-    texts may mention variables; they are not single literals of that shape.
-    """
-    found = []
-    for name, path in _modules().items():
-        if name == "artifactd.constants":
+#: The stages, lowest first. A module may import its own stage and the stages
+#: below it, never one above: at module level, inside a function, or anywhere
+#: else that runs (only ``if TYPE_CHECKING:`` imports are exempt: they never
+#: run). Each stage names its package, or the modules directly in artifactd/.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "foundation",
+        (
+            "artifactd",
+            "artifactd.constants",
+            "artifactd.errors",
+            "artifactd.events",
+            "artifactd.hashing",
+            "artifactd.fsutil",
+            "artifactd.bounds",
+            "artifactd.boundedhttp",
+            "artifactd.megacache",
+        ),
+    ),
+    ("families", ("artifactd.families",)),
+    ("fingerprint", ("artifactd.fingerprint",)),
+    ("format", ("artifactd.format",)),
+    ("trust", ("artifactd.trust",)),
+    ("stores", ("artifactd.stores",)),
+    ("lint", ("artifactd.lint",)),
+    ("restore", ("artifactd.restore",)),
+    ("images", ("artifactd.images",)),
+    ("pod", ("artifactd.pod",)),
+    ("build", ("artifactd.build",)),
+    ("reports", ("artifactd.reports", "artifactd.schemas")),
+    ("cli", ("artifactd.cli", "artifactd.__main__")),
+)
+STAGE_RULE = " < ".join(name for name, _ in STAGES)
+
+#: Imports allowed against the order, each with its reason: (importer, imported).
+_LATER = "moved in a later change: "
+STAGE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("artifactd.pod.readiness", "artifactd.build.matrix"): _LATER
+    + "status --matrix finds the serve cell with build.matrix; the lookup belongs in build/ or "
+    "the CLI, which would hand pod/ the cell",
+    ("artifactd.pod.status", "artifactd.reports"): _LATER
+    + "status builds its --json document with reports.jsonable/versioned; those two helpers "
+    "belong below pod/ (the report documents stay in reports.py)",
+}
+
+
+def stage_of(module: str) -> int:
+    """The rank of ``module``'s stage in :data:`STAGES` (modules directly in artifactd/ by name)."""
+    for rank, (_, members) in enumerate(STAGES):
+        for member in members:
+            if module == member or (member != "artifactd" and module.startswith(member + ".")):
+                return rank
+    raise AssertionError(f"{module} has no stage: add it to STAGES in tests/test_layout.py")
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import that may run, and whether it is in a function (``TYPE_CHECKING`` skipped)."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+    todo: list[tuple[ast.AST, bool]] = [(node, False) for node in tree.body]
+    while todo:
+        node, local = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append((node, local))
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Constant)
-                and isinstance(node.value, str)
-                and node.value.startswith("ARTIFACTD_")
-                and node.value.replace("_", "").isalnum()
-                and node.value.isupper()
-            ):
-                found.append(f"{name}:{node.lineno}: {node.value!r}")
-            elif (
-                isinstance(node, ast.keyword)
-                and node.arg == "envvar"
-                and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str)
-            ):
-                found.append(f"{name}:{node.value.lineno}: envvar={node.value.value!r}")
-    assert found == [], "name these in artifactd/constants.py:\n" + "\n".join(found)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend((child, local) for child in node.orelse)
+            continue
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        todo.extend((child, inner) for child in ast.iter_child_nodes(node))
+    return found
+
+
+def stage_violations(
+    exceptions: dict[tuple[str, str], str] = STAGE_EXCEPTIONS,
+    extra: dict[str, str] | None = None,
+) -> list[str]:
+    """Each import of a higher stage, as ``path:LINE imports module (stage X above stage Y)``.
+
+    ``extra`` maps a module name to a source text that replaces (or adds) that
+    module, so a test can plant an import.
+    """
+    modules = _modules()
+    sources = {name: path.read_text() for name, path in modules.items()} | (extra or {})
+    names = set(sources)
+    found: list[tuple[str, int, str]] = []
+    for name, text in sorted(sources.items()):
+        rank = stage_of(name)
+        path = modules.get(name)
+        where = (
+            path.relative_to(PACKAGE.parent) if path else Path(*name.split(".")).with_suffix(".py")
+        )
+        for node, _ in _runtime_imports(ast.parse(text)):
+            for target in sorted(_targets(name, node, names)):
+                above = stage_of(target)
+                if above > rank and (name, target) not in exceptions:
+                    found.append(
+                        (
+                            str(where),
+                            node.lineno,
+                            f"{where}:{node.lineno} imports {target} (stage {STAGES[above][0]} "
+                            f"above stage {STAGES[rank][0]}): rule {STAGE_RULE}",
+                        )
+                    )
+    return [line for *_, line in sorted(found)]
+
+
+def runtime_import_graph() -> dict[str, set[str]]:
+    """Module -> the artifactd modules it may import when it runs (function-local included)."""
+    modules = _modules()
+    names = set(modules)
+    return {
+        name: set().union(
+            *(
+                _targets(name, node, names)
+                for node, _ in _runtime_imports(ast.parse(path.read_text()))
+            )
+        )
+        for name, path in modules.items()
+    }
+
+
+def test_no_module_imports_a_higher_stage() -> None:
+    found = stage_violations()
+    assert found == [], "imports against the stage order:\n" + "\n".join(found)
+
+
+def test_every_stage_exception_is_still_needed() -> None:
+    """A named exception whose import is gone is removed, so the list stays the real debt."""
+    graph = runtime_import_graph()
+    stale = [pair for pair in STAGE_EXCEPTIONS if pair[1] not in graph.get(pair[0], set())]
+    assert stale == [], f"exceptions that no import needs any more: {stale}"
+    assert all(reason.strip() for reason in STAGE_EXCEPTIONS.values())
+
+
+def test_the_stage_rule_sees_function_local_imports() -> None:
+    """The rule is not vacuous: a planted climb is caught at module level and in a function."""
+    planted = {
+        "artifactd.format.planted": (
+            "from typing import TYPE_CHECKING\n"
+            "import artifactd.cli\n"
+            "if TYPE_CHECKING:\n"
+            "    from artifactd.build import run\n"
+            "def f():\n"
+            "    def g():\n"
+            "        from artifactd.restore.policy import run_restore\n"
+        )
+    }
+    found = [v for v in stage_violations(extra=planted) if "format/planted.py" in v]
+    assert [v.split(" (")[0] for v in found] == [
+        "artifactd/format/planted.py:2 imports artifactd.cli",
+        "artifactd/format/planted.py:7 imports artifactd.restore.policy",
+    ], found
+    assert "(stage restore above stage format): rule foundation < families" in found[1]
+
+
+def test_no_runtime_import_cycle_crosses_a_stage() -> None:
+    """Run-time cycles (function-local imports counted, typing-only not) stay within one stage.
+
+    The named exceptions are left out: each is a known climb, listed above.
+    """
+    graph = {
+        name: {t for t in targets if (name, t) not in STAGE_EXCEPTIONS}
+        for name, targets in runtime_import_graph().items()
+    }
+    crossing = [c for c in cycles(graph) if len({stage_of(m) for m in c}) > 1]
+    assert crossing == [], "import cycles across stages:\n" + "\n".join(
+        " <-> ".join(c) for c in crossing
+    )

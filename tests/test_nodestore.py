@@ -24,9 +24,9 @@ from conftest import PYTHON, clean_env, run_artifactd
 from registry_server import RegistryServer
 
 from artifactd.errors import TargetError
-from artifactd.pod.nodestore import USAGE_NAME, gc, node_lock, read_usage
 from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.layout import LayoutStore
+from artifactd.stores.nodestore import USAGE_NAME, gc, node_lock, read_usage
 
 
 def _dead_registry() -> str:

@@ -29,6 +29,7 @@ from artifactd.fingerprint.model import Fingerprint
 from artifactd.restore.destination import STATE_DIR, CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import noop_plan, plan_restore
+from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.base import progress_events
 from artifactd.stores.registry import (
@@ -161,18 +162,18 @@ def test_push_restore_round_trip_and_resolution_cost(
 
     st = counting(ref)
     target = tmp_path / "target"
-    plan = plan_restore(st, local_fp, target)
+    plan = plan_restore(StoreSource(st), local_fp, target)
     assert plan.match == "full"
     # Resolution: the full tag's manifest and its config blob; no tag listing.
     assert len(st.requests) <= 3, st.requests
     assert not any("tags/list" in path for _, path in st.requests)
-    done = restore(plan, st)
+    done = restore(plan, StoreSource(st))
     assert sorted(done.restored) == ["generic", "triton"]
     group = next((target / "triton").glob("*/__grp__*.json"))
     assert str(target / "triton") in group.read_text()
 
     st.requests.clear()
-    again = noop_plan(st, local_fp.hash, local_fp.flatten(), CacheVolume(target))
+    again = noop_plan(StoreSource(st), local_fp.hash, local_fp.flatten(), CacheVolume(target))
     assert again is not None and again.noop
     assert all(method == "HEAD" for method, _ in st.requests), st.requests
 
@@ -216,11 +217,11 @@ def test_partial_restore_by_family_tags(
         harvest(st, built, environ=trees)
     pod = local_fp.model_copy(update={"workload": {"model": "qwen", "tp": "2"}})
     st = counting(ref)
-    plan = plan_restore(st, pod, tmp_path / "t", families=["triton", "generic"])
+    plan = plan_restore(StoreSource(st), pod, tmp_path / "t", families=["triton", "generic"])
     assert plan.match == "partial"
     assert {f.family for f in plan.hits} == {"triton", "generic"}
     assert not any("tags/list" in path for _, path in st.requests)
-    restore(plan, st)
+    restore(plan, StoreSource(st))
     assert (tmp_path / "t" / "generic" / "axpy.sm_90a.cubin").is_file()
 
 
@@ -267,9 +268,9 @@ def test_skopeo_reads_pushed_artifacts_and_its_copy_restores(
     )
     assert copy.returncode == 0, copy.stderr
     with open_store(f"oci:{layout}") as st:
-        plan = plan_restore(st, local_fp, tmp_path / "t")
+        plan = plan_restore(StoreSource(st), local_fp, tmp_path / "t")
         assert plan.match == "full"
-        assert sorted(restore(plan, st).restored) == ["generic", "triton"]
+        assert sorted(restore(plan, StoreSource(st)).restored) == ["generic", "triton"]
 
 
 def test_copy_between_layout_and_registry(
@@ -500,7 +501,10 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
                 families=["generic"],
             )
             target = tmp_path / "target"
-            restore(plan_restore(st, local_fp, target, families=["generic"]), st)
+            restore(
+                plan_restore(StoreSource(st), local_fp, target, families=["generic"]),
+                StoreSource(st),
+            )
             before = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
             newer = local_fp.model_copy(update={"workload": {"model": "newer"}})
             harvest(st, newer, environ=env, families=["generic"])
@@ -522,10 +526,10 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
                 return Wrapped()
 
         st2 = KillOnFirstRead(parse_registry_ref(ref))
-        plan = plan_restore(st2, newer, target, families=["generic"])
+        plan = plan_restore(StoreSource(st2), newer, target, families=["generic"])
         assert plan.match == "full"
         with pytest.raises(ArtifactdError) as err:
-            restore(plan, st2)
+            restore(plan, StoreSource(st2))
         assert isinstance(err.value, StoreError) or "layer" in err.value.message
         after = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
         assert after == before

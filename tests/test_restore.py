@@ -19,6 +19,7 @@ from artifactd.format.config import ArtifactConfig, Provenance, RootFS
 from artifactd.restore.destination import MARKER_NAME, STATE_DIR, CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import noop_plan, plan_restore
+from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import publish
 from artifactd.stores.layout import LayoutStore
@@ -44,12 +45,12 @@ def test_full_restore_installs_rewrites_and_marks(
     assert "inductor" in result.not_found
 
     target = tmp_path / "target"
-    plan = plan_restore(store, fp, target)
+    plan = plan_restore(StoreSource(store), fp, target)
     assert plan.match == "full"
     assert {f.family for f in plan.hits} == {"triton", "generic"}
     assert not target.exists()  # planning writes nothing
 
-    done = restore(plan, store)
+    done = restore(plan, StoreSource(store))
     assert sorted(done.restored) == ["generic", "triton"]
     # Group files now point at the restored root, and every child exists there.
     groups = list((target / "triton").glob("*/__grp__*.json"))
@@ -78,17 +79,20 @@ def test_second_restore_is_a_noop(
 ) -> None:
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
-    restore(plan_restore(store, local_fp, target), store)
+    restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
     before = (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns
-    again = noop_plan(store, local_fp.hash, local_fp.flatten(), CacheVolume(target))
+    again = noop_plan(StoreSource(store), local_fp.hash, local_fp.flatten(), CacheVolume(target))
     assert again is not None
-    assert restore(again, store).noop
+    assert restore(again, StoreSource(store)).noop
     assert (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns == before
     # Deleting a restored dir invalidates the no-op.
     import shutil
 
     shutil.rmtree(target / "generic")
-    assert noop_plan(store, local_fp.hash, local_fp.flatten(), CacheVolume(target)) is None
+    assert (
+        noop_plan(StoreSource(store), local_fp.hash, local_fp.flatten(), CacheVolume(target))
+        is None
+    )
 
 
 def test_restore_replaces_an_old_cache_atomically(
@@ -98,7 +102,7 @@ def test_restore_replaces_an_old_cache_atomically(
     target = tmp_path / "target"
     (target / "triton" / "stale").mkdir(parents=True)
     (target / "triton" / "stale" / "old.cubin").write_bytes(b"old")
-    restore(plan_restore(store, local_fp, target), store)
+    restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
     assert not (target / "triton" / "stale").exists()
     assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
     leftovers = sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock")
@@ -111,7 +115,7 @@ def test_corrupt_layer_never_replaces_a_good_cache(
     good_fp = _with_workload(local_fp, model="good")
     harvest(store, good_fp, environ=caches)
     target = tmp_path / "target"
-    restore(plan_restore(store, good_fp, target), store)
+    restore(plan_restore(StoreSource(store), good_fp, target), StoreSource(store))
     snapshot = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
 
     # A second artifact whose triton layer is corrupted on disk.
@@ -131,9 +135,9 @@ def test_corrupt_layer_never_replaces_a_good_cache(
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
 
-    plan = plan_restore(store, bad_fp, target)
+    plan = plan_restore(StoreSource(store), bad_fp, target)
     with pytest.raises(IntegrityError):
-        restore(plan, store)
+        restore(plan, StoreSource(store))
     after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
     assert after == snapshot
     assert sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock") == [
@@ -146,7 +150,7 @@ def test_partial_restore_by_family_scope(
 ) -> None:
     harvest(store, _with_workload(local_fp, model="llama", tp="8"), environ=caches)
     other = _with_workload(local_fp, model="qwen", tp="2")
-    plan = plan_restore(store, other, tmp_path / "target")
+    plan = plan_restore(StoreSource(store), other, tmp_path / "target")
     assert plan.match == "partial"
     assert {(f.family, f.source) for f in plan.hits} == {
         ("triton", "family"),
@@ -155,7 +159,7 @@ def test_partial_restore_by_family_scope(
     assert plan.nearest is not None
     assert {d.path for d in plan.nearest.differing} == {"workload.model", "workload.tp"}
     assert plan.nearest.compared == len(list(store.iter_tags("fp-"))) == 1
-    restore(plan, store)
+    restore(plan, StoreSource(store))
     assert len(list((tmp_path / "target" / "triton").glob("*/__grp__*.json"))) == 2
 
 
@@ -166,7 +170,7 @@ def test_miss_names_deciding_fields(
     blackwell = local_fp.model_copy(
         update={"gpu": local_fp.gpu.model_copy(update={"arch": "sm_100a", "capability": "10.0"})}
     )
-    plan = plan_restore(store, blackwell, tmp_path / "target")
+    plan = plan_restore(StoreSource(store), blackwell, tmp_path / "target")
     assert plan.match == "miss"
     assert not plan.hits
     triton = next(f for f in plan.families if f.family == "triton")
@@ -241,10 +245,10 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     )
     publish(store, art, {"generic": packed}, tmp_path)
     target = tmp_path / "deep" / "target"
-    plan = plan_restore(store, local_fp, target, families=["generic"])
+    plan = plan_restore(StoreSource(store), local_fp, target, families=["generic"])
     assert plan.match == "full"
     with pytest.raises(UnsafeArtifactError):
-        restore(plan, store)
+        restore(plan, StoreSource(store))
     assert not (tmp_path / "deep" / "escaped.txt").exists()
     assert not (tmp_path / "escaped.txt").exists()
     assert not (target / "generic").exists()
@@ -262,10 +266,11 @@ def test_concurrent_restores_into_one_target_serialize(
     target = tmp_path / "target"
     # Leftovers of a restore that crashed mid-way are cleaned under the lock.
     (target / STATE_DIR / "staging-deadbeef" / "triton").mkdir(parents=True)
-    plans = [plan_restore(store, local_fp, target) for _ in range(2)]
+    plans = [plan_restore(StoreSource(store), local_fp, target) for _ in range(2)]
     results: list[Any] = []
     threads = [
-        threading.Thread(target=lambda p=p: results.append(restore(p, store))) for p in plans
+        threading.Thread(target=lambda p=p: results.append(restore(p, StoreSource(store))))
+        for p in plans
     ]
     for t in threads:
         t.start()
@@ -288,7 +293,7 @@ def test_a_forged_journal_is_discarded_not_followed(
 
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
-    restore(plan_restore(store, local_fp, target), store)
+    restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep").write_text("precious")
@@ -319,7 +324,7 @@ def test_a_forged_journal_is_discarded_not_followed(
     assert (victim / "keep").read_text() == "precious"
     assert not (state / JOURNAL_NAME).exists()
     assert not (state / MARKER_NAME).exists()  # distrusted: the next restore installs afresh
-    done = restore(plan_restore(store, local_fp, target), store)
+    done = restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
     assert not done.noop and sorted(done.restored) == ["generic", "triton"]
     assert CacheVolume(target).installed() is not None
 

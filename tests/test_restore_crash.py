@@ -50,6 +50,7 @@ from artifactd.restore import destination
 from artifactd.restore.destination import STATE_DIR, CacheVolume
 from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.restore.resolve import noop_plan
+from artifactd.restore.source import StoreSource
 
 #: The random-kill suite's size (the benchmark runs ~300 MB and 20 iterations).
 KILL_FILES = 3000
@@ -98,7 +99,9 @@ def _check_untrusted_while_journal(pair: Pair, target: Path) -> None:
     if vol.journal_path.exists():
         assert vol.installed() is None
         for v in pair.versions():
-            assert noop_plan(pair.store, v.fp.hash, v.fp.flatten(), vol) is None, v.name
+            assert noop_plan(StoreSource(pair.store), v.fp.hash, v.fp.flatten(), vol) is None, (
+                v.name
+            )
     else:
         # No journal: whatever installed() trusts must be what is there.
         marker = vol.installed()

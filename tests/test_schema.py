@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from artifactd.fingerprint.model import probe
-from artifactd.format.schemas import render_schemas
+from artifactd.schemas import render_schemas
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "registry-schema"
 

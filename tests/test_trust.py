@@ -27,6 +27,7 @@ from registry_server import RegistryServer, start_registry
 
 from artifactd.errors import TrustError
 from artifactd.hashing import digest_of
+from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.trust.keys import KeyFileError, generate, load_private_key, load_public_keys
 from artifactd.trust.policy import TrustPolicy
@@ -394,7 +395,7 @@ def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
         artifact_blobs = {manifest["config"]["digest"], *(x["digest"] for x in manifest["layers"])}
         with pytest.raises(TrustError):
             plan_restore(
-                store,
+                StoreSource(store),
                 local,
                 tmp_path / "t",
                 trust=TrustPolicy(tuple(load_public_keys([keys.two.public]))),
@@ -404,7 +405,7 @@ def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
         # The control: the same plan under the right key reads the config.
         opened.clear()
         plan = plan_restore(
-            store,
+            StoreSource(store),
             local,
             tmp_path / "t",
             trust=TrustPolicy(tuple(load_public_keys([keys.one.public]))),
@@ -731,8 +732,8 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
     assert doc_of(third)["status"] == "restored", third.stdout
     assert '"bypassed"' in third.stdout or "bypassed" in third.stderr
     # gc never strips a signature from a kept artifact, and drops it with its subject.
-    from artifactd.pod.nodestore import gc
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.nodestore import gc
 
     layout = LayoutStore(node)
     tags_before = set(layout.list_tags())

@@ -544,11 +544,11 @@ def _publish(
     src: Store, dst: Store, art: ArtifactConfig, packed: dict[str, PackedLayer], work: Path
 ) -> str:
     """Publish ``art`` into ``dst`` as the fingerprint's artifact, reused layers from ``src``."""
-    from artifactd.stores.artifacts import copy_blob, publish
+    from artifactd.stores.artifacts import publish
 
     for rec in art.layers:
         if rec.family not in packed and not dst.has_blob(rec.digest):
-            copy_blob(src, dst, rec.digest, rec.size, work)
+            src.copy_blob(dst, rec.digest, rec.size, work)
     return publish(dst, art, packed, work).digest
 
 

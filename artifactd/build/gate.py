@@ -49,6 +49,7 @@ from artifactd.pod.verdict import not_restored, restore_time, wait_past, written
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore, unbound, whole_want
+from artifactd.restore.source import StoreSource
 from artifactd.trust.provenance import statement
 from artifactd.trust.signatures import attest, store_identity
 
@@ -340,8 +341,10 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerifi
 
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
-    plan = plan_restore(ctx.store, ctx.fingerprint, target, families=matrix.families or None)
-    restore(plan, ctx.store)
+    plan = plan_restore(
+        StoreSource(ctx.store), ctx.fingerprint, target, families=matrix.families or None
+    )
+    restore(plan, StoreSource(ctx.store))
     families = select_families(matrix.families or None)
     installed = {f.family for f in plan.families if f.verdict == "hit"}
     volume = CacheVolume(target)

@@ -1,29 +1,33 @@
 """The ``artifactd`` command line: parse, call one library function, render.
 
-Layout: :mod:`~artifactd.cli.main` is the entry point (errors to exit codes);
-:mod:`~artifactd.cli.group` holds the bare click group and
-:mod:`~artifactd.cli.app` the group with every command registered;
-:mod:`~artifactd.cli.specs` declares the pod-start commands' options as data,
-:mod:`~artifactd.cli.options` turns them (and the other shared options) into
-click options, and :mod:`~artifactd.cli.fast`, the pod-start fast path,
-parses and runs the ordinary ``fingerprint`` and ``restore`` command lines
-without importing click (its docstring lists what it may import);
-:mod:`~artifactd.cli.render` is how results look to people (``--json``
-documents are built in :mod:`artifactd.reports`); one module per command group:
-:mod:`~artifactd.cli.fingerprints` (``fingerprint``, ``diff``),
-:mod:`~artifactd.cli.builds` (``harvest``, ``build``, ``demo``, ``lint``),
-:mod:`~artifactd.cli.restores` (``restore``), :mod:`~artifactd.cli.stores`
-(``inspect``, ``ls``, ``copy``), :mod:`~artifactd.cli.schemas` (``schema``);
-what ``fingerprint`` and ``restore`` do lives in :mod:`~artifactd.cli.fast`.
 Commands import the library inside each command, so that a command loads only
-what it uses. The library is laid out by stage: :mod:`artifactd.fingerprint`
-(the model, the probe, the key), :mod:`artifactd.format` (config, layers,
-archive, unpack, schemas), :mod:`artifactd.stores`, :mod:`artifactd.families`,
-:mod:`artifactd.build` (matrix, schedule, cells, merge, gate, harvest),
-:mod:`artifactd.restore` (source, resolve, install, policy, destination,
-journal, marker), :mod:`artifactd.pod` (exec, status, verdict, engine logs,
-metrics, node store), :mod:`artifactd.trust` (keys, signatures, policy,
-provenance), :mod:`artifactd.images` and :mod:`artifactd.lint`.
+what it uses; each package of the library lists its own modules (and the
+README's module map, all of them).
+
+Modules:
+
+* :mod:`~artifactd.cli.main`: the entry point: every error to one line and an exit code.
+* :mod:`~artifactd.cli.group`: the bare click group the command modules decorate.
+* :mod:`~artifactd.cli.app`: the group with every command registered.
+* :mod:`~artifactd.cli.specs`: the pod-start commands' options, declared as data.
+* :mod:`~artifactd.cli.options`: those and the other shared options as click options.
+* :mod:`~artifactd.cli.fast`: the pod-start fast path: ``fingerprint`` and ``restore``
+  parsed and run without click (its docstring lists what it may import).
+* :mod:`~artifactd.cli.render`: how results look to people (``--json`` documents are
+  built in :mod:`artifactd.reports`).
+* :mod:`~artifactd.cli.fingerprints`: ``fingerprint`` and ``diff``.
+* :mod:`~artifactd.cli.builds`: ``harvest``, ``build``, ``demo`` and ``lint``.
+* :mod:`~artifactd.cli.fanout`: ``matrix cells``, ``merge`` and ``verify``.
+* :mod:`~artifactd.cli.restores`: ``restore`` (what it does lives in ``fast``).
+* :mod:`~artifactd.cli.stores`: ``inspect``, ``ls`` and ``copy``.
+* :mod:`~artifactd.cli.keys`: ``keygen`` and ``sign``.
+* :mod:`~artifactd.cli.schemas`: ``schema``, the JSON Schemas.
+* :mod:`~artifactd.cli.images`: ``image``, runtime images carrying caches.
+* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc`` and ``node-features``.
+* :mod:`~artifactd.cli.pods`: ``exec`` and ``status``.
+* :mod:`~artifactd.cli.shapes`: ``matrix shapes``, from an engine's traffic metrics.
+* :mod:`~artifactd.cli.deltas`: ``contribute`` and ``absorb``.
+* :mod:`~artifactd.cli.retention`: ``prune`` and ``du``.
 
 Every command has ``--json``; errors become one line on stderr (plus a hint)
 and a documented exit code:

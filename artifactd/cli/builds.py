@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -197,7 +196,7 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
         store,
         workdir=workdir,
         on_event=render.event_printer(as_json),
-        environ=os.environ,
+        environ=C.current_environ(),
         insecure=insecure,
     )
     if as_json:

@@ -9,7 +9,8 @@ are parsed here, from the declarations click also reads
 ``bench/coldstart.py --only startup`` times every form below against a bare
 ``python -c pass`` (target: within 2.5 x).
 
-What it serves: ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
+What it serves: ``--version`` (:data:`~artifactd.cli.render.VERSION_LINE`, as
+click prints it), ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
 ``--gpu-arch``, ``--image-digest``) and ``restore`` with any of its options
 given as ``--name VALUE``, ``--name=VALUE`` or an ``ARTIFACTD_*`` variable. A
 restore whose target already holds what resolving would pick (the no-op: a
@@ -46,12 +47,12 @@ import, at module level and inside functions, to these lists):
   ``artifactd.fingerprint.probecache``, ``artifactd.fingerprint.tools``,
   ``artifactd.format``,
   ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
-  ``artifactd.pod``, ``artifactd.pod.nodestore``, ``artifactd.reports``,
-  ``artifactd.restore``, ``artifactd.restore.destination``,
-  ``artifactd.restore.marker``, ``artifactd.restore.policy``,
+  ``artifactd.reports``, ``artifactd.restore``,
+  ``artifactd.restore.destination``, ``artifactd.restore.marker``,
+  ``artifactd.restore.nodefill``, ``artifactd.restore.policy``,
   ``artifactd.restore.resolve``, ``artifactd.restore.source``,
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
-  ``artifactd.trust``, ``artifactd.trust.keys``;
+  ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
 * inside a function only, :data:`LATER`: what a pod start needs when it is not
   a no-op (installing, planning a miss, a registry, signatures, a report of
   dataclasses, ``--metrics-file``; click, for every other command line):
@@ -59,7 +60,7 @@ import, at module level and inside functions, to these lists):
   ``artifactd.cli.app``, ``artifactd.families.base``,
   ``artifactd.fingerprint.diff``, ``artifactd.fingerprint.model``,
   ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
-  ``artifactd.pod.metrics``, ``artifactd.restore.install``,
+  ``artifactd.pod``, ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
   tag count, checked when it is listed), ``artifactd.stores.reference``,
@@ -80,7 +81,6 @@ interpreter's teardown of these modules (a few milliseconds).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -156,18 +156,18 @@ LIGHT = frozenset(
         "artifactd.format.oci",
         "artifactd.fsutil",
         "artifactd.hashing",
-        "artifactd.pod",
-        "artifactd.pod.nodestore",
         "artifactd.reports",
         "artifactd.restore",
         "artifactd.restore.destination",
         "artifactd.restore.marker",
+        "artifactd.restore.nodefill",
         "artifactd.restore.policy",
         "artifactd.restore.resolve",
         "artifactd.restore.source",
         "artifactd.stores",
         "artifactd.stores.base",
         "artifactd.stores.layout",
+        "artifactd.stores.nodestore",
         "artifactd.trust",
         "artifactd.trust.keys",
     }
@@ -182,6 +182,7 @@ LATER = frozenset(
         "artifactd.fingerprint.model",
         "artifactd.format.imagemanifest",
         "artifactd.format.unpack",
+        "artifactd.pod",
         "artifactd.pod.metrics",
         "artifactd.restore.install",
         "artifactd.restore.journal",
@@ -206,9 +207,11 @@ def parse(
     args: Sequence[str], environ: Mapping[str, str] | None = None
 ) -> Callable[[], None] | None:
     """Return a call that runs ``args``, or None when click must parse them."""
+    if list(args) == ["--version"]:
+        return lambda: render.echo(render.VERSION_LINE)
     if not args or args[0] not in COMMANDS:
         return None
-    values = parse_options(args[0], args[1:], os.environ if environ is None else environ)
+    values = parse_options(args[0], args[1:], C.current_environ() if environ is None else environ)
     if values is None:
         return None
     run: Callable[..., None] = fingerprint if args[0] == "fingerprint" else restore

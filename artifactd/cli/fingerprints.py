@@ -62,7 +62,7 @@ def diff(
     asks what a driver upgrade would invalidate). A cache built on A
     is judged for use on B.
     """
-    from artifactd.fingerprint.diff import explain
+    from artifactd.restore.explain import explain
 
     ex = explain(
         a,

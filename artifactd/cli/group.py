@@ -10,10 +10,11 @@ from __future__ import annotations
 import click
 
 from artifactd import __version__
+from artifactd.cli.render import VERSION_LINE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="artifactd")
+@click.version_option(__version__, prog_name="artifactd", message=VERSION_LINE)
 def cli() -> None:
     """Fingerprinted compile caches for LLM inference pods.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -52,7 +51,9 @@ def keygen(*, prefix: Path, force: bool, as_json: bool) -> None:
     """
     from artifactd.trust.keys import generate
 
-    pair = generate(prefix, password=os.environ.get(C.ENV_KEY_PASSWORD) or None, force=force)
+    pair = generate(
+        prefix, password=C.current_environ().get(C.ENV_KEY_PASSWORD) or None, force=force
+    )
     if as_json:
         from artifactd.reports import result_report
 
@@ -96,7 +97,7 @@ def sign(
     under one of those keys first: a second signer, a key rotation) or, for
     content published before signing began, an explicit --sign-unverified.
     """
-    from artifactd.trust.policy import sign_ref
+    from artifactd.stores.artifacts import sign_ref
 
     basis = signing_basis(verify_keys, sign_unverified, signing=True, what="sign")
     key = load_sign_key(sign_key)

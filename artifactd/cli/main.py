@@ -1,9 +1,9 @@
 """The entry point: run a command and map every error to one line and an exit code.
 
 Click is imported only when it is needed: the ordinary command lines of the
-pod-start commands (``fingerprint``, ``restore``) are parsed and run by
-:mod:`artifactd.cli.fast` without it (and, as the program's entry point, end
-without the interpreter's module teardown: :func:`_leave`); everything else,
+pod-start commands (``fingerprint``, ``restore``) and ``--version`` are parsed
+and run by :mod:`artifactd.cli.fast` without it (and, as the program's entry
+point, end without the interpreter's module teardown: :func:`_leave`); everything else,
 ``--help`` and every command line the fast parser does not fully understand
 go through click.
 """

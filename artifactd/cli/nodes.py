@@ -71,7 +71,7 @@ def prefetch(
     exits 14.
     """
     from artifactd.fingerprint.probe import probe_request
-    from artifactd.pod.nodestore import prefetch as do_prefetch
+    from artifactd.restore.nodefill import prefetch as do_prefetch
 
     raw = probe_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
@@ -150,9 +150,9 @@ def gc(
     has --min-free percent free.
     """
     from artifactd.errors import UsageError
-    from artifactd.pod.nodestore import gc as do_gc
-    from artifactd.pod.nodestore import node_root
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.nodestore import gc as do_gc
+    from artifactd.stores.nodestore import node_root
 
     if max_bytes is None and min_free is None:
         raise UsageError("gc needs a target: --max-bytes SIZE and/or --min-free PCT")
@@ -233,7 +233,7 @@ def node_features(*, store: str, out: Path, max_labels: int, prefix: str, as_jso
     store not made yet gives a file with no label.
     """
     from artifactd.pod.nodefeatures import write_features
-    from artifactd.pod.nodestore import node_root
+    from artifactd.stores.nodestore import node_root
 
     keys = write_features(node_root(store), out, max_labels=max_labels, prefix=prefix)
     if as_json:

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from artifactd import __version__
+
 if TYPE_CHECKING:
     from artifactd.build.demo import DemoResult
     from artifactd.build.gate import VerifyResult
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
     from artifactd.stores.artifacts import Artifact, CopyResult
     from artifactd.trust.policy import TrustReport
     from artifactd.trust.signatures import SignResult
+
+
+#: What ``artifactd --version`` prints, click's message and the fast path's alike.
+VERSION_LINE = f"artifactd, version {__version__}"
 
 
 def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:

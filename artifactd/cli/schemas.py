@@ -22,7 +22,7 @@ from artifactd.cli.options import json_option
 @json_option
 def schema(*, out: Path, as_json: bool) -> None:
     """Write the JSON Schemas of artifactd's documents (artifact config, fingerprint...)."""
-    from artifactd.format.schemas import write_schemas
+    from artifactd.schemas import write_schemas
 
     written = write_schemas(out)
     if as_json:

@@ -13,7 +13,6 @@ same answers.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
@@ -266,13 +265,14 @@ def env_flag(name: str) -> bool:
     ``1``, ``true``, ``yes``, ``on`` (and ``t``, ``y``) are on; anything else is
     a :class:`UsageError`.
     """
-    value = os.environ.get(name, "").strip().lower()
+    raw = C.current_environ().get(name, "")
+    value = raw.strip().lower()
     if value in TRUE:
         return True
     if value in FALSE:
         return False
     raise UsageError(
-        f"{name}={os.environ[name]!r} is not a boolean",
+        f"{name}={raw!r} is not a boolean",
         hint="use 1/true/yes/on or 0/false/no/off",
     )
 

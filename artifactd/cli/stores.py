@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from artifactd import constants as C  # noqa: N812
@@ -40,8 +38,8 @@ def inspect(
     they are checked, and the command fails (exit 14) unless a given key
     signed exactly this artifact's digest.
     """
+    from artifactd.stores.artifacts import inspect_ref
     from artifactd.trust.keys import load_public_keys
-    from artifactd.trust.policy import inspect_ref
 
     keys = load_public_keys(verify_keys) if verify_keys else []
     art, trust = inspect_ref(ref, keys=keys, insecure=insecure)
@@ -66,7 +64,7 @@ def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
     """List the tags in a store (default: ARTIFACTD_STORE or oci:.artifactd/store)."""
     from artifactd.stores import list_tags
 
-    ref = store or os.environ.get(C.ENV_STORE, C.DEFAULT_STORE)
+    ref = store or C.current_environ().get(C.ENV_STORE, C.DEFAULT_STORE)
     tags = list_tags(ref, insecure=insecure)
     if as_json:
         from artifactd.reports import tags_report

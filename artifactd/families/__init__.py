@@ -5,6 +5,26 @@ without importing anything; a family's module (and :mod:`the base
 <artifactd.families.base>`) is imported the first time the family is read, so
 a command that needs only names (a no-op restore checks which families it
 selected) never loads the code that harvests them.
+
+Modules:
+
+* :mod:`~artifactd.families.base`: the :class:`Family` base: what every family
+  declares, and the machinery they share.
+* :mod:`~artifactd.families.triton`: Triton's kernel cache.
+* :mod:`~artifactd.families.inductor`: torch.compile / Inductor's cache and its PCH.
+* :mod:`~artifactd.families.generic`: loose compiled binaries (``.cubin``, ``.so``...).
+* :mod:`~artifactd.families.deepgemm`: DeepGEMM's JIT kernel cache.
+* :mod:`~artifactd.families.tilelang`: TileLang's kernel cache.
+* :mod:`~artifactd.families.cutedsl`: CuTe DSL's and FlashAttention-4's caches.
+* :mod:`~artifactd.families.cudajit`: the CUDA driver's PTX JIT cache (``cuda-jit``).
+* :mod:`~artifactd.families.flashinfer`: FlashInfer's JIT workspace.
+* :mod:`~artifactd.families.vllm`: vLLM's caches under ``VLLM_CACHE_ROOT``.
+* :mod:`~artifactd.families.sglang`: SGLang's kernel caches.
+* :mod:`~artifactd.families.layouts`: cache trees more than one family ships, and their rules.
+* :mod:`~artifactd.families.tree`: the one walk of a component root, to pack it and to lint it.
+* :mod:`~artifactd.families.ninja`: ``build.ninja`` files: what ninja would rebuild, which
+  paths its build lines pin.
+* :mod:`~artifactd.families.ninjarecords`: what ninja recorded beside them, moved to another root.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
-from artifactd.constants import HOME, TMPDIR
+from artifactd.constants import HOME, TEMP, TMP, TMPDIR
 
 #: Stands for the component's root in stored path-bearing files.
 ROOT_PLACEHOLDER = "@ARTIFACTD_ROOT@"
@@ -257,7 +257,7 @@ def rewrite_group_json(data: bytes, old: tuple[str, ...], new: str) -> bytes:
 
 def gettempdir(environ: Mapping[str, str]) -> Path:
     """Return the temp dir a process with ``environ`` would use (as ``tempfile`` does)."""
-    for key in (TMPDIR, "TEMP", "TMP"):
+    for key in (TMPDIR, TEMP, TMP):
         value = environ.get(key)
         if value:
             return Path(value)

@@ -11,6 +11,8 @@ import os
 import re
 import time
 
+from artifactd.constants import PATH, current_environ
+
 #: Seconds a ``tool --version`` may take before it counts as failed.
 TOOL_TIMEOUT_S = 10.0
 
@@ -33,7 +35,7 @@ def compiler_identity(
 
 def _on_path(program: str, path: str | None) -> str | None:
     """Return where ``program`` is on ``path`` (default ``$PATH``), as a shell finds it."""
-    for entry in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep):
+    for entry in (current_environ().get(PATH, "") if path is None else path).split(os.pathsep):
         candidate = os.path.join(entry or ".", program)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
@@ -60,7 +62,7 @@ class Tool:
             self._pid = os.posix_spawnp(
                 argv[0],
                 argv,
-                os.environ,
+                current_environ(),
                 file_actions=[
                     devnull,
                     (os.POSIX_SPAWN_DUP2, write, 1),

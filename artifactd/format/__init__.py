@@ -1,14 +1,15 @@
-"""The artifact format: OCI config, manifests, layers, archives, unpacking, schemas.
+"""The artifact format: OCI config, manifests, layers, archives, unpacking.
 
 Modules:
 
 * :mod:`~artifactd.format.config`: :class:`ArtifactConfig`, the OCI config an artifact
   carries (fingerprint, layers, file lists, provenance).
-* :mod:`~artifactd.format.oci`: OCI media types, descriptors and image manifests.
-* :mod:`~artifactd.format.imagemanifest`: runtime-image manifests and configs.
+* :mod:`~artifactd.format.oci`: OCI media types, annotations and the tag scheme
+  (no pydantic: the no-op restore path imports it).
+* :mod:`~artifactd.format.imagemanifest`: the OCI image manifest and descriptor models
+  (an artifact's and a runtime image's).
 * :mod:`~artifactd.format.archive`: write a family's tree into a reproducible tar+zstd layer.
 * :mod:`~artifactd.format.unpack`: check and unpack a layer safely; stage a tree.
-* :mod:`~artifactd.format.schemas`: the JSON Schemas published under ``registry-schema/``.
 
 Nothing is imported here.
 """

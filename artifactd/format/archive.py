@@ -35,9 +35,9 @@ import zstandard
 from artifactd.errors import BuildError, IntegrityError
 from artifactd.families.base import Family, Located
 from artifactd.families.tree import root_spellings, walk_component
+from artifactd.format import config
 from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, SkippedEntry
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
-from artifactd.restore import mounted
 
 #: mtime written for every member of families that do not keep mtimes.
 FIXED_MTIME = 0
@@ -156,9 +156,9 @@ def pack_family(
 def _check_tree_doc(family: str, doc: bytes, files: int) -> None:
     """Refuse to pack a tree document larger than a restore from a mounted tree reads.
 
-    The limit is read from its owner at each call (:data:`~artifactd.restore.mounted.MAX_TREE_DOC`).
+    The limit is read from its owner at each call (:data:`~artifactd.format.config.MAX_TREE_DOC`).
     """
-    limit = mounted.MAX_TREE_DOC
+    limit = config.MAX_TREE_DOC
     if len(doc) > limit:
         raise BuildError(
             f"{family}: its tree document would take {len(doc)} bytes ({files} files), over "

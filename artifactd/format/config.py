@@ -28,6 +28,13 @@ SCHEMA_VERSION: Literal[2] = 2
 READABLE_VERSIONS = (1, 2)
 #: A format-2 family directory's description of itself, beside its components.
 TREE_DOC = ".artifactd-layer.json"
+#: A tree document larger than this is refused before it is read. Sized from
+#: what a real one needs: a harvest of a 100,000-file Triton cache in its real
+#: layout writes 245 bytes per file entry (``python bench/doc_limits.py``), so
+#: 48 MiB holds about 200,000 such files, more than any engine's cache. Parsing
+#: a document of this size measured 1.5 s and 440 MiB (the 256 MiB limit before
+#: it let a document cost 3.7 GiB).
+MAX_TREE_DOC = 48 << 20
 
 _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 

@@ -55,10 +55,10 @@ from typing import IO
 
 import zstandard
 
-from artifactd.errors import IntegrityError, UnsafeArtifactError
+from artifactd.errors import ArtifactdError, IntegrityError, StoreError, UnsafeArtifactError
 from artifactd.format.archive import link_inside
 from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, LayerRecord
-from artifactd.fsutil import file_kind, open_regular
+from artifactd.fsutil import InputFileError, file_kind, open_regular
 from artifactd.hashing import Hasher, HashingReader, Readable
 
 #: Longest member path (``component/relative/path``), in UTF-8 bytes.
@@ -659,11 +659,9 @@ def stage_tree(
     :func:`~artifactd.fsutil.open_regular` and must still be the one the walk
     saw, so a FIFO or device swapped in meanwhile is refused, never read.
     Errors reading the source are the source's
-    (:func:`artifactd.restore.mounted.source_error`), never the target's. Only
+    (:func:`source_error`), never the target's. Only
     ``staging`` is written.
     """
-    from artifactd.restore.mounted import source_error
-
     components = frozenset(record.components)
     try:
         found = _scan_family_dir(source, components)
@@ -706,6 +704,31 @@ def stage_tree(
         extractor.abort()
 
 
+def source_error(exc: OSError, root: Path) -> ArtifactdError:
+    """Classify an error reading a mounted artifact under ``root``: the source is at fault.
+
+    A FIFO, device, socket or link where a file belongs is hostile; a file over
+    its limit is corrupt; anything that cannot be read (permissions, I/O
+    errors, a vanished mount) leaves the source unreachable. Never a
+    :class:`~artifactd.errors.TargetError`: the target was not touched.
+    """
+    what = (
+        str(exc)
+        if isinstance(exc, InputFileError)
+        else (f"{exc.filename or root} cannot be read ({exc.strerror or exc})")
+    )
+    reason = exc.reason if isinstance(exc, InputFileError) else "unreadable"
+    if reason == "not_regular":
+        return UnsafeArtifactError(f"the mounted artifact's {what}")
+    if reason in ("too_large", "missing"):
+        return IntegrityError(f"the mounted artifact's {what}")
+    return StoreError(
+        f"the mounted artifact at {root} is unreadable: {what}",
+        hint="check the volume mounted there (--from-dir) and that the init container's "
+        "user may read it",
+    )
+
+
 class _SourceReader:
     """A mounted artifact's file whose read errors are the source's, not the target's."""
 
@@ -716,8 +739,6 @@ class _SourceReader:
 
     def read(self, n: int = -1, /) -> bytes:
         """Read up to ``n`` bytes."""
-        from artifactd.restore.mounted import source_error
-
         try:
             return self._handle.read(n)
         except OSError as exc:

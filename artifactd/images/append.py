@@ -62,7 +62,7 @@ from artifactd.format.oci import (
 )
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
 from artifactd.stores import open_store, parse_artifact_ref
-from artifactd.stores.artifacts import Artifact, copy_blob, open_artifact, read_artifact
+from artifactd.stores.artifacts import Artifact, open_artifact, read_artifact
 from artifactd.stores.base import progress_events
 from artifactd.stores.credentials import check_unbound_pair
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
@@ -259,7 +259,7 @@ def write_layout(
         if ref is None:  # pragma: no cover - read a moment ago
             raise NotFoundError(f"{src.ref} has no manifest {art.digest}")
         for desc in [art.manifest.config, *art.manifest.layers]:
-            copy_blob(src, dst, desc.digest, desc.size, work)
+            src.copy_blob(dst, desc.digest, desc.size, work)
         dst.put_manifest(
             ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [full_tag(art.config.fingerprint_hash)]
         )
@@ -276,7 +276,7 @@ def write_layout(
             if [layer.digest for layer in fam.manifest.layers] != [rec.digest]:
                 continue  # the tag names another build's layer now
             cfg = fam.manifest.config
-            copy_blob(src, dst, cfg.digest, cfg.size, work)
+            src.copy_blob(dst, cfg.digest, cfg.size, work)
             dst.put_manifest(fam_ref.data, fam_ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
             copy_attached(src, dst, fam.digest, work)
 

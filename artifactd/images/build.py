@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from artifactd.constants import current_environ
+from artifactd.constants import DOCKER_HOST, current_environ
 from artifactd.errors import BuildError, ConfigError, NotFoundError, StoreError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.images.wheels import artifactd_version, default_source, pip_wheel
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 Kind = Literal["runtime", "init"]
 KINDS: tuple[Kind, ...] = ("runtime", "init")
 TEMPLATES: dict[str, str] = {"runtime": "runtime.Dockerfile.j2", "init": "init.Dockerfile.j2"}
-#: The variable the docker CLI and SDK read for the engine's address.
-ENV_DOCKER_HOST = "DOCKER_HOST"
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 DOCKER_EXTRA = "pip install 'artifactd[docker]'"
 #: Lines of the build log a failure reports.
@@ -185,7 +183,7 @@ def render_dockerfile(kind: str, **variables: str) -> str:
 def docker_host(environ: Mapping[str, str] | None = None) -> str:
     """Return the engine's address: ``DOCKER_HOST``, else the local Docker socket."""
     env = current_environ() if environ is None else environ
-    return env.get(ENV_DOCKER_HOST) or DEFAULT_DOCKER_HOST
+    return env.get(DOCKER_HOST) or DEFAULT_DOCKER_HOST
 
 
 def build_image(

@@ -19,10 +19,15 @@ findings are what makes it unusable elsewhere, found in the files themselves:
   it into the cache dir name, so each pod computes another dir and recompiles.
 
 Each finding carries one sentence saying what it will cost. The library never
-prints: :func:`lint` returns a :class:`LintReport`. The pieces: the build
-machine's identity (:mod:`.hazards`), findings and the report (:mod:`.report`),
-cost sentences (:mod:`.costs`), the byte scanner (:mod:`.scan`); the tree is
-walked as the harvest walks it (:mod:`artifactd.families.tree`).
+prints: :func:`lint` returns a :class:`LintReport`. The tree is walked as the
+harvest walks it (:mod:`artifactd.families.tree`).
+
+Modules:
+
+* :mod:`~artifactd.lint.hazards`: the build machine's identity (paths, user and host names).
+* :mod:`~artifactd.lint.report`: findings and the report around them.
+* :mod:`~artifactd.lint.costs`: one sentence per finding saying what it will cost.
+* :mod:`~artifactd.lint.scan`: the byte scanner of a file's bytes and its name.
 """
 
 from __future__ import annotations

@@ -7,7 +7,11 @@ Modules:
 * :mod:`~artifactd.pod.verdict`: the one "compiled anyway" verdict.
 * :mod:`~artifactd.pod.enginelogs`: evidence from the engines' logs.
 * :mod:`~artifactd.pod.metrics`: Prometheus metrics of restores and verdicts.
-* :mod:`~artifactd.pod.nodestore`: the node-local store shared by a node's pods.
+* :mod:`~artifactd.pod.phases`: the engine's start, phase by phase, from its log.
+* :mod:`~artifactd.pod.readiness`: the ``serviceable`` and ``prewarmed`` levels
+  (``status --ready``).
+* :mod:`~artifactd.pod.nodefeatures`: the node store's artifacts as node-feature-discovery labels.
+* :mod:`~artifactd.pod.contribute`: publish what a pod compiled anyway as a ``kind: delta``.
 
 Nothing is imported here.
 """

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
+from artifactd.constants import current_environ
 from artifactd.errors import ArtifactdError, TargetError, UsageError
 from artifactd.fsutil import open_append
 from artifactd.pod.phases import MAX_LINE_BYTES, MAX_LOG_BYTES, stamp_line
@@ -113,7 +114,7 @@ def exec_plan(
             hint="put the engine's command line after --: artifactd exec --target DIR -- CMD",
         )
     path = env_file_path(target, env_file)
-    env = dict(os.environ if environ is None else environ)
+    env = dict(current_environ() if environ is None else environ)
     try:
         overlay = parse_env_file(path)
     except (OSError, UnicodeError, ValueError) as exc:

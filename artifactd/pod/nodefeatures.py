@@ -100,7 +100,7 @@ def node_labels(
     At most ``max_labels`` (0 gives none); ties in last use go by tag. Raises
     :class:`UsageError` for a negative bound or an invalid prefix.
     """
-    from artifactd.pod.nodestore import read_usage
+    from artifactd.stores.nodestore import read_usage
     from artifactd.trust.signatures import parse_attached_tag
 
     if max_labels < 0:

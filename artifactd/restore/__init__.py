@@ -2,8 +2,8 @@
 
 Modules:
 
-* :mod:`~artifactd.restore.source`: the :class:`RestoreSource` protocol (a store, a
-  mounted tree, the node store).
+* :mod:`~artifactd.restore.source`: the :class:`RestoreSource` protocol (a mounted
+  tree; a store, the node store included, through the :class:`StoreSource` adapter).
 * :mod:`~artifactd.restore.resolve`: the tag-selection rule and the restore plan.
 * :mod:`~artifactd.restore.install`: the mechanism: stage, swap, write the marker.
 * :mod:`~artifactd.restore.policy`: the policy: :func:`run_restore`, node store, misses.
@@ -11,6 +11,8 @@ Modules:
 * :mod:`~artifactd.restore.journal`: the journal that makes an interrupted restore recoverable.
 * :mod:`~artifactd.restore.marker`: the marker a restore leaves (what is installed).
 * :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
+* :mod:`~artifactd.restore.nodefill`: fill the node store with what a restore would pick.
+* :mod:`~artifactd.restore.explain`: ``artifactd diff``: read two operands, explain a miss.
 
 Nothing is imported here: the no-op restore path stays light.
 """

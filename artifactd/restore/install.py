@@ -76,7 +76,7 @@ def restore(
     """Install every family the plan hits into ``volume``, or change nothing and raise.
 
     ``store`` is where the plan's layers come from: any
-    :class:`~artifactd.restore.source.RestoreSource` (a store, or a mounted tree), read
+    :class:`~artifactd.restore.source.RestoreSource` (a ``StoreSource``, a mounted tree), read
     only through :meth:`~artifactd.restore.source.RestoreSource.stage_layer`.
     ``volume`` defaults to the plan's target and env file. Raises
     :class:`ArtifactdError` subclasses only: filesystem errors on the target

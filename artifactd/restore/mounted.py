@@ -37,16 +37,15 @@ from typing import TYPE_CHECKING
 
 from artifactd.constants import DEFAULT_PREBUILT
 from artifactd.errors import (
-    ArtifactdError,
     IntegrityError,
     NotFoundError,
-    StoreError,
     TrustError,
     UnsafeArtifactError,
 )
 from artifactd.families import FAMILIES
+from artifactd.format import config
 from artifactd.format.config import TREE_DOC, FamilyTree
-from artifactd.fsutil import InputFileError, read_regular
+from artifactd.fsutil import read_regular
 from artifactd.hashing import digest_of
 from artifactd.restore.source import Current, Found
 
@@ -60,13 +59,6 @@ if TYPE_CHECKING:
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.policy import TrustPolicy
 
-#: A tree document larger than this is refused before it is read. Sized from
-#: what a real one needs: a harvest of a 100,000-file Triton cache in its real
-#: layout writes 245 bytes per file entry (``python bench/doc_limits.py``), so
-#: 48 MiB holds about 200,000 such files, more than any engine's cache. Parsing
-#: a document of this size measured 1.5 s and 440 MiB (the 256 MiB limit before
-#: it let a document cost 3.7 GiB).
-MAX_TREE_DOC = 48 << 20
 #: The prefix of a tree's store reference in plans, markers and reports.
 DIR_PREFIX = "dir:"
 
@@ -165,6 +157,8 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
             if (layout / "oci-layout").is_file():
                 return f"oci:{layout}"
         except OSError as exc:
+            from artifactd.format.unpack import source_error  # an error path only
+
             raise source_error(exc, path) from None
     docs: dict[str, tuple[FamilyTree, str]] = {}
     for name in FAMILIES:
@@ -178,6 +172,8 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
             if os.path.lexists(doc_path) and not doc_path.is_symlink():
                 docs[name] = _read_doc(doc_path, name)
         except OSError as exc:
+            from artifactd.format.unpack import source_error  # an error path only
+
             raise source_error(exc, path) from None
     if not docs:
         raise NotFoundError(
@@ -188,33 +184,8 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
     return MountedTree(path.absolute(), docs)
 
 
-def source_error(exc: OSError, root: Path) -> ArtifactdError:
-    """Classify an error reading a mounted artifact under ``root``: the source is at fault.
-
-    A FIFO, device, socket or link where a file belongs is hostile; a file over
-    its limit is corrupt; anything that cannot be read (permissions, I/O
-    errors, a vanished mount) leaves the source unreachable. Never a
-    :class:`~artifactd.errors.TargetError`: the target was not touched.
-    """
-    what = (
-        str(exc)
-        if isinstance(exc, InputFileError)
-        else (f"{exc.filename or root} cannot be read ({exc.strerror or exc})")
-    )
-    reason = exc.reason if isinstance(exc, InputFileError) else "unreadable"
-    if reason == "not_regular":
-        return UnsafeArtifactError(f"the mounted artifact's {what}")
-    if reason in ("too_large", "missing"):
-        return IntegrityError(f"the mounted artifact's {what}")
-    return StoreError(
-        f"the mounted artifact at {root} is unreadable: {what}",
-        hint="check the volume mounted there (--from-dir) and that the init container's "
-        "user may read it",
-    )
-
-
 def _read_doc(path: Path, family: str) -> tuple[FamilyTree, str]:
-    data = read_regular(path, MAX_TREE_DOC)
+    data = read_regular(path, config.MAX_TREE_DOC)
     doc = FamilyTree.from_json(data, source=str(path))
     if doc.family != family:
         raise IntegrityError(f"{path} describes family {doc.family!r}, not {family!r}")

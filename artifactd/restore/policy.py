@@ -43,8 +43,8 @@ from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from artifactd.pod.nodestore import FillResult
     from artifactd.restore.install import RestoreResult
+    from artifactd.restore.nodefill import FillResult
     from artifactd.restore.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
 
@@ -172,8 +172,8 @@ def _via_node_store(
     the next pod on the node reads the repaired copy.
     """
     from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
-    from artifactd.pod.nodestore import LOCK_TIMEOUT, node_lock, node_root
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.nodestore import LOCK_TIMEOUT, node_lock, node_root
 
     assert request.node_store is not None  # noqa: S101 - the caller checked
     if request.from_dir is not None:
@@ -269,7 +269,7 @@ def _fill(
     refresh: bool = False,
 ) -> FillResult:
     """Fill the node store from the request's registry (nothing when it cannot be opened)."""
-    from artifactd.pod.nodestore import fill
+    from artifactd.restore.nodefill import fill
     from artifactd.stores import open_store
 
     assert request.store is not None  # noqa: S101 - _via_node_store set it
@@ -312,7 +312,8 @@ def _set_aside(  # noqa: PLR0917 - the restore's state, passed on
     on_event: EventSink,
 ) -> list[str]:
     """Drop from the node store what the failed restore read: damaged copies, re-pointed tags."""
-    from artifactd.pod.nodestore import restore_tags, set_aside
+    from artifactd.restore.nodefill import restore_tags
+    from artifactd.stores.nodestore import set_aside
 
     # A tag re-pointed on the node is dropped whole; the fill copies the registry's.
     dropped = node.remove_tags(list(damaged.plan.unbound))
@@ -437,6 +438,7 @@ def _plan(
 
 def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
     """Open the source the request names: its store, or what its ``from_dir`` holds."""
+    from artifactd.restore.source import StoreSource
     from artifactd.stores import open_store
 
     ref = request.store
@@ -448,7 +450,7 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
             return found
         ref = found
     assert ref is not None  # noqa: S101 - run_restore set the default
-    return open_store(ref, insecure=request.insecure)
+    return StoreSource(open_store(ref, insecure=request.insecure))
 
 
 def _unresolved(

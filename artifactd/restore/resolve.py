@@ -262,8 +262,9 @@ def plan_restore(
 ) -> RestorePlan:
     """Resolve what to restore for ``local`` into ``target``; fetch no layer, write nothing.
 
-    ``store`` is any :class:`~artifactd.restore.source.RestoreSource`: a store or a
-    mounted tree, resolved by the same rule. With ``trust``, every manifest
+    ``store`` is any :class:`~artifactd.restore.source.RestoreSource`: a store
+    (through :class:`~artifactd.restore.source.StoreSource`) or a mounted tree,
+    resolved by the same rule. With ``trust``, every manifest
     resolution picks must be signed by one of
     its keys (checked before its config is read): an unsigned or wrongly
     signed one raises :class:`~artifactd.errors.TrustError`, so nothing is

@@ -2,9 +2,10 @@
 
 Three kinds of source serve a restore: a store (a registry, a local OCI
 layout, a derived image's baked layout, the node store in front of a
-registry: every :class:`~artifactd.stores.base.Store`), and a tree a
-container runtime unpacked (:class:`~artifactd.restore.mounted.MountedTree`). Each
-answers three questions, and nothing else:
+registry: every :class:`~artifactd.stores.base.Store`, read through
+:class:`StoreSource`), and a tree a container runtime unpacked
+(:class:`~artifactd.restore.mounted.MountedTree`). Each answers three
+questions, and nothing else:
 
 * :meth:`~RestoreSource.current`: what a tag names now, by a cheap lookup
   (no config read), for the no-op check;
@@ -18,7 +19,9 @@ answers three questions, and nothing else:
 Which tags are read, in which order, and whether what they name is bound to
 the pod is decided once, in :mod:`artifactd.restore.resolve` ("the whole artifact's
 tag, else each family's scope tag"); a source never decides it. This module
-holds only types, so importing it costs a no-op restore nothing.
+holds the types and the store adapter, whose heavy parts (reading an
+artifact, unpacking) load only when used, so importing it costs a no-op
+restore nothing.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from artifactd.events import EventSink
+from artifactd.stores.base import Store, progress_events
+
 if TYPE_CHECKING:
-    from artifactd.events import EventSink
     from artifactd.format.config import LayerRecord
     from artifactd.format.unpack import UnpackResult
+    from artifactd.hashing import Readable
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.policy import TrustPolicy
@@ -108,3 +114,112 @@ class RestoreSource(Protocol):
 
     def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
         """Return up to ``limit`` whole artifacts (tag, artifact) to explain a miss, or none."""
+
+
+class StoreSource:
+    """A :class:`~artifactd.stores.base.Store` as a restore reads it: the restore's side of a store.
+
+    The store knows nothing of restores; this adapter answers the protocol's
+    questions with the store's blobs, manifests and tags alone.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @property
+    def ref(self) -> str:
+        """The store's reference."""
+        return self.store.ref
+
+    def __enter__(self) -> StoreSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.close()
+
+    def current(self, want: Want) -> Current | None:
+        """Return what ``want``'s tag names now: one tag lookup, no config read."""
+        digest = self.store.tag_digest(want.tag)
+        return None if digest is None else Current(digest)
+
+    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
+        """Read and verify the artifact ``want``'s tag names (signature first, with ``trust``)."""
+        from artifactd.stores.artifacts import read_artifact
+
+        art = read_artifact(self.store, want.tag, trust=trust)
+        if art is None:
+            return None
+        return Found(
+            want.tag,
+            art.digest,
+            art.config.kind,
+            art.config.fingerprint_hash,
+            {rec.family: rec for rec in art.config.layers},
+            art.config.schema_version,
+            art.signed_by,
+        )
+
+    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
+        """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
+        from artifactd.errors import ArtifactdError
+        from artifactd.format.oci import FULL_TAG_PREFIX
+        from artifactd.stores.artifacts import read_artifact
+
+        out = []
+        for tag in list(self.store.iter_tags(FULL_TAG_PREFIX))[:limit]:
+            try:
+                art = read_artifact(self.store, tag)
+            except ArtifactdError:
+                continue
+            if art is not None:
+                out.append((tag, art))
+        return out
+
+    def stage_layer(
+        self,
+        plan: FamilyPlan,
+        staging: Path,
+        *,
+        relocate: Callable[[str, bytes], bytes],
+        keep_mtimes: bool,
+        max_tar_bytes: int,
+        on_event: EventSink,
+    ) -> UnpackResult:
+        """Stream the planned layer from the store, verified, into ``staging``."""
+        from artifactd.errors import IntegrityError
+        from artifactd.format.unpack import (
+            unpack_layer,  # zstd and tarfile: only when there is work
+        )
+
+        layer = plan.layer
+        if layer is None:  # pragma: no cover - hits always carry a layer
+            raise IntegrityError(f"no record for {plan.family}")
+        with self.store.open_blob(layer.digest, layer.size) as blob:
+            return unpack_layer(
+                _Progress(blob, plan.family, layer.size, on_event),
+                digest=layer.digest,
+                size=layer.size,
+                entries=layer.files,
+                staging=staging,
+                components=frozenset(layer.components),
+                max_tar_bytes=max_tar_bytes,
+                relocate=relocate,
+                keep_mtimes=keep_mtimes,
+                record=layer,
+                prefix=plan.member_prefix,
+            )
+
+
+class _Progress:
+    """Count bytes read from a layer stream; report them as throttled ``progress`` events."""
+
+    def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
+        self._source = source
+        self._done = 0
+        self._report = progress_events(on_event, stage="fetch", family=family, total=total)
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._source.read(n)
+        self._done += len(data)
+        self._report(self._done)
+        return data

@@ -7,6 +7,20 @@ Store references (documented in the README):
 * ``HOST[:PORT]/REPO``: an OCI registry repository (the registry backend).
 
 Artifact references add a tag or digest: ``oci:PATH:TAG``, ``oci:PATH@sha256:...``.
+
+Modules:
+
+* :mod:`~artifactd.stores.base`: the store interface, where artifacts live.
+* :mod:`~artifactd.stores.layout`: a local OCI image layout directory (the default store).
+* :mod:`~artifactd.stores.reference`: registry references, parsed and checked.
+* :mod:`~artifactd.stores.credentials`: registry credentials from ``ARTIFACTD_REGISTRY_*``
+  or the Docker config, each bound to its host.
+* :mod:`~artifactd.stores.transport`: HTTP to a registry: authentication, deadlines, retries.
+* :mod:`~artifactd.stores.listing`: the one bounded reader of a registry's tag list.
+* :mod:`~artifactd.stores.registry`: an OCI registry repository as a store.
+* :mod:`~artifactd.stores.artifacts`: publish, read and copy artifacts over any store.
+* :mod:`~artifactd.stores.retention`: which artifacts ``prune`` keeps and deletes, and ``du``.
+* :mod:`~artifactd.stores.nodestore`: the node-local tier: its lock, usage records and gc.
 """
 
 from __future__ import annotations

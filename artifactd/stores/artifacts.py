@@ -11,7 +11,6 @@ shared by digest: the store keeps each one once.
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,21 +39,21 @@ from artifactd.format.oci import (
     family_tag,
     full_tag,
 )
-from artifactd.hashing import canonical_json, copy_hashed, digest_of
+from artifactd.hashing import canonical_json, digest_of
 from artifactd.stores import Store, open_store, parse_manifest_ref
 from artifactd.stores.base import ManifestRef, progress_events
 from artifactd.stores.credentials import check_unbound_pair
-from artifactd.trust.policy import TrustPolicy, vouch
+from artifactd.trust.policy import TrustPolicy, TrustReport, examine, vouch
 from artifactd.trust.signatures import copy_attached, parse_attached_tag, sign_all
 
 if TYPE_CHECKING:
     from artifactd.format.archive import PackedLayer
-    from artifactd.trust.keys import PrivateKey
+    from artifactd.trust.keys import PrivateKey, PublicKey
     from artifactd.trust.policy import Basis
     from artifactd.trust.signatures import SignResult
 
 #: An artifact config larger than this is refused before it is read: every
-#: family's file entries (the tree documents' limit, :data:`artifactd.restore.mounted.MAX_TREE_DOC`,
+#: family's file entries (the tree documents' limit, :data:`artifactd.format.config.MAX_TREE_DOC`,
 #: about 200,000 files at the 245 bytes an entry a measured harvest writes) plus
 #: room for the fingerprint, the skipped paths and the provenance. Parsing a
 #: config of this size measured 1.7 s and 510 MiB (``python bench/doc_limits.py``).
@@ -232,26 +231,12 @@ class Artifact:
     signed_by: str | None = None
 
 
-def read_blob(store: Store, digest: str, size: int, *, max_size: int, what: str) -> bytes:
-    """Fetch a small blob whole and verify it against its digest and size."""
-    if size > max_size:
-        raise IntegrityError(f"{what} {digest} is implausibly large ({size} B)")
-    buf = io.BytesIO()
-    with store.open_blob(digest, size) as f:
-        read = copy_hashed(f, buf, limit=size)
-    if read.size > size:
-        raise IntegrityError(f"{what} {digest} is longer than its descriptor")
-    if not read.matches(digest, size):
-        raise IntegrityError(f"{what} {digest} does not match its digest")
-    return buf.getvalue()
-
-
 def read_config(
     store: Store, manifest: ImageManifest, *, max_size: int = MAX_CONFIG_BYTES
 ) -> bytes:
     """Fetch and verify the config blob of a manifest."""
     desc = manifest.config
-    return read_blob(store, desc.digest, desc.size, max_size=max_size, what="config blob")
+    return store.read_blob(desc.digest, desc.size, max_size=max_size, what="config blob")
 
 
 def read_artifact(
@@ -316,20 +301,6 @@ class CopyResult:
     verified: dict[str, str] = field(default_factory=dict)
     #: What ``--sign-key`` signed in the destination.
     signing: SignResult | None = None
-
-
-def copy_blob(src: Store, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
-    """Stream one blob through a temp file, verifying it; return bytes uploaded."""
-    path = tmp_dir / digest.replace(":", "-")
-    with src.open_blob(digest, size) as reader, path.open("wb") as out:
-        copied = copy_hashed(reader, out)
-    if not copied.matches(digest, size):
-        path.unlink(missing_ok=True)
-        raise IntegrityError(f"{src.ref}: blob {digest} does not match its digest or size")
-    try:
-        return dst.put_blob(path, digest, size)
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def copy_artifacts(
@@ -398,7 +369,7 @@ def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyR
             if desc.digest in done or dst.has_blob(desc.digest):
                 result.bytes_skipped += desc.size
             else:
-                result.bytes_uploaded += copy_blob(src, dst, desc.digest, desc.size, tmp_dir)
+                result.bytes_uploaded += src.copy_blob(dst, desc.digest, desc.size, tmp_dir)
             done.add(desc.digest)
         dst.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
         result.manifests += 1
@@ -499,3 +470,30 @@ def copy_between(
             if sign_key is not None:
                 result.signing = sign_all(dst, result.digests.values(), sign_key)
             return result
+
+
+def inspect_ref(
+    ref: str, *, keys: Sequence[PublicKey] = (), insecure: bool = False
+) -> tuple[Artifact, TrustReport]:
+    """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        art = read_artifact(st, reference)
+        if art is None:
+            raise NotFoundError(f"{store} has no artifact {reference}")
+        return art, examine(st, art.digest, keys)
+
+
+def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False) -> SignResult:
+    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store.
+
+    The manifest must verify under ``basis`` first (:func:`vouch`), unless
+    it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
+    vouching for whoever put it there.
+    """
+    store, reference = parse_manifest_ref(ref)
+    with open_store(store, insecure=insecure) as st:
+        found = st.get_manifest(reference)
+        if found is None:
+            raise NotFoundError(f"{store} has no manifest {reference}")
+        return sign_all(st, vouch(st, [found.digest], basis), key)

@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
+from artifactd.errors import IntegrityError
 from artifactd.events import EventSink
-
-if TYPE_CHECKING:
-    from artifactd.format.unpack import UnpackResult
-    from artifactd.hashing import Readable
-    from artifactd.restore.resolve import FamilyPlan
-    from artifactd.restore.source import Current, Found, Want
-    from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustPolicy
+from artifactd.hashing import copy_hashed
 
 #: Called with the bytes transferred so far.
 Progress = Callable[[int], None]
@@ -70,8 +64,8 @@ class ManifestRef(NamedTuple):
 class Store(abc.ABC):
     """Blobs by digest, manifests by tag or digest.
 
-    Every store is a :class:`~artifactd.restore.source.RestoreSource` (:meth:`current`,
-    :meth:`find`, :meth:`stage_layer`): a restore reads from it through those alone.
+    A store knows nothing of restores: a restore reads one through
+    :class:`~artifactd.restore.source.StoreSource`, the adapter the restore stage owns.
     """
 
     #: The reference the user gave (``oci:DIR``, ``HOST/REPO``), for messages.
@@ -138,95 +132,40 @@ class Store(abc.ABC):
         """Yield tags starting with ``prefix``."""
         return (t for t in self.list_tags() if t.startswith(prefix))
 
-    # The restore source (artifactd.restore.source): what a restore reads, and nothing
-    # about which tag.
+    # Blobs checked against their digests, for every stage that reads or copies
+    # one (configs, signature layers, image layers): methods, so the trust stage
+    # uses them on the store it is given without importing this one.
 
-    def current(self, want: Want) -> Current | None:
-        """Return what ``want``'s tag names now: one tag lookup, no config read."""
-        from artifactd.restore.source import Current
+    def read_blob(self, digest: str, size: int, *, max_size: int, what: str) -> bytes:
+        """Fetch a small blob whole and verify it against its digest and size."""
+        if size > max_size:
+            raise IntegrityError(f"{what} {digest} is implausibly large ({size} B)")
+        buf = _Chunks()
+        with self.open_blob(digest, size) as f:
+            read = copy_hashed(f, buf, limit=size)
+        if read.size > size:
+            raise IntegrityError(f"{what} {digest} is longer than its descriptor")
+        if not read.matches(digest, size):
+            raise IntegrityError(f"{what} {digest} does not match its digest")
+        return b"".join(buf)
 
-        digest = self.tag_digest(want.tag)
-        return None if digest is None else Current(digest)
-
-    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
-        """Read and verify the artifact ``want``'s tag names (signature first, with ``trust``)."""
-        from artifactd.restore.source import Found
-        from artifactd.stores.artifacts import read_artifact
-
-        art = read_artifact(self, want.tag, trust=trust)
-        if art is None:
-            return None
-        return Found(
-            want.tag,
-            art.digest,
-            art.config.kind,
-            art.config.fingerprint_hash,
-            {rec.family: rec for rec in art.config.layers},
-            art.config.schema_version,
-            art.signed_by,
-        )
-
-    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
-        """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
-        from artifactd.errors import ArtifactdError
-        from artifactd.format.oci import FULL_TAG_PREFIX
-        from artifactd.stores.artifacts import read_artifact
-
-        out = []
-        for tag in list(self.iter_tags(FULL_TAG_PREFIX))[:limit]:
-            try:
-                art = read_artifact(self, tag)
-            except ArtifactdError:
-                continue
-            if art is not None:
-                out.append((tag, art))
-        return out
-
-    def stage_layer(
-        self,
-        plan: FamilyPlan,
-        staging: Path,
-        *,
-        relocate: Callable[[str, bytes], bytes],
-        keep_mtimes: bool,
-        max_tar_bytes: int,
-        on_event: EventSink,
-    ) -> UnpackResult:
-        """Stream the planned layer from this store, verified, into ``staging``."""
-        from artifactd.errors import IntegrityError
-        from artifactd.format.unpack import (
-            unpack_layer,  # zstd and tarfile: only when there is work
-        )
-
-        layer = plan.layer
-        if layer is None:  # pragma: no cover - hits always carry a layer
-            raise IntegrityError(f"no record for {plan.family}")
-        with self.open_blob(layer.digest, layer.size) as blob:
-            return unpack_layer(
-                _Progress(blob, plan.family, layer.size, on_event),
-                digest=layer.digest,
-                size=layer.size,
-                entries=layer.files,
-                staging=staging,
-                components=frozenset(layer.components),
-                max_tar_bytes=max_tar_bytes,
-                relocate=relocate,
-                keep_mtimes=keep_mtimes,
-                record=layer,
-                prefix=plan.member_prefix,
-            )
+    def copy_blob(self, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
+        """Stream one blob to ``dst`` through a temp file, verifying it; return bytes uploaded."""
+        path = tmp_dir / digest.replace(":", "-")
+        with self.open_blob(digest, size) as reader, path.open("wb") as out:
+            copied = copy_hashed(reader, out)
+        if not copied.matches(digest, size):
+            path.unlink(missing_ok=True)
+            raise IntegrityError(f"{self.ref}: blob {digest} does not match its digest or size")
+        try:
+            return dst.put_blob(path, digest, size)
+        finally:
+            path.unlink(missing_ok=True)
 
 
-class _Progress:
-    """Count bytes read from a layer stream; report them as throttled ``progress`` events."""
+class _Chunks(list[bytes]):
+    """A blob read whole, chunk by chunk (no ``io``: the store interface is on the fast path)."""
 
-    def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
-        self._source = source
-        self._done = 0
-        self._report = progress_events(on_event, stage="fetch", family=family, total=total)
-
-    def read(self, n: int = -1, /) -> bytes:
-        data = self._source.read(n)
-        self._done += len(data)
-        self._report(self._done)
-        return data
+    def write(self, data: bytes, /) -> int:
+        self.append(data)
+        return len(data)

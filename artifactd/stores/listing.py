@@ -36,6 +36,7 @@ from typing import NamedTuple
 from urllib.parse import urljoin, urlsplit
 
 from artifactd.errors import StoreError
+from artifactd.format.imagemanifest import json_type
 from artifactd.format.oci import TAG_RE
 
 #: The most tags one listing holds (a registry repository or a layout's
@@ -88,30 +89,18 @@ def parse_tag_page(body: bytes, where: str) -> list[str]:
     except ValueError:
         raise malformed("it is not JSON") from None
     if not isinstance(doc, dict):
-        raise malformed(f"a JSON {_json_type(doc)}, not an object")
+        raise malformed(f"a JSON {json_type(doc)}, not an object")
     tags = doc.get("tags")
     if tags is None:
         return []
     if not isinstance(tags, list):
-        raise malformed(f'"tags" is a JSON {_json_type(tags)}, not a list')
+        raise malformed(f'"tags" is a JSON {json_type(tags)}, not a list')
     for tag in tags:
         if not isinstance(tag, str):
-            raise malformed(f'"tags" holds a JSON {_json_type(tag)}, not a string')
+            raise malformed(f'"tags" holds a JSON {json_type(tag)}, not a string')
         if not TAG_RE.match(tag):
             raise malformed(f"{tag[:80]!a} is not a valid tag")
     return tags
-
-
-def _json_type(value: object) -> str:
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -3,8 +3,10 @@
 Modules:
 
 * :mod:`~artifactd.trust.keys`: generate, load and identify signing keys.
-* :mod:`~artifactd.trust.signatures`: cosign-compatible signatures and attestations;
-  the verification policy.
+* :mod:`~artifactd.trust.signatures`: cosign-compatible signatures and attestations,
+  verified so that they fail closed.
+* :mod:`~artifactd.trust.policy`: the verification policy: whether a digest may be
+  installed, re-signed or shown as trusted.
 * :mod:`~artifactd.trust.provenance`: the SLSA provenance an artifact is attested with.
 
 Nothing is imported here.

@@ -6,8 +6,11 @@ not (no signature, signed for another digest, no key of the policy verifies,
 an unreadable signature). There is no "warn" mode: without a policy nothing is
 checked, and with one nothing unverified passes.
 
-It reads signatures with :mod:`artifactd.trust.signatures` and never writes one,
-except :func:`sign_ref`, which signs only what :func:`vouch` let through.
+It reads signatures with :mod:`artifactd.trust.signatures` and never writes one.
+Opening a store by reference to inspect or sign an artifact is the store
+stage's (:func:`artifactd.stores.artifacts.inspect_ref`,
+:func:`artifactd.stores.artifacts.sign_ref`, which signs only what
+:func:`vouch` lets through): this stage is handed a store, never opens one.
 """
 
 from __future__ import annotations
@@ -16,24 +19,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from artifactd.errors import NotFoundError, TrustError
-from artifactd.stores import open_store, parse_manifest_ref
+from artifactd.errors import TrustError
 from artifactd.trust.keys import load_public_keys
 from artifactd.trust.provenance import summary
 from artifactd.trust.signatures import (
     Attestation,
     SignatureLayer,
-    SignResult,
     _verifies,
     attached_tag,
     read_attestations,
     read_signatures,
-    sign_all,
 )
 
 if TYPE_CHECKING:
     from artifactd.stores import Store
-    from artifactd.trust.keys import PrivateKey, PublicKey
+    from artifactd.trust.keys import PublicKey
 
 
 # --------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class UnsafeNoVerification:
     :class:`TrustPolicy` the content must verify under first, or
     :data:`UNSAFE_NO_VERIFICATION`, named so that a call site reads as unsafe
     (after sigstore-python's ``UnsafeNoOp`` policy). No re-signing defaults
-    to it: :func:`sign_ref` requires a basis, and
+    to it: :func:`artifactd.stores.artifacts.sign_ref` requires a basis, and
     :func:`artifactd.stores.artifacts.copy_between` refuses to sign without one.
     """
 
@@ -233,32 +233,3 @@ def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustR
         except TrustError as exc:
             report.error, report.reason = exc.message, exc.reason
     return report
-
-
-def inspect_ref(
-    ref: str, *, keys: Sequence[PublicKey] = (), insecure: bool = False
-) -> tuple[Any, TrustReport]:
-    """Open the artifact ``ref`` names; return it with its :class:`TrustReport`."""
-    from artifactd.stores.artifacts import read_artifact
-
-    store, reference = parse_manifest_ref(ref)
-    with open_store(store, insecure=insecure) as st:
-        art = read_artifact(st, reference)
-        if art is None:
-            raise NotFoundError(f"{store} has no artifact {reference}")
-        return art, examine(st, art.digest, keys)
-
-
-def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False) -> SignResult:
-    """Sign the manifest ``ref`` names (``STORE:TAG`` or ``STORE@DIGEST``) in its store.
-
-    The manifest must verify under ``basis`` first (:func:`vouch`), unless
-    it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
-    vouching for whoever put it there.
-    """
-    store, reference = parse_manifest_ref(ref)
-    with open_store(store, insecure=insecure) as st:
-        found = st.get_manifest(reference)
-        if found is None:
-            raise NotFoundError(f"{store} has no manifest {reference}")
-        return sign_all(st, vouch(st, [found.digest], basis), key)

@@ -171,9 +171,7 @@ def _read_manifest(
 
 
 def _read_layer(store: Store, desc: Descriptor, limit: int) -> bytes:
-    from artifactd.stores.artifacts import read_blob
-
-    return read_blob(store, desc.digest, desc.size, max_size=limit, what="signature layer")
+    return store.read_blob(desc.digest, desc.size, max_size=limit, what="signature layer")
 
 
 def read_signatures(store: Store, digest: str) -> list[SignatureLayer]:
@@ -453,8 +451,6 @@ def copy_attached(src: Store, dst: Store, digest: str, tmp_dir: Path) -> list[st
     destination's first. Signatures stay valid either way: they cover the
     subject digest, which a copy keeps. Returns the tags written or already equal.
     """
-    from artifactd.stores.artifacts import copy_blob
-
     copied = []
     kinds: tuple[Kind, ...] = ("sig", "att")
     for kind in kinds:
@@ -469,7 +465,7 @@ def copy_attached(src: Store, dst: Store, digest: str, tmp_dir: Path) -> list[st
         layers = list(manifest.layers)
         for desc in [manifest.config, *layers]:
             if not dst.has_blob(desc.digest):
-                copy_blob(src, dst, desc.digest, desc.size, tmp_dir)
+                src.copy_blob(dst, desc.digest, desc.size, tmp_dir)
         here = dst.tag_digest(tag)
         if here == src_digest:
             copied.append(tag)

@@ -1,0 +1,286 @@
+"""Filling the node store with what a restore would pick, and ``artifactd prefetch``.
+
+``restore --node-store oci:PATH`` first makes the node store
+(:mod:`artifactd.stores.nodestore`) hold what resolving against the registry
+would pick (:func:`fill`): every tag the selection rule may read (the artifact
+tagged ``fp-<hash>`` and each family's scope tag,
+:func:`artifactd.restore.resolve.wants`) that the registry has. The rule itself
+is :mod:`artifactd.restore.resolve`'s: the node store is a store like any other
+to it. Blobs are copied verified and only when missing, and a tag is written
+only once its blobs are in place. Then the restore runs from the node store,
+with no network. Filling happens under the node store's exclusive lock: when
+several pods start at once, one fetches and the others wait, then find the tags
+there and fetch nothing. With the registry down, a warm node store still
+restores; with a cold one, the restore fails open as ever.
+
+A restore from a warm node store is a pod start (:mod:`artifactd.cli.fast`):
+this module loads no more than reading the node store needs. What only a
+fetch does (``tempfile``, the registry, the signatures, the artifact copier)
+is imported in the function that does it.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
+from artifactd.events import EventSink, discard
+from artifactd.restore.source import StoreSource
+from artifactd.stores.nodestore import (
+    LOCK_TIMEOUT,
+    TMP_PREFIX,
+    clear_leftovers,
+    node_lock,
+    node_root,
+    record_use,
+)
+
+if TYPE_CHECKING:
+    from artifactd.stores import Store
+    from artifactd.stores.layout import LayoutStore
+
+
+class FillResult:
+    """What :func:`fill` found in the node store and what it fetched into it.
+
+    A plain class, not a dataclass: the restore that reads a warm node store
+    is a pod start, and ``dataclasses`` (with ``inspect``) costs it milliseconds.
+    """
+
+    __slots__ = (
+        "bytes_fetched",
+        "cleared",
+        "error",
+        "fetched",
+        "node",
+        "outcome",
+        "seconds",
+        "set_aside",
+        "tags",
+    )
+
+    def __init__(self, node: str, outcome: str) -> None:
+        self.node = node
+        #: "node": everything wanted was there; "fetched": some came from the registry;
+        #: "miss": neither has it; "offline": the registry could not be reached.
+        self.outcome = outcome
+        self.tags: list[str] = []
+        self.fetched: list[str] = []
+        self.bytes_fetched = 0
+        self.seconds = 0.0
+        self.error: str | None = None
+        #: Tags whose copy failed verification and were fetched again (:func:`set_aside`).
+        self.set_aside: list[str] = []
+        #: Temp files and scratch a fill killed mid-write left, removed (:func:`clear_leftovers`).
+        self.cleared: list[str] = []
+
+    def _asdict(self) -> dict[str, Any]:
+        """Every field by name, in declaration order (as a named tuple's, for ``--json``)."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"FillResult({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FillResult) and self._asdict() == other._asdict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as a dataclass is
+
+
+def fill(
+    node: LayoutStore,
+    remote: Store | None,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    *,
+    families: Sequence[str] | None = None,
+    on_event: EventSink = discard,
+    signatures: bool = False,
+    refresh: bool = False,
+) -> FillResult:
+    """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
+
+    With ``refresh`` (after :func:`set_aside`), the remote is asked even when
+    the node holds a tag a restore would read: what the node lacks is fetched.
+
+    With ``signatures`` (a restore that verifies), an artifact the node holds
+    without its ``.sig`` counts as missing: its signatures are fetched (a node
+    store filled before the publisher signed heals at the next restore).
+    Call it under :func:`node_lock` (exclusive): it first removes what a
+    fill killed mid-write left (:func:`clear_leftovers`). Never raises for the remote:
+    an unreachable or failing registry leaves the node store as it was and is
+    reported in the result (``offline``), so a warm node store still serves.
+    A full node disk raises :class:`NoSpaceError`.
+    """
+    from artifactd.restore.resolve import whole_want
+
+    start = time.monotonic()
+    result = FillResult(node=node.ref, outcome="node")
+    result.cleared = clear_leftovers(node)
+    wanted = _wanted(node, fingerprint_hash, flat, families)
+    present = [t for t in wanted if node.tag_digest(t) is not None]
+    missing = [t for t in wanted if t not in present]
+    if signatures:
+        missing += [t for t in present if not _signed(node, t)]
+    result.tags = present
+    # Without the whole artifact the node resolves by family tags, which the
+    # registry may have moved on from (a whole artifact published since, a
+    # family re-published): a few tag lookups tell, so the node's pick is the
+    # registry's. With it, the node already holds the rule's first choice.
+    by_families = wanted != [whole_want(fingerprint_hash).tag]
+    if remote is not None and (missing or not present or refresh or by_families):
+        try:
+            _fetch(
+                node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures
+            )
+        except NoSpaceError:
+            raise  # the node's own disk, not the registry: the caller decides
+        except ArtifactdError as exc:
+            result.outcome, result.error = "offline", exc.message
+            on_event({"stage": "node-store", "event": "offline", "error": exc.message})
+        result.tags = [
+            t for t in _wanted(node, fingerprint_hash, flat, families) if node.tag_digest(t)
+        ]
+    if not result.tags:
+        result.outcome = "offline" if result.error else "miss"
+    elif result.fetched:
+        result.outcome = "fetched"
+    # What the node picked before a fetch is in use too: gc must not evict,
+    # as never used, a family tag this fill just refreshed.
+    used = dict.fromkeys([*result.tags, *present])
+    record_use(node, [d for t in used if (d := node.tag_digest(t))])
+    result.seconds = round(time.monotonic() - start, 3)
+    on_event(
+        {
+            "stage": "node-store",
+            "event": result.outcome,
+            "tags": len(result.tags),
+            "bytes": result.bytes_fetched,
+        }
+    )
+    return result
+
+
+def restore_tags(
+    fingerprint_hash: str, flat: Mapping[str, Any], families: Sequence[str] | None
+) -> list[str]:
+    """Every tag a restore of ``fingerprint_hash`` may read: the whole artifact's, the families'."""
+    from artifactd.restore.resolve import wants
+
+    return [w.tag for w in wants(fingerprint_hash, flat, families)]
+
+
+def _wanted(
+    node: LayoutStore,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+) -> list[str]:
+    """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
+    from artifactd.restore.resolve import picks
+
+    return [w.tag for w in picks(StoreSource(node), fingerprint_hash, flat, families)]
+
+
+def _signed(node: LayoutStore, tag: str) -> bool:
+    """Whether the manifest ``tag`` names has a ``.sig`` in the node store."""
+    from artifactd.trust.signatures import attached_tag
+
+    digest = node.tag_digest(tag)
+    return digest is not None and node.tag_digest(attached_tag(digest, "sig")) is not None
+
+
+def _fetch(
+    node: LayoutStore,
+    remote: Store,
+    fingerprint_hash: str,
+    flat: Mapping[str, Any],
+    families: Sequence[str] | None,
+    *,
+    result: FillResult,
+    signatures: bool = False,
+) -> None:
+    """Copy from ``remote`` what the node lacks of every tag a restore may read.
+
+    The whole artifact's tag and each selected family's scope tag, as far as
+    the registry has them: resolving from the node (:mod:`artifactd.restore.resolve`)
+    then picks what resolving against the registry would, whole artifact or
+    families, and names a tag there that is bound to something else.
+    """
+    from artifactd.restore.resolve import wants
+
+    wanted = wants(fingerprint_hash, flat, families)
+    remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
+    tags = [t for t, d in remote_digests.items() if d is not None]
+    same = [t for t in tags if node.tag_digest(t) == remote_digests[t]]
+    tags = [t for t in tags if t not in same]
+    unsigned = [t for t in same if signatures and not _signed(node, t)]
+    if tags or unsigned:
+        from artifactd.trust.signatures import copy_attached
+
+        fetched: list[str] = []
+        try:
+            # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
+                if tags:  # (an empty list would mean "every artifact")
+                    from artifactd.stores.artifacts import copy_artifacts
+
+                    copied = copy_artifacts(remote, node, tags, Path(tmp))
+                    fetched += copied.tags + copied.attached
+                    result.bytes_fetched = copied.bytes_uploaded
+                for tag in unsigned:
+                    digest = node.tag_digest(tag)
+                    if digest is not None:
+                        fetched += copy_attached(remote, node, digest, Path(tmp))
+        except (OSError, NoSpaceError) as exc:
+            if isinstance(exc, NoSpaceError) or exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                why = exc.message if isinstance(exc, NoSpaceError) else exc.strerror
+                raise NoSpaceError(
+                    f"the node store {node.root} is out of space ({why})",
+                    hint="collect it (artifactd gc --store oci:PATH --max-bytes SIZE) "
+                    "or give its disk more room",
+                ) from None
+            raise
+        result.fetched = fetched
+
+
+def prefetch(
+    remote_ref: str,
+    node_ref: str,
+    raw_fingerprint: Mapping[str, Any],
+    *,
+    families: Sequence[str] | None = None,
+    insecure: bool = False,
+    timeout: float = LOCK_TIMEOUT,
+    on_event: EventSink = discard,
+) -> FillResult:
+    """Fill the node store for a fingerprint ahead of the pods (a new release's DaemonSet).
+
+    The same fill a restore makes, without installing anything, that also
+    fetches the signatures of what the node holds unsigned (the pods may
+    verify; the few KiB are off their critical path). Unlike a restore's, an
+    unreachable registry is an error here: a prefetch that fetched nothing
+    must not look like success.
+    """
+    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+    from artifactd.stores import open_store
+    from artifactd.stores.layout import LayoutStore
+
+    root = node_root(node_ref)
+    fp_hash = raw_hash(raw_fingerprint)
+    flat = flatten(hashed_view(raw_fingerprint))
+    with node_lock(root, timeout=timeout):
+        node = LayoutStore(root, create=True)
+        with open_store(remote_ref, insecure=insecure) as remote:
+            result = fill(
+                node, remote, fp_hash, flat, families=families, on_event=on_event, signatures=True
+            )
+    if result.outcome == "offline":
+        raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")
+    return result
