@@ -10,15 +10,24 @@ has just written to learn its digest.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
+# CPython's own SHA-256, for small documents (a fingerprint): loading OpenSSL
+# through hashlib costs about 3 to 4 ms of every pod start (python -X importtime,
+# 3.10 to 3.13), the built-in module under 1 ms. Bulk data goes through hashlib,
+# whose OpenSSL code is several times faster. The module is private and 3.12
+# renamed it, so each name is imported on its own Python; tests/test_hashing.py
+# checks on every Python the suite runs that the module named here is the one used.
+#: The standard library module :func:`sha256_hex` hashes small data with.
+SMALL_SHA256_MODULE = "_sha2" if sys.version_info >= (3, 12) else "_sha256"
 try:
-    # CPython's own SHA-256, for small documents (a fingerprint): loading
-    # OpenSSL through hashlib costs about 2 ms of every pod start. Bulk data
-    # goes through hashlib, whose OpenSSL code is several times faster.
-    from _sha256 import sha256 as _small_sha256  # type: ignore[import-not-found]  # CPython 3.11
-except ImportError:  # pragma: no cover - other Pythons
+    if sys.version_info >= (3, 12):
+        from _sha2 import sha256 as _small_sha256  # type: ignore[import-not-found,unused-ignore]
+    else:
+        from _sha256 import sha256 as _small_sha256  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - a Python built without it (FIPS builds): OpenSSL's
     from hashlib import sha256 as _small_sha256
 
 #: The algorithm prefix of every content digest we write or accept.

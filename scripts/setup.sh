@@ -64,7 +64,8 @@ echo "setup: installing into .venv (log: $LOG)" >&2
         # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
         # CUDA wheels (see pyproject.toml).
         .venv/bin/python -m pip install -q -e ".[producers]"
-        .venv/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
+        # tomllib from 3.11; before, tomli (the dev extra installs it there).
+        .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
             xargs .venv/bin/python -m pip install -q --no-deps
     fi
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -80,6 +81,8 @@ def detect_gpu_host() -> GpuHost:
 
 
 GPU_HOST = detect_gpu_host()
+#: Whether torch is installed (not imported: the fast suite's virtualenvs lack it).
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 #: Markers that say what a test needs or does and imply ``slow`` (pyproject.toml).
@@ -94,13 +97,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     fixture) must say so with ``podman``: collection fails otherwise, so the
     inner loop (``-m "not slow"``) never starts an engine by accident.
     ``@pytest.mark.gpu`` runs only with a GPU; ``gpu(absent=True)`` only
-    without a driver.
+    without a driver. ``@pytest.mark.torch`` runs only where torch is installed.
     """
     for item in items:
         if "engine" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("podman"):
             raise pytest.UsageError(f"{item.nodeid} uses the engine: mark it podman")
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("torch") and not HAS_TORCH:
+            item.add_marker(pytest.mark.skip("needs torch (the warmup extra): not installed"))
         marker = item.get_closest_marker("gpu")
         if marker is None:
             continue

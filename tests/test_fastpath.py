@@ -20,6 +20,7 @@ from pathlib import Path
 from test_layout import _is_type_checking, _modules, _top_level_imports
 
 from artifactd.cli import fast
+from artifactd.hashing import SMALL_SHA256_MODULE
 
 FAST = "artifactd.cli.fast"
 
@@ -90,7 +91,11 @@ def test_the_declared_lists_name_real_modules_each_once() -> None:
     modules = set(_modules())
     for name in fast.LIGHT | {m for m in fast.LATER if m.startswith("artifactd")}:
         assert name in modules, f"{name} is not a module of the package"
-    for name in fast.STDLIB | {"ctypes", "dataclasses", "shutil", "tempfile", "traceback"}:
+    # CPython's own SHA-256 is one private module under two names (3.12 renamed it):
+    # the other Python's name is the one that may be missing here.
+    other = {"_sha2", "_sha256"} - {SMALL_SHA256_MODULE}
+    assert len(other) == 1
+    for name in fast.STDLIB - other | {"ctypes", "dataclasses", "shutil", "tempfile", "traceback"}:
         assert name in sys.stdlib_module_names, name
     assert not fast.LIGHT & fast.LATER
     assert not fast.STDLIB & (fast.LATER | fast.GPU)

@@ -7,6 +7,8 @@ import io
 import json
 import os
 import random
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from artifactd.hashing import (
     CHUNK,
     SMALL,
+    SMALL_SHA256_MODULE,
     Hasher,
     HashingReader,
     HashingWriter,
@@ -197,3 +200,24 @@ def test_sha256_hex_is_sha256_on_both_sides_of_the_small_cutoff(size: int) -> No
     """Small inputs skip OpenSSL (CPython's own sha256), large ones use hashlib: same digest."""
     data = os.urandom(size)
     assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
+def test_small_inputs_hash_with_the_builtin_module_of_this_python() -> None:
+    """The private module has a name per Python (``_sha256``, then ``_sha2`` from 3.12).
+
+    Had the wrong one been named, the import would fall back to hashlib: the digest
+    stays right and only the pod start gets slower, so check the module itself, and
+    that importing the digests of a fingerprint loads no OpenSSL.
+    """
+    assert SMALL_SHA256_MODULE in sys.stdlib_module_names
+    child = (
+        "import sys\n"
+        "from artifactd.hashing import canonical_hash\n"
+        "canonical_hash({'a': 1})\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert SMALL_SHA256_MODULE in out
+    assert "_hashlib" not in out

@@ -171,6 +171,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoRuns]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_cold_run_answers_every_request_and_fills_the_cache(two_runs: TwoRuns) -> None:
     run = two_runs.cold
     res = run.result
@@ -200,6 +201,7 @@ def test_cold_run_answers_every_request_and_fills_the_cache(two_runs: TwoRuns) -
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_warm_run_compiles_nothing_and_answers_the_same(two_runs: TwoRuns) -> None:
     cold, warm = two_runs.cold, two_runs.warm
     assert warm.result.requests_sent == REQUESTS_SENT
@@ -218,6 +220,7 @@ def test_warm_run_compiles_nothing_and_answers_the_same(two_runs: TwoRuns) -> No
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.torch
 def test_not_ready_in_time_fails_with_the_log_tail(tmp_path: Path) -> None:
     cell = serve_cell(tmp_path, flags="--never-ready", ready_timeout_s=3, grace_s=5)
     log = tmp_path / "never.log"
@@ -247,6 +250,7 @@ def test_crash_before_ready_fails_fast_with_status_and_log(tmp_path: Path) -> No
     assert engine_pids(port_of(cell)) == []
 
 
+@pytest.mark.torch
 def test_engine_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     cell = serve_cell(tmp_path, flags="--ignore-sigterm", requests="    []\n", grace_s=1)
     events: list[Event] = []
@@ -262,6 +266,7 @@ def test_engine_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> No
     assert "SIGTERM: shutting down" not in (tmp_path / "kill.log").read_text()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
@@ -334,6 +339,7 @@ def test_prompts_have_the_asked_number_of_words() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_a_serve_matrix_builds_restores_and_passes_the_gate(tmp_path: Path) -> None:
     """`artifactd build` of a serve cell, then `verify`: the re-served engine compiles nothing.
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,18 @@ def test_locks_and_temp_dirs_never_count_a_partial_entry_does(tmp_path: Path) ->
     fam = by_family(status(target))["triton"]
     assert fam["verdict"] == "compiled anyway"
     assert fam["written_examples"] == [str(partial / "mm.cubin")]
+
+
+def test_the_human_report_says_when_the_target_was_restored(tmp_path: Path) -> None:
+    """The plain (not --json) report prints the restore's time, in UTC, on every Python."""
+    build = make_triton_tree(tmp_path / "build" / "triton")
+    target = tmp_path / "cache"
+    env = clean_env({"TRITON_CACHE_DIR": str(build), "HOME": str(tmp_path)})
+    assert harvest_and_restore(tmp_path, "triton", env, target)["restored"] == ["triton"]
+    proc = run_artifactd("status", "--target", str(target))
+    assert proc.returncode == 0, proc.stderr
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(marker(target)["restored_at"]))
+    assert f"status of {target}: restored {when} UTC" in proc.stdout
 
 
 def vllm_target(tmp_path: Path) -> Path:

@@ -54,3 +54,25 @@ def test_not_slow_leaves_out_engine_image_and_kill_loop_tests() -> None:
     marked = _collected("podman or image or killloop")
     assert marked >= MUST_BE_SLOW, sorted(MUST_BE_SLOW - marked)
     assert not marked & inner
+
+
+#: Runs pytest with torch made unimportable (``find_spec`` answers None), as in the
+#: fast suite's virtualenvs (scripts/noxfile.py), which do not install it.
+WITHOUT_TORCH = "import sys; sys.modules['torch'] = None; import pytest; sys.exit(pytest.main())"
+
+
+def test_tests_that_run_torch_skip_where_it_is_not_installed() -> None:
+    """The tiny engine imports torch: its tests skip with the reason, they do not fail."""
+    runs_torch = "not_ready_in_time or ignoring_sigterm or a_failed_request_fails_the_cell"
+    argv = [sys.executable, "-c", WITHOUT_TORCH, "-q", "-rs", "-n", "0", "-p", "no:cacheprovider"]
+    proc = subprocess.run(
+        [*argv, "-k", runs_torch, str(TESTS / "test_serve.py")],
+        capture_output=True,
+        text=True,
+        cwd=TESTS.parent,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "5 skipped" in proc.stdout, proc.stdout[-2000:]
+    assert "needs torch (the warmup extra): not installed" in proc.stdout

@@ -30,9 +30,10 @@ What it may import, anywhere in this module and in each module of
 :data:`LIGHT` (``tests/test_fastpath.py`` reads their code and holds every
 import, at module level and inside functions, to these lists):
 
-* the standard library modules of :data:`STDLIB`: ``__future__``, ``_sha256``,
-  ``abc``, ``atexit``, ``base64``, ``collections``, ``contextlib``, ``errno``,
-  ``fcntl``, ``functools``, ``hashlib``, ``importlib``, ``json``, ``os``,
+* the standard library modules of :data:`STDLIB`: ``__future__``, ``_sha2``
+  (Python 3.12 and later) or ``_sha256`` (earlier; CPython's own SHA-256, see
+  :mod:`artifactd.hashing`), ``abc``, ``atexit``, ``base64``, ``collections``,
+  ``contextlib``, ``errno``, ``fcntl``, ``functools``, ``hashlib``, ``importlib``, ``json``, ``os``,
   ``pathlib``, ``pwd``, ``re``, ``select``, ``shlex``, ``stat``, ``sys``,
   ``sysconfig``, ``threading``, ``time``, ``types``, ``typing``;
 * on a host with an NVIDIA driver, :data:`GPU`: ``ctypes``, ``pynvml`` (NVML
@@ -103,6 +104,7 @@ if TYPE_CHECKING:
 STDLIB = frozenset(
     {
         "__future__",
+        "_sha2",
         "_sha256",
         "abc",
         "atexit",

@@ -423,9 +423,11 @@ def _render_status(result: TargetStatus) -> None:
     """Print the verdict table, then the evidence behind each verdict."""
     echo = render.echo
     if result.restored_at is not None and result.fingerprint_hash is not None:
-        from datetime import UTC, datetime
+        from datetime import datetime, timezone
 
-        when = datetime.fromtimestamp(result.restored_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        when = datetime.fromtimestamp(result.restored_at, tz=timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S"
+        )
         echo(
             f"status of {result.target}: restored {when} UTC, fingerprint "
             f"{result.fingerprint_hash[:16]}..."
