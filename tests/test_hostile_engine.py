@@ -254,6 +254,8 @@ serve:
     return path
 
 
+# Waits out its deadlines (seconds of wall time): the full suite's, not the inner loop's.
+@pytest.mark.slow
 def test_prewarm_against_an_engine_that_never_completes_ends_at_its_deadline(
     tmp_path: Path,
 ) -> None:
@@ -284,6 +286,8 @@ def test_prewarm_against_an_engine_that_never_completes_ends_at_its_deadline(
     assert auth == {basic("probe", SECRET)}
 
 
+# Waits out its deadlines (seconds of wall time): the full suite's, not the inner loop's.
+@pytest.mark.slow
 def test_send_requests_caps_its_threads_and_stops_at_the_deadline() -> None:
     """Defence in depth under the serve schema: a million in flight, a hundred million sent."""
     # A group no schema would pass (model_construct skips validation): the sender's own caps.
