@@ -179,6 +179,10 @@ def test_copy_then_ls_shows_the_same_tags(tmp_path: Path, published: tuple[str, 
     assert document(run("ls", dest, "--json", cwd=tmp_path))["tags"] == src_tags
     again = document(run("copy", store, dest, "--json", cwd=tmp_path))
     assert again["bytes_uploaded"] == 0
+    # Each blob counts once, though whole and family artifacts share layers:
+    # nothing was already present in an empty destination, everything the second time.
+    assert doc["bytes_skipped"] == 0
+    assert again["bytes_skipped"] == doc["bytes_uploaded"]
 
 
 def test_restore_dry_run_changes_nothing(tmp_path: Path, published: tuple[str, Path]) -> None:
