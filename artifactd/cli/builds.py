@@ -210,7 +210,7 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
 @cli.command()
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
 @family_option
-@click.option("--strict", is_flag=True, help="Exit 11 when there is any finding.")
+@click.option("--strict", is_flag=True, help="Exit 11 on any finding (without it: on errors only).")
 @json_option
 def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_json: bool) -> None:
     """Find what will make a harvested cache miss elsewhere, before it ships.
@@ -222,6 +222,10 @@ def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_
 
     DIRECTORY is a build-roots or restore-target directory (each family in its
     subdirectory); without it, caches are found as `harvest` finds them.
+
+    Exits 11 when a finding is an error (a miss or a failure on a pod laid
+    out differently); warnings (informational, or harmful only where
+    followed) fail only with --strict.
     """
     from artifactd.lint import lint_caches
 
@@ -232,8 +236,15 @@ def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_
         render.emit_json(lint_report(roots, report))
     else:
         render.lint(roots, report)
-    if strict and report.findings:
+    if not report.fails(strict=strict):
+        return
+    if report.errors:
         raise LintError(
-            f"--strict: {len(report.findings)} finding(s) tie these caches to this machine",
-            hint="fix them (each names its cost), or run without --strict",
+            f"{report.errors} error(s): these caches will miss or fail on a pod laid out "
+            "differently",
+            hint="fix them (each names its cost); warnings alone fail only with --strict",
         )
+    raise LintError(
+        f"--strict: {len(report.findings)} finding(s) tie these caches to this machine",
+        hint="fix them (each names its cost), or run without --strict",
+    )

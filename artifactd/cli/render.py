@@ -315,8 +315,15 @@ def lint(roots: Mapping[str, object], report: LintReport) -> None:
         )
     for entry in report.unreadable:
         echo(f"  unreadable: {entry}")
-    if not report.findings:
+    if not roots:
+        echo(
+            "  nothing to lint: no cache found (give a DIRECTORY, or set the cache variables "
+            "`harvest` reads, such as TRITON_CACHE_DIR)"
+        )
+    elif not report.findings:
         echo("  clean: nothing ties these caches to this machine")
+    else:
+        echo(f"  {report.errors} error(s), {report.warnings} warning(s)")
 
 
 def signing(result: SignResult | None) -> None:
