@@ -124,7 +124,10 @@ def harvest(result: HarvestResult) -> None:
     if result.not_found:
         echo(f"  not found: {', '.join(result.not_found)}")
     echo(f"artifact {result.digest}")
-    echo(f"  tag fp-{result.fingerprint_hash}")
+    # What was published, as published: fp-<hash> (and the family tags), or a
+    # fan-out cell's run-<id>-cell-<n> alone.
+    head, families = (result.tags[0], len(result.tags) - 1) if result.tags else ("(none)", 0)
+    echo(f"  tag {head}" + (f" (and {families} family tag(s))" if families else ""))
     echo(
         f"  uploaded {human_bytes(result.bytes_uploaded)}, "
         f"already present {human_bytes(result.bytes_skipped)}, {result.seconds:.2f} s"
@@ -191,6 +194,27 @@ def restore(outcome: RestoreOutcome) -> None:
     echo(head + (f"\n  hint: {failure.hint}" if failure.hint else ""), err=True)
 
 
+def _plan_table(plan: RestorePlan) -> None:
+    """Print a row per family looked for; those the artifact was built without on one line."""
+    # Lazy: render is imported by --version; a plan to show means resolve is loaded.
+    from artifactd.restore.resolve import ABSENT_FROM_ARTIFACT
+
+    absent = [f.family for f in plan.families if f.reason == ABSENT_FROM_ARTIFACT]
+    rows = [("family", "verdict", "via", "files", "size", "where / why")]
+    for f in plan.families:
+        if f.verdict == "hit":
+            where = ", ".join(f.dirs.values())
+            rows.append(
+                (f.family, "hit", f.source or "", str(f.files), human_bytes(f.unpacked), where)
+            )
+        elif f.family not in absent:
+            rows.append((f.family, "miss", "-", "-", "-", f.reason or ""))
+    if len(rows) > 1:
+        echo(table(rows))
+    if absent:
+        echo(f"  not in the artifact (it was built without them): {', '.join(absent)}")
+
+
 def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> None:
     head = {"full": "full match", "partial": "partial match (by family scope)", "miss": "MISS"}
     echo(
@@ -201,16 +225,7 @@ def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> Non
         echo(f"  store: {plan.error}")
     for why in plan.unbound.values():
         echo(f"  passed over: {why}")
-    rows = [("family", "verdict", "via", "files", "size", "where / why")]
-    for f in plan.families:
-        if f.verdict == "hit":
-            where = ", ".join(f.dirs.values())
-            rows.append(
-                (f.family, "hit", f.source or "", str(f.files), human_bytes(f.unpacked), where)
-            )
-        else:
-            rows.append((f.family, "miss", "-", "-", "-", f.reason or ""))
-    echo(table(rows))
+    _plan_table(plan)
     for f in plan.families:
         for d in f.deciding:
             echo(f"    {f.family}: {d.path}: artifact={d.a!r} local={d.b!r}")

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
+#: Why a family misses on a full match: the artifact was built without it.
+ABSENT_FROM_ARTIFACT = "the matching artifact has no such cache"
 
 Verdict = Literal["hit", "miss"]
 
@@ -458,8 +460,7 @@ def _resolve(
         if full is not None:
             rec = full.records.get(fam.name)
             if rec is None:
-                reason = "the matching artifact has no such cache"
-                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=reason))
+                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=ABSENT_FROM_ARTIFACT))
             else:
                 plans.append(_hit(fam.name, "full", full, rec, dirs))
             continue
