@@ -319,8 +319,8 @@ class Link:
         self._caps += cap
         self._weights += weight
         self._rebalance()
-        if f.capped is None:  # placed past the reclassified prefix: it runs at the level
-            self._place(f, f.theta < self.level)
+        if f.capped is None:  # past the capped prefix and the old one: it runs at the level
+            self._place(f, False)
 
     def _remove(self, f: Flow) -> None:
         del self.flows[f.fid]
@@ -720,11 +720,13 @@ def calibrate(runs: int = 5) -> dict[str, float]:
     det = f1 * b2 - f2 * b1
     per_file = max((t1 * b2 - t2 * b1) / det, 1e-8)
     per_byte = max((f1 * t2 - f2 * t1) / det, 1e-12)
-    return {
+    figures = {
         "restore_overhead_s": round(overhead, 4),
         "restore_files_per_s": round(1 / per_file),
         "restore_mibps": round(1 / per_byte / MIB),
     }
+    # A machine slower or faster than the ranges allow gets their nearest end.
+    return {k: min(max(v, RANGES[k].lo), RANGES[k].hi) for k, v in figures.items()}
 
 
 # --- the command line --------------------------------------------------------

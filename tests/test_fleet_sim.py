@@ -261,6 +261,16 @@ def test_plot_draws_one_png_per_scenario(tmp_path: Path) -> None:
         assert (tmp_path / f"fleet-{s}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_calibration_restores_through_the_library() -> None:
+    """--calibrate restores real artifacts from a local layout: figures the model accepts."""
+    figures = fleet.calibrate(runs=1)
+    assert set(figures) == {"restore_mibps", "restore_files_per_s", "restore_overhead_s"}
+    fields: dict[str, Any] = dict(figures)
+    p = dataclasses.replace(Params(), **fields)
+    assert p.check() is p  # finite, positive, in range
+    assert figures["restore_overhead_s"] > 0
+
+
 @pytest.mark.slow
 def test_ten_thousand_nodes_run_to_the_end() -> None:
     """The largest rollout answers (the bench's figure is measured, not asserted here)."""
