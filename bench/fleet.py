@@ -104,6 +104,27 @@ RANGES: dict[str, Range] = {
     "restore_overhead_s": Range(0, 3_600, "seconds"),
 }
 
+#: What each input is, for ``--help``.
+MEANINGS: dict[str, str] = {
+    "nodes": "nodes rolled out",
+    "pods_per_node": "pods on each node, each with its own cache volume",
+    "gb": "the artifact's bytes on the wire, in GB (10^9)",
+    "files": "files in the artifact",
+    "layers": "equal layers (blobs) the artifact is in",
+    "registry_gbps": "the registry's egress",
+    "nic_gbps": "each node's NIC (each way)",
+    "disk_mibps": "each node's disk write rate",
+    "mirrors": "pull-through mirrors",
+    "mirror_gbps": "each mirror's egress (and its pull from the registry)",
+    "p2p_origin_slots": "P2P: registry downloads running at once, at most",
+    "ramp": "pods are created over this many seconds",
+    "jitter": "per-node NIC and disk rates vary by up to this fraction",
+    "seed": "the seed of the start times and the jitter",
+    "restore_mibps": "one restore's rate from a local layout",
+    "restore_files_per_s": "one restore's files per second",
+    "restore_overhead_s": "one restore's fixed cost",
+}
+
 SCENARIOS = ("direct", "node-store", "mirror", "p2p")
 
 #: Fractions of pods warm that every report gives the time of.
@@ -742,7 +763,8 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Params, argparse.Namespace
             dest=name,
             type=str,
             default=None,
-            help=f"{rng.describe()} (default {getattr(defaults, name)})",
+            metavar="N",
+            help=f"{MEANINGS[name]}: {rng.describe()} (default {getattr(defaults, name):g})",
         )
     parser.add_argument("--calibrate", action="store_true", help="measure the restore rates here")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="which, comma-separated")

@@ -26,6 +26,8 @@ from fleet import GBIT, MIB, RANGES, SCENARIOS, Node, Outcome, Params, simulate
 
 #: Relative slack for float sums over thousands of events.
 REL = 1e-9
+#: The same examples on every run: no flaky discoveries in CI.
+SETTINGS = settings(deadline=None, database=None, derandomize=True)
 
 
 def close(a: float, b: float, rel: float = REL) -> bool:
@@ -81,7 +83,7 @@ def test_one_node_direct_is_its_transfer_then_its_restore(
     assert all(close(t, single + restore) for t in alone.warm)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(SETTINGS, max_examples=25)
 @given(rollouts)
 def test_node_store_with_one_pod_per_node_is_direct(p: Params) -> None:
     """With one pod a node, a node-store fill is the pod's own pull: same times, same bytes."""
@@ -91,7 +93,7 @@ def test_node_store_with_one_pod_per_node_is_direct(p: Params) -> None:
     assert direct.registry_bytes == stored.registry_bytes
 
 
-@settings(max_examples=25, deadline=None)
+@settings(SETTINGS, max_examples=25)
 @given(rollouts)
 def test_bytes_are_conserved_and_the_tiers_spare_the_registry(p: Params) -> None:
     """Every byte a node receives left exactly one source; no tier sends more than direct."""
@@ -116,7 +118,7 @@ def test_bytes_are_conserved_and_the_tiers_spare_the_registry(p: Params) -> None
         assert not any(math.isnan(t) for t in o.node_warm)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(SETTINGS, max_examples=25)
 @given(rollouts)
 def test_no_pod_is_warm_before_its_bytes_could_arrive(p: Params) -> None:
     """A node's fill is at least its artifact at the rate of its NIC (and of the registry)."""
@@ -130,7 +132,7 @@ def test_no_pod_is_warm_before_its_bytes_could_arrive(p: Params) -> None:
             assert warm >= floor + fleet.restore_seconds(p, node) - 1e-6, s
 
 
-@settings(max_examples=25, deadline=None)
+@settings(SETTINGS, max_examples=25)
 @given(rollouts)
 def test_quantiles_are_ordered_and_count_the_pods(p: Params) -> None:
     for s in SCENARIOS:
@@ -143,7 +145,7 @@ def test_quantiles_are_ordered_and_count_the_pods(p: Params) -> None:
             assert sum(w < t for w in out.warm) < q / 100 * len(out.warm)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(SETTINGS, max_examples=20)
 @given(rollouts)
 def test_doubling_the_registry_egress_never_slows_a_rollout(p: Params) -> None:
     """Direct and node store: never later. Mirror and P2P schedule greedily (who fetches
@@ -168,7 +170,7 @@ def test_the_tiers_warm_a_large_rollout_sooner() -> None:
     assert out["p2p"].registry_bytes < 10 * p.artifact_bytes
 
 
-@settings(max_examples=10, deadline=None)
+@settings(SETTINGS, max_examples=10)
 @given(rollouts)
 def test_a_seed_decides_the_rollout(p: Params) -> None:
     for s in SCENARIOS:
@@ -181,6 +183,13 @@ def test_a_seed_decides_the_rollout(p: Params) -> None:
         )
     other = dataclasses.replace(p, seed=p.seed + 1, ramp=60.0)
     assert fleet.draw_nodes(other) != fleet.draw_nodes(dataclasses.replace(other, seed=p.seed))
+
+
+def test_every_input_has_a_range_and_a_meaning() -> None:
+    """A new field of Params is bounded and explained, or this fails."""
+    names = {f.name for f in dataclasses.fields(Params)}
+    assert set(RANGES) == names == set(fleet.MEANINGS)
+    assert Params().check() == Params()
 
 
 @pytest.mark.parametrize(
