@@ -338,3 +338,25 @@ def test_a_cell_harvest_shows_the_cell_tag_it_published(capsys: pytest.CaptureFi
     )
     out = capsys.readouterr().out
     assert "  tag run-r1-cell-3\n" in out and "fp-" not in out
+
+
+def test_a_miss_names_the_flags_that_would_match_and_they_do(tmp_path: Path) -> None:
+    """The CPU path is visible: a miss says which declared fields differ and how to set them."""
+    tree = make_generic_tree(tmp_path / "gen")
+    store = f"oci:{tmp_path / 'store'}"
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(tree)})
+    built = run(
+        "harvest", "--store", store, "--family", "generic", "--gpu-arch", "sm_90a",
+        "--workload", "model=m,dtype=float32", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    miss = run("restore", "--store", store, "--target", str(tmp_path / "t1"), cwd=tmp_path)
+    assert miss.returncode == 0 and "nothing restored" in miss.stdout
+    adds = [
+        ln.split("add ", 1)[1].split(" (")[0] for ln in miss.stdout.splitlines() if "add --" in ln
+    ]
+    assert adds == ["--gpu-arch sm_90a", "--workload dtype=float32,model=m"], miss.stdout
+    flags = [part for flag in adds for part in flag.split(" ", 1)]
+    hit = run("restore", "--store", store, "--target", str(tmp_path / "t2"), *flags, "--json",
+              cwd=tmp_path)  # fmt: skip
+    assert document(hit)["match"] == "full"

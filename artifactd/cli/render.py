@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from artifactd.build.harvest import HarvestResult
     from artifactd.build.run import BuildResult
     from artifactd.build.shapes import Shapes
+    from artifactd.fingerprint.declare import ToMatch
     from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
     from artifactd.restore.install import RestoreResult
@@ -194,6 +195,23 @@ def restore(outcome: RestoreOutcome) -> None:
     echo(head + (f"\n  hint: {failure.hint}" if failure.hint else ""), err=True)
 
 
+def _to_match(settle: ToMatch | None) -> None:
+    """Print the flags that would declare the closest artifact's fields, and what none can."""
+    if settle is None:
+        return
+    for flag in settle.declare:
+        echo(f"    to match it, add {flag.flag} (declares {', '.join(flag.fields)})")
+    if settle.undeclare:
+        echo(f"    and leave {', '.join(settle.undeclare)} out of --workload")
+    for field in settle.probed[:8]:
+        echo(
+            f"    probed here, no flag changes it: {field.path}: "
+            f"artifact={field.a!r} here={field.b!r}"
+        )
+    if len(settle.probed) > 8:
+        echo(f"    ... and {len(settle.probed) - 8} more probed field(s): `artifactd diff`")
+
+
 def _plan_table(plan: RestorePlan) -> None:
     """Print a row per family looked for; those the artifact was built without on one line."""
     # Lazy: render is imported by --version; a plan to show means resolve is loaded.
@@ -234,6 +252,7 @@ def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> Non
             f"  closest of {plan.nearest.compared} artifact(s) read: {plan.nearest.tag} "
             f"({len(plan.nearest.differing)} field(s) differ)"
         )
+        _to_match(plan.nearest.to_match)
     if dry_run:
         echo(f"dry run: would fetch {human_bytes(plan.bytes_to_fetch)}; nothing written")
     elif plan.noop:
@@ -318,6 +337,8 @@ def demo(result: DemoResult) -> None:
     echo(table(rows))
     saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
     echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+    if result.restore_command:
+        echo(f"restore it yourself (DIR: a new directory): {result.restore_command}")
 
 
 def lint(roots: Mapping[str, object], report: LintReport) -> None:
