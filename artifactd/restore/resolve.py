@@ -42,7 +42,7 @@ from artifactd.restore.source import Want
 if TYPE_CHECKING:
     # Only planning a miss or executing needs these; a no-op restore never imports them.
     from artifactd.families import Family
-    from artifactd.fingerprint.diff import FieldDiff
+    from artifactd.fingerprint.diff import FieldDiff, ScopeMatch
     from artifactd.fingerprint.model import Fingerprint
     from artifactd.format.config import LayerRecord
     from artifactd.restore.marker import RestoreMarker
@@ -53,9 +53,6 @@ if TYPE_CHECKING:
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
 
-Verdict = Literal["hit", "miss"]
-
-
 #: The empty mapping a field defaults to (shared, so never to be mutated).
 _NONE: Mapping[str, Any] = MappingProxyType({})
 
@@ -64,7 +61,7 @@ class FamilyPlan(NamedTuple):
     """What restore will do for one family (:meth:`hit` fills in a hit's sizes)."""
 
     family: str
-    verdict: Verdict
+    verdict: ScopeMatch
     source: Literal["full", "family"] | None = None
     artifact: str | None = None
     layer: LayerRecord | None = None
@@ -141,7 +138,7 @@ class ClosestSampled(NamedTuple):
 
 
 class RestorePlan(NamedTuple):
-    """The result of resolution: per-family verdicts and where things will go."""
+    """The result of resolution: per-family hits and misses and where things will go."""
 
     store: str
     target: str
@@ -534,7 +531,7 @@ def _explain_misses(
 
     A miss whose reason is in ``keep`` (a tag passed over as unbound) keeps it.
     """
-    from artifactd.fingerprint.diff import family_verdict
+    from artifactd.fingerprint.diff import family_match
 
     if nearest is None or nearest.artifact is None:
         return plans
@@ -547,10 +544,10 @@ def _explain_misses(
             and plan.reason not in keep
             and art.config.layer(plan.family) is not None
         ):
-            verdict = family_verdict(get_family(plan.family), art.config.fingerprint, local)
-            explained = plan._replace(deciding=verdict.deciding)
-            if verdict.deciding:
-                names = ", ".join(d.path for d in verdict.deciding)
+            compared = family_match(get_family(plan.family), art.config.fingerprint, local)
+            explained = plan._replace(deciding=compared.deciding)
+            if compared.deciding:
+                names = ", ".join(d.path for d in compared.deciding)
                 why = f"closest artifact read {nearest.tag[:19]}... differs in {names}"
                 explained = explained._replace(reason=why)
         out.append(explained)
