@@ -428,11 +428,9 @@ def _plan(
         "consumer_user": request.consumer_user,
         "env_file": volume.env_file,
     }
-    trust = None
-    if request.verify_keys:
-        from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import verification
 
-        trust = TrustPolicy.from_specs(request.verify_keys)
+    trust = verification(request.verify_keys)  # UNSAFE_NO_VERIFICATION when no key is given
     return plan_restore(store, local, volume.root, trust=trust, **options)
 
 
@@ -457,11 +455,14 @@ def _unresolved(
     request: RestoreRequest, raw: dict[str, Any], volume: CacheVolume, exc: BaseException
 ) -> RestorePlan:
     from artifactd.fingerprint.model import from_raw
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
     return plan_restore(
         None,
         from_raw(raw),
         volume.root,
+        # No source, nothing resolved, nothing to verify: every family is a miss.
+        trust=UNSAFE_NO_VERIFICATION,
         families=list(request.families) if request.families else None,
         consumer_user=request.consumer_user,
         env_file=volume.env_file,

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from artifactd.restore.marker import RestoreMarker
     from artifactd.restore.source import Found, RestoreSource
     from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
@@ -250,27 +250,34 @@ def plan_restore(
     local: Fingerprint,
     target: Path,
     *,
+    trust: Basis,
     families: Sequence[str] | None = None,
     consumer_user: str | None = None,
     env_file: Path | None = None,
     store_ref: str | None = None,
     store_error: str | None = None,
-    trust: TrustPolicy | None = None,
 ) -> RestorePlan:
     """Resolve what to restore for ``local`` into ``target``; fetch no layer, write nothing.
 
     ``store`` is any :class:`~artifactd.restore.source.RestoreSource`: a store
     (through :class:`~artifactd.restore.source.StoreSource`) or a mounted tree,
-    resolved by the same rule. With ``trust``, every manifest
-    resolution picks must be signed by one of
-    its keys (checked before its config is read): an unsigned or wrongly
-    signed one raises :class:`~artifactd.errors.TrustError`, so nothing is
-    installed from any of them. An unreachable store (``store`` None with ``store_error``, or a
+    resolved by the same rule. ``trust`` is required: under a
+    :class:`~artifactd.trust.policy.TrustPolicy`, every manifest resolution
+    picks must be signed by one of its keys (checked before its config is
+    read): an unsigned or wrongly signed one raises
+    :class:`~artifactd.errors.TrustError`, so nothing is installed from any of
+    them. Only :data:`~artifactd.trust.policy.UNSAFE_NO_VERIFICATION` installs
+    unverified; anything else (``None`` included) is a :class:`TypeError`.
+    An unreachable store (``store`` None with ``store_error``, or a
     :class:`StoreError` while resolving) makes every family a miss that names
     the error. An artifact that is there but unreadable (corrupt, not ours,
     schema-invalid) raises its :class:`ArtifactdError`: the caller's policy
     decides what that means.
     """
+    # Planning is past the no-op check: a no-op restore never loads the policy module.
+    from artifactd.trust.policy import TrustPolicy, checked_basis
+
+    trust = checked_basis(trust, "plan_restore")
     target = target.absolute()
     selected = select_families(families)
     ref = store.ref if store is not None else (store_ref or "?")
@@ -318,7 +325,7 @@ def plan_restore(
         flat=local.flatten(),
         nearest=nearest,
         error=error,
-        trusted=trust.key_ids if trust is not None else None,
+        trusted=trust.key_ids if isinstance(trust, TrustPolicy) else None,
         unbound=passed,
     )
 
@@ -433,7 +440,7 @@ def _resolve(
     target: Path,
     user: str | None,
     *,
-    trust: TrustPolicy | None = None,
+    trust: Basis,
 ) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"], dict[str, str]]:
     """Apply the selection rule: the whole artifact's tag, else each family's scope tag.
 
