@@ -18,7 +18,7 @@ import pytest
 from test_layout import PACKAGE
 
 from artifactd.build.candidate import verify_candidate
-from artifactd.build.gate import verify
+from artifactd.build.gate import GateSetup, verify
 from artifactd.stores import open_store
 
 GATES = ("build/gate.py", "build/candidate.py")
@@ -26,21 +26,25 @@ GATES = ("build/gate.py", "build/candidate.py")
 SETUP = {"load_matrix", "expand", "published_fingerprint", "current_environ"}
 
 
-def _run(gate: str, matrix: Path, store: Any, **kwargs: Any) -> Any:
+def _run(gate: str, matrix: Path, store: Any, setup: Any) -> Any:
     if gate == "verify":
-        return verify(matrix, store, gpu_arch="sm_90a", **kwargs)
-    return verify_candidate(matrix, store, "candidate-1", gpu_arch="sm_90a", **kwargs)
+        return verify(matrix, store, setup)
+    return verify_candidate(matrix, store, "candidate-1", setup)
 
 
 @pytest.mark.parametrize("gate", ["verify", "candidate"])
 def test_both_gates_refuse_a_missing_policy_before_reading_anything(
     tmp_path: Path, gate: str
 ) -> None:
-    with open_store(f"oci:{tmp_path / 'store'}", create=True) as store:
-        with pytest.raises(TypeError, match="UNSAFE_NO_VERIFICATION"):
-            _run(gate, tmp_path / "no-such-matrix.yaml", store, trust=None)
-        with pytest.raises(TypeError, match="trust"):
-            _run(gate, tmp_path / "no-such-matrix.yaml", store)
+    missing = tmp_path / "no-such-matrix.yaml"
+    setup = GateSetup(None, gpu_arch="sm_90a")  # type: ignore[arg-type]
+    with (
+        open_store(f"oci:{tmp_path / 'store'}", create=True) as store,
+        pytest.raises(TypeError, match="UNSAFE_NO_VERIFICATION"),
+    ):
+        _run(gate, missing, store, setup)
+    with pytest.raises(TypeError, match="trust"):
+        GateSetup(gpu_arch="sm_90a")  # type: ignore[call-arg]
 
 
 def _calls(path: Path) -> dict[str, set[str]]:

@@ -59,10 +59,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from artifactd.errors import VerifyError
-from artifactd.events import EventSink, discard
 
 if TYPE_CHECKING:
-    from artifactd.build.gate import VerifyResult
+    from artifactd.build.gate import GateSetup, VerifyResult
     from artifactd.families import Family
     from artifactd.format.archive import PackedLayer
     from artifactd.format.config import ArtifactConfig, FileEntry, LayerRecord
@@ -94,16 +93,11 @@ def verify_candidate(
     matrix_path: Path,
     store: Store,
     candidate: str,
+    setup: GateSetup,
     *,
-    trust: Basis,
-    gpu_arch: str | None = None,
-    image_digest: str | None = None,
-    overrides: Sequence[str] = (),
     gpus: Sequence[str] | None = None,
     jobs: int = 1,
     promote: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    on_event: EventSink = discard,
     sign_key: PrivateKey | None = None,
 ) -> CandidateVerified:
     """Prove, gate and (with ``promote``) promote the candidate ``candidate`` (module doc).
@@ -119,15 +113,7 @@ def verify_candidate(
     from artifactd.stores import open_store
     from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
-    pre = preamble(
-        matrix_path,
-        trust=trust,
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        overrides=overrides,
-        environ=environ,
-        on_event=on_event,
-    )
+    pre = preamble(matrix_path, setup)
     matrix, cells, fingerprint = pre.matrix, pre.cells, pre.fingerprint
     cand, base = _read_pair(store, candidate, fingerprint.hash, pre.trust)
     check_candidate(candidate, cand.config, base.config)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd.build.published import published_fingerprint
 from artifactd.constants import CUDA_VISIBLE_DEVICES, current_environ
@@ -196,17 +196,12 @@ def family_failures(
 def verify(
     matrix_path: Path,
     store: Store,
+    setup: GateSetup,
     *,
-    trust: Basis,
-    gpu_arch: str | None = None,
-    image_digest: str | None = None,
-    overrides: Sequence[str] = (),
     gpus: Sequence[str] | None = None,
     jobs: int = 1,
     promote: str | None = None,
-    environ: Mapping[str, str] | None = None,
     keep_roots: Path | None = None,
-    on_event: EventSink = discard,
     sign_key: PrivateKey | None = None,
 ) -> VerifyResult:
     """Restore, re-run every cell, compare (see the module doc); tag ``promote`` if it passes.
@@ -221,15 +216,7 @@ def verify(
     """
     from artifactd.stores.artifacts import read_artifact
 
-    pre = preamble(
-        matrix_path,
-        trust=trust,
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        overrides=overrides,
-        environ=environ,
-        on_event=on_event,
-    )
+    pre = preamble(matrix_path, setup)
     matrix, fingerprint = pre.matrix, pre.fingerprint
     tag = whole_want(fingerprint.hash).tag
     art = read_artifact(store, tag, trust=pre.trust)
@@ -271,7 +258,7 @@ def verify(
     if passed and promote:
         tag_manifest(store, art.digest, promote)
         promoted = promote
-        on_event({"stage": "verify", "event": "promoted", "tag": promote})
+        pre.on_event({"stage": "verify", "event": "promoted", "tag": promote})
     return VerifyResult(
         store=store.ref,
         digest=art.digest,
@@ -323,6 +310,22 @@ def tag_manifest(store: Store, digest: str, tag: str) -> None:
     store.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
 
 
+class GateSetup(NamedTuple):
+    """What a gate runs for, ``verify`` and ``verify --candidate`` alike (:func:`preamble`)."""
+
+    #: What the artifacts read and every cell's restore verify under:
+    #: a :class:`~artifactd.trust.policy.TrustPolicy` or ``UNSAFE_NO_VERIFICATION``.
+    trust: Basis
+    #: The target to declare instead of probing (``sm_90a``), and the base image digest.
+    gpu_arch: str | None = None
+    image_digest: str | None = None
+    #: ``--set`` overrides of the matrix's fingerprint fields.
+    overrides: Sequence[str] = ()
+    #: The environment the cells run in; None for this process's.
+    environ: Mapping[str, str] | None = None
+    on_event: EventSink = discard
+
+
 @dataclass(frozen=True)
 class Preamble:
     """What ``verify`` and ``verify --candidate`` set up before reading any artifact.
@@ -367,33 +370,28 @@ class Preamble:
         )
 
 
-def preamble(
-    matrix_path: Path,
-    *,
-    trust: Basis,
-    gpu_arch: str | None,
-    image_digest: str | None,
-    overrides: Sequence[str],
-    environ: Mapping[str, str] | None,
-    on_event: EventSink,
-) -> Preamble:
+def preamble(matrix_path: Path, setup: GateSetup) -> Preamble:
     """Load and expand the matrix and compute its published fingerprint: every gate's first step.
 
     Raises what loading the matrix raises (:class:`~artifactd.errors.ConfigError`)
-    and :class:`TypeError` for a ``trust`` that is not a basis (``None``).
+    and :class:`TypeError` for a ``setup.trust`` that is not a basis (``None``).
     """
     from artifactd.build.matrix import expand, load_matrix
     from artifactd.trust.policy import checked_basis
 
     started = time.monotonic()
-    trust = checked_basis(trust, "verify")
+    trust = checked_basis(setup.trust, "verify")
     matrix = load_matrix(matrix_path)
     cells = expand(matrix, matrix_path)
-    base = current_environ() if environ is None else environ
+    base = current_environ() if setup.environ is None else setup.environ
     fingerprint = published_fingerprint(
-        matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=base
+        matrix,
+        gpu_arch=setup.gpu_arch,
+        image_digest=setup.image_digest,
+        overrides=setup.overrides,
+        environ=base,
     )
-    return Preamble(matrix, cells, base, fingerprint, trust, on_event, started)
+    return Preamble(matrix, cells, base, fingerprint, trust, setup.on_event, started)
 
 
 @dataclass(frozen=True)

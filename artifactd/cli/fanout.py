@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -197,29 +197,38 @@ def verify(
     exit 12, before any cell runs.
     """
     from artifactd.build.candidate import CandidateVerified, verify_candidate
-    from artifactd.build.gate import VerifyResult
+    from artifactd.build.gate import GateSetup, VerifyResult
     from artifactd.build.gate import verify as do_verify
     from artifactd.build.schedule import parse_gpus
     from artifactd.stores import open_store
     from artifactd.trust.policy import verification
 
-    options: dict[str, Any] = {
-        "gpu_arch": gpu_arch,
-        "image_digest": image_digest,
-        "overrides": overrides,
-        "gpus": parse_gpus(gpus) if gpus is not None else None,
-        "jobs": jobs,
-        "promote": promote,
-        "on_event": render.event_printer(as_json),
-        "sign_key": load_sign_key(sign_key),
-        "trust": verification(verify_keys),
-    }
+    key = load_sign_key(sign_key)
+    setup = GateSetup(
+        verification(verify_keys),
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        overrides=overrides,
+        on_event=render.event_printer(as_json),
+    )
+    devices = parse_gpus(gpus) if gpus is not None else None
     result: VerifyResult | CandidateVerified
     with open_store(store, insecure=insecure) as st:
         if candidate is None:
-            result = do_verify(file, st, keep_roots=keep_roots, **options)
+            result = do_verify(
+                file,
+                st,
+                setup,
+                gpus=devices,
+                jobs=jobs,
+                promote=promote,
+                keep_roots=keep_roots,
+                sign_key=key,
+            )
         else:
-            result = verify_candidate(file, st, candidate, **options)
+            result = verify_candidate(
+                file, st, candidate, setup, gpus=devices, jobs=jobs, promote=promote, sign_key=key
+            )
     gate = result.gate if isinstance(result, CandidateVerified) else result
     if as_json:
         from artifactd.reports import result_report
