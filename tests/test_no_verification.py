@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import clean_env, run_artifactd_json
+from test_trust import RECORDER
 
 import artifactd.restore.policy as restore_policy
 from artifactd.build.harvest import harvest
@@ -106,20 +107,9 @@ def test_the_restore_command_plans_under_the_policy_verification_decides(
         assert outcome.plan.trusted is None
 
 
-CELL = """\
-import json, os, sys
-gen = os.environ["ARTIFACTD_GENERIC_DIR"]
-os.makedirs(gen, exist_ok=True)
-path = os.path.join(gen, f"k-{sys.argv[1]}.cubin")
-if not os.path.exists(path):  # a cache: compiled only when missing
-    open(path, "w").write("kernel " + sys.argv[1])
-print(json.dumps({"checks": {"n": len(sys.argv[1])}}))
-"""
-
-
 def test_the_gate_restores_every_cell_under_its_policy(tmp_path: Path) -> None:
     """``verify --verify-key``: each cell's restore verifies, as a pod's does (see its marker)."""
-    (tmp_path / "cell.py").write_text(CELL)
+    (tmp_path / "cell.py").write_text(RECORDER)
     matrix = tmp_path / "tiny.yaml"
     matrix.write_text(
         "name: tiny\nfamilies: [generic]\ngpus: 0\n"
