@@ -102,7 +102,8 @@ def merge(
 
     key = load_sign_key(sign_key)
     with open_store(store, insecure=insecure) as st:
-        result = do_merge(file, st, run_id, on_event=render.event_printer(as_json), sign_key=key)
+        on_event = render.event_printer(as_json, lines=True)
+        result = do_merge(file, st, run_id, on_event=on_event, sign_key=key)
     if as_json:
         from artifactd.reports import result_report
 
@@ -209,7 +210,7 @@ def verify(
         gpu_arch=gpu_arch,
         image_digest=image_digest,
         overrides=overrides,
-        on_event=render.event_printer(as_json),
+        on_event=render.event_printer(as_json, lines=True),
     )
     devices = parse_gpus(gpus) if gpus is not None else None
     result: VerifyResult | CandidateVerified
