@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -186,7 +187,7 @@ def test_long_commands_say_each_stage_in_a_log(capsys: pytest.CaptureFixture[str
     """Off a terminal (CI), build-like commands print a line per event, never progress ticks."""
     from artifactd.cli import render
 
-    events = [
+    events: list[dict[str, Any]] = [
         {"stage": "cell", "event": "start", "cell": "0-inductor"},
         {"stage": "push", "event": "progress", "bytes": 5, "total": 10},
         {"stage": "cell", "event": "done", "cell": "0-inductor", "elapsed_ms": 183000.0},

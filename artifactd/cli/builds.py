@@ -183,10 +183,13 @@ def build(
     type=click.Path(path_type=Path),
     default=Path(".artifactd/demo"),
     show_default=True,
-    help="Where restored caches go.",
+    help="Where restored caches go (removed at the end unless --keep).",
 )
+@click.option("--keep", is_flag=True, help="Keep the restored caches and the warm-up's logs.")
 @json_option
-def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bool) -> None:
+def demo(
+    *, store: str, insecure: bool, matrix: Path, workdir: Path, keep: bool, as_json: bool
+) -> None:
     """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
     from artifactd.build.demo import run_demo
 
@@ -199,6 +202,7 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
         on_event=render.event_printer(as_json, lines=True),
         environ=C.current_environ(),
         insecure=insecure,
+        keep=keep,
     )
     if as_json:
         from artifactd.reports import demo_report

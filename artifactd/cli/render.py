@@ -329,7 +329,7 @@ def inspect(art: Artifact, *, show_files: bool) -> None:
 def demo(result: DemoResult) -> None:
     """Print the three stages' times and compile counts, and the time saved per start."""
     echo(f"artifact {result.artifact} in {result.store}")
-    echo(f"restored into {result.target}")
+    echo(f"restored into {result.target}" + ("" if result.kept else " (removed: --keep keeps it)"))
     rows = [
         ("stage", "seconds", "compiled"),
         ("cold warm-up (fresh caches)", f"{result.cold_seconds:.1f}", str(result.cold_compiled)),
