@@ -131,7 +131,7 @@ def runtime_merge(store_dir: Path, dest: Path) -> None:
 def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
     """Harvest the synthetic cache; return (config bytes, triton tree document bytes)."""
     from artifactd.build.harvest import harvest
-    from artifactd.fingerprint.model import probe
+    from artifactd.fingerprint.probe import probe_fingerprint
     from artifactd.stores import open_store
     from artifactd.stores.artifacts import read_artifact, read_config
 
@@ -143,7 +143,7 @@ def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
         "TMPDIR": str(work / "tmp-empty"),
         "TORCHINDUCTOR_CACHE_DIR": str(work / "none"),
     }
-    result = harvest(store, probe(gpu_arch="sm_90a", use_nvml=False), environ=environ)
+    result = harvest(store, probe_fingerprint(gpu_arch="sm_90a", use_nvml=False), environ=environ)
     art = read_artifact(store, result.digest)
     assert art is not None
     config = read_config(store, art.manifest)

@@ -20,7 +20,8 @@ from forkserver import ENV_FORK, ForkServer, needs_new_interpreter
 from registry_server import RegistryServer, start_registry
 
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
-from artifactd.fingerprint.model import Fingerprint, probe
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.fingerprint.probe import probe_fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MATRIX = REPO / "warmup_matrices" / "cpu-demo.yaml"
@@ -276,7 +277,7 @@ def caches(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def local_fp() -> Fingerprint:
     """This machine's fingerprint with the demo's declared target."""
-    return probe(gpu_arch="sm_90a", use_nvml=False)
+    return probe_fingerprint(gpu_arch="sm_90a", use_nvml=False)
 
 
 @pytest.fixture(scope="session")

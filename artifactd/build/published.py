@@ -134,11 +134,11 @@ def published_fingerprint(
     and ``base_image``; ``overrides`` are ``--set PATH=VALUE``; ``environ`` is
     the caller's environment (default: this process's).
     """
-    from artifactd.fingerprint.model import probe
+    from artifactd.fingerprint.probe import probe_fingerprint
 
     check_key(matrix)
     base = current_environ() if environ is None else environ
-    return probe(
+    return probe_fingerprint(
         gpu_arch=gpu_arch or matrix.target.gpu_arch,
         image_digest=image_digest or matrix.base_image,
         workload=matrix.workload,

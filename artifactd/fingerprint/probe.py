@@ -56,6 +56,8 @@ from artifactd.hashing import sha256_hex
 if TYPE_CHECKING:
     import threading
 
+    from artifactd.fingerprint.model import Fingerprint
+
 #: Distributions whose version and content hash enter the fingerprint.
 TRACKED_LIBRARIES = (
     "torch",
@@ -441,6 +443,33 @@ def probe_raw(
     ).result()
 
 
+def probe_fingerprint(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    use_nvml: bool = True,
+    overrides: Sequence[str] = (),
+) -> Fingerprint:
+    """Probe this machine and return its typed fingerprint (see :func:`probe_raw`).
+
+    ``overrides`` are ``PATH=VALUE`` assignments (``--set``) applied to the probed
+    document before validation.
+    """
+    # lazy: the model (pydantic) stays off the fast path, which probes untyped
+    from artifactd.fingerprint.model import from_raw
+
+    raw = probe_raw(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        environ=environ,
+        use_nvml=use_nvml,
+    )
+    return from_raw(apply_overrides(raw, overrides) if overrides else raw)
+
+
 class PendingProbe:
     """A probe under way: the toolchains and NVML answer while the caller does other work.
 
@@ -491,7 +520,8 @@ class PendingProbe:
         if self._raw is None:
             raw = self._finish()
             if self._overrides:
-                # The one use of the typed model here: only overrides need its coercion.
+                # The one use of the typed model here: only overrides need its coercion
+                # (lazy: pydantic stays off the fast path).
                 from artifactd.fingerprint.model import from_raw
 
                 raw = from_raw(apply_overrides(raw, self._overrides)).model_dump(mode="json")
