@@ -459,6 +459,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_the_loop_with_the_tiny_engine(tmp_path: Path) -> None:
     """Shapes A built; a pod serves A and B (B compiles); the delta comes back through the gate."""

@@ -213,6 +213,7 @@ def _warm(env: dict[str, str], *args: str) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_fan_out_merge_verify_and_promote(tmp_path: Path) -> None:
     env = _env(tmp_path)
@@ -281,6 +282,7 @@ def test_fan_out_merge_verify_and_promote(tmp_path: Path) -> None:
     assert "bad" not in run_artifactd("ls", store, env=env).stdout.split()
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_cells_sharing_a_family_are_merged_and_repacked(tmp_path: Path) -> None:
     """Two Inductor cells (two batch sizes): the merge downloads both layers and packs one."""

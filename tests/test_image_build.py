@@ -267,6 +267,7 @@ def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
     print(f"\ninit image {init_image['size'] / 2**20:.1f} MiB; du (KiB): {' '.join(sizes.split())}")
 
 
+@pytest.mark.torch
 @pytest.mark.podman
 @pytest.mark.image
 def test_init_container_restores_the_cpu_demo_and_the_warm_up_compiles_nothing(

@@ -233,6 +233,7 @@ def settled_phases(
         time.sleep(0.2)
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_tiny_engine_goes_serviceable_then_prewarmed_and_a_new_shape_keeps_it_serviceable(
     tmp_path: Path,

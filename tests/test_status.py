@@ -128,6 +128,7 @@ def exec_warmup(
     return report
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_restored_caches_are_used_and_status_says_so(demo_store: str, tmp_path: Path) -> None:
     target = tmp_path / "cache"
@@ -170,6 +171,7 @@ def test_restored_caches_are_used_and_status_says_so(demo_store: str, tmp_path: 
     assert doc["compiled_anyway"] == []
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_changed_shape_and_arch_compile_anyway(demo_store: str, tmp_path: Path) -> None:
     """Restored for sm_90a and batch 8; the engine runs batch 16 and compiles for sm_80.
@@ -221,6 +223,7 @@ def test_a_changed_shape_and_arch_compile_anyway(demo_store: str, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_model_change_still_restores_kernels_and_they_are_used(
     demo_store: str, tmp_path: Path
@@ -250,6 +253,7 @@ def test_a_model_change_still_restores_kernels_and_they_are_used(
     assert fams["inductor"]["verdict"] == fams["triton"]["verdict"] == "used"
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_restore_that_misses_is_not_restored_and_never_fails_a_probe(
     demo_store: str, tmp_path: Path
