@@ -8,6 +8,9 @@ artifactd modules of :data:`~artifactd.cli.fast.LIGHT` only, nothing of
 library-level tests (the calls the commands make, in a fresh Python) keep
 what no list covers off the paths: the standard library modules a fingerprint
 must not load, and a family's own parsers on a partial-match no-op.
+
+Click's path is lazy too, by the command: ``--help`` loads every command module
+but none of the library behind the commands (each imports it inside the command).
 """
 
 from __future__ import annotations
@@ -237,3 +240,30 @@ def test_select_names_selects_as_select_families_does() -> None:
     assert select_names(None) == sorted(FAMILIES)
     with pytest.raises(UsageError, match="'nope'"):
         select_names(["triton", "nope"])
+
+
+#: The library behind the commands, which click's path loads only for the command
+#: that runs: the command modules import it inside each command (pyproject.toml's
+#: PLC0415 exception for them), since the app imports every command module.
+BEHIND_THE_COMMANDS = (
+    "artifactd.families",
+    "artifactd.fingerprint",
+    "artifactd.restore",
+    "artifactd.trust",
+    "artifactd.images",
+    "artifactd.lint",
+    *(h for h in HEAVY if h not in {"click", "pydantic"}),  # the group and option types
+    "docker",
+    "cryptography",
+)
+
+
+def test_help_loads_the_commands_but_not_the_library_behind_them() -> None:
+    proc = run_artifactd("--help", env=clean_env(), prelude=LOADED)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "restore" in proc.stdout
+    loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+    assert "artifactd.cli.app" in loaded and "artifactd.cli.stores" in loaded
+    behind = {m for m in loaded if m.split(".")[0] in BEHIND_THE_COMMANDS}
+    behind |= {m for m in loaded for b in BEHIND_THE_COMMANDS if m == b or m.startswith(b + ".")}
+    assert behind == set(), sorted(behind)
