@@ -471,7 +471,8 @@ def _resolve(
         if art is not None:
             why = unbound(want.tag, art.kind, rec.scope_key if rec else None, want.key)
         if why and rec is not None and art is not None and art.kind not in ("cell", "delta"):
-            from artifactd.fingerprint.diff import differences
+            # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+            from artifactd.fingerprint.diff import differences  # noqa: PLC0415
 
             deciding = differences(rec.scope, local.select(fam.scope))
             names = ", ".join(d.path for d in deciding) or "its scope revision"
@@ -510,7 +511,8 @@ def _hit(
 
 def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSampled | None:
     """Read up to :data:`SAMPLE_SIZE` whole artifacts and pick the least different."""
-    from artifactd.fingerprint.diff import differences
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.diff import differences  # noqa: PLC0415
 
     best: tuple[int, ClosestSampled] | None = None
     compared = 0
@@ -534,7 +536,8 @@ def _explain_misses(
 
     A miss whose reason is in ``keep`` (a tag passed over as unbound) keeps it.
     """
-    from artifactd.fingerprint.diff import family_verdict
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.diff import family_verdict  # noqa: PLC0415
 
     if nearest is None or nearest.artifact is None:
         return plans
