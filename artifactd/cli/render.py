@@ -97,7 +97,8 @@ def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
 
 def fingerprint(raw: Mapping[str, Any], digest: str) -> None:
     """Print the hash, then every hashed field, then the informational ones."""
-    from artifactd.fingerprint.key import flatten, hashed_view
+    # lazy: --version and --help load this module, not the fingerprint (tests/test_startup.py)
+    from artifactd.fingerprint.key import flatten, hashed_view  # noqa: PLC0415
 
     echo(f"fingerprint {digest}")
     for key, value in flatten(hashed_view(raw)).items():
@@ -168,7 +169,8 @@ def verify(result: VerifyResult) -> None:
 
 def traceback(error: BaseException) -> None:
     """Print an exception's traceback on stderr (``ARTIFACTD_TRACEBACK=1``)."""
-    import traceback as tb
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    import traceback as tb  # noqa: PLC0415
 
     tb.print_exception(error)
 
@@ -383,7 +385,8 @@ def copy(result: CopyResult) -> None:
 
 def shapes(result: Shapes) -> None:
     """Print ``matrix shapes``: the figures as a table, the notes, the YAML to paste."""
-    from artifactd.build.matrix_edit import requests_yaml
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.build.matrix_edit import requests_yaml  # noqa: PLC0415
 
     def pct(fraction: float | None) -> str:
         return "-" if fraction is None else f"{100 * fraction:.1f}%"
