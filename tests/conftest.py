@@ -45,7 +45,8 @@ class GpuHost:
 
 def _nvml_gpus() -> tuple[int | None, str]:
     try:
-        import pynvml
+        # lazy: nvidia-ml-py is optional (the gpu extra): without it, no GPU
+        import pynvml  # noqa: PLC0415
     except ImportError:
         return None, "nvidia-ml-py is not installed"
     try:

@@ -180,9 +180,11 @@ def test_the_graph_sees_imports() -> None:
 def test_every_package_ships_in_the_wheel() -> None:
     """pyproject lists packages explicitly: a stage's folder missing there is missing from pip."""
     if sys.version_info >= (3, 11):
-        import tomllib
+        # lazy: tomllib from 3.11, tomli before (the dev extra)
+        import tomllib  # noqa: PLC0415
     else:  # the same parser before 3.11 (the dev extra installs it there)
-        import tomli as tomllib
+        # lazy: tomllib from 3.11, tomli before (the dev extra)
+        import tomli as tomllib  # noqa: PLC0415
 
     listed = set(
         tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"][

@@ -8,6 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from artifactd.families import scope_table
 from artifactd.fingerprint.probe import probe_fingerprint
 from artifactd.schemas import render_schemas
 
@@ -38,7 +39,5 @@ def test_probed_fingerprint_validates_against_the_committed_schema() -> None:
 
 
 def test_readme_scope_table_is_the_codes() -> None:
-    from artifactd.families import scope_table
-
     readme = (SCHEMA_DIR.parent / "README.md").read_text()
     assert scope_table() in readme, "README scope table is stale: paste scope_table()"

@@ -26,8 +26,11 @@ from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
 
 from artifactd.cli.fast import LATER, LIGHT
+from artifactd.cli.specs import COMMANDS
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, get_family, select_families, select_names
+from artifactd.stores import open_store
+from artifactd.trust.keys import generate
 
 #: Runs the library calls of a restore (as :func:`artifactd.cli.fast.restore` makes
 #: them); prints the outcome and the modules it loaded, as JSON.
@@ -117,8 +120,6 @@ NOOP_FORMS = {
 @pytest.fixture(scope="module")
 def signed_store(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """``store`` with a second generic artifact (sm_90a, a workload), both signed; and the key."""
-    from artifactd.trust.keys import generate
-
     tmp = tmp_path_factory.mktemp("signed")
     gen = make_generic_tree(tmp / "gen")
     env = clean_env({"ARTIFACTD_GENERIC_DIR": str(gen)})
@@ -152,8 +153,6 @@ def _pod_start(args: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
 def test_every_noop_form_loads_only_the_fast_path(
     form: str, signed_store: tuple[str, str], tmp_path: Path
 ) -> None:
-    from artifactd.cli.specs import COMMANDS
-
     store, pub = signed_store
     args = ["--store", store, "--target", str(tmp_path / "t")]
     args += [a.format(tmp=tmp_path, pub=pub) for a in NOOP_FORMS[form]]
@@ -175,7 +174,6 @@ def test_every_noop_form_loads_only_the_fast_path(
 
 
 def test_fingerprint_hash_loads_nothing_heavy() -> None:
-
     run_artifactd("fingerprint", "--hash", env=clean_env())  # fills the probe cache, as at a start
     proc = run_artifactd("fingerprint", "--hash", env=clean_env(), prelude=LOADED)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -190,8 +188,6 @@ def test_fingerprint_hash_loads_nothing_heavy() -> None:
 
 
 def _fp_tags(store: str) -> list[str]:
-    from artifactd.stores import open_store
-
     with open_store(store) as st:
         return [t for t in st.list_tags() if t.startswith("fp-")]
 
@@ -255,6 +251,8 @@ BEHIND_THE_COMMANDS = (
     *(h for h in HEAVY if h not in {"click", "pydantic"}),  # the group and option types
     "docker",
     "cryptography",
+    "http",  # with ssl and email: only a command that talks HTTP loads them
+    "ssl",
 )
 
 

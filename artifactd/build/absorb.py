@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from artifactd.bounds import DELTA_MAX_BYTES
 from artifactd.build.matrix import load_matrix
 from artifactd.build.merge import unpack_record
 from artifactd.build.published import published_fingerprint
@@ -55,7 +56,7 @@ from artifactd.families import FAMILIES, Located, get_family
 from artifactd.format.archive import pack_family
 from artifactd.format.config import RootFS
 from artifactd.format.oci import CANDIDATE_TAG_PREFIX
-from artifactd.pod.contribute import DEFAULT_MAX_BYTES, DELTA_TAG_PREFIX
+from artifactd.pod.contribute import DELTA_TAG_PREFIX
 from artifactd.restore.resolve import unbound, whole_want
 from artifactd.stores.artifacts import publish, read_artifact
 from artifactd.trust.signatures import sign_all
@@ -117,7 +118,7 @@ def absorb(
     deltas: Store,
     *,
     trust: TrustPolicy | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_bytes: int = DELTA_MAX_BYTES,
     gpu_arch: str | None = None,
     image_digest: str | None = None,
     overrides: Sequence[str] = (),

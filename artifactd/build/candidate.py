@@ -58,11 +58,27 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from artifactd.build.gate import Context, VerifyResult, gate_failures, run_cells, tag_manifest
+from artifactd.build.matrix import expand, load_matrix
+from artifactd.build.merge import unpack_record
+from artifactd.build.published import published_fingerprint
+from artifactd.constants import current_environ
 from artifactd.errors import VerifyError
 from artifactd.events import EventSink, discard
+from artifactd.families import Located, get_family
+from artifactd.families.tree import root_spellings
+from artifactd.format.archive import pack_family
+from artifactd.format.config import RootFS
+from artifactd.format.oci import full_tag
+from artifactd.pod.verdict import restore_time, written_since
+from artifactd.restore.destination import CacheVolume
+from artifactd.restore.resolve import unbound
+from artifactd.stores import open_store
+from artifactd.stores.artifacts import publish, read_artifact
+from artifactd.trust.provenance import statement
+from artifactd.trust.signatures import attest, sign_all, store_identity
 
 if TYPE_CHECKING:
-    from artifactd.build.gate import VerifyResult
     from artifactd.families import Family
     from artifactd.format.archive import PackedLayer
     from artifactd.format.config import ArtifactConfig, FileEntry, LayerRecord
@@ -114,12 +130,6 @@ def verify_candidate(
     plus what its deltas contributed (:func:`check_candidate`): both before
     any cell runs, with nothing published or tagged.
     """
-    from artifactd.build.gate import Context, VerifyResult, gate_failures, run_cells
-    from artifactd.build.matrix import expand, load_matrix
-    from artifactd.build.published import published_fingerprint
-    from artifactd.constants import current_environ
-    from artifactd.stores import open_store
-
     start = time.monotonic()
     matrix = load_matrix(matrix_path)
     cells = expand(matrix, matrix_path)
@@ -201,10 +211,6 @@ def _read_pair(
     Under ``trust``, each must be signed by one of its keys (checked before its
     config is read): :class:`~artifactd.errors.TrustError` otherwise.
     """
-    from artifactd.format.oci import full_tag
-    from artifactd.restore.resolve import unbound
-    from artifactd.stores.artifacts import read_artifact
-
     cand = read_artifact(store, candidate, trust=trust)
     if cand is None:
         raise VerifyError(
@@ -333,9 +339,6 @@ def _unpack_contributed(
     store: Store, cand: ArtifactConfig, work: Path
 ) -> dict[str, dict[str, Path]]:
     """Unpack, with the restore's checks, each candidate layer a delta contributed to."""
-    from artifactd.build.merge import unpack_record
-    from artifactd.families import get_family
-
     out: dict[str, dict[str, Path]] = {}
     for rec in cand.layers:
         if cand.provenance.contributed.get(rec.family):
@@ -346,8 +349,6 @@ def _unpack_contributed(
 
 def _proof_ran_on(proof_roots: Path, base: str, candidate: str) -> None:
     """Refuse the candidate unless every proof cell restored exactly ``base``, nothing else."""
-    from artifactd.restore.destination import CacheVolume
-
     cells_dir = proof_roots / "cells"
     for target in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         marker = CacheVolume(target).read_marker()
@@ -367,10 +368,6 @@ def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, set[str]]:
 
     Keys are ``key:<component>/<compile key>`` (:meth:`Family.compile_key`).
     """
-    from artifactd.families import get_family
-    from artifactd.pod.verdict import restore_time, written_since
-    from artifactd.restore.destination import CacheVolume
-
     found: dict[str, set[str]] = {}
     cells_dir = proof_roots / "cells"
     for target in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
@@ -399,8 +396,6 @@ def _vouch(
     cand: ArtifactConfig, evidence: Mapping[str, set[str]]
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Split the contributed paths into those the proof pass re-compiled and the rest."""
-    from artifactd.families import get_family
-
     vouched: dict[str, list[str]] = {}
     dropped: dict[str, list[str]] = {}
     for name, paths in sorted(cand.provenance.contributed.items()):
@@ -440,11 +435,6 @@ def rebuild(
     (:class:`VerifyError` otherwise). The config is the promoted one, its
     provenance naming the artifact it extends, the deltas and the vouched paths.
     """
-    from artifactd.build.merge import unpack_record
-    from artifactd.families import Located, get_family
-    from artifactd.format.archive import pack_family
-    from artifactd.format.config import RootFS
-
     records = []
     packed: dict[str, PackedLayer] = {}
     for rec in base.config.layers:
@@ -508,8 +498,6 @@ def _copy_entry(fam: Family, component: str, rel: PurePosixPath, src: Path, dest
     merge moves it; any other file is copied with its mode and mtime. Never
     over an existing path (:func:`check_candidate` saw none).
     """
-    from artifactd.families.tree import root_spellings
-
     source, target = src / rel, dest / rel
     if target.exists() or target.is_symlink():
         raise VerifyError(f"{fam.name}/{component}/{rel} is promoted already: not added")
@@ -544,8 +532,6 @@ def _publish(
     src: Store, dst: Store, art: ArtifactConfig, packed: dict[str, PackedLayer], work: Path
 ) -> str:
     """Publish ``art`` into ``dst`` as the fingerprint's artifact, reused layers from ``src``."""
-    from artifactd.stores.artifacts import publish
-
     for rec in art.layers:
         if rec.family not in packed and not dst.has_blob(rec.digest):
             src.copy_blob(dst, rec.digest, rec.size, work)
@@ -565,16 +551,10 @@ def _promote(
     dropped: Mapping[str, list[str]],
 ) -> None:
     """Publish what passed as the fingerprint's artifact, sign it, tag it ``promote``."""
-    from artifactd.build.gate import tag_manifest
-    from artifactd.stores.artifacts import publish
-
     if not gate.passed or promote is None:
         return
     pub = publish(store, art, packed, work)
     if sign_key is not None:
-        from artifactd.trust.provenance import statement
-        from artifactd.trust.signatures import attest, sign_all, store_identity
-
         sign_all(store, [pub.digest, *pub.family_digests.values()], sign_key)
         verdict: dict[str, Any] = {
             "passed": True,

@@ -38,7 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from artifactd.build.matrix import expand, load_matrix
 from artifactd.build.published import published_fingerprint
+from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
+from artifactd.build.schedule import node_devices, run_packed
 from artifactd.constants import CUDA_VISIBLE_DEVICES, current_environ
 from artifactd.errors import VerifyError
 from artifactd.events import EventSink, discard
@@ -50,6 +53,7 @@ from artifactd.restore.destination import CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore, unbound, whole_want
 from artifactd.restore.source import StoreSource
+from artifactd.stores.artifacts import read_artifact
 from artifactd.trust.provenance import statement
 from artifactd.trust.signatures import attest, store_identity
 
@@ -218,9 +222,6 @@ def verify(
     before any cell runs when no key of the policy signed it; a gate that ran
     and failed is a result with ``passed`` false.
     """
-    from artifactd.build.matrix import expand, load_matrix
-    from artifactd.stores.artifacts import read_artifact
-
     start = time.monotonic()
     matrix = load_matrix(matrix_path)
     cells = expand(matrix, matrix_path)
@@ -293,8 +294,6 @@ def run_cells(
     Each cell's roots are ``ctx.roots/cells/<cell id>`` (left in place: the
     caller removes them); packed onto the node's GPUs as a build packs them.
     """
-    from artifactd.build.schedule import node_devices, run_packed
-
     ctx.roots.mkdir(parents=True, exist_ok=True)
 
     def run_one(cell: Cell, taken: tuple[str, ...]) -> CellVerified:
@@ -337,8 +336,6 @@ class Context:
 
 def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerified:
     """Restore into the cell's own fresh roots, run it there, count and compare."""
-    from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
-
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
     plan = plan_restore(

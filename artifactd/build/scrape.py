@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from artifactd.boundedhttp import ExchangeError, exchange, parse_url, redact_url
 from artifactd.errors import ConfigError, StoreError
 from artifactd.fsutil import InputFileError, read_regular, text_problem
 
@@ -31,6 +30,10 @@ def is_url(source: str) -> bool:
 
 def shown(source: str) -> str:
     """How a source is named in messages and results: a URL without its password."""
+    # lazy: artifactd.cli.shapes imports this module for its option default at every
+    # click start; http.client and ssl load only to fetch (tests/test_startup.py)
+    from artifactd.boundedhttp import redact_url  # noqa: PLC0415
+
     return redact_url(source) if is_url(source) else source
 
 
@@ -71,6 +74,9 @@ def _fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
     line, headers and body; no proxy (a /metrics endpoint is in the cluster);
     a password in the URL never shown.
     """
+    # lazy: as in shown()
+    from artifactd.boundedhttp import ExchangeError, exchange, parse_url  # noqa: PLC0415
+
     hint = "check the URL (http://POD:PORT/metrics) and that the engine is up"
     endpoint = parse_url(url, "metrics URL")
     try:
