@@ -16,6 +16,10 @@
   exceptions too): only typing-only pairs may point both ways. An edge is the
   module an import names: ``from pkg import sub`` names ``pkg.sub``, as
   ``import pkg.sub`` does, and ``pkg`` only for a name that is not a submodule.
+* Imports sit at module level (ruff's PLC0415 is on): a function-local import
+  carries ``# noqa: PLC0415`` and its reason, except in the modules that are lazy
+  by design (the fast path, the click command modules), which pyproject.toml
+  names, and only those.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+from typing import Any
 
 import artifactd
 
@@ -392,3 +397,74 @@ def test_from_package_import_submodule_names_the_submodule() -> None:
     node = ast.parse("from artifactd.cli import main, cli").body[0]
     assert isinstance(node, ast.ImportFrom)
     assert _targets("artifactd.__main__", node, names) == {"artifactd.cli", "artifactd.cli.main"}
+
+
+# --- Imports at module level -------------------------------------------------
+
+#: The modules that are lazy by design, excepted from ruff's PLC0415 in
+#: pyproject.toml: the pod-start fast path and the click command modules that
+#: the app registers (each imports the library its commands call inside them).
+LAZY_BY_DESIGN = "artifactd.cli.fast"
+
+
+def _ruff_config() -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib  # noqa: PLC0415  # lazy: tomllib from 3.11, tomli before (the dev extra)
+    else:
+        import tomli as tomllib  # noqa: PLC0415
+    lint: dict[str, Any] = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"][
+        "ruff"
+    ]["lint"]
+    return lint
+
+
+def _has_reason(lines: list[str], lineno: int) -> bool:
+    """``# noqa: PLC0415`` on the import's line and a reason: after it, or in a comment above.
+
+    The comment above may head a run of such imports (blank lines between
+    isort's groups included).
+    """
+    line = lines[lineno - 1]
+    if "# noqa: PLC0415" not in line:
+        return False
+    if "#" in line.split("# noqa: PLC0415", 1)[1]:
+        return True
+    above = lineno - 2
+    while above >= 0 and (not lines[above].strip() or "# noqa: PLC0415" in lines[above]):
+        if "# noqa: PLC0415" in lines[above] and "#" in lines[above].split("# noqa: PLC0415")[1]:
+            return True
+        above -= 1
+    return above >= 0 and lines[above].strip().startswith("#")
+
+
+def test_imports_sit_at_module_level_unless_a_reason_is_given() -> None:
+    """PLC0415 is on; a function-local import says why, except in the lazy-by-design modules."""
+    lint = _ruff_config()
+    assert "PLC0415" not in lint.get("ignore", []), "PLC0415 is ignored project-wide"
+    excepted = sorted(
+        pattern for pattern, codes in lint["per-file-ignores"].items() if "PLC0415" in codes
+    )
+    from artifactd.cli import app  # noqa: PLC0415  # lazy: click, for this test only
+
+    commands = sorted(
+        name.rsplit(".", 1)[1]
+        for name in runtime_import_graph()["artifactd.cli.app"]
+        if name != "artifactd.cli.group"
+    )
+    assert set(commands) <= set(app.__all__)
+    assert excepted == [
+        "artifactd/cli/fast.py",
+        "artifactd/cli/{" + ",".join(commands) + "}.py",
+    ], "only the fast path and the command modules are lazy by design"
+    excepted_modules = {LAZY_BY_DESIGN} | {f"artifactd.cli.{c}" for c in commands}
+    unexplained = []
+    for name, path in _modules().items():
+        if name in excepted_modules:
+            continue
+        lines = path.read_text().splitlines()
+        for node, local in _runtime_imports(ast.parse(path.read_text())):
+            if local and not _has_reason(lines, node.lineno):
+                unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert unexplained == [], "function-local imports without noqa and a reason:\n" + "\n".join(
+        sorted(unexplained)
+    )

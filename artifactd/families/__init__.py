@@ -94,8 +94,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # lazy: the base classes load with the first family read: a no-op restore needs neither.
     if name in _BASE_NAMES:
+        # lazy: the base classes load with the first family read: a no-op restore needs neither.
         from artifactd.families import base  # noqa: PLC0415
 
         return getattr(base, name)

@@ -196,7 +196,7 @@ def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
             lib = ctypes.CDLL("libcuda.so.1")
         except OSError:
             return out
-    import ctypes  # noqa: PLC0415
+    import ctypes  # noqa: PLC0415  # lazy: as above
 
     version = ctypes.c_int(0)
     if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:

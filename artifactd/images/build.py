@@ -457,7 +457,8 @@ def _client(host: str | None) -> docker.DockerClient:
     and, for a TCP engine with TLS (GitLab's ``docker:dind``),
     ``DOCKER_TLS_VERIFY`` and ``DOCKER_CERT_PATH``, as the docker CLI reads them.
     """
-    try:  # lazy: the docker SDK is optional (the docker extra)
+    try:
+        # lazy: the docker SDK is optional (the docker extra)
         import docker  # noqa: PLC0415
         from docker import errors  # noqa: PLC0415
     except ImportError:
