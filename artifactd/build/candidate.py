@@ -141,6 +141,7 @@ def verify_candidate(
             env,
             base.config.provenance.checks,
             on_event,
+            {c.cell: c for c in base.config.canaries},
         )
         proof = run_cells(proof_ctx, cells, gpus=gpus, jobs=jobs)
         _proof_ran_on(roots / "proof", base.digest, candidate)
@@ -155,7 +156,14 @@ def verify_candidate(
         with open_store(f"oci:{roots / 'gate-store'}", create=True) as scratch:
             gated = _publish(store, scratch, art, packed, roots / "pack")
             gate_ctx = Context(
-                scratch, fingerprint, matrix, roots / "gate", env, recorded, on_event
+                scratch,
+                fingerprint,
+                matrix,
+                roots / "gate",
+                env,
+                recorded,
+                on_event,
+                {c.cell: c for c in base.config.canaries},
             )
             results = run_cells(gate_ctx, cells, gpus=gpus, jobs=jobs)
         failures = gate_failures(results)

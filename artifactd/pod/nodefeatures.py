@@ -100,7 +100,7 @@ def node_labels(
     At most ``max_labels`` (0 gives none); ties in last use go by tag. Raises
     :class:`UsageError` for a negative bound or an invalid prefix.
     """
-    from artifactd.stores.nodestore import read_usage
+    from artifactd.stores.nodestore import read_usage, refused_digests
     from artifactd.trust.signatures import parse_attached_tag
 
     if max_labels < 0:
@@ -108,7 +108,13 @@ def node_labels(
     _check_prefix(prefix)
     usage = read_usage(node.root)
     # One read of index.json for every tag (a lookup per tag read it once per tag).
-    tags = {t: d for t, d in node.tag_digests().items() if parse_attached_tag(t) is None}
+    # A quarantined artifact (its canary failed here) is not advertised: no pod is steered to it.
+    refused = refused_digests(node.root)
+    tags = {
+        t: d
+        for t, d in node.tag_digests().items()
+        if parse_attached_tag(t) is None and d not in refused
+    }
     order = sorted(tags, key=lambda t: (-usage.get(tags[t], 0.0), t))
     keys: dict[str, None] = {}  # insertion-ordered, with a set's membership test
     for tag in order:
