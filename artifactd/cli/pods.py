@@ -504,15 +504,9 @@ def _decide(
         result, engine_url, sent=sent, answered=answered, canary=canary, no_canary=no_canary
     )
     if ready.canary_failed and node_store is not None:
-        from dataclasses import replace
+        from artifactd.pod.canary import quarantine_failed
 
-        from artifactd.pod.canary import quarantine_restored
-
-        why = f"canary failed: {ready.why_not}"
-        digest = quarantine_restored(
-            Path(result.target), node_store, why, env_file=Path(result.env_file)
-        )
-        ready = replace(ready, quarantined=digest)
+        ready = quarantine_failed(ready, Path(result.target), node_store, Path(result.env_file))
     return ready
 
 
@@ -531,24 +525,10 @@ def _canary(
         return None, "no canary was replayed: give --canary"
     if answered is not None and not answered[0]:
         return None, "the engine does not answer: no canary sent"
-    from artifactd.pod.canary import replay, restored_canary
+    from artifactd.pod.canary import replay_restored
 
-    found, _, why = restored_canary(Path(target), cell, env_file=env_file)
-    if found is None:
-        return None, f"no canary to replay: {why}"
-    result = replay(found, engine_url)
-    render.event_printer(as_json)(
-        {
-            "stage": "canary",
-            "event": result.outcome,
-            "mode": result.mode,
-            "prompt": result.prompt,
-            "token": result.token,
-            "match_rate": result.match_rate,
-            "elapsed_ms": round(result.seconds * 1000, 1),
-        }
-    )
-    return result, None
+    events = render.event_printer(as_json)
+    return replay_restored(Path(target), engine_url, cell, env_file=env_file, on_event=events)
 
 
 def _prewarm(

@@ -39,8 +39,9 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from artifactd.events import EventSink, discard
 from artifactd.format.canary import (
     Canary,
     CanaryPrompt,
@@ -48,6 +49,9 @@ from artifactd.format.canary import (
     RecordedOn,
     RestoredCanaries,
 )
+
+if TYPE_CHECKING:
+    from artifactd.pod.readiness import Readiness
 
 #: Largest answer read for the canary request (a few prompts of at most 64 tokens).
 MAX_ANSWER_BYTES = 4 << 20
@@ -442,6 +446,49 @@ def quarantine_restored(
     return digests[0]
 
 
+def replay_restored(
+    target: Path,
+    engine_url: str,
+    cell: str | None = None,
+    *,
+    env_file: Path | None = None,
+    on_event: EventSink = discard,
+) -> tuple[CanaryResult | None, str | None]:
+    """Replay the canary the restore into ``target`` installed; or None and why not.
+
+    One event (``stage: "canary"``, the outcome as ``event``) says how it went.
+    """
+    found, _, why = restored_canary(target, cell, env_file=env_file)
+    if found is None:
+        return None, f"no canary to replay: {why}"
+    result = replay(found, engine_url)
+    on_event(
+        {
+            "stage": "canary",
+            "event": result.outcome,
+            "mode": result.mode,
+            "prompt": result.prompt,
+            "token": result.token,
+            "match_rate": result.match_rate,
+            "elapsed_ms": round(result.seconds * 1000, 1),
+        }
+    )
+    return result, None
+
+
+def quarantine_failed(
+    ready: Readiness, target: Path, node_store: str, env_file: Path | None = None
+) -> Readiness:
+    """Return ``ready``; if its canary failed, quarantine the artifact in ``node_store`` first."""
+    if not ready.canary_failed:
+        return ready
+    from dataclasses import replace
+
+    why = f"canary failed: {ready.why_not}"
+    digest = quarantine_restored(target, node_store, why, env_file=env_file)
+    return replace(ready, quarantined=digest)
+
+
 def _read_restored(path: Path) -> RestoredCanaries | str:
     """Read ``canary.json`` (bounded, regular file, no blocking); a string says why not."""
     from artifactd.bounds import MAX_CANARY_BYTES
@@ -475,9 +522,11 @@ __all__ = [
     "here",
     "logprobs_digest",
     "observe",
+    "quarantine_failed",
     "quarantine_restored",
     "record",
     "replay",
+    "replay_restored",
     "request_body",
     "restored_canary",
 ]
