@@ -327,11 +327,11 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], limit: float = 120) -> 
 
 
 @contextlib.contextmanager
-def pod(target: Path, port: int, env: dict[str, str]) -> Iterator[str]:
-    """The engine under ``artifactd exec`` on ``target``'s restored caches."""
+def pod(target: Path, port: int, env: dict[str, str], *flags: str) -> Iterator[str]:
+    """The engine (with ``flags``) under ``artifactd exec`` on ``target``'s restored caches."""
     argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target), "--", PYTHON]
     proc = subprocess.Popen(
-        [*argv, str(ENGINE), "--port", str(port)],
+        [*argv, str(ENGINE), "--port", str(port), *flags],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -422,6 +422,18 @@ def test_a_canary_is_recorded_at_build_verified_in_the_pod_and_catches_poisoned_
     prom = metrics.read_text()
     assert 'artifactd_ready{level="verified"} 1.0' in prom
     assert 'artifactd_canary{mode="exact",outcome="verified"} 1.0' in prom
+
+    # Another engine version than the recording's: only the tolerance check applies, and
+    # the output says so.
+    with pod(target, port, env, "--engine-version", "tiny-engine 2.0") as url:
+        doc = status_canary(target, url, "--prewarm", str(m), "--ready", "verified")
+    replayed = doc["readiness"]["canary"]
+    assert (replayed["outcome"], replayed["mode"], replayed["match_rate"]) == (
+        "verified",
+        "tolerance",
+        1.0,
+    )
+    assert "tolerance check" in replayed["why"] and "tiny-engine 2.0" in replayed["mode_why"]
 
     # Same tokens, other logprobs: drift. Ready, with a warning, a metric and an event.
     drifted = tmp_path / "drift"
