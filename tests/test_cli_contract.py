@@ -51,6 +51,8 @@ COMMANDS = {
     "node-features",
     "prefetch",
     "prune",
+    "quarantine ls",
+    "quarantine rm",
     "restore",
     "schema",
     "sign",

@@ -23,7 +23,7 @@ Modules:
 * :mod:`~artifactd.cli.keys`: ``keygen`` and ``sign``.
 * :mod:`~artifactd.cli.schemas`: ``schema``, the JSON Schemas.
 * :mod:`~artifactd.cli.images`: ``image``, runtime images carrying caches.
-* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc`` and ``node-features``.
+* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc``, ``node-features`` and ``quarantine``.
 * :mod:`~artifactd.cli.pods`: ``exec`` and ``status``.
 * :mod:`~artifactd.cli.shapes`: ``matrix shapes``, from an engine's traffic metrics.
 * :mod:`~artifactd.cli.deltas`: ``contribute`` and ``absorb``.
