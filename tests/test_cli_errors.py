@@ -157,6 +157,8 @@ LINES: dict[str, list[str | Slot]] = {
         S(lambda w: w.store),
     ],
     "gc": ["--store", S(lambda w: w.root / "node"), "--max-bytes", "1G"],
+    "quarantine ls": ["--store", S(lambda w: w.root / "node")],
+    "quarantine rm": ["--store", S(lambda w: w.root / "node"), "sha256:" + "0" * 64],
     "prefetch": [
         "--node-store",
         S(lambda w: w.root / "node"),
