@@ -48,6 +48,7 @@ COMMANDS = {
     "matrix shapes",
     "merge",
     "node-features",
+    "predict",
     "prefetch",
     "prune",
     "restore",

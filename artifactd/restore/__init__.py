@@ -13,6 +13,7 @@ Modules:
 * :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
 * :mod:`~artifactd.restore.nodefill`: fill the node store with what a restore would pick.
 * :mod:`~artifactd.restore.explain`: ``artifactd diff``: read two operands, explain a miss.
+* :mod:`~artifactd.restore.predict`: ``artifactd predict``: will the engine's own key match?
 
 Nothing is imported here: the no-op restore path stays light.
 """
