@@ -279,6 +279,11 @@ def test_traced_file_path_in_another_venv_is_named(
     assert _named(pred) == [f"code[{built}].path: {built} -> {moved} (moved)"]
     bare = predict_entry(name, doc, _pod(build_env_factors))
     assert _named(bare) == [f"code[{built}]: present -> missing (missing)"]
+    # The engine's Python names its own site-packages: found there without --relocate.
+    site = str(moved.parents[3])
+    assert site.endswith("site-packages")
+    found = predict_entry(name, doc, _pod(build_env_factors, site_packages=(site,)))
+    assert _named(found) == [f"code[{built}].path: {built} -> {moved} (moved)"]
 
 
 def test_max_num_batched_tokens_from_the_pod_args(

@@ -52,6 +52,7 @@ KEY_HEX = 10
 NO_FILE = "<string>"
 #: Most differences named per group (the rest are counted).
 MAX_NAMED = 20
+_SITE = "/site-packages/"
 #: Longest value shown in a difference (a path in a deep venv fits).
 MAX_VALUE_CHARS = 400
 
@@ -175,7 +176,9 @@ class PodFactors:
     each is compared with every recorded leaf whose dotted key ends with it.
     ``read_file``: reads a traced file in this image; ``relocations``:
     ``(recorded prefix, pod prefix)`` pairs tried for a file missing at its
-    recorded path (another venv or site-packages), to say it moved.
+    recorded path (another venv or site-packages), to say it moved;
+    ``site_packages``: this image's site-packages dirs, tried the same way for
+    a recorded path under a ``site-packages`` dir.
     ``why``: the reason a group is None, by group.
     """
 
@@ -188,6 +191,7 @@ class PodFactors:
     compiler_leaves: Mapping[str, Any] = field(default_factory=dict)
     read_file: FileReader | None = None
     relocations: tuple[tuple[str, str], ...] = ()
+    site_packages: tuple[str, ...] = ()
     why: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -296,7 +300,11 @@ def _code_main(code: Any, pod: PodFactors) -> FactorCheck:
 
 def _relocated(path: str, want: Any, pod: PodFactors, read: FileReader) -> str | None:
     """Return where a file missing at ``path`` lives in this image, by the pod's relocations."""
-    for old, new in pod.relocations:
+    pairs = list(pod.relocations)
+    cut = path.find(_SITE)
+    if cut >= 0:
+        pairs += [(path[: cut + len(_SITE) - 1], site) for site in pod.site_packages]
+    for old, new in pairs:
         prefix = old.rstrip("/") + "/"
         if path.startswith(prefix):
             candidate = new.rstrip("/") + "/" + path[len(prefix) :]

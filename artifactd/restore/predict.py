@@ -28,6 +28,7 @@ here (``torch_key``, GPU, CUDA) are coarse.
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,8 @@ MAX_ENTRIES = 256
 MAX_ENGINE_OUTPUT = 4 << 20
 #: Ceiling on the engine's helper process (importing torch takes seconds).
 ENGINE_TIMEOUT_S = 120.0
+#: Most site-packages dirs of the engine's Python tried for a moved traced file.
+MAX_SITES = 16
 #: The family whose engine key is predicted.
 FAMILY = "vllm"
 
@@ -77,6 +80,10 @@ if "--torch" in sys.argv:
         out["triton_key"] = triton_key()
     except Exception as exc:
         out["triton_error"] = f"{type(exc).__name__}: {exc}"[:300]
+import site, sysconfig
+sites = set(getattr(site, "getsitepackages", lambda: [])())
+sites.add(sysconfig.get_paths()["purelib"])
+out["site_packages"] = sorted(sites)
 sys.stdout.write(json.dumps(out, default=str))
 """
 
@@ -201,6 +208,7 @@ def recorded_from_facts(facts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def recorded_from_ref(ref: str, *, insecure: bool = False) -> dict[str, dict[str, Any]]:
     """Read an artifact's config (never a layer) and return its vLLM entries' factors."""
+    # Only --from reads a store: a prediction from a cache root on disk never loads one.
     from artifactd.stores import open_store, parse_manifest_ref
     from artifactd.stores.artifacts import read_artifact
 
@@ -287,12 +295,13 @@ def _model_dtype(model_dir: Path) -> str:
 
 def nvml_gpu_name() -> str | None:
     """GPU 0's name from NVML (no CUDA context); None without a driver or nvidia-ml-py."""
+    # Only without --gpu-name: the probe module is not needed otherwise.
     from artifactd.fingerprint.probe import gpu_from_nvml, has_nvidia_driver
 
     if not has_nvidia_driver():
         return None
     try:
-        import pynvml
+        import pynvml  # the optional gpu extra: absent on most init images
 
         pynvml.nvmlInit()
     except Exception:  # no NVML here: the GPU name stays unknown
@@ -384,6 +393,9 @@ def pod_factors(inputs: PodInputs) -> PodFactors:
         compiler_leaves=compiler,
         read_file=read_traced,
         relocations=inputs.relocations,
+        site_packages=tuple(
+            str(p) for p in engine.get("site_packages", ())[:MAX_SITES] if isinstance(p, str)
+        ),
         why=why,
     )
 
@@ -412,6 +424,19 @@ def read_groups(path: Path) -> dict[str, Any]:
     return {k: doc[k] for k in ("config", "compiler", "config_hash", "compiler_hash") if k in doc}
 
 
+def _check_root(root: Path) -> None:
+    """Refuse a cache root that is not a directory this user can list (exit 2, with the reason)."""
+    try:
+        mode = root.stat().st_mode
+        if stat.S_ISDIR(mode):
+            next(iter(root.iterdir()), None)
+            return
+        why = "is not a directory"
+    except OSError as exc:
+        why = f"cannot be read ({exc.strerror or exc})"
+    raise ConfigError(f"{root} {why}", hint="pass the VLLM_CACHE_ROOT to check (--cache-root)")
+
+
 def run_predict(
     *,
     cache_root: Path | None,
@@ -428,10 +453,7 @@ def run_predict(
         )
     if ref is None:
         assert cache_root is not None  # noqa: S101 - one of the two, checked above
-        if not cache_root.is_dir():
-            raise ConfigError(
-                f"{cache_root} is not a directory", hint="pass the VLLM_CACHE_ROOT to check"
-            )
+        _check_root(cache_root)
         recorded = recorded_from_root(cache_root)
         source = str(cache_root)
     else:
