@@ -70,6 +70,17 @@ def vllm_pkg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture
+def static_env() -> dict[str, Any]:
+    """Env factors as vLLM 0.33 records them, for the tests that do not run its code."""
+    return {
+        "VLLM_TARGET_DEVICE": "cuda",
+        ENV_VAR: False,
+        "VLLM_USE_FASTOKENS": False,
+        "VERBOSE": False,
+    }
+
+
 def _engine_env(pkg: Path, **extra: str) -> dict[str, str]:
     return {**clean_env(), "PYTHONPATH": str(pkg), **extra}
 
@@ -209,11 +220,9 @@ def test_033_code_hash_is_the_release_own_code(tmp_path: Path) -> None:
     assert ours == ns["code_hash"]
 
 
-def test_unknown_recipe_is_said_never_guessed(
-    build_env_factors: dict[str, Any], tmp_path: Path
-) -> None:
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
-    pod = _pod(build_env_factors)
+def test_unknown_recipe_is_said_never_guessed(static_env: dict[str, Any], tmp_path: Path) -> None:
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    pod = _pod(static_env)
     assert predict_entry(name, doc, pod).outcome == "hit"
     # Another release's recipe (here: one more factor hashed) gives another name.
     other = predict_entry("0123456789", doc, pod)
@@ -255,46 +264,46 @@ def vllmkey_read(root: Path) -> dict[str, dict[str, Any]]:
     return recorded_from_root(root)
 
 
-def test_traced_file_content_is_named(build_env_factors: dict[str, Any], tmp_path: Path) -> None:
+def test_traced_file_content_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(build_env_factors, traced)
+    name, doc = _main_doc(static_env, traced)
     traced.write_text("def forward(x):\n    return x * 2\n")
-    pred = predict_entry(name, doc, _pod(build_env_factors))
+    pred = predict_entry(name, doc, _pod(static_env))
     assert pred.outcome == "miss"
     (only,) = _named(pred)
     assert only.startswith(f"code[{traced}].hash: ") and only.endswith("(changed)")
 
 
 def test_traced_file_path_in_another_venv_is_named(
-    build_env_factors: dict[str, Any], tmp_path: Path
+    static_env: dict[str, Any], tmp_path: Path
 ) -> None:
     """Built under one venv path, the pod's at another: the file is named as moved."""
     built = _traced(tmp_path, "venv-build")
-    name, doc = _main_doc(build_env_factors, built)
+    name, doc = _main_doc(static_env, built)
     moved = _traced(tmp_path, "venv-pod")
     built.unlink()
     reloc = ((str(tmp_path / "venv-build"), str(tmp_path / "venv-pod")),)
-    pred = predict_entry(name, doc, _pod(build_env_factors, relocations=reloc))
+    pred = predict_entry(name, doc, _pod(static_env, relocations=reloc))
     assert pred.outcome == "miss"
     assert _named(pred) == [f"code[{built}].path: {built} -> {moved} (moved)"]
-    bare = predict_entry(name, doc, _pod(build_env_factors))
+    bare = predict_entry(name, doc, _pod(static_env))
     assert _named(bare) == [f"code[{built}]: present -> missing (missing)"]
     # The engine's Python names its own site-packages: found there without --relocate.
     site = str(moved.parents[3])
     assert site.endswith("site-packages")
-    found = predict_entry(name, doc, _pod(build_env_factors, site_packages=(site,)))
+    found = predict_entry(name, doc, _pod(static_env, site_packages=(site,)))
     assert _named(found) == [f"code[{built}].path: {built} -> {moved} (moved)"]
 
 
 def test_max_num_batched_tokens_from_the_pod_args(
-    build_env_factors: dict[str, Any], tmp_path: Path
+    static_env: dict[str, Any], tmp_path: Path
 ) -> None:
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
     inputs = PodInputs(
         environ={},
         argv=("vllm", "serve", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "4096"),
         gpu_name=GPU,
-        engine={"env": build_env_factors, "torch_key": TORCH_KEY, "cuda": "12.8"},
+        engine={"env": static_env, "torch_key": TORCH_KEY, "cuda": "12.8"},
     )
     pred = predict_entry(name, doc, pod_factors(inputs))
     assert pred.outcome == "miss"
@@ -307,44 +316,44 @@ def test_max_num_batched_tokens_from_the_pod_args(
     assert "config: 1 of 5 config factors compared" in unsure.reason
 
 
-def test_torch_build_is_named(build_env_factors: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
+def test_torch_build_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
     inputs = PodInputs(
         environ={},
         gpu_name=GPU,
-        engine={"env": build_env_factors, "torch_key": "0a" * 32, "cuda": "12.8"},
+        engine={"env": static_env, "torch_key": "0a" * 32, "cuda": "12.8"},
     )
     pred = predict_entry(name, doc, pod_factors(inputs))
     assert pred.outcome == "miss"
     assert _named(pred) == [f"compiler.torch_key: {TORCH_KEY} -> {'0a' * 32}"]
 
 
-def test_gpu_name_is_named(build_env_factors: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
-    pod = _pod(build_env_factors, compiler=_compiler(gpu="NVIDIA A100-SXM4-80GB"))
+def test_gpu_name_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    pod = _pod(static_env, compiler=_compiler(gpu="NVIDIA A100-SXM4-80GB"))
     pred = predict_entry(name, doc, pod)
     assert _named(pred) == [f"compiler.system.device.name: {GPU} -> NVIDIA A100-SXM4-80GB"]
     # From a node label (--gpu-name), never a CUDA context.
-    inputs = PodInputs(environ={}, gpu_name="NVIDIA L4", engine={"env": build_env_factors})
+    inputs = PodInputs(environ={}, gpu_name="NVIDIA L4", engine={"env": static_env})
     by_label = predict_entry(name, doc, pod_factors(inputs))
     assert _named(by_label) == [f"compiler.system.device.name: {GPU} -> NVIDIA L4"]
 
 
 def test_033_record_names_env_and_says_what_it_cannot(
-    build_env_factors: dict[str, Any],
+    static_env: dict[str, Any],
 ) -> None:
     doc = {
-        "env": build_env_factors,
+        "env": static_env,
         "config_hash": "a" * 64,
         "code_hash": "b" * 64,
         "compiler_hash": "c" * 10,
     }
     name = vllmkey.dir_key(doc, RECIPE_033)
-    env = {**build_env_factors, ENV_VAR: True}
+    env = {**static_env, ENV_VAR: True}
     pred = predict_entry(name, doc, PodFactors(env=env))
     assert pred.outcome == "miss"
     assert _named(pred) == [f"env.{ENV_VAR}: false -> true"]
-    same = predict_entry(name, doc, PodFactors(env=build_env_factors))
+    same = predict_entry(name, doc, PodFactors(env=static_env))
     assert same.outcome == "unknown"
     assert "records only code_hash" in same.reason
 
@@ -380,6 +389,8 @@ def test_cli_predicts_and_require_hit_exits_16(
     assert hit.returncode == 0, hit.stderr[-2000:]
     report = json.loads(hit.stdout.strip().splitlines()[-1])
     assert report["outcome"] == "hit"
+    event = json.loads(hit.stderr.strip().splitlines()[-1])
+    assert event["stage"] == "predict" and event["entries"] == {name: "hit"}
     assert report["entries"][0]["line"] == "will hit"
     metrics = tmp_path / "m.prom"
     miss = run_artifactd(
@@ -419,6 +430,7 @@ def test_cli_without_factors_is_unknown_and_refuses_a_fifo(tmp_path: Path) -> No
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_cli_from_an_artifact_reads_only_its_config(
     build_env_factors: dict[str, Any], tmp_path: Path
 ) -> None:

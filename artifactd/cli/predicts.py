@@ -140,7 +140,13 @@ def predict(
         relocations=_relocations(relocate),
         groups=read_groups(engine_factors) if engine_factors is not None else {},
     )
-    result = run_predict(cache_root=cache_root, ref=ref, inputs=inputs, insecure=insecure)
+    result = run_predict(
+        cache_root=cache_root,
+        ref=ref,
+        inputs=inputs,
+        insecure=insecure,
+        events=render.event_printer(as_json),
+    )
     if metrics_file is not None:
         from artifactd.pod.metrics import predict_registry, write_textfile
 

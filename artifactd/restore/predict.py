@@ -363,9 +363,15 @@ class PodInputs:
     groups: Mapping[str, Any] = field(default_factory=dict)
 
 
-def pod_factors(inputs: PodInputs) -> PodFactors:
-    """Gather the pod's side of every factor group (see the module doc for what needs the image)."""
-    engine = inputs.engine if inputs.engine is not None else engine_factors(inputs.environ)
+def pod_factors(inputs: PodInputs, *, torch: bool = True) -> PodFactors:
+    """Gather the pod's side of every factor group (see the module doc for what needs the image).
+
+    ``torch``: import torch in the child for ``torch_key`` (seconds); only
+    records that keep the compiler group raw (main's) can use it.
+    """
+    engine = inputs.engine
+    if engine is None:
+        engine = engine_factors(inputs.environ, torch=torch)
     why: dict[str, str] = {}
     env = engine.get("env")
     if not isinstance(env, Mapping):
@@ -460,6 +466,7 @@ def run_predict(
         recorded = recorded_from_ref(ref, insecure=insecure)
         source = ref
     if not recorded:
+        events({"stage": "predict", "event": "predicted", "source": source, "outcome": "unknown"})
         return Prediction(
             source,
             (
@@ -472,4 +479,5 @@ def run_predict(
             ),
             (COARSE_NOTE,),
         )
-    return predict(recorded, pod_factors(inputs), source=source, events=events)
+    torch = any(isinstance(doc.get("compiler"), Mapping) for doc in recorded.values())
+    return predict(recorded, pod_factors(inputs, torch=torch), source=source, events=events)
