@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import textwrap
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from artifactd.families import vllmkey
 from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
 from artifactd.restore.predict import (
     PodInputs,
+    config_leaves,
     engine_factors,
     pod_factors,
     predict,
@@ -419,8 +421,6 @@ def test_cli_without_factors_is_unknown_and_refuses_a_fifo(tmp_path: Path) -> No
     proc = run_artifactd("predict", "--cache-root", str(tmp_path / "vllm"), "--require-hit")
     assert proc.returncode == 16
     assert "no vLLM compile cache entry" in proc.stdout
-    import os
-
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     bad = run_artifactd(
@@ -459,3 +459,28 @@ def test_cli_from_an_artifact_reads_only_its_config(
     assert [e.entry for e in result.entries] == [name]
     assert result.outcome == "miss"
     assert _named(result.entries[0]) == [f"env.{ENV_VAR}: false -> true"]
+
+
+def test_config_leaves_from_the_engine_args_and_the_model_config(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    argv = ("vllm", "serve", "/models/m", "-tp", "2", "--max-num-batched-tokens=2048")
+    assert config_leaves(argv, tmp_path) == {
+        "model": "/models/m",
+        "tensor_parallel_size": 2,
+        "max_num_batched_tokens": 2048,
+        "dtype": "torch.bfloat16",
+    }
+    assert config_leaves(("vllm", "serve", "m", "--dtype", "half"))["dtype"] == "torch.float16"
+    # auto without the model's config.json: not a factor the args give.
+    assert "dtype" not in config_leaves(("vllm", "serve", "m", "--dtype", "auto"))
+
+
+def test_a_traced_path_that_is_a_fifo_is_missing_never_waited_on(
+    static_env: dict[str, Any], tmp_path: Path
+) -> None:
+    traced = _traced(tmp_path, "venv")
+    name, doc = _main_doc(static_env, traced)
+    traced.unlink()
+    os.mkfifo(traced)
+    pred = predict_entry(name, doc, _pod(static_env))
+    assert _named(pred) == [f"code[{traced}]: present -> missing (missing)"]

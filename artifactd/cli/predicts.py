@@ -80,7 +80,16 @@ _SPECS = (
 )
 
 
+#: Most --relocate pairs (each is tried for every traced file missing at its path).
+MAX_RELOCATIONS = 64
+
+
 def _relocations(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    if len(values) > MAX_RELOCATIONS:
+        raise UsageError(
+            f"{len(values)} --relocate pairs: at most {MAX_RELOCATIONS}",
+            hint="name the venv or site-packages roots, not each file",
+        )
     out = []
     for value in values:
         old, eq, new = value.partition("=")
