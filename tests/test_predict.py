@@ -484,3 +484,27 @@ def test_a_traced_path_that_is_a_fifo_is_missing_never_waited_on(
     os.mkfifo(traced)
     pred = predict_entry(name, doc, _pod(static_env))
     assert _named(pred) == [f"code[{traced}]: present -> missing (missing)"]
+
+
+def _fake_python(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_engine_answer_is_capped_and_its_time_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that floods or hangs is killed: an error the prediction reports, never a hang."""
+    from artifactd.restore import predict as P  # noqa: N812
+
+    flood = _fake_python(tmp_path, "exec yes {}")
+    doc = engine_factors({}, python=flood, torch=False)
+    assert doc == {"env_error": f"the engine's answer is over {P.MAX_ENGINE_OUTPUT} bytes"}
+    monkeypatch.setattr(P, "ENGINE_TIMEOUT_S", 0.5)
+    hang = _fake_python(tmp_path, "exec sleep 600")
+    assert "did not answer within" in engine_factors({}, python=hang, torch=False)["env_error"]
+    pod = pod_factors(PodInputs(environ={}, gpu_name=GPU, engine=doc))
+    assert pod.env is None
+    assert "over" in pod.why["env"]

@@ -31,6 +31,7 @@ import json
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,22 +326,51 @@ def engine_factors(
     """
     cmd = [python, "-c", _ENGINE_SNIPPET] + (["--torch"] if torch else [])
     try:
-        proc = subprocess.run(  # our own snippet, this image's Python
+        proc = subprocess.Popen(  # our own snippet, this image's Python
             cmd,
             env=dict(environ),
-            capture_output=True,
-            timeout=ENGINE_TIMEOUT_S,
-            check=False,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"env_error": f"the engine's Python did not answer: {exc}"[:300]}
-    out = proc.stdout[:MAX_ENGINE_OUTPUT]
+    except OSError as exc:
+        return {"env_error": f"the engine's Python did not start: {exc}"[:300]}
+    out = _read_capped(proc)
+    if out is None:
+        return {"env_error": f"the engine's Python did not answer within {ENGINE_TIMEOUT_S:.0f} s"}
+    if len(out) > MAX_ENGINE_OUTPUT:
+        return {"env_error": f"the engine's answer is over {MAX_ENGINE_OUTPUT} bytes"}
     try:
         doc = json.loads(out.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return {"env_error": f"the engine's Python exited {proc.returncode} without an answer"}
     return doc if isinstance(doc, dict) else {"env_error": "the engine's answer is not an object"}
+
+
+def _read_capped(proc: subprocess.Popen[bytes]) -> bytes | None:
+    """Read at most MAX_ENGINE_OUTPUT + 1 bytes within ENGINE_TIMEOUT_S; None on the timeout.
+
+    The child is killed when it says more or takes longer, and always reaped.
+    """
+    got: list[bytes] = []
+    assert proc.stdout is not None  # noqa: S101 - opened with stdout=PIPE
+
+    def read() -> None:
+        assert proc.stdout is not None  # noqa: S101 - as above
+        got.append(proc.stdout.read(MAX_ENGINE_OUTPUT + 1))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(ENGINE_TIMEOUT_S)
+    timed_out = reader.is_alive()
+    if timed_out or (got and len(got[0]) > MAX_ENGINE_OUTPUT):
+        proc.kill()
+    reader.join()
+    proc.stdout.close()
+    proc.wait()
+    if timed_out:
+        return None
+    return got[0] if got else b""
 
 
 @dataclass(frozen=True)
