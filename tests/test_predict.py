@@ -508,3 +508,15 @@ def test_the_engine_answer_is_capped_and_its_time_bounded(
     pod = pod_factors(PodInputs(environ={}, gpu_name=GPU, engine=doc))
     assert pod.env is None
     assert "over" in pod.why["env"]
+
+
+def test_a_file_vllm_could_not_read_at_build_and_can_here_is_named(
+    static_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """vLLM records no hash for a file it could not read; a pod that can read it hashes it."""
+    traced = _traced(tmp_path, "venv")
+    name, doc = _main_doc(static_env, traced)
+    doc["code"][0].pop("hash")
+    name = vllmkey.dir_key(doc, RECIPE_MAIN)
+    (only,) = _named(predict_entry(name, doc, _pod(static_env)))
+    assert only.startswith(f"code[{traced}].hash: null -> ") and only.endswith("(readable)")
