@@ -176,6 +176,7 @@ def demo_report(result: DemoResult) -> dict[str, Any]:
             "restored_compiled": result.restored_compiled,
             "ratio": round(result.ratio, 3),
             "restore_command": result.restore_command,
+            "kept": result.kept,
         }
     )
 

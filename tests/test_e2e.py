@@ -138,6 +138,9 @@ def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
     assert result["cold_compiled"] == 7
     assert result["restored_compiled"] == 0
     assert 0 < result["restored_seconds"] < result["cold_seconds"]
+    # What it restored is removed (it was 150 MB a run); the store stays.
+    assert result["kept"] is False and not Path(result["target"]).exists()
+    assert not (tmp_path / "demo" / "restored-logs").exists()
     # The command it prints for this machine finds the artifact, typed as printed.
     command = result["restore_command"]
     assert "--gpu-arch sm_90a" in command and "--workload model=artifactd/cpu-demo" in command

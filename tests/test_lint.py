@@ -468,6 +468,7 @@ def test_lint_caches_counts_the_directory_as_a_build_path(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_a_real_triton_cache_lints_without_errors_and_a_followed_path_fails(
     tmp_path: Path,
 ) -> None:

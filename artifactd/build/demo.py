@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,8 @@ class DemoResult:
     #: The restore this demo ran, as a user types it on this machine (the
     #: matrix's declared target, workload and keyed variables: ``pod_flags``).
     restore_command: str = ""
+    #: Whether ``target`` (and the warm-up's logs) were kept (``--keep``).
+    kept: bool = True
 
     @property
     def ratio(self) -> float:
@@ -74,15 +77,23 @@ def run_demo(
     on_event: EventSink = discard,
     environ: Mapping[str, str],
     insecure: bool = False,
+    keep: bool = False,
 ) -> DemoResult:
     """Run build, restore and a restored warm-up; return their timings.
 
-    ``store`` is a store or its reference (created when missing).
+    ``store`` is a store or its reference (created when missing). What the run
+    writes under ``workdir`` (the restored caches, about 150 MB, and the
+    warm-up's logs) is removed at the end unless ``keep``; the store stays.
     """
     with opened(store, create=True, insecure=insecure) as st:
-        return _run_demo(
+        result = _run_demo(
             matrix_path, st, workdir=workdir, on_event=on_event, environ=environ, insecure=insecure
         )
+    if not keep:
+        for path in (Path(result.target), workdir / "restored-logs", workdir / "empty"):
+            shutil.rmtree(path, ignore_errors=True)
+        result.kept = False
+    return result
 
 
 def _run_demo(

@@ -66,12 +66,15 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
+def event_printer(as_json: bool, *, lines: bool = False) -> Callable[[dict[str, Any]], None]:
     """Show library events: JSON lines on stderr with --json, progress on a terminal.
 
     Progress events are for people: they appear only on a TTY and never in JSON.
+    With ``lines`` (the long-running commands: build, verify, merge, demo,
+    images), every other event is a line on stderr when it is not a terminal
+    too (a CI log), so a three-minute cell is seen starting, not a silence.
     """
-    tty = sys.stderr.isatty()
+    tty = sys.stderr.isatty() or lines
 
     def show(event: dict[str, Any]) -> None:
         progress = event.get("event") == "progress"
@@ -82,6 +85,8 @@ def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
         if not tty:
             return
         if progress:
+            if not sys.stderr.isatty():
+                return  # a ticking line is for a terminal; a log gets the stage lines
             done, total = event.get("bytes", 0), event.get("total", 0)
             pct = f" {100 * done / total:3.0f}%" if total else ""
             echo(
@@ -92,7 +97,8 @@ def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
             )
             return
         detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
-        echo(f"\r[{event.get('stage')}] {event.get('event')} {detail}", err=True)
+        back = "\r" if sys.stderr.isatty() else ""  # over a progress line, on a terminal
+        echo(f"{back}[{event.get('stage')}] {event.get('event')} {detail}", err=True)
 
     return show
 
@@ -324,7 +330,7 @@ def inspect(art: Artifact, *, show_files: bool) -> None:
 def demo(result: DemoResult) -> None:
     """Print the three stages' times and compile counts, and the time saved per start."""
     echo(f"artifact {result.artifact} in {result.store}")
-    echo(f"restored into {result.target}")
+    echo(f"restored into {result.target}" + ("" if result.kept else " (removed: --keep keeps it)"))
     rows = [
         ("stage", "seconds", "compiled"),
         ("cold warm-up (fresh caches)", f"{result.cold_seconds:.1f}", str(result.cold_compiled)),
