@@ -56,7 +56,7 @@ _SITE = "/site-packages/"
 #: Longest value shown in a difference (a path in a deep venv fits).
 MAX_VALUE_CHARS = 400
 
-Status = Literal["match", "differs", "unknown"]
+FactorStatus = Literal["match", "differs", "unknown"]
 
 
 def hash_factors(items: Any) -> str:
@@ -152,7 +152,7 @@ class FactorCheck:
     """The verdict on one factor group: ``match``, ``differs`` or ``unknown`` (with ``reason``)."""
 
     group: str
-    status: Status
+    status: FactorStatus
     differences: tuple[Difference, ...] = ()
     reason: str = ""
     #: How many differences there were in all (``differences`` holds at most :data:`MAX_NAMED`).
@@ -363,7 +363,7 @@ def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[Factor
     return checks
 
 
-def verdict(checks: Sequence[FactorCheck]) -> Status:
+def verdict(checks: Sequence[FactorCheck]) -> FactorStatus:
     """``differs`` when any group differs, else ``unknown`` when any is unknown, else ``match``."""
     if any(c.status == "differs" for c in checks):
         return "differs"
