@@ -30,6 +30,10 @@ from typing import Any, NamedTuple
 
 #: Most cells a matrix may expand to (the product of its axes' lengths).
 MAX_CELLS = 10_000
+#: The default cap on a delta's files (bytes, unpacked): ``contribute`` and
+#: ``absorb --max-bytes``. Here, not in :mod:`artifactd.pod.contribute`, so that the
+#: command line reads it without loading what contributing needs.
+DELTA_MAX_BYTES = 2 << 30
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 

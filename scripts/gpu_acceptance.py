@@ -62,6 +62,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from artifactd.build.demo import restored_environ
+from artifactd.build.run import cell_environ
+from artifactd.families import get_family
+from artifactd.pod.verdict import wait_past, written_files
+
 REPO = Path(__file__).resolve().parent.parent
 WARMUP = REPO / "warmup_matrices" / "gpu-acceptance" / "warmup.py"
 AXPY = REPO / "warmup_matrices" / "cpu-demo" / "axpy.cu"
@@ -258,10 +263,11 @@ class Acceptance:
     def environment_step(self, st: Step) -> None:
         """Report the node's software and GPU; fail only when artifactd cannot be imported."""
         try:  # what the later steps use: a dependency missing on the node shows here
-            import artifactd
-            import artifactd.build.demo
-            import artifactd.build.run
-            import artifactd.pod.verdict
+            # lazy: this step is the one that reports a dependency missing on the node
+            import artifactd  # noqa: PLC0415
+            import artifactd.build.demo  # noqa: PLC0415
+            import artifactd.build.run  # noqa: PLC0415
+            import artifactd.pod.verdict  # noqa: PLC0415
         except ImportError as exc:
             raise StepError(
                 f"cannot import artifactd: {exc} (put its wheel and the missing ones in --wheels)"
@@ -378,9 +384,6 @@ class Acceptance:
 
     def warm(self, st: Step, family: str, env: Mapping[str, str], *, restored: bool) -> None:
         """Run a family's warm-up with ``env``; judge what it compiled and wrote."""
-        from artifactd.families import get_family
-        from artifactd.pod.verdict import wait_past, written_files
-
         argv = self.warmup_argv(family)
         if argv is None:
             raise StepError(f"no warm-up for {family} in this mode")
@@ -489,8 +492,6 @@ class Acceptance:
         base = self.base_env()
         cold_env: dict[str, str] = {}
         if not self.stopped:  # artifactd imports: the environment step found it
-            from artifactd.build.run import cell_environ
-
             cold_env = cell_environ(self.cache, list(FAMILIES), {}, base)
         self.work.mkdir(parents=True, exist_ok=True)
         cold: dict[str, Step] = {}
@@ -512,8 +513,6 @@ class Acceptance:
             self.stopped = self.stopped or "restore did not run"
         warm_env: dict[str, str] = {}
         if not self.stopped:
-            from artifactd.build.demo import restored_environ
-
             warm_env = restored_environ(self.target / "artifactd.env", base, self.out / "empty")
         for family in FAMILIES:
             why = None

@@ -87,6 +87,7 @@ def steps_of(out: Path) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in report["steps"]}
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("relocate", [False, True], ids=["same-path", "relocated"])
 def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(

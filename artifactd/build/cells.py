@@ -60,9 +60,10 @@ from pathlib import Path
 from typing import Any
 
 from artifactd import bounds as B  # noqa: N812
+from artifactd.boundedhttp import ExchangeError, exchange, redact_url
 from artifactd.build import launch
 from artifactd.build.matrix import Cell, ServeCell, ServeRequests
-from artifactd.errors import BuildError
+from artifactd.errors import BuildError, UsageError
 from artifactd.events import EventSink, discard
 
 #: Lines of the engine's log quoted in an error.
@@ -236,9 +237,6 @@ def _send(req: _Request, timeout: float, deadline: float | None = None) -> str:
     (:func:`artifactd.boundedhttp.exchange`), the answer at most
     :data:`MAX_ANSWER_BYTES`.
     """
-    from artifactd.boundedhttp import ExchangeError, exchange
-    from artifactd.errors import UsageError
-
     data = json.dumps(req.body).encode()
     try:
         answer = exchange(
@@ -369,8 +367,6 @@ def send_requests(
 
 
 def _shown(url: str) -> str:
-    from artifactd.boundedhttp import redact_url
-
     return redact_url(url)
 
 

@@ -38,7 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from artifactd.build.matrix import expand, load_matrix
 from artifactd.build.published import published_fingerprint
+from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
+from artifactd.build.schedule import node_devices, run_packed
 from artifactd.constants import CUDA_VISIBLE_DEVICES, current_environ
 from artifactd.errors import VerifyError
 from artifactd.events import EventSink, discard
@@ -50,6 +53,8 @@ from artifactd.restore.destination import CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore, unbound, whole_want
 from artifactd.restore.source import StoreSource
+from artifactd.stores.artifacts import read_artifact
+from artifactd.trust.policy import checked_basis
 from artifactd.trust.provenance import statement
 from artifactd.trust.signatures import attest, store_identity
 
@@ -214,8 +219,6 @@ def verify(
     the policy signed it (each cell's restore verifies it again); a gate that
     ran and failed is a result with ``passed`` false.
     """
-    from artifactd.stores.artifacts import read_artifact
-
     pre = preamble(matrix_path, setup)
     matrix, fingerprint = pre.matrix, pre.fingerprint
     tag = whole_want(fingerprint.hash).tag
@@ -281,8 +284,6 @@ def run_cells(
     Each cell's roots are ``ctx.roots/cells/<cell id>`` (left in place: the
     caller removes them); packed onto the node's GPUs as a build packs them.
     """
-    from artifactd.build.schedule import node_devices, run_packed
-
     ctx.roots.mkdir(parents=True, exist_ok=True)
 
     def run_one(cell: Cell, taken: tuple[str, ...]) -> CellVerified:
@@ -376,9 +377,6 @@ def preamble(matrix_path: Path, setup: GateSetup) -> Preamble:
     Raises what loading the matrix raises (:class:`~artifactd.errors.ConfigError`)
     and :class:`TypeError` for a ``setup.trust`` that is not a basis (``None``).
     """
-    from artifactd.build.matrix import expand, load_matrix
-    from artifactd.trust.policy import checked_basis
-
     started = time.monotonic()
     trust = checked_basis(setup.trust, "verify")
     matrix = load_matrix(matrix_path)
@@ -411,8 +409,6 @@ class Context:
 
 def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerified:
     """Restore into the cell's own fresh roots, run it there, count and compare."""
-    from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
-
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
     plan = plan_restore(

@@ -76,7 +76,8 @@ __all__ = ["cli", "main"]
 def __getattr__(name: str) -> Any:
     """``artifactd.cli.cli``, the click group, imported (with click) on first use."""
     if name == "cli":
-        from artifactd.cli.app import cli
+        # lazy: click and every command module, only when the group is asked for
+        from artifactd.cli.app import cli  # noqa: PLC0415
 
         return cli
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

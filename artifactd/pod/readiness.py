@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from artifactd.boundedhttp import ExchangeError, exchange, parse_url
 from artifactd.errors import UsageError
 
 if TYPE_CHECKING:
@@ -114,8 +115,6 @@ class Readiness:
 
 def check_engine_url(engine_url: str) -> str:
     """Return ``engine_url`` as shown (no password); raise :class:`UsageError` if malformed."""
-    from artifactd.boundedhttp import parse_url
-
     return parse_url(engine_url, "--engine-url").shown
 
 
@@ -124,8 +123,6 @@ def probe_health(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[boo
 
     The whole exchange within ``timeout``; the URL is shown without its password.
     """
-    from artifactd.boundedhttp import ExchangeError, exchange, parse_url
-
     endpoint = parse_url(engine_url.rstrip("/") + "/health", "--engine-url")
     started = time.monotonic()
     try:
@@ -143,7 +140,9 @@ def prewarm_cell(matrix_path: Path, engine_url: str, cell_id: str | None) -> Ser
     and no ``cell_id``, or not that one; the matrix's own errors are its
     :class:`~artifactd.errors.ConfigError`.
     """
-    from artifactd.build.matrix import expand, load_matrix
+    # lazy: a climb against the stage order, named in tests/test_layout.py's STAGE_EXCEPTIONS
+    # (status --matrix only)
+    from artifactd.build.matrix import expand, load_matrix  # noqa: PLC0415
 
     matrix = load_matrix(matrix_path)
     cells = [c for c in expand(matrix, matrix_path) if c.serve is not None]

@@ -15,14 +15,17 @@ the init container) is :mod:`artifactd.restore.policy`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
+from artifactd.format.unpack import check_layer
 from artifactd.fsutil import sync_filesystem
 from artifactd.restore.destination import (
     CacheVolume,
@@ -143,8 +146,6 @@ def _restore_locked(
     max_workers: int,
     phases: dict[str, float],
 ) -> tuple[int, int]:
-    from artifactd.format.unpack import check_layer
-
     t0 = time.monotonic()
     hits = plan.hits
     bounds: dict[str, int] = {}
@@ -251,7 +252,6 @@ def _stage_all(
     with _Flusher(staging):
         if len(hits) == 1 or workers <= 1:
             return [stage(fp) for fp in hits]
-        from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(workers, len(hits))) as pool:
             return list(pool.map(stage, hits))
@@ -271,8 +271,6 @@ class _Flusher:
     """
 
     def __init__(self, staging: Path) -> None:
-        import threading
-
         self._staging = staging
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flush", daemon=True)

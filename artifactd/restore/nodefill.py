@@ -30,7 +30,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
 from artifactd.events import EventSink, discard
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+from artifactd.restore.resolve import picks, wants, whole_want
 from artifactd.restore.source import StoreSource
+from artifactd.stores import open_store
+from artifactd.stores.layout import LayoutStore
 from artifactd.stores.nodestore import (
     LOCK_TIMEOUT,
     TMP_PREFIX,
@@ -136,8 +139,6 @@ def fill(
     reported in the result (``offline``), so a warm node store still serves.
     A full node disk raises :class:`NoSpaceError`.
     """
-    from artifactd.restore.resolve import whole_want
-
     start = time.monotonic()
     result = FillResult(node=node.ref, outcome="node")
     result.cleared = clear_leftovers(node)
@@ -183,21 +184,18 @@ def fill(
 
 def restore_tags(lookup: Lookup) -> list[str]:
     """Every tag a restore of ``lookup`` may read: the whole artifact's, the families'."""
-    from artifactd.restore.resolve import wants
-
     return [w.tag for w in wants(*lookup)]
 
 
 def _wanted(node: LayoutStore, lookup: Lookup) -> list[str]:
     """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
-    from artifactd.restore.resolve import picks
-
     return [w.tag for w in picks(StoreSource(node), *lookup)]
 
 
 def _signed(node: LayoutStore, tag: str) -> bool:
     """Whether the manifest ``tag`` names has a ``.sig`` in the node store."""
-    from artifactd.trust.signatures import attached_tag
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.trust.signatures import attached_tag  # noqa: PLC0415
 
     digest = node.tag_digest(tag)
     return digest is not None and node.tag_digest(attached_tag(digest, "sig")) is not None
@@ -218,8 +216,6 @@ def _fetch(
     then picks what resolving against the registry would, whole artifact or
     families, and names a tag there that is bound to something else.
     """
-    from artifactd.restore.resolve import wants
-
     wanted = wants(*lookup)
     remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
     tags = [t for t, d in remote_digests.items() if d is not None]
@@ -227,17 +223,17 @@ def _fetch(
     tags = [t for t in tags if t not in same]
     unsigned = [t for t in same if signatures and not _signed(node, t)]
     if tags or unsigned:
-        from artifactd.trust.signatures import copy_attached
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        import tempfile  # noqa: PLC0415
+
+        from artifactd.stores.artifacts import copy_artifacts  # noqa: PLC0415
+        from artifactd.trust.signatures import copy_attached  # noqa: PLC0415
 
         fetched: list[str] = []
         try:
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
-            import tempfile
-
             with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
-                    from artifactd.stores.artifacts import copy_artifacts
-
                     copied = copy_artifacts(remote, node, tags, Path(tmp))
                     fetched += copied.tags + copied.attached
                     result.bytes_fetched = copied.bytes_uploaded
@@ -275,9 +271,6 @@ def prefetch(
     unreachable registry is an error here: a prefetch that fetched nothing
     must not look like success.
     """
-    from artifactd.stores import open_store
-    from artifactd.stores.layout import LayoutStore
-
     root = node_root(node_ref)
     lookup = Lookup.of(raw_fingerprint, families)
     with node_lock(root, timeout=timeout):

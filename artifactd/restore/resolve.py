@@ -280,8 +280,8 @@ def plan_restore(
     schema-invalid) raises its :class:`ArtifactdError`: the caller's policy
     decides what that means.
     """
-    # Planning is past the no-op check: a no-op restore never loads the policy module.
-    from artifactd.trust.policy import TrustPolicy, checked_basis
+    # lazy: planning is past the no-op check; a no-op restore never loads the policy module
+    from artifactd.trust.policy import TrustPolicy, checked_basis  # noqa: PLC0415
 
     trust = checked_basis(trust, "plan_restore")
     target = target.absolute()
@@ -480,7 +480,8 @@ def _resolve(
         if art is not None:
             why = unbound(want.tag, art.kind, rec.scope_key if rec else None, want.key)
         if why and rec is not None and art is not None and art.kind not in ("cell", "delta"):
-            from artifactd.fingerprint.diff import differences
+            # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+            from artifactd.fingerprint.diff import differences  # noqa: PLC0415
 
             deciding = differences(rec.scope, local.select(fam.scope))
             names = ", ".join(d.path for d in deciding) or "its scope revision"
@@ -519,8 +520,9 @@ def _hit(
 
 def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSampled | None:
     """Read up to :data:`SAMPLE_SIZE` whole artifacts and pick the least different."""
-    from artifactd.fingerprint.declare import to_match
-    from artifactd.fingerprint.diff import differences
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.declare import to_match  # noqa: PLC0415
+    from artifactd.fingerprint.diff import differences  # noqa: PLC0415
 
     best: tuple[int, ClosestSampled] | None = None
     compared = 0
@@ -549,7 +551,8 @@ def _explain_misses(
 
     A miss whose reason is in ``keep`` (a tag passed over as unbound) keeps it.
     """
-    from artifactd.fingerprint.diff import family_match
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.diff import family_match  # noqa: PLC0415
 
     if nearest is None or nearest.artifact is None:
         return plans

@@ -30,7 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from artifactd.errors import ArtifactdError, IntegrityError
 from artifactd.events import EventSink
+from artifactd.format.oci import FULL_TAG_PREFIX
 from artifactd.stores.base import Store, progress_events
 
 if TYPE_CHECKING:
@@ -145,7 +147,8 @@ class StoreSource:
 
     def find(self, want: Want, *, trust: Basis) -> Found | None:
         """Read and verify the artifact ``want``'s tag names (signature first, under a policy)."""
-        from artifactd.stores.artifacts import read_artifact
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
 
         art = read_artifact(self.store, want.tag, trust=trust)
         if art is None:
@@ -162,9 +165,8 @@ class StoreSource:
 
     def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
         """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
-        from artifactd.errors import ArtifactdError
-        from artifactd.format.oci import FULL_TAG_PREFIX
-        from artifactd.stores.artifacts import read_artifact
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
 
         out = []
         for tag in list(self.store.iter_tags(FULL_TAG_PREFIX))[:limit]:
@@ -187,8 +189,8 @@ class StoreSource:
         on_event: EventSink,
     ) -> UnpackResult:
         """Stream the planned layer from the store, verified, into ``staging``."""
-        from artifactd.errors import IntegrityError
-        from artifactd.format.unpack import (
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.format.unpack import (  # noqa: PLC0415
             unpack_layer,  # zstd and tarfile: only when there is work
         )
 

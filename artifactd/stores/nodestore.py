@@ -50,6 +50,8 @@ from artifactd.errors import (
 )
 from artifactd.events import EventSink, discard
 from artifactd.fsutil import atomic_write, read_regular
+from artifactd.hashing import copy_hashed
+from artifactd.stores.layout import MAX_INDEX_BYTES
 
 if TYPE_CHECKING:
     from artifactd.stores.layout import LayoutStore
@@ -133,7 +135,8 @@ def clear_leftovers(node: LayoutStore) -> list[str]:
             if not entry.name.startswith(TMP_PREFIX):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                import shutil
+                # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+                import shutil  # noqa: PLC0415
 
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
@@ -153,7 +156,8 @@ def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
     fetches them again (a fill skips a tag the node already holds). Call it
     under the exclusive lock. Returns the tags removed.
     """
-    from artifactd.format.imagemanifest import ImageManifest
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.format.imagemanifest import ImageManifest  # noqa: PLC0415
 
     on_disk = node.blob_digests()
     damaged: set[str] = set()
@@ -180,8 +184,6 @@ def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
 
 def _intact(node: LayoutStore, digest: str, size: int) -> bool:
     """Whether the node's blob ``digest`` holds exactly ``size`` bytes that hash to it."""
-    from artifactd.hashing import copy_hashed
-
     try:
         with node.open_blob(digest, size) as blob:
             return copy_hashed(blob, limit=size).matches(digest, size)
@@ -202,8 +204,6 @@ def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = No
 
 def read_usage(root: Path) -> dict[str, float]:
     """Return the last-use record (manifest digest -> time); empty when missing or unreadable."""
-    from artifactd.stores.layout import MAX_INDEX_BYTES
-
     try:
         # One entry a manifest: the index's own limit bounds it too.
         doc = json.loads(read_regular(root / USAGE_NAME, MAX_INDEX_BYTES))
@@ -277,7 +277,8 @@ def _collect(
     dry_run: bool,
     on_event: EventSink,
 ) -> GcResult:
-    from artifactd.trust.signatures import parse_attached_tag
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
 
     blobs = node.blob_digests()
     before = sum(blobs.values())
@@ -361,7 +362,8 @@ def _live(kept: dict[str, str], attached: dict[str, str], every: dict[str, str])
 
 def _referenced(node: LayoutStore, manifests: set[str]) -> set[str]:
     """Every blob the given manifests reference: themselves, their configs and layers."""
-    from artifactd.format.imagemanifest import ImageManifest
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.format.imagemanifest import ImageManifest  # noqa: PLC0415
 
     out: set[str] = set()
     for digest in manifests:

@@ -56,6 +56,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+
 if TYPE_CHECKING:
     import torch
 
@@ -88,7 +90,9 @@ class Model:
     """
 
     def __init__(self) -> None:
-        import torch
+        # lazy: torch only once the engine loads its model: a crash before that needs no torch
+        # (tests/test_serve.py)
+        import torch  # noqa: PLC0415
 
         torch.manual_seed(0)
         self.emb = torch.nn.Embedding(VOCAB, DIM)
@@ -100,8 +104,9 @@ class Model:
     def compiled(self) -> tuple[Prefill, Decode]:
         """The ``torch.compile``'d prefill and decode (``dynamic=False``), made once."""
         if self._compiled is None:
-            import torch
-            import torch._dynamo.config
+            # lazy: torch, as above
+            import torch  # noqa: PLC0415
+            import torch._dynamo.config  # noqa: PLC0415
 
             torch._dynamo.config.recompile_limit = MAX_GRAPHS
             self._compiled = (
@@ -112,7 +117,8 @@ class Model:
 
     def prefill_eager(self, ids: torch.Tensor) -> torch.Tensor:
         """Fold a prompt of ``L`` tokens into a state vector (position-weighted mean)."""
-        import torch
+        # lazy: torch, as above
+        import torch  # noqa: PLC0415
 
         h = torch.tanh(self.mix(self.emb(ids)))
         length = ids.shape[0]
@@ -123,7 +129,8 @@ class Model:
         self, state: torch.Tensor, token: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One greedy step: the next token (argmax over the vocabulary) and the new state."""
-        import torch
+        # lazy: torch, as above
+        import torch  # noqa: PLC0415
 
         s = torch.tanh(self.mix(state + self.emb(token)[0]))
         return self.out(s).argmax(-1, keepdim=True), s
@@ -138,7 +145,8 @@ class Model:
         ids = token_ids(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
-        import torch
+        # lazy: torch, as above
+        import torch  # noqa: PLC0415
 
         out: list[int] = []
         with self.lock, torch.no_grad():  # one request at a time, like a batch-1 scheduler
@@ -183,8 +191,6 @@ class Metrics:
     """The engine's /metrics: vLLM's traffic histograms and running gauge, in a registry."""
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
-        from prometheus_client import CollectorRegistry, Gauge, Histogram
-
         self.registry = CollectorRegistry()
         names = ["model_name", "engine"]
         labels = {"model_name": model_name, "engine": "0"}
@@ -219,8 +225,6 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""
-        from prometheus_client import generate_latest
-
         return bytes(generate_latest(self.registry))
 
 
@@ -366,7 +370,8 @@ def counters() -> dict[str, int]:
     """Inductor's FX graph cache counters (zeros when nothing was ever compiled)."""
     if "torch._dynamo.utils" not in sys.modules:
         return {"compiled": 0, "cache_hits": 0, "bypassed": 0}
-    from torch._dynamo.utils import counters as dynamo_counters
+    # lazy: torch, as above
+    from torch._dynamo.utils import counters as dynamo_counters  # noqa: PLC0415
 
     c = dynamo_counters["inductor"]
     return {
