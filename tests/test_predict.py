@@ -28,6 +28,7 @@ from test_drift_guards import release_dir
 
 from artifactd.families import vllmkey
 from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
+from artifactd.restore import predict as P  # noqa: N812
 from artifactd.restore.predict import (
     PodInputs,
     config_leaves,
@@ -36,6 +37,8 @@ from artifactd.restore.predict import (
     predict,
     predict_entry,
     read_traced,
+    recorded_from_root,
+    run_predict,
 )
 
 VLLM = "vllm-0.33.0"
@@ -261,8 +264,6 @@ def test_env_variable_is_named(
 
 
 def vllmkey_read(root: Path) -> dict[str, dict[str, Any]]:
-    from artifactd.restore.predict import recorded_from_root
-
     return recorded_from_root(root)
 
 
@@ -453,8 +454,6 @@ def test_cli_from_an_artifact_reads_only_its_config(
         (blobs / layer["digest"].split(":")[1]).unlink()
     engine = {"env": {**build_env_factors, ENV_VAR: True}}
     pred = PodInputs(environ={}, engine=engine, gpu_name=GPU)
-    from artifactd.restore.predict import run_predict
-
     result = run_predict(cache_root=None, ref=f"oci:{layout}:{tag}", inputs=pred)
     assert [e.entry for e in result.entries] == [name]
     assert result.outcome == "miss"
@@ -497,8 +496,6 @@ def test_the_engine_answer_is_capped_and_its_time_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A child that floods or hangs is killed: an error the prediction reports, never a hang."""
-    from artifactd.restore import predict as P  # noqa: N812
-
     flood = _fake_python(tmp_path, "exec yes {}")
     doc = engine_factors({}, python=flood, torch=False)
     assert doc == {"env_error": f"the engine's answer is over {P.MAX_ENGINE_OUTPUT} bytes"}

@@ -209,9 +209,9 @@ def recorded_from_facts(facts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def recorded_from_ref(ref: str, *, insecure: bool = False) -> dict[str, dict[str, Any]]:
     """Read an artifact's config (never a layer) and return its vLLM entries' factors."""
-    # Only --from reads a store: a prediction from a cache root on disk never loads one.
-    from artifactd.stores import open_store, parse_manifest_ref
-    from artifactd.stores.artifacts import read_artifact
+    # lazy: only --from reads a store; a prediction from a cache root never loads one
+    from artifactd.stores import open_store, parse_manifest_ref  # noqa: PLC0415
+    from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415  # lazy: as above
 
     store, reference = parse_manifest_ref(ref)
     with open_store(store, insecure=insecure) as st:
@@ -296,13 +296,13 @@ def _model_dtype(model_dir: Path) -> str:
 
 def nvml_gpu_name() -> str | None:
     """GPU 0's name from NVML (no CUDA context); None without a driver or nvidia-ml-py."""
-    # Only without --gpu-name: the probe module is not needed otherwise.
-    from artifactd.fingerprint.probe import gpu_from_nvml, has_nvidia_driver
+    # lazy: only without --gpu-name is the probe module needed
+    from artifactd.fingerprint.probe import gpu_from_nvml, has_nvidia_driver  # noqa: PLC0415
 
     if not has_nvidia_driver():
         return None
     try:
-        import pynvml  # the optional gpu extra: absent on most init images
+        import pynvml  # noqa: PLC0415  # optional (the gpu extra): absent on most init images
 
         pynvml.nvmlInit()
     except Exception:  # no NVML here: the GPU name stays unknown
