@@ -517,3 +517,12 @@ def test_a_file_vllm_could_not_read_at_build_and_can_here_is_named(
     name = vllmkey.dir_key(doc, RECIPE_MAIN)
     (only,) = _named(predict_entry(name, doc, _pod(static_env)))
     assert only.startswith(f"code[{traced}].hash: null -> ") and only.endswith("(readable)")
+
+
+def test_the_engine_python_is_the_one_asked(static_env: dict[str, Any], tmp_path: Path) -> None:
+    """--engine-python: vLLM lives in the engine's venv, artifactd may run from another."""
+    answer = json.dumps({"env": {**static_env, ENV_VAR: True}})
+    engine = _fake_python(tmp_path, f"echo '{answer}'")
+    pod = pod_factors(PodInputs(environ={}, gpu_name=GPU, python=engine), torch=False)
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    assert _named(predict_entry(name, doc, pod))[0] == f"env.{ENV_VAR}: false -> true"

@@ -68,6 +68,14 @@ _SPECS = (
         kind="path",
     ),
     Opt(
+        "--engine-python",
+        "engine_python",
+        "The engine's Python, where vLLM and torch are installed (default: the one running"
+        " artifactd).",
+        C.ENV_ENGINE_PYTHON,
+        metavar="PATH",
+    ),
+    Opt(
         "--require-hit",
         "require_hit",
         "Exit 16 unless the engine will hit (a predicted miss or an unknown).",
@@ -113,6 +121,7 @@ def predict(
     model_dir: Path | None,
     relocate: tuple[str, ...],
     engine_factors: Path | None,
+    engine_python: str | None,
     require_hit: bool,
     metrics_file: Any,
     insecure: bool,
@@ -148,6 +157,7 @@ def predict(
         gpu_name=gpu_name,
         relocations=_relocations(relocate),
         groups=read_groups(engine_factors) if engine_factors is not None else {},
+        python=engine_python,
     )
     result = run_predict(
         cache_root=cache_root,

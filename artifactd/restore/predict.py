@@ -381,7 +381,8 @@ class PodInputs:
     ``gpu_name``: a node label's value (else NVML); ``relocations``:
     ``(recorded prefix, pod prefix)`` pairs for traced files (another venv);
     ``groups``: whole factor groups the engine's image computed itself
-    (``config``, ``compiler``; :func:`read_groups`), compared whole.
+    (``config``, ``compiler``; :func:`read_groups`), compared whole;
+    ``python``: the engine's interpreter, when artifactd runs under another.
     """
 
     environ: Mapping[str, str]
@@ -391,6 +392,7 @@ class PodInputs:
     relocations: tuple[tuple[str, str], ...] = ()
     engine: Mapping[str, Any] | None = None
     groups: Mapping[str, Any] = field(default_factory=dict)
+    python: str | None = None
 
 
 def pod_factors(inputs: PodInputs, *, torch: bool = True) -> PodFactors:
@@ -401,7 +403,8 @@ def pod_factors(inputs: PodInputs, *, torch: bool = True) -> PodFactors:
     """
     engine = inputs.engine
     if engine is None:
-        engine = engine_factors(inputs.environ, torch=torch)
+        python = inputs.python or sys.executable
+        engine = engine_factors(inputs.environ, python=python, torch=torch)
     why: dict[str, str] = {}
     env = engine.get("env")
     if not isinstance(env, Mapping):
