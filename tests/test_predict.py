@@ -28,18 +28,15 @@ from test_drift_guards import release_dir
 
 from artifactd.families import vllmkey
 from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
-from artifactd.restore import predict as P  # noqa: N812
-from artifactd.restore.predict import (
+from artifactd.restore import engineside as P  # noqa: N812
+from artifactd.restore.engineside import (
     PodInputs,
     config_leaves,
     engine_factors,
     pod_factors,
-    predict,
-    predict_entry,
     read_traced,
-    recorded_from_root,
-    run_predict,
 )
+from artifactd.restore.predict import predict, predict_entry, recorded_from_root, run_predict
 
 VLLM = "vllm-0.33.0"
 GPU = "NVIDIA H100 80GB HBM3"

@@ -148,7 +148,8 @@ def predict(
     not hit: 16.
     """
     from artifactd.errors import PredictedMissError
-    from artifactd.restore.predict import PodInputs, read_groups, run_predict
+    from artifactd.restore.engineside import PodInputs
+    from artifactd.restore.predict import read_groups, run_predict
 
     inputs = PodInputs(
         environ=C.current_environ(),
