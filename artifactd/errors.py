@@ -159,5 +159,5 @@ class PredictedMissError(ArtifactdError):
     message names each factor that differs.
     """
 
-    exit_code = 16
+    exit_code = 17
     kind = "predicted_miss"

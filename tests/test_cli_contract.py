@@ -52,6 +52,8 @@ COMMANDS = {
     "predict",
     "prefetch",
     "prune",
+    "quarantine ls",
+    "quarantine rm",
     "restore",
     "schema",
     "sign",

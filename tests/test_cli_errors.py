@@ -31,7 +31,7 @@ from test_hostile_inputs import UNREADABLE_WRAPPER
 from artifactd.cli import cli
 
 #: The README's exit-code table: 1 (a bug) is not among them.
-DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 126, 127}
+DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 126, 127}
 #: Bytes no UTF-8 text holds, as a command line passes them (Python decodes them as surrogates).
 NOT_UTF8 = os.fsdecode(b"\xff\xfe")
 

@@ -30,7 +30,11 @@ SUMMARY = re.compile(
 )
 #: Steps that need a GPU (or a package a GPU node gets through --wheels).
 GPU_FAMILIES = ("cuda-jit", "inductor", "flashinfer", "cutedsl")
-GPU_STEPS = ("gpu-probe", *(f"{w} {f}" for w in ("cold", "restored") for f in GPU_FAMILIES))
+GPU_STEPS = (
+    "gpu-probe",
+    *(f"{w} {f}" for w in ("cold", "restored") for f in GPU_FAMILIES),
+    "canary",
+)
 #: Steps that need no GPU: they must pass here.
 HERE_STEPS = (
     "wheels",

@@ -405,7 +405,7 @@ def test_cli_predicts_and_require_hit_exits_16(
         "--max-num-batched-tokens=2048",
         env={**env, ENV_VAR: "1"},
     )
-    assert miss.returncode == 16, miss.stderr[-2000:]
+    assert miss.returncode == 17, miss.stderr[-2000:]
     assert f"will miss: env.{ENV_VAR}: false -> true" in miss.stdout
     assert "max_num_batched_tokens: 8192 -> 2048" in miss.stdout
     assert "Traceback" not in miss.stderr
@@ -417,7 +417,7 @@ def test_cli_predicts_and_require_hit_exits_16(
 def test_cli_without_factors_is_unknown_and_refuses_a_fifo(tmp_path: Path) -> None:
     (tmp_path / "vllm").mkdir()
     proc = run_artifactd("predict", "--cache-root", str(tmp_path / "vllm"), "--require-hit")
-    assert proc.returncode == 16
+    assert proc.returncode == 17
     assert "no vLLM compile cache entry" in proc.stdout
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

@@ -138,7 +138,12 @@ def verify_candidate(
     try:
         # The restore's checks on what was submitted, before any cell runs.
         submitted = _unpack_contributed(store, cand.config, roots / "submitted")
-        proof_ctx = pre.context(store, roots / "proof", base.config.provenance.checks)
+        proof_ctx = pre.context(
+            store,
+            roots / "proof",
+            base.config.provenance.checks,
+            canaries={c.cell: c for c in base.config.canaries},
+        )
         proof = run_cells(proof_ctx, cells, gpus=gpus, jobs=jobs)
         _proof_ran_on(roots / "proof", base.digest, candidate)
         evidence = _evidence(roots / "proof", cand.config)
@@ -152,7 +157,13 @@ def verify_candidate(
         with open_store(f"oci:{roots / 'gate-store'}", create=True) as scratch:
             gated = _publish(store, scratch, art, packed, roots / "pack")
             # The scratch layout holds what this process rebuilt from verified parts, unsigned.
-            gate_ctx = pre.context(scratch, roots / "gate", recorded, trust=UNSAFE_NO_VERIFICATION)
+            gate_ctx = pre.context(
+                scratch,
+                roots / "gate",
+                recorded,
+                trust=UNSAFE_NO_VERIFICATION,
+                canaries={c.cell: c for c in base.config.canaries},
+            )
             results = run_cells(gate_ctx, cells, gpus=gpus, jobs=jobs)
         failures = gate_failures(results)
         gate = VerifyResult(

@@ -148,6 +148,8 @@ def merge(
             fingerprint_hash=fingerprint_hash,
             layers=records,
             provenance=provenance,
+            # Each cell's canary, as its part recorded it: the merged artifact carries them all.
+            canaries=[can for _, a in parts for can in a.config.canaries],
         )
         pub = publish(store, art, packed, work, on_event=on_event)
     signing = None

@@ -23,7 +23,7 @@ Modules:
 * :mod:`~artifactd.cli.keys`: ``keygen`` and ``sign``.
 * :mod:`~artifactd.cli.schemas`: ``schema``, the JSON Schemas.
 * :mod:`~artifactd.cli.images`: ``image``, runtime images carrying caches.
-* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc`` and ``node-features``.
+* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc``, ``node-features`` and ``quarantine``.
 * :mod:`~artifactd.cli.pods`: ``exec`` and ``status``.
 * :mod:`~artifactd.cli.predicts`: ``predict``, the engine's own cache hit before it starts.
 * :mod:`~artifactd.cli.shapes`: ``matrix shapes``, from an engine's traffic metrics.
@@ -57,7 +57,7 @@ code  meaning
 14    untrusted: with ``--verify-key``, a manifest is unsigned, signed by
       another key or for another digest (``restore --require``, ``inspect``,
       ``prefetch --software-from``, ``copy`` and ``sign`` before re-signing)
-16    ``predict --require-hit``: the engine will not hit its own compile cache
+17    ``predict --require-hit``: the engine will not hit its own compile cache
       (a predicted miss, or unknown)
 126   ``exec``: the command is not executable (127: not found); otherwise
       ``exec`` is the command, and its exit code is the command's

@@ -78,7 +78,7 @@ _SPECS = (
     Opt(
         "--require-hit",
         "require_hit",
-        "Exit 16 unless the engine will hit (a predicted miss or an unknown).",
+        "Exit 17 unless the engine will hit (a predicted miss or an unknown).",
         C.ENV_REQUIRE_HIT,
         is_flag=True,
     ),
@@ -145,7 +145,7 @@ def predict(
     <recorded> -> <pod>`, or `unknown` with the reason.
 
     Exit 0 whatever it predicts, unless --require-hit and the engine will
-    not hit: 16.
+    not hit: 17.
     """
     from artifactd.errors import PredictedMissError
     from artifactd.restore.engineside import PodInputs

@@ -323,6 +323,19 @@ def inspect(art: Artifact, *, show_files: bool) -> None:
             )
         )
     echo(table(rows))
+    for can in cfg.canaries:
+        on = can.recorded_on
+        echo(
+            f"  canary of cell {can.cell}: {len(can.prompts)} prompt(s), {can.spec.tokens} "
+            f"tokens, top-{can.spec.top_k} logprobs at {can.spec.precision} decimals; recorded "
+            f"on {on.gpu or 'no GPU'}, driver {on.driver or '-'}, {on.engine or 'engine ?'}"
+        )
+        for p in can.prompts:
+            echo(
+                f"    {p.id}: {len(p.prompt_ids)} prompt ids -> {p.greedy_ids[:8]}"
+                + ("..." if len(p.greedy_ids) > 8 else "")
+                + f" logprobs {p.logprobs_sha256[:12]}"
+            )
     if show_files:
         for rec in cfg.layers:
             for f in rec.files:

@@ -99,7 +99,7 @@ def node_labels(
     """
     # lazy: artifactd.cli.nodes imports this module for its option defaults, at
     # every click start (tests/test_startup.py holds what --help loads)
-    from artifactd.stores.nodestore import read_usage  # noqa: PLC0415
+    from artifactd.stores.nodestore import read_usage, refused_digests  # noqa: PLC0415
     from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
 
     if max_labels < 0:
@@ -107,7 +107,13 @@ def node_labels(
     _check_prefix(prefix)
     usage = read_usage(node.root)
     # One read of index.json for every tag (a lookup per tag read it once per tag).
-    tags = {t: d for t, d in node.tag_digests().items() if parse_attached_tag(t) is None}
+    # A quarantined artifact (its canary failed here) is not advertised: no pod is steered to it.
+    refused = refused_digests(node.root)
+    tags = {
+        t: d
+        for t, d in node.tag_digests().items()
+        if parse_attached_tag(t) is None and d not in refused
+    }
     order = sorted(tags, key=lambda t: (-usage.get(tags[t], 0.0), t))
     keys: dict[str, None] = {}  # insertion-ordered, with a set's membership test
     for tag in order:

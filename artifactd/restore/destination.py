@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 STATE_DIR = ".artifactd"
 MARKER_NAME = "restored.json"
 JOURNAL_NAME = "journal.json"
+#: The canaries of the whole artifact installed (:mod:`artifactd.format.canary`).
+CANARY_NAME = "canary.json"
 LOCK_NAME = "lock"
 ENV_FILE_NAME = "artifactd.env"
 ENV_TMP_PREFIX = ".tmp-artifactd-env-"
@@ -206,6 +208,22 @@ class CacheVolume:
         return self.state / JOURNAL_NAME
 
     # -- reading -------------------------------------------------------------
+    @property
+    def canary_path(self) -> Path:
+        """``<target>/.artifactd/canary.json``."""
+        return self.state / CANARY_NAME
+
+    def write_canaries(self, doc: bytes | None) -> None:
+        """Replace the canary document (``None``: remove it); before the marker, under the lock.
+
+        A reader trusts it only while it names the artifact the marker records,
+        so a crash between this write and the marker leaves nothing trusted.
+        """
+        if doc is None:
+            self.canary_path.unlink(missing_ok=True)
+        else:
+            atomic_write(self.canary_path, doc, durable=True)
+
     def read_marker(self) -> RestoreMarker | None:
         """Return the marker, or None when it is missing or malformed."""
         try:

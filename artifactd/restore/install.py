@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
+from artifactd.format.canary import RestoredCanaries
 from artifactd.format.unpack import check_layer
 from artifactd.fsutil import sync_filesystem
 from artifactd.restore.destination import (
@@ -172,11 +173,21 @@ def _restore_locked(
     ]
     marker = _marker(plan)
     marker["restore_seconds"] = round(time.monotonic() - t0, 3)
+    volume.write_canaries(_canary_doc(plan))
     volume.install(staging, swaps, marker)
     phases["install"] = round(time.monotonic() - t2, 4)
     for fp in hits:
         on_event({"stage": "install", "event": "done", "family": fp.family})
     return sum(t[0] for t in totals), sum(t[1] for t in totals)
+
+
+def _canary_doc(plan: RestorePlan) -> bytes | None:
+    """Return the canary document of a whole artifact's restore, or None (nothing to replay)."""
+    if not plan.canaries or plan.canary_artifact is None:
+        return None
+
+    doc = RestoredCanaries(artifact=plan.canary_artifact, canaries=list(plan.canaries))
+    return doc.model_dump_json().encode()
 
 
 def _marker(plan: RestorePlan) -> RestoreMarker:

@@ -81,6 +81,8 @@ class RestoreRequest(NamedTuple):
     lock_timeout: float | None = None
     #: Key specs (``--verify-key``): install only manifests one of these keys signed.
     verify_keys: Sequence[str] = ()
+    #: Manifest and layer digests never installed (a node store's quarantine).
+    refused: frozenset[str] = frozenset()
 
 
 class Failure(NamedTuple):
@@ -179,7 +181,12 @@ def _via_node_store(
     # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
     from artifactd.restore.nodefill import Lookup  # noqa: PLC0415
     from artifactd.stores.layout import LayoutStore  # noqa: PLC0415
-    from artifactd.stores.nodestore import LOCK_TIMEOUT, node_lock, node_root  # noqa: PLC0415
+    from artifactd.stores.nodestore import (  # noqa: PLC0415
+        LOCK_TIMEOUT,
+        node_lock,
+        node_root,
+        refused_digests,
+    )
 
     assert request.node_store is not None  # noqa: S101 - the caller checked
     if request.from_dir is not None:
@@ -202,7 +209,8 @@ def _via_node_store(
 
     def from_node() -> RestoreOutcome:
         with node_lock(root, shared=True, timeout=timeout):
-            direct = request._replace(store=f"oci:{root}")
+            # What failed a canary on this node is never served to its pods again.
+            direct = request._replace(store=f"oci:{root}", refused=refused_digests(root))
             return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
 
     try:
@@ -433,7 +441,7 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
             return found
         ref = found
     assert ref is not None  # noqa: S101 - run_restore set the default
-    return StoreSource(open_store(ref, insecure=request.insecure))
+    return StoreSource(open_store(ref, insecure=request.insecure), refused=request.refused)
 
 
 def _unresolved(

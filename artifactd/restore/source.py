@@ -36,6 +36,7 @@ from artifactd.format.oci import FULL_TAG_PREFIX
 from artifactd.stores.base import Store, progress_events
 
 if TYPE_CHECKING:
+    from artifactd.format.canary import Canary
     from artifactd.format.config import LayerRecord
     from artifactd.format.unpack import UnpackResult
     from artifactd.hashing import Readable
@@ -79,6 +80,8 @@ class Found(NamedTuple):
     version: int
     #: The key that signed its manifest, when the restore verified signatures.
     signed_by: str | None = None
+    #: The canaries its config carries (a build's serve cells recorded them).
+    canaries: Sequence[Canary] = ()
 
 
 class RestoreSource(Protocol):
@@ -123,11 +126,15 @@ class StoreSource:
     """A :class:`~artifactd.stores.base.Store` as a restore reads it: the restore's side of a store.
 
     The store knows nothing of restores; this adapter answers the protocol's
-    questions with the store's blobs, manifests and tags alone.
+    questions with the store's blobs, manifests and tags alone. ``refused``
+    (a node's quarantine, :func:`artifactd.stores.nodestore.refused_digests`)
+    names manifests, and layers, it never offers: a tag naming one, or a
+    manifest holding one of those layers, reads as nothing there.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, refused: frozenset[str] = frozenset()) -> None:
         self.store = store
+        self.refused = refused
 
     @property
     def ref(self) -> str:
@@ -143,7 +150,7 @@ class StoreSource:
     def current(self, want: Want) -> Current | None:
         """Return what ``want``'s tag names now: one tag lookup, no config read."""
         digest = self.store.tag_digest(want.tag)
-        return None if digest is None else Current(digest)
+        return None if digest is None or digest in self.refused else Current(digest)
 
     def find(self, want: Want, *, trust: Basis) -> Found | None:
         """Read and verify the artifact ``want``'s tag names (signature first, under a policy)."""
@@ -151,7 +158,9 @@ class StoreSource:
         from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
 
         art = read_artifact(self.store, want.tag, trust=trust)
-        if art is None:
+        if art is None or art.digest in self.refused:
+            return None
+        if self.refused and any(rec.digest in self.refused for rec in art.config.layers):
             return None
         return Found(
             want.tag,
@@ -161,6 +170,7 @@ class StoreSource:
             {rec.family: rec for rec in art.config.layers},
             art.config.schema_version,
             art.signed_by,
+            art.config.canaries,
         )
 
     def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
