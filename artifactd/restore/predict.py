@@ -43,7 +43,7 @@ from artifactd.families.vllmkey import FactorCheck, PodFactors
 from artifactd.fsutil import InputFileError, read_regular
 from artifactd.restore.engineside import PodInputs, pod_factors
 
-Outcome = Literal["hit", "miss", "unknown"]
+PredictedOutcome = Literal["hit", "miss", "unknown"]
 
 #: Most cache entries predicted from one source (the rest are counted as unknown).
 MAX_ENTRIES = 256
@@ -57,7 +57,7 @@ class EntryPrediction:
 
     family: str
     entry: str
-    outcome: Outcome
+    outcome: PredictedOutcome
     recipe: str | None = None
     checks: tuple[FactorCheck, ...] = ()
     reason: str = ""
@@ -81,7 +81,7 @@ class Prediction:
     notes: tuple[str, ...] = ()
 
     @property
-    def outcome(self) -> Outcome:
+    def outcome(self) -> PredictedOutcome:
         """``hit`` if any entry hits, ``miss`` if every entry misses, else ``unknown``."""
         if any(e.outcome == "hit" for e in self.entries):
             return "hit"
