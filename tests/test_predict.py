@@ -374,7 +374,7 @@ def _engine_groups(tmp_path: Path, torch_key: str) -> Path:
 
 
 @pytest.mark.slow
-def test_cli_predicts_and_require_hit_exits_16(
+def test_cli_predicts_and_require_hit_exits_17(
     vllm_pkg: Path, build_env_factors: dict[str, Any], tmp_path: Path
 ) -> None:
     """This image's own torch_key (torch imported in a child, CPU only) is the recorded one."""
