@@ -49,6 +49,7 @@ COMMANDS = {
     "matrix shapes",
     "merge",
     "node-features",
+    "predict",
     "prefetch",
     "prune",
     "quarantine ls",

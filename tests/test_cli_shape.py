@@ -48,6 +48,7 @@ SAME_NAME_DIFFERS: dict[str, str] = {
 NO_STORE: dict[str, str] = {
     "copy": "two stores: SOURCE and DESTINATION, positional as in cp",
     "inspect": "REF names one artifact, store and tag together",
+    "predict": "--from REF names one artifact, store and tag together (only its config is read)",
     "sign": "REF names one artifact, store and tag together",
     "diff": "A and B are operands: local, a file or an artifact reference",
     "image append": "--base, --artifact and --to are image and artifact references",

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from artifactd.lint import LintReport
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.policy import RestoreOutcome
+    from artifactd.restore.predict import Prediction
     from artifactd.restore.resolve import RestorePlan
     from artifactd.stores.artifacts import Artifact, CopyResult
     from artifactd.trust.policy import TrustReport
@@ -492,3 +493,20 @@ def shapes(result: Shapes) -> None:
     echo(f"\nengine flag: {result.cuda_graph_flag}")
     echo("serve.requests (prompt_tokens count words, about one token each):")
     echo("\n".join(requests_yaml(result.requests, "  ")))
+
+
+def prediction(result: Prediction) -> None:
+    """``predict``: one line per cache entry, the factor groups under it, the coarse notes."""
+    echo(f"predict: {result.source}: the engine {_OUTCOME[result.outcome]}")
+    for e in result.entries:
+        echo(f"  {e.family} {e.entry}: {e.line()}")
+        for c in e.checks:
+            extra = c.total - len(c.differences)
+            more = f" (+{extra} more)" if extra > 0 else ""
+            tail = f": {c.reason}" if c.status == "unknown" else more
+            echo(f"    {c.group}: {c.status}{tail}")
+    for note in result.notes:
+        echo(f"  note: {note}")
+
+
+_OUTCOME = {"hit": "will hit", "miss": "will miss", "unknown": "may or may not hit (unknown)"}
