@@ -117,8 +117,12 @@ def test_every_cell_process_is_started_by_the_one_launcher() -> None:
     # Not a cell: `exec --on-canary-fail cold` runs the pod's engine as its own child,
     # in the pod's session, forwarding signals to it (the engine is the workload).
     engine = "artifactd/pod/coldstart.py: Popen"
+    # Not a cell either: `predict` asks the engine's own Python for vLLM's factors,
+    # one bounded child (its answer capped, killed at its deadline).
+    factors = "artifactd/restore/engineside.py: Popen"
     assert sorted(set(starters)) == [
         f"{rel}: Popen",
         f"{rel}: start_new_session",
         engine,
+        factors,
     ], starters
