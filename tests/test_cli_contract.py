@@ -45,6 +45,7 @@ COMMANDS = {
     "matrix cells",
     "matrix shapes",
     "merge",
+    "mirrors",
     "node-features",
     "prefetch",
     "prune",

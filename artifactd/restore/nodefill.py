@@ -42,6 +42,7 @@ from artifactd.stores.nodestore import (
 if TYPE_CHECKING:
     from artifactd.stores import Store
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.mirrors import MirrorSettings
 
 
 class FillResult:
@@ -259,6 +260,7 @@ def prefetch(
     insecure: bool = False,
     timeout: float = LOCK_TIMEOUT,
     on_event: EventSink = discard,
+    mirrors: MirrorSettings | None = None,
 ) -> FillResult:
     """Fill the node store for a fingerprint ahead of the pods (a new release's DaemonSet).
 
@@ -277,7 +279,7 @@ def prefetch(
     flat = flatten(hashed_view(raw_fingerprint))
     with node_lock(root, timeout=timeout):
         node = LayoutStore(root, create=True)
-        with open_store(remote_ref, insecure=insecure) as remote:
+        with open_store(remote_ref, insecure=insecure, mirrors=mirrors) as remote:
             result = fill(
                 node, remote, fp_hash, flat, families=families, on_event=on_event, signatures=True
             )

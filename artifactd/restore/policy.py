@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from artifactd.restore.nodefill import FillResult
     from artifactd.restore.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.mirrors import MirrorSettings
 
 
 class RestoreRequest(NamedTuple):
@@ -72,6 +73,11 @@ class RestoreRequest(NamedTuple):
     require: bool = False
     dry_run: bool = False
     insecure: bool = False
+    #: ``--mirror`` URLs, ``--hosts-dir``, ``--registries-conf``: where pulls find mirrors
+    #: (:mod:`artifactd.stores.mirrors`; unset: their ``ARTIFACTD_*`` variables, else defaults).
+    mirrors: Sequence[str] = ()
+    hosts_dir: Path | None = None
+    registries_conf: Path | None = None
     max_bytes: int | None = None
     lock_timeout: float | None = None
     #: Key specs (``--verify-key``): install only manifests one of these keys signed.
@@ -274,7 +280,11 @@ def _fill(
 
     assert request.store is not None  # noqa: S101 - _via_node_store set it
     try:
-        remote = open_store(request.store, insecure=request.insecure)
+        remote = open_store(
+            request.store,
+            insecure=request.insecure,
+            mirrors=_mirror_settings(request, request.store),
+        )
     except (UsageError, ConfigError):
         raise
     except ArtifactdError:
@@ -387,6 +397,20 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     return RestoreOutcome(status, plan, result, None, 0)
 
 
+def _mirror_settings(request: RestoreRequest, ref: str | None = None) -> MirrorSettings | None:
+    """Where every pull of this restore finds its mirrors (None for a local layout ``ref``).
+
+    A layout has no mirrors: the no-op restore from one loads nothing of them.
+    """
+    if ref is not None and ref.startswith("oci:"):
+        return None
+    from artifactd.stores.mirrors import MirrorSettings
+
+    return MirrorSettings.from_environ(
+        urls=request.mirrors, hosts_dir=request.hosts_dir, registries_conf=request.registries_conf
+    )
+
+
 def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, Any]:
     """Return ``raw`` with the software fields of the artifact ``software_from`` names."""
     from artifactd.stores.artifacts import adopt_software_from
@@ -398,6 +422,7 @@ def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, A
         store=request.store,
         verify_keys=request.verify_keys,
         insecure=request.insecure,
+        mirrors=_mirror_settings(request, request.software_from),
     )
 
 
@@ -450,7 +475,19 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
             return found
         ref = found
     assert ref is not None  # noqa: S101 - run_restore set the default
-    return StoreSource(open_store(ref, insecure=request.insecure))
+    pins: dict[str, str] = {}
+    if "@sha256:" in ref and not ref.startswith("oci:"):
+        # A pinned artifact: its tag is still asked of the registry; the pin answers
+        # only when the registry cannot (down), and is bound like any artifact.
+        from artifactd.format.oci import check_digest, full_tag
+
+        ref, _, digest = ref.partition("@")
+        pins[full_tag(fp_hash)] = check_digest(digest)
+    return StoreSource(
+        open_store(
+            ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
+        )
+    )
 
 
 def _unresolved(
