@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import pytest
 from cachetrees import build_caches
 from conftest import clean_env, run_artifactd
 from faultproxy import FaultProxy
+from images import make_base
 from registry_server import RegistryServer, free_port, start_registry
 
 from artifactd.build.harvest import harvest
@@ -296,6 +299,7 @@ def _restore(
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["cache_hit"] is True, doc
+    doc["_events"] = proc.stderr
     return doc, took
 
 
@@ -347,6 +351,27 @@ def test_with_the_origin_stopped_a_pinned_digest_restores_from_the_warm_mirror(
         "restore", "--store", pair.ref, "--target", str(tmp_path / "x"), "--require", *GPU, *mirror
     )
     assert unpinned.returncode == 3, unpinned.stderr
+
+
+@pytest.mark.slow
+def test_with_the_origin_stopped_the_node_stores_verified_digest_repairs_through_the_mirror(
+    tmp_path: Path, pair: Pair
+) -> None:
+    node = tmp_path / "node"
+    flags = ("--node-store", f"oci:{node}", "--mirror", f"http://{pair.mirror.host}")
+    _restore(pair, tmp_path / "warm", *flags)  # fills the node store, warms the mirror
+    digest = pair.digests["triton"]
+    blob = node / "blobs" / "sha256" / digest.split(":", 1)[1]
+    good = blob.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(damaged))
+    pair.origin.stop()
+    doc, _ = _restore(pair, tmp_path / "t", *flags)
+    assert doc["node_store"]["fetched"], doc["_events"]  # repaired from the mirror, by digest
+    assert _installed(tmp_path / "t") == _installed(tmp_path / "warm")
+    assert blob.read_bytes() == good
 
 
 def _metric(text: str, name: str) -> dict[str, float]:
@@ -543,6 +568,17 @@ def test_every_pull_path_goes_through_the_mirror(
         ),
         "copy": ("copy", pair.ref, f"oci:{tmp_path / 'copy'}"),
     }
+    if shutil.which("skopeo") is not None:  # the base image is pushed with skopeo
+        base = f"{pair.origin.host}/base:1"
+        subprocess.run(
+            ["skopeo", "copy", "--format", "oci", "--dest-tls-verify=false",
+             f"oci:{make_base(tmp_path / 'base')}:base", f"docker://{base}"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        runs["image append"] = (
+            "image", "append", "--base", f"{pair.front.host}/base:1", "--artifact", tag,
+            "--to", f"{pair.front.host}/out:1",
+        )  # fmt: skip
     for name, args in runs.items():
         pair.front.reset_log()
         proc = run_artifactd(*args, env=clean_env(env), timeout=300)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,6 +173,66 @@ def restore_tags(
     from artifactd.restore.resolve import wants
 
     return [w.tag for w in wants(fingerprint_hash, flat, families)]
+
+
+class VerifiedPins(Mapping[str, str]):
+    """The digests the node store last verified for a restore's tags, and their signatures'.
+
+    What a fill wrote was checked on the way in; these pin the tags for a
+    registry that cannot answer (:class:`~artifactd.stores.pull.Puller`), so a
+    damaged copy is fetched again, by digest, from a mirror while the
+    registry is down. Read on first use (a no-op restore reads none), or
+    when :meth:`snapshot` says (before a damaged copy is set aside); a tag
+    found re-pointed (``unbound``) is not pinned. A signature's or
+    attestation's tag (``sha256-<hex>.sig``) of a pinned digest is looked up
+    in the node store when asked.
+    """
+
+    def __init__(
+        self,
+        node: LayoutStore,
+        fingerprint_hash: str,
+        flat: Mapping[str, Any],
+        families: Sequence[str] | None,
+        *,
+        unbound: Sequence[str] = (),
+    ) -> None:
+        self._node = node
+        self._want = (fingerprint_hash, flat, families, tuple(unbound))
+        self._read: dict[str, str] | None = None
+
+    @property
+    def _tags(self) -> dict[str, str]:
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, str]:
+        """Read the node store's tags now (once); later reads return the same."""
+        if self._read is None:
+            fingerprint_hash, flat, families, unbound = self._want
+            self._read = {}
+            for tag in restore_tags(fingerprint_hash, flat, families):
+                digest = self._node.tag_digest(tag)
+                if digest is not None and tag not in unbound:
+                    self._read[tag] = digest
+        return self._read
+
+    def __getitem__(self, tag: str) -> str:
+        if tag in self._tags:
+            return self._tags[tag]
+        from artifactd.trust.signatures import parse_attached_tag
+
+        subject = parse_attached_tag(tag)
+        if subject is not None and subject[0] in self._tags.values():
+            found = self._node.tag_digest(tag)
+            if found is not None:
+                return found
+        raise KeyError(tag)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tags)
+
+    def __len__(self) -> int:
+        return len(self._tags)
 
 
 def _wanted(

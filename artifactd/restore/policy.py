@@ -178,6 +178,7 @@ def _via_node_store(
     the next pod on the node reads the repaired copy.
     """
     from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+    from artifactd.restore.nodefill import VerifiedPins
     from artifactd.stores.layout import LayoutStore
     from artifactd.stores.nodestore import LOCK_TIMEOUT, node_lock, node_root
 
@@ -195,8 +196,12 @@ def _via_node_store(
     def fill_node(damaged: RestoreOutcome | None = None) -> FillResult:
         with node_lock(root, timeout=timeout):
             node = LayoutStore(root, create=True)
+            # Read before a damaged copy is set aside: they answer if the registry cannot.
+            unbound = list(damaged.plan.unbound) if damaged is not None else []
+            pins = VerifiedPins(node, fp_hash, flat, families, unbound=unbound)
             dropped = []
             if damaged is not None:
+                pins.snapshot()
                 dropped = _set_aside(node, damaged, fp_hash, flat, families, on_event)
             result = _fill(
                 node,
@@ -206,6 +211,7 @@ def _via_node_store(
                 families=families,
                 on_event=on_event,
                 refresh=damaged is not None,
+                pins=pins,
             )
             result.set_aside = dropped
             return result
@@ -273,6 +279,7 @@ def _fill(
     families: list[str] | None,
     on_event: EventSink,
     refresh: bool = False,
+    pins: Mapping[str, str] | None = None,
 ) -> FillResult:
     """Fill the node store from the request's registry (nothing when it cannot be opened)."""
     from artifactd.restore.nodefill import fill
@@ -284,6 +291,7 @@ def _fill(
             request.store,
             insecure=request.insecure,
             mirrors=_mirror_settings(request, request.store),
+            pins=pins,
         )
     except (UsageError, ConfigError):
         raise

@@ -174,8 +174,15 @@ class _Verified:
 class _Source:
     """One place content may come from: a mirror, or the origin (``mirror`` None)."""
 
-    def __init__(self, transport: Transport, base: str, mirror: Mirror | None) -> None:
-        self.transport = transport
+    def __init__(
+        self,
+        send: Callable[..., Any],
+        base: str,
+        mirror: Mirror | None,
+        transport: Transport | None = None,
+    ) -> None:
+        self._send = send
+        self.transport = transport  # a mirror's own (the origin's belongs to its store)
         self.base = base
         self.mirror = mirror
         self.headers = dict(mirror.headers) if mirror else {}
@@ -187,7 +194,7 @@ class _Source:
 
     def send(self, method: str, url: str, **kwargs: Any) -> Any:
         headers = {**self.headers, **kwargs.pop("headers", {})}
-        return self.transport.send(method, url, headers=headers, **kwargs)
+        return self._send(method, url, headers=headers, **kwargs)
 
 
 class Puller:
@@ -195,19 +202,21 @@ class Puller:
 
     def __init__(
         self,
-        origin: Transport,
+        origin: Callable[..., Any],
         origin_base: str,
         name: str,
         plan: Callable[[], MirrorPlan],
         pins: Mapping[str, str] | None = None,
     ) -> None:
-        self._origin = _Source(origin, origin_base, None)
+        self._origin = _Source(origin, origin_base, None)  # the store's own send
         self._name = name
         self._plan_fn = plan
         self._plan: MirrorPlan | None = None
         self._mirrors: list[_Source] | None = None
         self._lock = threading.Lock()
-        self.pins = dict(pins or {})
+        self.pins: Mapping[str, str] = pins if pins is not None else {}
+        #: Why the origin could not resolve a tag, once it could not (see :meth:`fallback_tag`).
+        self._origin_down: StoreError | None = None
 
     # -- the plan -----------------------------------------------------------
     def plan(self) -> MirrorPlan:
@@ -221,23 +230,19 @@ class Puller:
         plan = self.plan()
         with self._lock:
             if self._mirrors is None:
-                self._mirrors = [
-                    _Source(
-                        Transport(
-                            m.host,
-                            plain_http=m.plain_http,
-                            credentials=None,  # the origin's never go to a mirror
-                            name=f"mirror {m.url}",
-                            attempts=1,
-                            timeout=MIRROR_TIMEOUT,  # read now: tests patch it
-                            verify=False if m.skip_verify else (m.ca[0] if m.ca else True),
-                            cert=m.client,
-                        ),
-                        m.base,
-                        m,
+                self._mirrors = []
+                for m in plan.mirrors:
+                    transport = Transport(
+                        m.host,
+                        plain_http=m.plain_http,
+                        credentials=None,  # the origin's never go to a mirror
+                        name=f"mirror {m.url}",
+                        attempts=1,
+                        timeout=MIRROR_TIMEOUT,  # read now: tests patch it
+                        verify=False if m.skip_verify else (m.ca[0] if m.ca else True),
+                        cert=m.client,
                     )
-                    for m in plan.mirrors
-                ]
+                    self._mirrors.append(_Source(transport.send, m.base, m, transport))
             return self._mirrors
 
     def has_mirrors(self) -> bool:
@@ -256,7 +261,8 @@ class Puller:
         with self._lock:
             mirrors, self._mirrors = self._mirrors or [], None
         for src in mirrors:
-            src.transport.close()
+            if src.transport is not None:
+                src.transport.close()
 
     def _content_sources(self) -> list[_Source]:
         self._check_blocked()
@@ -271,6 +277,8 @@ class Puller:
     def resolve(self, tag: str, at_origin: Callable[[], str | None], accept: str) -> str | None:
         """Return the digest ``tag`` names at the origin (see :meth:`fallback_tag`)."""
         self._check_blocked()
+        if self._origin_down is not None:  # asked once already: not each tag's retries again
+            return self.fallback_tag(tag, self._origin_down, accept)
         try:
             return at_origin()
         except (NotFoundError, IntegrityError):
@@ -278,11 +286,16 @@ class Puller:
         except StoreError as exc:
             return self.fallback_tag(tag, exc, accept)
 
-    def fallback_tag(self, tag: str, error: StoreError, accept: str) -> str:
+    def fallback_tag(self, tag: str, error: StoreError, accept: str) -> str | None:
         """Answer for ``tag`` when the origin could not: a resolving mirror, else a pin.
 
-        Raises ``error`` when neither has one.
+        With pins, they are all that is known while the origin is down: a tag
+        without one is absent (None). Without pins (or a mirror's answer),
+        ``error`` is raised. This store's later tag lookups come here at once:
+        the origin was given its retries (when it was not reached at all).
         """
+        if "cannot reach registry" in str(error):  # the transport's words after its retries
+            self._origin_down = error
         for src in self._sources():
             if src.mirror is None or not src.mirror.resolve or not HEALTH.live(src.mirror.url):
                 continue
@@ -293,9 +306,9 @@ class Puller:
                 continue
             if digest is not None:
                 return digest
-        if tag in self.pins:
-            return self.pins[tag]
-        raise error
+        if not self.pins:
+            raise error
+        return self.pins.get(tag)
 
     def _mirror_tag(self, src: _Source, tag: str, accept: str) -> str | None:
         resp = src.send(

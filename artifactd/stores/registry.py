@@ -92,7 +92,7 @@ class RegistryStore(Store):
         )
         settings = mirrors if mirrors is not None else MirrorSettings.from_environ(environ)
         self.puller = Puller(
-            self._transport,
+            self._send,
             self.base,
             self.ref,
             lambda: plan_mirrors(ref.host, ref.repo, settings),
@@ -223,7 +223,8 @@ class RegistryStore(Store):
         except StoreError as exc:
             # The origin cannot answer: a resolving mirror or a pin may name the digest.
             self.puller.plan()  # a blocked registry is refused before anything else
-            return self.puller.manifest(self.puller.fallback_tag(reference, exc, accept), accept)
+            digest = self.puller.fallback_tag(reference, exc, accept)
+            return None if digest is None else self.puller.manifest(digest, accept)
 
     def _origin_manifest(self, reference: str, accept: str) -> ManifestRef | None:
         resp = self._send(
