@@ -28,8 +28,9 @@ from images import make_base
 from registry_server import RegistryServer, free_port, start_registry
 
 from artifactd.build.harvest import harvest
-from artifactd.errors import ConfigError
+from artifactd.errors import ConfigError, StoreError
 from artifactd.fingerprint.model import Fingerprint
+from artifactd.stores import transport
 from artifactd.stores.mirrors import MirrorSettings, host_dirs, plan_mirrors
 from artifactd.stores.registry import RegistryStore, parse_registry_ref
 from artifactd.trust.keys import generate, load_private_key
@@ -89,11 +90,12 @@ server = "https://reg.example:5000"
     )
     plan = plan_mirrors("reg.example:5000", "team/caches", settings(hosts_dir=root))
     assert "reg.example:5000/hosts.toml" in plan.source  # host:port before _default
-    (mirror,) = plan.mirrors  # one without "pull" never serves content
+    mirror, resolver = plan.mirrors
     assert mirror.base == "https://dragonfly.local:4001/proxy/team/caches"  # override_path
     assert mirror.headers == (("X-Dragonfly-Registry", "https://reg.example:5000"),)
-    assert mirror.skip_verify and not mirror.resolve
-    assert any("lack 'pull'" in line for line in plan.why)
+    assert mirror.skip_verify and mirror.pull and not mirror.resolve
+    assert resolver.resolve and not resolver.pull  # never serves content
+    assert any("tags only" in line for line in plan.why)
 
     _hosts(root, "reg.example_5000_", '[host."http://first.local"]\n')
     plan = plan_mirrors("reg.example:5000", "team/caches", settings(hosts_dir=root))
@@ -589,3 +591,17 @@ def test_every_pull_path_goes_through_the_mirror(
             for r in pair.front.records()
             if "@sha256:" in r.path or "/manifests/sha256:" in r.path
         ], name
+
+
+def test_a_pin_stands_in_for_a_registry_that_is_down_never_for_one_that_refuses(
+    tmp_path: Path, auth_registry: RegistryServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transport, "BACKOFF_S", 0.01)  # the down registry's retries, quickly
+    pin = {"fp-x": "sha256:" + "a" * 64}
+    refusing = RegistryStore(parse_registry_ref(auth_registry.ref("t/pins")), environ={}, pins=pin)
+    with refusing, pytest.raises(StoreError, match="requires authentication"):
+        refusing.tag_digest("fp-x")  # an answer: a pin never overrides the registry's word
+    down = f"127.0.0.1:{free_port()}/t/pins"
+    with RegistryStore(parse_registry_ref(down), environ={}, pins=pin) as st:
+        assert st.tag_digest("fp-x") == pin["fp-x"]
+        assert st.tag_digest("fp-other") is None  # with pins, an unpinned tag is absent

@@ -361,9 +361,11 @@ def _from_hosts_toml(
             ca=tuple(_strings(table["ca"], "ca", path)) if "ca" in table else (),
             client=_client(table.get("client"), path),
         )
-        if not mirror.pull:
-            why.append(f"{url}: skipped, its capabilities {caps} lack 'pull'")
+        if not mirror.pull and not mirror.resolve:
+            why.append(f"{url}: skipped, its capabilities {caps} have neither pull nor resolve")
             continue
+        if not mirror.pull:
+            why.append(f"{url}: tags only, when the registry cannot answer (no 'pull')")
         mirrors.append(mirror)
     _check_count(mirrors, str(path))
     server = doc.get("server")
@@ -378,7 +380,7 @@ def _registries_files(conf: Path, why: list[str]) -> list[tuple[Path, dict[str, 
     doc = _read_toml(conf)
     if doc is not None:
         files.append((conf, doc))
-    drop_in = conf.with_name(conf.name + ".d")
+    drop_in = Path(f"{conf}.d")
     try:
         names = sorted(p.name for p in drop_in.iterdir() if p.name.endswith(".conf"))
     except OSError:

@@ -117,6 +117,12 @@ def _reason(exc: StoreError) -> str:
     return "unreachable"
 
 
+def _unreached(exc: StoreError) -> bool:
+    """Whether the origin gave no answer at all (the transport's words after its retries)."""
+    text = str(exc)
+    return "cannot reach registry" in text or "stalled" in text
+
+
 class _Verified:
     """A blob body hashed while it streams; its end checked against digest and size."""
 
@@ -291,11 +297,15 @@ class Puller:
 
         With pins, they are all that is known while the origin is down: a tag
         without one is absent (None). Without pins (or a mirror's answer),
-        ``error`` is raised. This store's later tag lookups come here at once:
-        the origin was given its retries (when it was not reached at all).
+        ``error`` is raised, and so is any error that is an answer (an
+        authentication refusal, a 4xx): only a registry that was not reached
+        (down, refusing connections, timing out, 5xx after its retries) is
+        stood in for. This store's later tag lookups come here at once: the
+        origin was given its retries.
         """
-        if "cannot reach registry" in str(error):  # the transport's words after its retries
-            self._origin_down = error
+        if not _unreached(error):
+            raise error  # the registry answered (a refusal, a 4xx): its word stands
+        self._origin_down = error
         for src in self._sources():
             if src.mirror is None or not src.mirror.resolve or not HEALTH.live(src.mirror.url):
                 continue
