@@ -206,16 +206,10 @@ def test_mirrors_command_explains_the_order(tmp_path: Path) -> None:
     assert [m["url"] for m in doc["mirrors"]] == ["http://p2p.local:5000"]
     assert doc["mirrors"][0]["headers"] == ["X-Hop"] and doc["mirrors"][0]["ns"] == "reg.example"
     assert doc["origin"] == {"host": "reg.example", "repository": "team/caches", "tags": True}
-    text = run_artifactd(
-        "mirrors",
-        "reg.example/team/caches",
-        env=clean_env(
-            {
-                "ARTIFACTD_MIRRORS": "http://a.local",
-                "ARTIFACTD_HOSTS_DIR": str(tmp_path / "certs.d"),
-            }
-        ),
-    )
+    text = run_artifactd(  # --mirror wins over the hosts.toml there
+        "mirrors", "reg.example/team/caches", "--mirror", "http://a.local",
+        "--hosts-dir", str(tmp_path / "certs.d"),
+    )  # fmt: skip
     assert text.returncode == 0, text.stderr
     assert "1. http://a.local/v2/team/caches" in text.stdout
     assert "2. reg.example/team/caches (the registry" in text.stdout
