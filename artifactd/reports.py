@@ -174,6 +174,8 @@ def demo_report(result: DemoResult) -> dict[str, Any]:
             "restored_seconds": result.restored_seconds,
             "restored_compiled": result.restored_compiled,
             "ratio": round(result.ratio, 3),
+            "restore_command": result.restore_command,
+            "kept": result.kept,
         }
     )
 

@@ -140,10 +140,11 @@ def startup(  # noqa: PLR0917 - a benchmark's one call site
         if name.startswith("no-op") and json.loads(out)["status"] != "noop":
             sys.exit(f"{name}: the restore to time is not a no-op: {out[-500:]}")
     times: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(runs):  # interleaved, so machine load weighs on every command alike
+    for i in range(runs):  # interleaved, so machine load weighs on every command alike
         for name, (argv, cmd_env) in commands.items():
             shutil.rmtree(fresh, ignore_errors=True)
             times[name].append(timed(argv, cmd_env)[0])
+        progress(f"start-up round {i + 1}/{runs}")
     bare = statistics.median(times["python -c pass"])
     lines = [f"{f'start-up, median of {runs}':40} {'ms':>7} {'x bare':>7}  {'':4}  min-max ms"]
     passed = True
@@ -210,6 +211,11 @@ def sign(py: str, store: str, work: Path, base: dict[str, str]) -> None:
             timed([py, "-m", "artifactd", *argv], base)
 
 
+def progress(line: str) -> None:
+    """Say on stderr where a long run is (the results go to stdout at the end)."""
+    print(f"[coldstart] {line}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=9, help="start-up runs per command")
@@ -259,8 +265,10 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
     env = cell_environ(roots, ["inductor", "triton", "generic"], {}, base)
     art_env = bytecode_env(base, work / "pycache")
     warm_argv = [py, str(WARMUP)]
+    progress("demo: cold warm-up (compiles everything; a few minutes on 2 cores)")
     cold_s, out = timed(warm_argv, env)
     cold_n = compiled(out)
+    progress(f"demo: cold warm-up {cold_s:.1f} s, {cold_n} compiled")
     store = f"oci:{work / 'store'}"
     harvest = [py, "-m", "artifactd", "harvest", "--store", store, "--gpu-arch", "sm_90a"]
     timed(harvest, bytecode_env(env, work / "pycache"))
@@ -298,6 +306,7 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
         if not i % 2:
             local()
         overheads.append((restore_s + restored_s) / locals_[-1])
+        progress(f"demo round {i + 1}/{runs}: (restore + restored)/local {overheads[-1]:.3f}")
     restore_s, restored_s = statistics.median(restores), statistics.median(restoreds)
     local_s = statistics.median(locals_)
     overhead = statistics.median(

@@ -40,9 +40,12 @@ if ((${#missing[@]})); then
         exit 1
     fi
     echo "setup: installing ${missing[*]}" >&2
-    apt-get update -qq
+    # Another apt or dpkg (an unattended upgrade) may hold the lock: wait up to
+    # 10 minutes for it, as apt can, rather than fail at once.
+    LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
+    apt-get "${LOCK_WAIT[@]}" update -qq
     # No recommends: buildah, fuse-overlayfs, slirp4netns and uidmap are not needed as root.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get "${LOCK_WAIT[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -59,6 +62,9 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     .venv/bin/python -m pip install -q "torch==2.13.0"
     .venv/bin/python -m pip install -q "triton==3.7.1" -e ".[warmup,gpu,dev,docker]"
     if ((FOR_TESTS)); then
+        # This machine's fingerprint before the test extras: they add libraries it
+        # hashes, so what was built before them (the demo's artifact) matches less.
+        .venv/bin/python -m artifactd fingerprint --json >.artifactd/fingerprint-before-tests.json
         # The real JIT producers of tests/test_producer_*.py: CuTe DSL (the producers
         # extra, nvidia-cutlass-dsl, about 300 MB, compiles without a GPU), then
         # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
@@ -70,6 +76,15 @@ echo "setup: installing into .venv (log: $LOG)" >&2
     fi
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
 ((FOR_TESTS)) || exit 0
+
+# Say so when the test extras changed this machine's fingerprint.
+changed=$(.venv/bin/python -m artifactd diff .artifactd/fingerprint-before-tests.json local \
+    --exit-zero --json | .venv/bin/python -c 'import json, sys; print(", ".join(f["path"] for f in json.load(sys.stdin)["fields"]))') || changed=""
+if [[ -n "$changed" ]]; then
+    echo "setup: the test extras changed this machine's fingerprint ($changed): an artifact" \
+        "built before them (the demo's) now matches only the families those fields do not" \
+        "decide; artifactd diff .artifactd/fingerprint-before-tests.json local says which" >&2
+fi
 
 # The released sources tests/test_drift_guards.py reads (vLLM, SGLang, DeepGEMM,
 # TileLang, FlashInfer): about 245 MB downloaded once, sha256-checked, 3.5 MB kept

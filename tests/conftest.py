@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +203,34 @@ def _stop_fork_server(_session_env: None) -> Iterator[None]:
         server.close()
 
 
+#: CPU seconds :func:`machine_factor`'s loop takes on the idle 2-core development VM.
+_REFERENCE_LOOP_S = 0.19
+
+
+@functools.cache
+def machine_factor() -> float:
+    """How much slower than the idle development VM this machine runs now: 1 to 20.
+
+    Measured once per session: a fixed CPU-bound loop's wall time over its
+    reference (a slower CPU and contention for it both lengthen it), or the
+    load average per core, whichever says slower. Time limits in the tests are
+    ceilings that prove "does not hang"; each is multiplied by this, so a
+    loaded machine passes (:func:`scaled`).
+    """
+    start = time.perf_counter()
+    total = 0
+    for i in range(2_000_000):
+        total += i
+    wall = time.perf_counter() - start
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(20.0, max(1.0, wall / _REFERENCE_LOOP_S, load))
+
+
+def scaled(seconds: float) -> float:
+    """A test's time limit here: ``seconds`` on the idle VM, times :func:`machine_factor`."""
+    return seconds * machine_factor()
+
+
 def run_artifactd(
     *args: str,
     env: Mapping[str, str] | None = None,
@@ -217,6 +247,7 @@ def run_artifactd(
     and when a new interpreter starts instead, as it does for a prelude).
     """
     run_env = dict(clean_env() if env is None else env)
+    timeout = scaled(timeout)
     server = None if prelude else fork_server()
     if server is not None and not needs_new_interpreter(run_env, server.env):
         return server.run(args, env=run_env, cwd=cwd, timeout=timeout)

@@ -85,7 +85,13 @@ def test_diff_local_against_saved_fingerprint(tmp_path: Path) -> None:
     path = tmp_path / "fp.json"
     path.write_text(json.dumps(saved), encoding="utf-8")
 
-    doc = json.loads(_invoke("diff", "local", str(path), "--workload", "model=a", "--json").stdout)
+    differs = CliRunner().invoke(
+        cli, ["diff", "local", str(path), "--workload", "model=a", "--json"], catch_exceptions=False
+    )
+    assert differs.exit_code == 1  # as diff(1): the sides differ
+    doc = json.loads(differs.stdout)
+    zero = _invoke("diff", "local", str(path), "--workload", "model=a", "--json", "--exit-zero")
+    assert json.loads(zero.stdout)["fields"] == doc["fields"]
     assert doc["identical"] is False
     assert doc["a"] == "local"
     assert doc["b"] == str(path)
@@ -99,6 +105,20 @@ def test_diff_local_against_saved_fingerprint(tmp_path: Path) -> None:
     assert verdicts == dict.fromkeys(misses, "miss") | dict.fromkeys(
         kernels | {"tilelang", "triton"}, "hit"
     )
+
+
+def test_diff_shows_a_workload_only_one_side_has_once(tmp_path: Path) -> None:
+    """No stray ``workload {} None`` row above the fields that really differ."""
+    bare = json.loads(_invoke("fingerprint", "--json").stdout)
+    assert bare["fingerprint"]["workload"] == {}
+    runner = CliRunner()
+    (tmp_path / "fp.json").write_text(json.dumps(bare), encoding="utf-8")
+    args = ["diff", "local", str(tmp_path / "fp.json"), "--workload", "model=m", "--json"]
+    proc = runner.invoke(cli, args, catch_exceptions=False)
+    text = runner.invoke(cli, args[:-1], catch_exceptions=False)
+    assert proc.exit_code == 1 and text.exit_code == 1
+    assert json.loads(proc.stdout)["fields"] == [{"path": "workload.model", "a": "m", "b": None}]
+    assert "1 field(s) differ" in text.stdout and "{}" not in text.stdout
 
 
 def test_diff_against_itself_is_identical(tmp_path: Path) -> None:

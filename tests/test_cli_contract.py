@@ -21,7 +21,9 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
 
-from artifactd.cli import cli
+from artifactd.build.harvest import HarvestResult
+from artifactd.cli import cli, render
+from artifactd.families import FAMILIES
 from artifactd.reports import REPORT_SCHEMA_VERSION
 
 COMMANDS = {
@@ -180,6 +182,10 @@ def test_copy_then_ls_shows_the_same_tags(tmp_path: Path, published: tuple[str, 
     assert document(run("ls", dest, "--json", cwd=tmp_path))["tags"] == src_tags
     again = document(run("copy", store, dest, "--json", cwd=tmp_path))
     assert again["bytes_uploaded"] == 0
+    # Each blob counts once, though whole and family artifacts share layers:
+    # nothing was already present in an empty destination, everything the second time.
+    assert doc["bytes_skipped"] == 0
+    assert again["bytes_skipped"] == doc["bytes_uploaded"]
 
 
 def test_restore_dry_run_changes_nothing(tmp_path: Path, published: tuple[str, Path]) -> None:
@@ -296,3 +302,62 @@ def test_a_boolean_variable_that_is_not_a_boolean_is_a_usage_error(tmp_path: Pat
     assert proc.returncode == 2
     assert "not a valid boolean" in proc.stderr
     assert not os.path.exists(tmp_path / "t")
+
+
+def test_the_summary_lines_say_what_was_done(tmp_path: Path, published: tuple[str, Path]) -> None:
+    """A restore lists the families it looked for; harvest names the tags it published."""
+    store, _ = published
+    target = tmp_path / "target"
+    text = run("restore", "--store", store, "--target", str(target), cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    rows = [line.split() for line in text.stdout.splitlines() if line.startswith("  ")]
+    # The artifact holds generic alone: no family it never had is a "miss" row.
+    assert not [r for r in rows if len(r) > 1 and r[1] == "miss"], text.stdout
+    absent = next(line for line in text.stdout.splitlines() if "not in the artifact" in line)
+    assert set(absent.split(": ", 1)[1].split(", ")) == set(FAMILIES) - {"generic"}
+
+    tree = make_generic_tree(tmp_path / "cell")
+    cell = run(
+        "harvest",
+        "--store",
+        f"oci:{tmp_path / 'cells'}",
+        "--family",
+        "generic",
+        cwd=tmp_path,
+        env=clean_env({"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(tree)}),
+    )
+    tags = document(run("ls", f"oci:{tmp_path / 'cells'}", "--json", cwd=tmp_path))["tags"]
+    shown = next(line.split()[1] for line in cell.stdout.splitlines() if line.startswith("  tag "))
+    assert shown in tags and shown.startswith("fp-")
+    assert f"(and {len(tags) - 1} family tag(s))" in cell.stdout
+
+
+def test_a_cell_harvest_shows_the_cell_tag_it_published(capsys: pytest.CaptureFixture[str]) -> None:
+    """``build --cell I --run-id R`` publishes run-R-cell-I alone, and says so."""
+    render.harvest(
+        HarvestResult("oci:s", "sha256:" + "a" * 64, ["run-r1-cell-3"], "f" * 64, [], [], 0, 0, 0.1)
+    )
+    out = capsys.readouterr().out
+    assert "  tag run-r1-cell-3\n" in out and "fp-" not in out
+
+
+def test_a_miss_names_the_flags_that_would_match_and_they_do(tmp_path: Path) -> None:
+    """The CPU path is visible: a miss says which declared fields differ and how to set them."""
+    tree = make_generic_tree(tmp_path / "gen")
+    store = f"oci:{tmp_path / 'store'}"
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(tree)})
+    built = run(
+        "harvest", "--store", store, "--family", "generic", "--gpu-arch", "sm_90a",
+        "--workload", "model=m,dtype=float32", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    miss = run("restore", "--store", store, "--target", str(tmp_path / "t1"), cwd=tmp_path)
+    assert miss.returncode == 0 and "nothing restored" in miss.stdout
+    adds = [
+        ln.split("add ", 1)[1].split(" (")[0] for ln in miss.stdout.splitlines() if "add --" in ln
+    ]
+    assert adds == ["--gpu-arch sm_90a", "--workload dtype=float32,model=m"], miss.stdout
+    flags = [part for flag in adds for part in flag.split(" ", 1)]
+    hit = run("restore", "--store", store, "--target", str(tmp_path / "t2"), *flags, "--json",
+              cwd=tmp_path)  # fmt: skip
+    assert document(hit)["match"] == "full"

@@ -585,6 +585,7 @@ def test_the_daemonset_prefetches_the_release_and_collects_garbage() -> None:
     assert gc_c in pod(DAEMONSET)["containers"], "gc runs for the node's life"
     max_bytes = setting(gc_c, gc, "--max-bytes")
     assert max_bytes and SIZE.read(max_bytes)
+    assert "--apply" in gc, "gc is a dry run without --apply: the node store would fill"
     script = next(argv for w, argv in exec_arrays(gc_c) if w == "run")[-1]
     assert re.search(r"\bwhile\b", script) and re.search(r"\bsleep \d+", script), script
 

@@ -11,6 +11,7 @@ the precompiled header's mtime.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -137,6 +138,25 @@ def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
     assert result["cold_compiled"] == 7
     assert result["restored_compiled"] == 0
     assert 0 < result["restored_seconds"] < result["cold_seconds"]
+    # What it restored is removed (it was 150 MB a run); the store stays.
+    assert result["kept"] is False and not Path(result["target"]).exists()
+    assert not (tmp_path / "demo" / "restored-logs").exists()
+    # The command it prints for this machine finds the artifact, typed as printed.
+    command = result["restore_command"]
+    assert "--gpu-arch sm_90a" in command and "--workload model=artifactd/cpu-demo" in command
+    fresh = tmp_path / "by-hand"
+    typed = command.replace("artifactd restore", f"{shlex.quote(PYTHON)} -m artifactd restore", 1)
+    proc = subprocess.run(
+        ["bash", "-c", typed.replace(" DIR", f" {shlex.quote(str(fresh))}") + " --json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["match"] == "full"
+    assert sorted(report["restored"]) == ["generic", "inductor", "triton"]
 
 
 def test_megacache_restores_graphs_into_an_empty_inductor_dir(tmp_path: Path) -> None:

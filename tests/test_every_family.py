@@ -189,7 +189,7 @@ def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
             )
         tags.append(res.tags[0])
     proc = run_artifactd("diff", f"{store}:{tags[0]}", f"{store}:{tags[1]}", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the sides differ
     doc = json.loads(proc.stdout)
     assert {f["path"] for f in doc["fields"]} == {"workload.pod"}
     changed = {(f["a"], f["b"]) for f in doc["facts"] if f["family"] == "vllm"}

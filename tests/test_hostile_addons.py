@@ -206,6 +206,7 @@ def _metrics_writers(tmp_path: Path, path: Path) -> dict[str, subprocess.Complet
             f"oci:{node.root}",
             "--max-bytes",
             "1G",
+            "--apply",
             *metrics,
             "--json",
             timeout=QUICK,

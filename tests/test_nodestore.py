@@ -261,7 +261,9 @@ def test_gc_waits_for_a_restore_in_progress(
     with node_lock(node.root, shared=True), pytest.raises(TargetError, match="stayed locked"):
         gc(node, max_bytes=0, timeout=0.3)
     assert node.list_tags() == tags
-    cli = run_artifactd("gc", "--store", f"oci:{node.root}", "--max-bytes", "1", "--json", env=env)
+    cli = run_artifactd(
+        "gc", "--store", f"oci:{node.root}", "--max-bytes", "1", "--apply", "--json", env=env
+    )
     assert cli.returncode == 0, cli.stderr
     doc = json.loads(cli.stdout)
     assert len(doc["evicted"]) == len(tags) and doc["bytes_after"] == 0
@@ -283,7 +285,7 @@ def test_gc_counts_evictions_across_runs_for_the_metrics(
     prom = tmp_path / "textfile" / "node.prom"
     cli = run_artifactd(
         "gc", "--store", f"oci:{node.root}", "--max-bytes", "0", "--min-free", "1",
-        "--metrics-file", str(prom), "--json", env=env,
+        "--metrics-file", str(prom), "--apply", "--json", env=env,
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr
     doc = json.loads(cli.stdout)

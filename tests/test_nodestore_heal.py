@@ -293,7 +293,7 @@ def test_gc_refuses_a_limit_that_is_not_a_size(
         assert st.list_tags() == tags
     # 0 is a size: it empties the node store, as documented.
     if size == "-5":
-        proc = run_artifactd("gc", "--store", f"oci:{node}", "--max-bytes", "0", env=env)
+        proc = run_artifactd("gc", "--store", f"oci:{node}", "--max-bytes", "0", "--apply", env=env)
         assert proc.returncode == 0, proc.stderr
         with open_store(f"oci:{node}") as st:
             assert st.list_tags() == []

@@ -42,3 +42,13 @@ def test_a_cli_process_writes_its_bytecode_under_the_session_prefix() -> None:
     # Where the child put main's bytecode: PREFIX/<source dir>/<name>.<tag>.pyc.
     cached = Path(prefix + str(Path(source).parent), f"main.{sys.implementation.cache_tag}.pyc")
     assert cached.is_file(), sorted(str(p) for p in Path(prefix).rglob("main.*.pyc"))
+
+
+def test_time_limits_scale_with_how_slow_the_machine_runs() -> None:
+    """A loaded or slower machine gets longer ceilings, never shorter ones."""
+    from conftest import machine_factor, scaled
+
+    factor = machine_factor()
+    assert 1.0 <= factor <= 20.0
+    assert scaled(120) == 120 * factor >= 120
+    assert machine_factor() == factor  # measured once per session

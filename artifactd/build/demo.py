@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from artifactd.build.matrix import expand, load_matrix
+from artifactd.build.matrix import Matrix, expand, load_matrix
 from artifactd.build.published import pod_environ, pod_flags
 from artifactd.build.run import BuildResult, build, cell_environ, run_cell
 from artifactd.errors import BuildError
@@ -43,6 +45,11 @@ class DemoResult:
     restored_compiled: int
     restore_report: dict[str, Any]
     build: BuildResult
+    #: The restore this demo ran, as a user types it on this machine (the
+    #: matrix's declared target, workload and keyed variables: ``pod_flags``).
+    restore_command: str = ""
+    #: Whether ``target`` (and the warm-up's logs) were kept (``--keep``).
+    kept: bool = True
 
     @property
     def ratio(self) -> float:
@@ -70,15 +77,23 @@ def run_demo(
     on_event: EventSink = discard,
     environ: Mapping[str, str],
     insecure: bool = False,
+    keep: bool = False,
 ) -> DemoResult:
     """Run build, restore and a restored warm-up; return their timings.
 
-    ``store`` is a store or its reference (created when missing).
+    ``store`` is a store or its reference (created when missing). What the run
+    writes under ``workdir`` (the restored caches, about 150 MB, and the
+    warm-up's logs) is removed at the end unless ``keep``; the store stays.
     """
     with opened(store, create=True, insecure=insecure) as st:
-        return _run_demo(
+        result = _run_demo(
             matrix_path, st, workdir=workdir, on_event=on_event, environ=environ, insecure=insecure
         )
+    if not keep:
+        for path in (Path(result.target), workdir / "restored-logs", workdir / "empty"):
+            shutil.rmtree(path, ignore_errors=True)
+        result.kept = False
+    return result
 
 
 def _run_demo(
@@ -141,4 +156,16 @@ def _run_demo(
         restored_compiled=restored_compiled,
         restore_report=report,
         build=built,
+        restore_command=restore_command(store.ref, matrix, insecure=insecure),
     )
+
+
+def restore_command(store: str, matrix: Matrix, *, insecure: bool = False) -> str:
+    """Return the ``artifactd restore`` line that finds this matrix's artifact, for a shell.
+
+    The flags are the ones a pod asks with (:func:`pod_flags`), and the keyed
+    variables of the matrix's ``env:`` come first, as assignments.
+    """
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in sorted(pod_environ(matrix).items())]
+    argv = ["artifactd", "restore", "--store", store, "--target", "DIR", *pod_flags(matrix)]
+    return " ".join([*assignments, shlex.join(argv + (["--insecure"] if insecure else []))])

@@ -19,6 +19,7 @@ from artifactd.cli.options import (
     json_option,
     load_sign_key,
     number_option,
+    positional_or_option,
     run_id_option,
     set_option,
     sign_key_option,
@@ -64,7 +65,7 @@ def harvest(
         image_digest=image_digest,
         workload=workload,
         overrides=overrides,
-        on_event=render.event_printer(as_json),
+        on_event=render.event_printer(as_json, lines=True),
         sign_key=key,
     )
     if as_json:
@@ -151,7 +152,7 @@ def build(
         image_digest=image_digest,
         roots=keep_roots,
         keep_roots=keep_roots is not None,
-        on_event=render.event_printer(as_json),
+        on_event=render.event_printer(as_json, lines=True),
         overrides=overrides,
         strict_lint=strict,
         cell=cell,
@@ -182,10 +183,13 @@ def build(
     type=click.Path(path_type=Path),
     default=Path(".artifactd/demo"),
     show_default=True,
-    help="Where restored caches go.",
+    help="Where restored caches go (removed at the end unless --keep).",
 )
+@click.option("--keep", is_flag=True, help="Keep the restored caches and the warm-up's logs.")
 @json_option
-def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bool) -> None:
+def demo(
+    *, store: str, insecure: bool, matrix: Path, workdir: Path, keep: bool, as_json: bool
+) -> None:
     """Build the CPU demo matrix cold, restore it fresh, and time the warm start."""
     from artifactd.build.demo import run_demo
 
@@ -195,9 +199,10 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
         matrix,
         store,
         workdir=workdir,
-        on_event=render.event_printer(as_json),
+        on_event=render.event_printer(as_json, lines=True),
         environ=C.current_environ(),
         insecure=insecure,
+        keep=keep,
     )
     if as_json:
         from artifactd.reports import demo_report
@@ -209,10 +214,23 @@ def demo(*, store: str, insecure: bool, matrix: Path, workdir: Path, as_json: bo
 
 @cli.command()
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--target",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="A restore target or build-roots directory (the same as DIRECTORY).",
+)
 @family_option
-@click.option("--strict", is_flag=True, help="Exit 11 when there is any finding.")
+@click.option("--strict", is_flag=True, help="Exit 11 on any finding (without it: on errors only).")
 @json_option
-def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_json: bool) -> None:
+def lint(
+    *,
+    directory: Path | None,
+    target: Path | None,
+    families: tuple[str, ...],
+    strict: bool,
+    as_json: bool,
+) -> None:
     """Find what will make a harvested cache miss elsewhere, before it ships.
 
     Scans each family's cache for this machine's absolute paths (outside the
@@ -222,9 +240,14 @@ def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_
 
     DIRECTORY is a build-roots or restore-target directory (each family in its
     subdirectory); without it, caches are found as `harvest` finds them.
+
+    Exits 11 when a finding is an error (a miss or a failure on a pod laid
+    out differently); warnings (informational, or harmful only where
+    followed) fail only with --strict.
     """
     from artifactd.lint import lint_caches
 
+    directory = positional_or_option(directory, target, flag="--target", name="the directory")
     roots, report = lint_caches(directory, family_names(families))
     if as_json:
         from artifactd.reports import lint_report
@@ -232,8 +255,15 @@ def lint(*, directory: Path | None, families: tuple[str, ...], strict: bool, as_
         render.emit_json(lint_report(roots, report))
     else:
         render.lint(roots, report)
-    if strict and report.findings:
+    if not report.fails(strict=strict):
+        return
+    if report.errors:
         raise LintError(
-            f"--strict: {len(report.findings)} finding(s) tie these caches to this machine",
-            hint="fix them (each names its cost), or run without --strict",
+            f"{report.errors} error(s): these caches will miss or fail on a pod laid out "
+            "differently",
+            hint="fix them (each names its cost); warnings alone fail only with --strict",
         )
+    raise LintError(
+        f"--strict: {len(report.findings)} finding(s) tie these caches to this machine",
+        hint="fix them (each names its cost), or run without --strict",
+    )

@@ -99,7 +99,8 @@ def merge(
 
     key = load_sign_key(sign_key)
     with open_store(store, insecure=insecure) as st:
-        result = do_merge(file, st, run_id, on_event=render.event_printer(as_json), sign_key=key)
+        on_event = render.event_printer(as_json, lines=True)
+        result = do_merge(file, st, run_id, on_event=on_event, sign_key=key)
     if as_json:
         from artifactd.reports import result_report
 
@@ -228,7 +229,7 @@ def verify(
             jobs=jobs,
             promote=promote,
             keep_roots=keep_roots,
-            on_event=render.event_printer(as_json),
+            on_event=render.event_printer(as_json, lines=True),
             sign_key=key,
             trust=trust,
         )
@@ -266,7 +267,7 @@ def _verify_candidate(
             candidate,
             gpus=gpus,
             sign_key=key,
-            on_event=render.event_printer(as_json),
+            on_event=render.event_printer(as_json, lines=True),
             **kwargs,
         )
     if as_json:

@@ -58,7 +58,8 @@ import, at module level and inside functions, to these lists):
   dataclasses, ``--metrics-file``; click, for every other command line):
   ``artifactd.build.matrix_edit`` (rendering ``matrix shapes``),
   ``artifactd.cli.app``, ``artifactd.families.base``,
-  ``artifactd.fingerprint.diff``, ``artifactd.fingerprint.model``,
+  ``artifactd.fingerprint.declare``, ``artifactd.fingerprint.diff``,
+  ``artifactd.fingerprint.model``,
   ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
   ``artifactd.pod``, ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
@@ -179,6 +180,7 @@ LATER = frozenset(
         "artifactd.build.matrix_edit",
         "artifactd.cli.app",
         "artifactd.families.base",
+        "artifactd.fingerprint.declare",
         "artifactd.fingerprint.diff",
         "artifactd.fingerprint.model",
         "artifactd.format.imagemanifest",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -19,6 +20,9 @@ from artifactd.cli.options import (
     workload_option,
 )
 from artifactd.cli.specs import family_names
+
+#: ``diff``'s exit code when the sides differ, as diff(1)'s.
+DIFFERENT = 1
 
 
 @cli.command()
@@ -42,6 +46,11 @@ def fingerprint(**options: Any) -> None:
 @family_option
 @set_option
 @insecure_option
+@click.option(
+    "--exit-zero",
+    is_flag=True,
+    help="Exit 0 when the sides differ too (for reports); errors still exit non-zero.",
+)
 @json_option
 def diff(
     *,
@@ -52,6 +61,7 @@ def diff(
     workload: tuple[str, ...],
     overrides: tuple[str, ...],
     families: tuple[str, ...],
+    exit_zero: bool,
     as_json: bool,
 ) -> None:
     """Explain why two fingerprints differ, and which cache families that invalidates.
@@ -61,6 +71,10 @@ def diff(
     the `local` side (B when both are local: `diff local local --set driver.version=X`
     asks what a driver upgrade would invalidate). A cache built on A
     is judged for use on B.
+
+    Exits as diff(1) does: 0 when the hashed fields and the recorded cache facts
+    are the same (informational fields such as the host name may differ), 1
+    when they differ (unless --exit-zero), 2 or more on an error.
     """
     from artifactd.restore.explain import explain
 
@@ -79,3 +93,5 @@ def diff(
         render.emit_json(diff_report(ex.a, ex.b, ex.result, ex.facts))
     else:
         render.diff(ex.a, ex.b, ex.result, ex.facts)
+    if not exit_zero and not (ex.result.identical and not ex.facts):
+        sys.exit(DIFFERENT)

@@ -64,7 +64,7 @@ def append(
         to,
         compression="zstd" if compression == "zstd" else "gzip",
         insecure=insecure,
-        on_event=render.event_printer(as_json),
+        on_event=render.event_printer(as_json, lines=True),
     )
     if as_json:
         from artifactd.reports import result_report
@@ -183,7 +183,7 @@ def build(
         wheels=wheels,
         host=docker_host,
         insecure=insecure,
-        on_event=render.event_printer(as_json),
+        on_event=render.event_printer(as_json, lines=True),
     )
     if as_json:
         from artifactd.reports import result_report

@@ -113,6 +113,30 @@ def _run_click(args: list[str]) -> None:
     except click.exceptions.Abort:
         echo("aborted", err=True)
         sys.exit(130)
+    except click.BadParameter as exc:
+        source = _from_environment(exc.param, args)
+        if source is None:
+            exc.show()
+            sys.exit(exc.exit_code)
+        # A value from the environment is named by its variable, not a flag the
+        # user never typed.
+        name, raw, flag = source
+        echo(f"artifactd: error: {name}={raw!r} (read for {flag}): {exc.message}", err=True)
+        sys.exit(UsageError.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
+
+
+def _from_environment(param: object, args: Sequence[str]) -> tuple[str, str, str] | None:
+    """Return (variable, value, flag) when ``param``'s value came from its environment variable."""
+    import click
+
+    if not isinstance(param, click.Option) or not param.envvar:
+        return None
+    if any(a == o or a.startswith(o + "=") for a in args for o in param.opts):
+        return None  # typed on the command line
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar)
+    environ = C.current_environ()
+    flag = param.opts[0]
+    return next(((n, environ[n], flag) for n in names if environ.get(n) is not None), None)

@@ -140,7 +140,12 @@ def prefetch(
     metavar="PCT",
     help="Evict until the store's filesystem has PCT percent free.",
 )
-@click.option("--dry-run", is_flag=True, help="Print what would be evicted; change nothing.")
+@click.option("--apply", "do_apply", is_flag=True, help="Evict. Without it: a dry run, as prune.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what would be evicted; change nothing (the default; kept for scripts).",
+)
 @click.option(
     "--metrics-file",
     type=click.Path(path_type=Path),
@@ -154,17 +159,20 @@ def gc(
     store: str,
     max_bytes: int | None,
     min_free: float | None,
+    do_apply: bool,
     dry_run: bool,
     metrics_file: Path | None,
     as_json: bool,
 ) -> None:
-    """Evict the least recently used artifacts from a node store.
+    """Evict the least recently used artifacts from a node store: a dry run unless --apply.
 
     Last use is recorded at each restore and prefetch. Under the node store's
     exclusive lock (a restore reading it holds it shared, so nothing in use
     is removed), tags are evicted oldest use first, then every blob no
     remaining tag references, until the store fits --max-bytes and its disk
-    has --min-free percent free.
+    has --min-free percent free. Like prune, gc changes nothing without
+    --apply (before 0.2 it evicted by default: a gc line without --apply now
+    says so on stderr).
     """
     from artifactd.errors import UsageError
     from artifactd.stores.layout import LayoutStore
@@ -173,6 +181,15 @@ def gc(
 
     if max_bytes is None and min_free is None:
         raise UsageError("gc needs a target: --max-bytes SIZE and/or --min-free PCT")
+    if do_apply and dry_run:
+        raise UsageError("gc: --apply and --dry-run contradict each other", hint="give one")
+    if not do_apply and not dry_run:
+        render.echo(
+            "artifactd: note: gc is a dry run unless --apply (as prune is; before 0.2 it "
+            "evicted by default): nothing was evicted",
+            err=True,
+        )
+    dry_run = not do_apply
     node = LayoutStore(node_root(store))
     result = do_gc(
         node,

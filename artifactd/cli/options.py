@@ -16,11 +16,13 @@ import click
 from artifactd import bounds as B  # noqa: N812
 from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.specs import Opt
+from artifactd.errors import UsageError
 
 if TYPE_CHECKING:
     from artifactd.trust.policy import Basis
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class Number(click.ParamType):  # type: ignore[type-arg]  # not generic in every click allowed
@@ -106,6 +108,23 @@ def insecure_option(f: F) -> F:
 def store_option(f: F) -> F:
     """Add ``--store`` and ``--insecure``."""
     return options((S.STORE, S.INSECURE))(f)
+
+
+def positional_or_option(
+    positional: T | None, option: T | None, *, flag: str, name: str
+) -> T | None:
+    """Return what a positional argument and its ``--option`` spelling gave (either, or None).
+
+    Commands that took a positional ``STORE`` or ``DIR`` also take the
+    ``--store``/``--target`` every other command uses; giving both, differently,
+    is a usage error rather than a silent pick.
+    """
+    if positional is not None and option is not None and positional != option:
+        raise UsageError(
+            f"{name} given twice: {positional} and {flag} {option}",
+            hint=f"give one of them ({flag} is the spelling every command takes)",
+        )
+    return positional if positional is not None else option
 
 
 def sign_key_option(f: F) -> F:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from artifactd.build.harvest import HarvestResult
     from artifactd.build.run import BuildResult
     from artifactd.build.shapes import Shapes
+    from artifactd.fingerprint.declare import ToMatch
     from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
     from artifactd.restore.install import RestoreResult
@@ -65,12 +66,15 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
+def event_printer(as_json: bool, *, lines: bool = False) -> Callable[[dict[str, Any]], None]:
     """Show library events: JSON lines on stderr with --json, progress on a terminal.
 
     Progress events are for people: they appear only on a TTY and never in JSON.
+    With ``lines`` (the long-running commands: build, verify, merge, demo,
+    images), every other event is a line on stderr when it is not a terminal
+    too (a CI log), so a three-minute cell is seen starting, not a silence.
     """
-    tty = sys.stderr.isatty()
+    tty = sys.stderr.isatty() or lines
 
     def show(event: dict[str, Any]) -> None:
         progress = event.get("event") == "progress"
@@ -81,6 +85,8 @@ def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
         if not tty:
             return
         if progress:
+            if not sys.stderr.isatty():
+                return  # a ticking line is for a terminal; a log gets the stage lines
             done, total = event.get("bytes", 0), event.get("total", 0)
             pct = f" {100 * done / total:3.0f}%" if total else ""
             echo(
@@ -91,7 +97,8 @@ def event_printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
             )
             return
         detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
-        echo(f"\r[{event.get('stage')}] {event.get('event')} {detail}", err=True)
+        back = "\r" if sys.stderr.isatty() else ""  # over a progress line, on a terminal
+        echo(f"{back}[{event.get('stage')}] {event.get('event')} {detail}", err=True)
 
     return show
 
@@ -125,7 +132,10 @@ def harvest(result: HarvestResult) -> None:
     if result.not_found:
         echo(f"  not found: {', '.join(result.not_found)}")
     echo(f"artifact {result.digest}")
-    echo(f"  tag fp-{result.fingerprint_hash}")
+    # What was published, as published: fp-<hash> (and the family tags), or a
+    # fan-out cell's run-<id>-cell-<n> alone.
+    head, families = (result.tags[0], len(result.tags) - 1) if result.tags else ("(none)", 0)
+    echo(f"  tag {head}" + (f" (and {families} family tag(s))" if families else ""))
     echo(
         f"  uploaded {human_bytes(result.bytes_uploaded)}, "
         f"already present {human_bytes(result.bytes_skipped)}, {result.seconds:.2f} s"
@@ -192,6 +202,44 @@ def restore(outcome: RestoreOutcome) -> None:
     echo(head + (f"\n  hint: {failure.hint}" if failure.hint else ""), err=True)
 
 
+def _to_match(settle: ToMatch | None) -> None:
+    """Print the flags that would declare the closest artifact's fields, and what none can."""
+    if settle is None:
+        return
+    for flag in settle.declare:
+        echo(f"    to match it, add {flag.flag} (declares {', '.join(flag.fields)})")
+    if settle.undeclare:
+        echo(f"    and leave {', '.join(settle.undeclare)} out of --workload")
+    for field in settle.probed[:8]:
+        echo(
+            f"    probed here, no flag changes it: {field.path}: "
+            f"artifact={field.a!r} here={field.b!r}"
+        )
+    if len(settle.probed) > 8:
+        echo(f"    ... and {len(settle.probed) - 8} more probed field(s): `artifactd diff`")
+
+
+def _plan_table(plan: RestorePlan) -> None:
+    """Print a row per family looked for; those the artifact was built without on one line."""
+    # Lazy: render is imported by --version; a plan to show means resolve is loaded.
+    from artifactd.restore.resolve import ABSENT_FROM_ARTIFACT
+
+    absent = [f.family for f in plan.families if f.reason == ABSENT_FROM_ARTIFACT]
+    rows = [("family", "verdict", "via", "files", "size", "where / why")]
+    for f in plan.families:
+        if f.verdict == "hit":
+            where = ", ".join(f.dirs.values())
+            rows.append(
+                (f.family, "hit", f.source or "", str(f.files), human_bytes(f.unpacked), where)
+            )
+        elif f.family not in absent:
+            rows.append((f.family, "miss", "-", "-", "-", f.reason or ""))
+    if len(rows) > 1:
+        echo(table(rows))
+    if absent:
+        echo(f"  not in the artifact (it was built without them): {', '.join(absent)}")
+
+
 def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> None:
     head = {"full": "full match", "partial": "partial match (by family scope)", "miss": "MISS"}
     echo(
@@ -202,16 +250,7 @@ def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> Non
         echo(f"  store: {plan.error}")
     for why in plan.unbound.values():
         echo(f"  passed over: {why}")
-    rows = [("family", "verdict", "via", "files", "size", "where / why")]
-    for f in plan.families:
-        if f.verdict == "hit":
-            where = ", ".join(f.dirs.values())
-            rows.append(
-                (f.family, "hit", f.source or "", str(f.files), human_bytes(f.unpacked), where)
-            )
-        else:
-            rows.append((f.family, "miss", "-", "-", "-", f.reason or ""))
-    echo(table(rows))
+    _plan_table(plan)
     for f in plan.families:
         for d in f.deciding:
             echo(f"    {f.family}: {d.path}: artifact={d.a!r} local={d.b!r}")
@@ -220,6 +259,7 @@ def _plan(plan: RestorePlan, result: RestoreResult | None, dry_run: bool) -> Non
             f"  closest of {plan.nearest.compared} artifact(s) read: {plan.nearest.tag} "
             f"({len(plan.nearest.differing)} field(s) differ)"
         )
+        _to_match(plan.nearest.to_match)
     if dry_run:
         echo(f"dry run: would fetch {human_bytes(plan.bytes_to_fetch)}; nothing written")
     elif plan.noop:
@@ -290,7 +330,7 @@ def inspect(art: Artifact, *, show_files: bool) -> None:
 def demo(result: DemoResult) -> None:
     """Print the three stages' times and compile counts, and the time saved per start."""
     echo(f"artifact {result.artifact} in {result.store}")
-    echo(f"restored into {result.target}")
+    echo(f"restored into {result.target}" + ("" if result.kept else " (removed: --keep keeps it)"))
     rows = [
         ("stage", "seconds", "compiled"),
         ("cold warm-up (fresh caches)", f"{result.cold_seconds:.1f}", str(result.cold_compiled)),
@@ -304,6 +344,8 @@ def demo(result: DemoResult) -> None:
     echo(table(rows))
     saved = result.cold_seconds - result.restored_seconds - result.restore_seconds
     echo(f"restored/cold = {result.ratio:.2f}: {saved:.1f} s saved per start")
+    if result.restore_command:
+        echo(f"restore it yourself (DIR: a new directory): {result.restore_command}")
 
 
 def lint(roots: Mapping[str, object], report: LintReport) -> None:
@@ -316,8 +358,15 @@ def lint(roots: Mapping[str, object], report: LintReport) -> None:
         )
     for entry in report.unreadable:
         echo(f"  unreadable: {entry}")
-    if not report.findings:
+    if not roots:
+        echo(
+            "  nothing to lint: no cache found (give a DIRECTORY, or set the cache variables "
+            "`harvest` reads, such as TRITON_CACHE_DIR)"
+        )
+    elif not report.findings:
         echo("  clean: nothing ties these caches to this machine")
+    else:
+        echo(f"  {report.errors} error(s), {report.warnings} warning(s)")
 
 
 def signing(result: SignResult | None) -> None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     default=DEFAULT_KEEP_LAST,
     show_default=True,
     metavar="N",
-    help="Keep the N newest artifacts of each family (and of whole artifacts, and of cells).",
+    help="Keep the N newest artifacts of each family, N whole artifacts and N fan-out runs.",
 )
 @number_option(
     "--older-than",
@@ -76,6 +76,8 @@ def prune(
     ahead is an unknown age and ranks last); anything pushed within --grace
     seconds; with --older-than, anything younger. Deltas and unpromoted
     candidates are kept for --older-than DAYS (default 7), then deleted.
+    Fan-out cells count by run and go or stay a run at a time. A manifest
+    whose tags were re-pointed (tagged superseded-*) goes after --grace.
     Signatures and attestations go with their artifact. Age is the creation
     time artifactd stamps on each manifest, never the registry's. On a registry,
     manifests are deleted through its API (deletes must be enabled) and its
@@ -128,11 +130,13 @@ def _show_prune(pruned: PrunePlan) -> None:
     render.echo(f"deleted {len(pruned.deleted)} manifest(s) from {pruned.store}")
     if pruned.skipped:
         render.echo(f"left {len(pruned.skipped)} that a new tag names since the plan")
-    if pruned.gc_hint:
+    if pruned.gc_hints:
         render.echo(
-            f"the registry frees their {freed} at its next garbage collection: "
-            f"{pruned.gc_hint} (deletes enabled; stop the registry or set it read-only first)"
+            f"the registry frees their {freed} at its next garbage collection, run on its "
+            "host with the registry stopped or read-only (CONFIG: its config file):"
         )
+        for hint in pruned.gc_hints:
+            render.echo(f"  {hint}")
     else:
         render.echo(
             f"removed {pruned.blobs_removed} unreferenced blob(s), "
@@ -191,4 +195,9 @@ def _show_du(report: DuReport) -> None:
         line += f", of which {render.human_bytes(report.other_bytes)} signatures and others"
     if report.unreferenced_bytes is not None:
         line += f"; {render.human_bytes(report.unreferenced_bytes)} unreferenced"
+    if report.superseded_bytes:
+        line += (
+            f"; {render.human_bytes(report.superseded_bytes)} only in superseded manifests "
+            "(re-pointed tags: prune deletes them after the grace)"
+        )
     render.echo(f"{report.store}: {line}")

@@ -15,6 +15,7 @@ from artifactd.cli.options import (
     json_option,
     load_sign_key,
     options,
+    positional_or_option,
     sign_key_option,
     sign_unverified_option,
     signing_basis,
@@ -62,13 +63,20 @@ def inspect(
 
 @cli.command(name="ls")
 @click.argument("store", required=False, default=None)
+@click.option(
+    "--store",
+    "store_option",
+    metavar="REF",
+    help="The store, as every command takes it (the STORE argument is the same).",
+)
 @insecure_option
 @json_option
-def ls_cmd(*, store: str | None, insecure: bool, as_json: bool) -> None:
+def ls_cmd(*, store: str | None, store_option: str | None, insecure: bool, as_json: bool) -> None:
     """List the tags in a store (default: ARTIFACTD_STORE or oci:.artifactd/store)."""
     from artifactd.stores import list_tags
 
-    ref = store or C.current_environ().get(C.ENV_STORE, C.DEFAULT_STORE)
+    given = positional_or_option(store, store_option, flag="--store", name="the store")
+    ref = given or C.current_environ().get(C.ENV_STORE, C.DEFAULT_STORE)
     tags = list_tags(ref, insecure=insecure)
     if as_json:
         from artifactd.reports import tags_report

@@ -20,6 +20,7 @@ caches, and the library sources that was read from, is in ``docs/families.md``.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -101,6 +102,22 @@ class Family(ABC):
     library: ClassVar[str] = "The library"
     path_cost: ClassVar[str | None] = None
     python_path_cost: ClassVar[str | None] = None
+    #: Name patterns (``fnmatch``, on the file's name) of files the library keeps
+    #: but never keys on nor follows a path from when it loads an entry (IR kept
+    #: for debugging, metadata whose paths are only used while compiling): a
+    #: build path in them is a warning with :attr:`informational_cost`, not an
+    #: error. Read from the library's source; docs/families.md says which.
+    informational_files: ClassVar[tuple[str, ...]] = ()
+    informational_cost: ClassVar[str] = ""
+
+    def informational(self, rel: PurePosixPath) -> bool:
+        """Whether a build path in ``rel`` costs nothing at load (:attr:`informational_files`).
+
+        A Triton group file never is: its child paths are followed.
+        """
+        if is_group_file(rel):
+            return False
+        return any(fnmatch.fnmatchcase(rel.name, p) for p in self.informational_files)
 
     @abstractmethod
     def locate(self, environ: Mapping[str, str]) -> list[Located]:

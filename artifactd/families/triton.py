@@ -49,6 +49,17 @@ class TritonFamily(Family):
         "Triton's launcher key hashes absolute library and include dirs: a pod whose"
         " Python install lives elsewhere rebuilds the launcher"
     )
+    # An entry is loaded from its cubin and its metadata JSON. The IR files are kept
+    # for debugging and never read at load; their build paths are source locations.
+    # The metadata's paths (``extern_libs``: libdevice inside the triton package) are
+    # only used while compiling, and the kernel key hashes libdevice by content
+    # (``CUDAOptions.hash`` in Triton 3.x), never by path. The group file is the
+    # exception: its child paths are followed, and restore rewrites them.
+    informational_files = ("*.source", "*.ttir", "*.ttgir", "*.llir", "*.ptx", "*.amdgcn", "*.json")
+    informational_cost = (
+        "Triton keeps this path as debug information (a source location, or libdevice's"
+        " path, which its kernel key hashes by content): never followed or keyed on at load"
+    )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way Triton does: TRITON_CACHE_DIR, else TRITON_HOME/.triton/cache."""

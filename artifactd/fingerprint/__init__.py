@@ -12,6 +12,8 @@ Modules:
   parsing of what a command states (``--workload``, ``--set``, ``--gpu-arch``).
 * :mod:`~artifactd.fingerprint.probecache`: the probe's on-disk cache of library hashes.
 * :mod:`~artifactd.fingerprint.diff`: explain why two fingerprints differ.
+* :mod:`~artifactd.fingerprint.declare`: the flags that would declare an artifact's
+  fields on this machine, and the probed fields no flag may change.
 
 Nothing is imported here: a no-op restore loads only ``probe``, ``tools`` and ``key``.
 """

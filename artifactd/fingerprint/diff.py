@@ -51,12 +51,25 @@ class FingerprintDiff:
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[FieldDiff]:
-    """Return the dotted fields whose values differ between two flattened documents."""
+    """Return the dotted fields whose values differ between two flattened documents.
+
+    An empty mapping is a leaf when flattened (``workload: {}``) while the
+    other side's fields sit below it (``workload.model``): that pair is one
+    difference, shown by the fields below, not a row of its own.
+    """
+    keys = sorted(set(a) | set(b))
     return [
         FieldDiff(path=k, a=a.get(k), b=b.get(k))
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k)
+        for k in keys
+        if a.get(k) != b.get(k) and not _empty_above(k, a.get(k), b.get(k), keys)
     ]
+
+
+def _empty_above(key: str, a: Any, b: Any, keys: Sequence[str]) -> bool:
+    """Whether ``key`` is an empty mapping on one side, absent on the other with fields below."""
+    if not ((a == {} and b is None) or (b == {} and a is None)):
+        return False
+    return any(k.startswith(key + ".") for k in keys)
 
 
 def family_verdict(family: Family, a: Fingerprint, b: Fingerprint) -> FamilyVerdict:

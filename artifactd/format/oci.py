@@ -6,12 +6,15 @@ The format is documented for other clients in ``registry-schema/FORMAT.md``.
 from __future__ import annotations
 
 import re
+import time
 
 from artifactd.errors import IntegrityError, UsageError
 
 ARTIFACT_TYPE = "application/vnd.artifactd.cache.v1"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+#: Docker's image index (a "manifest list"), which registries and engines still serve.
+DOCKER_LIST_MEDIA_TYPE = "application/vnd.docker.distribution.manifest.list.v2+json"
 # An image-config media type (not a custom one) so `skopeo inspect` accepts it.
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
@@ -34,6 +37,13 @@ FULL_TAG_PREFIX = "fp-"
 DELTA_TAG_PREFIX = "delta-"
 #: Tags of absorbed candidates (``artifactd absorb``) start with this.
 CANDIDATE_TAG_PREFIX = "candidate-"
+#: A registry keeps a manifest whose tag was re-pointed, untagged and invisible
+#: to the tag listing; publishing first tags it ``superseded-<time>-<hex>``
+#: (:func:`superseded_tag`) so that ``prune`` finds it and deletes it after the
+#: grace. The time is when the tag moved, UTC, to the second.
+SUPERSEDED_TAG_PREFIX = "superseded-"
+SUPERSEDED_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+_SUPERSEDED_RE = re.compile(r"^superseded-([0-9]{8}T[0-9]{6}Z)-([0-9a-f]{64})$")
 
 
 def full_tag(fingerprint_hash: str) -> str:
@@ -44,6 +54,22 @@ def full_tag(fingerprint_hash: str) -> str:
 def family_tag(family: str, scope_key: str) -> str:
     """Tag of the single-family artifact for one scope key."""
     return f"{family}-{scope_key}"
+
+
+def superseded_tag(digest: str, when: float) -> str:
+    """Tag that records ``digest`` lost its tags at ``when`` (seconds since the epoch)."""
+    stamp = time.strftime(SUPERSEDED_TIME_FORMAT, time.gmtime(when))
+    return f"{SUPERSEDED_TAG_PREFIX}{stamp}-{check_digest(digest).split(':', 1)[1]}"
+
+
+def parse_superseded_tag(tag: str) -> tuple[str, str] | None:
+    """Return (time as stamped, digest) of a :func:`superseded_tag`; None for any other tag.
+
+    The time is :data:`SUPERSEDED_TIME_FORMAT` text, parsed by the reader that
+    needs it (a prune), so the no-op restore path loads no calendar code.
+    """
+    match = _SUPERSEDED_RE.match(tag)
+    return None if match is None else (match.group(1), f"sha256:{match.group(2)}")
 
 
 def check_digest(digest: str) -> str:

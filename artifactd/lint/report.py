@@ -67,6 +67,6 @@ class LintReport:
         """How many findings are warnings."""
         return sum(1 for f in self.findings if f.severity == "warning")
 
-    def exit_code(self, strict: bool) -> int:
-        """0, or 1 when ``strict`` and anything was found (warnings included)."""
-        return 1 if strict and self.findings else 0
+    def fails(self, *, strict: bool) -> bool:
+        """Whether a lint fails (exit 11): on an error, or with ``strict`` on any finding."""
+        return bool(self.errors or (strict and self.findings))

@@ -140,18 +140,21 @@ def scan_content(
 
     out: list[Finding] = []
     factors = scope.family == VLLMFamily.name and PurePosixPath(rel).name == FACTORS_FILE
+    informational = scope.impl.informational(PurePosixPath(rel))
     for value, hit in paths.items():
         python = value in matcher.python
         what = "the build machine's Python install" if python else "a build-machine path"
         out.append(
             Finding(
-                severity="warning" if binary else "error",
+                severity="warning" if binary or informational else "error",
                 kind=KIND_PATH,
                 family=scope.family,
                 component=scope.component,
                 file=rel,
                 value=value,
-                cost=path_cost(
+                cost=scope.impl.informational_cost
+                if informational
+                else path_cost(
                     scope.impl,
                     rel,
                     python=python,

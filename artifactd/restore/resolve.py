@@ -42,6 +42,7 @@ from artifactd.restore.source import Want
 if TYPE_CHECKING:
     # Only planning a miss or executing needs these; a no-op restore never imports them.
     from artifactd.families import Family
+    from artifactd.fingerprint.declare import ToMatch
     from artifactd.fingerprint.diff import FieldDiff
     from artifactd.fingerprint.model import Fingerprint
     from artifactd.format.config import LayerRecord
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
+#: Why a family misses on a full match: the artifact was built without it.
+ABSENT_FROM_ARTIFACT = "the matching artifact has no such cache"
 
 Verdict = Literal["hit", "miss"]
 
@@ -133,6 +136,9 @@ class ClosestSampled(NamedTuple):
     differing: Sequence[FieldDiff]
     compared: int = 1
     artifact: Artifact | None = None
+    #: The flags this machine would declare to match it, and the probed fields
+    #: no flag may change (:func:`~artifactd.fingerprint.declare.to_match`).
+    to_match: ToMatch | None = None
 
     @property
     def json_hidden(self) -> tuple[str, ...]:
@@ -458,8 +464,7 @@ def _resolve(
         if full is not None:
             rec = full.records.get(fam.name)
             if rec is None:
-                reason = "the matching artifact has no such cache"
-                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=reason))
+                plans.append(FamilyPlan(fam.name, "miss", dirs=dirs, reason=ABSENT_FROM_ARTIFACT))
             else:
                 plans.append(_hit(fam.name, "full", full, rec, dirs))
             continue
@@ -510,6 +515,7 @@ def _hit(
 
 def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSampled | None:
     """Read up to :data:`SAMPLE_SIZE` whole artifacts and pick the least different."""
+    from artifactd.fingerprint.declare import to_match
     from artifactd.fingerprint.diff import differences
 
     best: tuple[int, ClosestSampled] | None = None
@@ -520,7 +526,12 @@ def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSample
         if best is None or len(differing) < best[0]:
             best = (len(differing), ClosestSampled(tag, art.digest, differing, 0, art))
         compared += 1
-    return None if best is None else best[1]._replace(compared=compared)
+    if best is None:
+        return None
+    closest = best[1]
+    found = closest.artifact
+    settle = to_match(found.config.fingerprint, local) if found is not None else None
+    return closest._replace(compared=compared, to_match=settle)
 
 
 def _explain_misses(

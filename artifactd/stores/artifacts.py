@@ -38,6 +38,7 @@ from artifactd.format.oci import (
     TAG_RE,
     family_tag,
     full_tag,
+    parse_superseded_tag,
 )
 from artifactd.hashing import canonical_json, digest_of
 from artifactd.stores import Store, open_store, parse_manifest_ref
@@ -345,7 +346,12 @@ def choose_artifacts(
     :class:`~artifactd.errors.TrustError` is raised before the copy begins.
     """
     wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
-    wanted = [t for t in wanted if tags or parse_attached_tag(t) is None]
+    # A full copy leaves signatures to copy_attached and superseded manifests behind.
+    wanted = [
+        t
+        for t in wanted
+        if tags or (parse_attached_tag(t) is None and parse_superseded_tag(t) is None)
+    ]
     chosen = Chosen(refs=[])
     for tag in wanted:
         ref = src.get_manifest(tag)
@@ -367,7 +373,9 @@ def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyR
     carried: set[str] = set()
     for tag, ref, manifest in chosen.refs:
         for desc in [manifest.config, *manifest.layers]:
-            if desc.digest in done or dst.has_blob(desc.digest):
+            if desc.digest in done:
+                continue  # counted once, as uploaded or skipped, by the first manifest
+            if dst.has_blob(desc.digest):
                 result.bytes_skipped += desc.size
             else:
                 result.bytes_uploaded += src.copy_blob(dst, desc.digest, desc.size, tmp_dir)

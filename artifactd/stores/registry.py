@@ -14,6 +14,7 @@ Plain HTTP is used automatically for loopback registries (as Docker treats
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,15 @@ from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urljoin
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
-from artifactd.format.oci import DIGEST_RE, MANIFEST_MEDIA_TYPE, check_digest, check_tag
+from artifactd.format.oci import (
+    DIGEST_RE,
+    DOCKER_LIST_MEDIA_TYPE,
+    INDEX_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    check_digest,
+    check_tag,
+    superseded_tag,
+)
 from artifactd.hashing import digest_of
 from artifactd.stores.base import ManifestRef, Progress, Store
 from artifactd.stores.credentials import Credentials, find_credentials
@@ -50,14 +59,14 @@ __all__ = [
 
 T = TypeVar("T")
 
-_ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, "application/vnd.oci.image.index.v1+json"])
+_ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, INDEX_MEDIA_TYPE])
 #: What an image manifest lookup accepts: OCI and Docker schema 2 manifests and indexes.
 IMAGE_ACCEPT = ", ".join(
     [
         MANIFEST_MEDIA_TYPE,
-        "application/vnd.oci.image.index.v1+json",
+        INDEX_MEDIA_TYPE,
         "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
+        DOCKER_LIST_MEDIA_TYPE,
     ]
 )
 
@@ -184,9 +193,20 @@ class RegistryStore(Store):
 
     # -- manifests ----------------------------------------------------------
     def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
-        """PUT our exact bytes under each tag (or by digest); return the digest."""
+        """PUT our exact bytes under each tag (or by digest); return the digest.
+
+        A tag that named another manifest leaves that manifest untagged, which
+        no tag listing shows again (the distribution API lists tags, never
+        manifests), so no prune could find it: its blobs would stay forever.
+        Before re-pointing, the old manifest is tagged
+        :func:`~artifactd.format.oci.superseded_tag` (see :meth:`_supersede`).
+        """
         digest = digest_of(data)
         for ref in [check_tag(t) for t in tags] or [digest]:
+            if ref != digest:
+                old = self._origin_tag(ref)  # a push asks the registry itself
+                if old is not None and old != digest:
+                    self._supersede(old)
             resp = self._send(
                 "PUT",
                 f"{self.base}/manifests/{ref}",
@@ -202,6 +222,29 @@ class RegistryStore(Store):
                     f"{self.ref}: registry stored manifest as {answered}, expected {digest}"
                 )
         return digest
+
+    def _supersede(self, digest: str) -> None:
+        """Tag manifest ``digest``, about to lose a tag, as superseded now.
+
+        The tag goes on first: a publish killed in between leaves the old
+        manifest with both tags, which a prune treats as still current. Its
+        exact bytes are read back by digest and put again (a registry keeps
+        one manifest per digest), so nothing new is stored. Gone meanwhile:
+        nothing to record.
+        """
+        ref = self.get_manifest(digest)
+        if ref is None:
+            return
+        tag = superseded_tag(digest, time.time())
+        resp = self._send(
+            "PUT",
+            f"{self.base}/manifests/{tag}",
+            body=ref.data,
+            ok=(201, 200),
+            headers={"Content-Type": ref.media_type or MANIFEST_MEDIA_TYPE},
+            what="manifest upload",
+        )
+        resp.close()
 
     def get_manifest(self, reference: str, *, accept: str = _ACCEPT) -> ManifestRef | None:
         """GET a manifest by tag or digest; verify its digest.

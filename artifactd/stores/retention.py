@@ -9,8 +9,9 @@ layer) and decides, per manifest, keep or delete with a reason:
   ``candidate-*``), is kept, and so are the single-family manifests that
   carry one of a promoted whole artifact's layers;
 * the ``keep_last`` newest artifacts of each group are kept: one group per
-  family for single-family artifacts, one for whole (``fp-``) artifacts, one
-  for fan-out cells. With a trust policy (``--verify-key``), the artifacts it
+  family for single-family artifacts, one for whole (``fp-``) artifacts; fan-out
+  cells count by run (``run-<id>-cell-*``), and a run is kept or deleted whole,
+  since a merge needs every cell. With a trust policy (``--verify-key``), the artifacts it
   verifies rank ahead of the others, so what no key vouched for never pushes
   out what one did;
 * an artifact younger than ``grace_s`` is kept, whatever else holds: a push
@@ -21,6 +22,11 @@ layer) and decides, per manifest, keep or delete with a reason:
   never promote or hold anything: each is kept within the grace and while
   younger than ``older_than_days`` (default :data:`DEFAULT_SUBMISSION_DAYS`),
   and deleted after, or when its age is unknown;
+* a *superseded* manifest, one that only ``superseded-<time>-<hex>`` tags name
+  (a registry store tags a manifest so before re-pointing a tag away from it:
+  the distribution API lists tags, never untagged manifests), is deleted once
+  the grace since that time is over (and, with ``older_than_days``, that many
+  days), never ranked;
 * a signature or attestation goes with its artifact, never alone;
 * anything that is not an artifactd artifact is kept.
 
@@ -35,19 +41,20 @@ say that every artifact is old enough.
 
 :func:`apply` deletes through the store: ``DELETE /v2/<repo>/manifests/<digest>``
 on a registry (its blobs are then the registry's own garbage collection's:
-:data:`REGISTRY_GC`), index entries and then unreferenced blobs in a local
-layout. :func:`usage` (``artifactd du``) counts bytes per family and per
-fingerprint.
+:data:`REGISTRY_GC`, which the plan spells out), index entries and then
+unreferenced blobs in a local layout. :func:`usage` (``artifactd du``) counts
+bytes per family and per fingerprint, and those only superseded manifests hold.
 """
 
 from __future__ import annotations
 
 import calendar
 import fnmatch
+import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from artifactd.errors import IntegrityError, TrustError, UsageError
@@ -61,8 +68,12 @@ from artifactd.format.oci import (
     ANN_SCOPE_KEY,
     CANDIDATE_TAG_PREFIX,
     DELTA_TAG_PREFIX,
+    DOCKER_LIST_MEDIA_TYPE,
+    INDEX_MEDIA_TYPE,
+    SUPERSEDED_TIME_FORMAT,
     family_tag,
     full_tag,
+    parse_superseded_tag,
 )
 from artifactd.stores.base import Store
 
@@ -83,10 +94,21 @@ DEFAULT_SUBMISSION_DAYS = 7.0
 #: which are kept for a time only.
 _RANKED = ("full", "family", "cell")
 _SUBMISSIONS = ("delta", "candidate")
-#: The command that frees a registry's blobs once manifests are deleted
-#: (Debian's docker-registry; run it with the registry stopped or read-only).
-REGISTRY_GC = "registry garbage-collect /etc/docker/registry/config.yml"
-_CELL_TAG = re.compile(r"^run-.+-cell-[0-9]+$")
+#: The commands that free a registry's blobs once manifests are deleted, run
+#: on the registry's host with it stopped or read-only: Debian's
+#: ``docker-registry`` package (distribution 2.x), then distribution 3's binary.
+#: ``CONFIG`` is the registry's own configuration file.
+REGISTRY_CONFIG = "/etc/docker/registry/config.yml"
+REGISTRY_GC = (
+    f"docker-registry garbage-collect {{untagged}}{REGISTRY_CONFIG}",
+    "registry garbage-collect {untagged}CONFIG",
+)
+#: ``--delete-untagged`` also removes manifests no tag names, such as those left
+#: by re-pointed tags before artifactd recorded them; it is only suggested for a
+#: repository without an image index, whose untagged children distribution's
+#: collector deletes too (distribution issue 3004).
+DELETE_UNTAGGED = "--delete-untagged "
+_CELL_TAG = re.compile(r"^run-(.+)-cell-[0-9]+$")
 _ATTACHED = re.compile(r"^sha256-([0-9a-f]{64})\.(sig|att)$")
 
 
@@ -97,7 +119,9 @@ class Manifest:
     digest: str
     tags: list[str]
     #: ``full``, ``family``, ``cell``, ``delta``, ``candidate`` (a whole artifact
-    #: only ``candidate-*`` tags name), ``signature``, ``attestation`` or ``other``.
+    #: only ``candidate-*`` tags name), ``signature``, ``attestation``,
+    #: ``superseded`` (only ``superseded-*`` tags name it: tags that named it
+    #: were re-pointed) or ``other``.
     kind: str
     family: str | None
     fingerprint: str | None
@@ -112,6 +136,8 @@ class Manifest:
     blobs: dict[str, int] = field(default_factory=dict, repr=False)
     #: Its layers' digests -> (family, scope key), from their annotations.
     layers: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
+    #: An image index (or Docker manifest list): its children may be untagged.
+    index: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,8 +171,9 @@ class PrunePlan:
     #: Bytes of the blobs only deleted manifests reference (freed once blobs are collected).
     bytes_freed: int
     dry_run: bool = True
-    #: What to run afterwards to free a registry's blobs (None for a local layout).
-    gc_hint: str | None = None
+    #: What to run afterwards on a registry's host to free its blobs: Debian's
+    #: ``docker-registry``, then distribution 3's ``registry`` (none for a layout).
+    gc_hints: list[str] = field(default_factory=list)
     #: Filled by :func:`apply`: the manifests deleted, and those left because a
     #: tag outside the plan named them by then.
     deleted: list[str] = field(default_factory=list)
@@ -169,12 +196,37 @@ def inventory(store: Store, *, now: float | None = None) -> list[Manifest]:
 
 
 def _describe(digest: str, tags: list[str], data: bytes, now: float) -> Manifest:
-    """Classify one manifest from its own bytes and its tags."""
+    """Classify one manifest from its own bytes and its tags.
+
+    A manifest that only ``superseded-*`` tags name is ``superseded``,
+    whatever it holds, and its age is the time its last tag moved away (a pod
+    that resolved the tag just before may be pulling it by digest).
+    """
+    m = _what(digest, tags, data, now)
+    stamps = [s[0] for t in tags if (s := parse_superseded_tag(t))]
+    if not stamps or len(stamps) < len(tags):
+        return m
+    return replace(m, kind="superseded", age_s=_age(max(stamps), now, SUPERSEDED_TIME_FORMAT))
+
+
+def _what(digest: str, tags: list[str], data: bytes, now: float) -> Manifest:
+    """Classify one manifest from its own bytes (and its tags, for signatures and candidates)."""
     blobs = {digest: len(data)}
     try:
         manifest = ImageManifest.from_bytes(data, source=digest)
     except IntegrityError:
-        return Manifest(digest, tags, "other", None, None, None, None, len(data), blobs=blobs)
+        return Manifest(
+            digest,
+            tags,
+            "other",
+            None,
+            None,
+            None,
+            None,
+            len(data),
+            blobs=blobs,
+            index=_is_index(data),
+        )
     for desc in [manifest.config, *manifest.layers]:
         blobs[desc.digest] = desc.size
     size = sum(blobs.values())
@@ -214,8 +266,17 @@ def _describe(digest: str, tags: list[str], data: bytes, now: float) -> Manifest
     )
 
 
-def _age(created: str | None, now: float) -> float | None:
-    """Seconds since an RFC 3339 UTC time as publish writes it; None when unknown.
+def _is_index(data: bytes) -> bool:
+    """Whether manifest bytes declare an image index or a Docker manifest list."""
+    try:
+        media_type = json.loads(data).get("mediaType")
+    except (ValueError, AttributeError):
+        return False
+    return media_type in (INDEX_MEDIA_TYPE, DOCKER_LIST_MEDIA_TYPE)
+
+
+def _age(created: str | None, now: float, form: str = "%Y-%m-%dT%H:%M:%SZ") -> float | None:
+    """Seconds since a UTC time as publish writes it (``form``); None when unknown.
 
     Unknown: absent, unreadable, or more than :data:`MAX_CLOCK_SKEW_S` in the
     future (a manifest stamped 2999 is not the newest, whoever pushed it).
@@ -223,7 +284,7 @@ def _age(created: str | None, now: float) -> float | None:
     if not created:
         return None
     try:
-        when = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
+        when = calendar.timegm(time.strptime(created, form))
     except (ValueError, OverflowError):
         return None
     if when > now + MAX_CLOCK_SKEW_S:
@@ -237,6 +298,7 @@ def _scheme_tags(m: Manifest) -> set[str]:
     A ``candidate-*`` or ``delta-*`` tag is a submission's, never a promotion.
     """
     own = {t for t in m.tags if _CELL_TAG.match(t)} if m.kind == "cell" else set()
+    own |= {t for t in m.tags if parse_superseded_tag(t)}
     own |= {t for t in m.tags if t.startswith((CANDIDATE_TAG_PREFIX, DELTA_TAG_PREFIX))}
     if m.fingerprint:
         own.add(full_tag(m.fingerprint))
@@ -285,7 +347,12 @@ def plan(store: Store, rules: Rules | None = None, *, now: float | None = None) 
             groups.setdefault(group, []).append(m)
         elif m.kind in _SUBMISSIONS and m.digest not in reasons:
             reasons[m.digest] = _submission(m, rules)
+        elif m.kind == "superseded" and m.digest not in reasons:
+            reasons[m.digest] = _superseded(m, rules)
     for group, members in groups.items():
+        if group == "cell":
+            reasons.update(_by_run(store, members, reasons, promoted_layers, rules))
+            continue
         for rank, m in enumerate(_ranked(store, members, rules.trust)):
             if m.digest not in reasons:
                 holder = next((promoted_layers[d] for d in m.layers if d in promoted_layers), None)
@@ -336,6 +403,61 @@ def _submission(m: Manifest, rules: Rules) -> tuple[str, str]:
     if m.age_s < days * 86400:
         return "keep", f"a {m.kind} younger than {days:g} days"
     return "delete", f"a {m.kind} older than {days:g} days"
+
+
+def _superseded(m: Manifest, rules: Rules) -> tuple[str, str]:
+    """Decide a manifest whose tags were re-pointed: no tag reaches it, so it is never ranked.
+
+    It stays within the grace of the time its tag moved (a pod that resolved
+    the tag just before may still be pulling it by digest) and, with
+    ``--older-than``, while younger than that; it goes after.
+    """
+    if m.age_s is None:
+        return "keep", "superseded at an unreadable or future time (unknown age)"
+    if m.age_s < rules.grace_s:
+        return "keep", f"superseded within the {rules.grace_s:.0f} s grace"
+    days = rules.older_than_days
+    if days is not None and m.age_s < days * 86400:
+        return "keep", f"superseded less than {days:g} days ago"
+    return "delete", "superseded: every tag that named it was re-pointed"
+
+
+def _by_run(
+    store: Store,
+    cells: Sequence[Manifest],
+    reasons: Reasons,
+    promoted_layers: dict[str, str],
+    rules: Rules,
+) -> Reasons:
+    """Decide fan-out cells a run at a time: ``--keep-last`` counts runs, never cells.
+
+    A run is as new as its newest cell (with a trust policy, a run with a
+    vouched cell ranks first). A run goes whole or stays whole: one cell kept
+    (pinned, in the grace, of unknown age) keeps every cell of its run, since
+    a merge needs them all.
+    """
+    runs: dict[str, list[Manifest]] = {}
+    for m in _ranked(store, cells, rules.trust):
+        run = next((g.group(1) for t in m.tags if (g := _CELL_TAG.match(t))), m.digest)
+        runs.setdefault(run, []).append(m)
+    out: Reasons = {}
+    for rank, (run, members) in enumerate(runs.items()):
+        decided = {
+            m.digest: reasons.get(m.digest)
+            or _by_age(
+                m,
+                rank,
+                "cell runs",
+                next((promoted_layers[d] for d in m.layers if d in promoted_layers), None),
+                rules,
+            )
+            for m in members
+        }
+        kept = next((why for what, why in decided.values() if what == "keep"), None)
+        for digest, (what, why) in decided.items():
+            whole = kept is not None and what == "delete"
+            out[digest] = ("keep", f"run {run} stays whole ({kept})") if whole else (what, why)
+    return out
 
 
 def _pinned(
@@ -419,6 +541,8 @@ def _finish(
     freed = {
         b: n for m in manifests if m.digest in gone for b, n in m.blobs.items() if b not in live
     }
+    layout = isinstance(store, LayoutStore)
+    untagged = "" if any(m.index for m in manifests) else DELETE_UNTAGGED
     return PrunePlan(
         store=store.ref,
         keep_last=rules.keep_last,
@@ -428,7 +552,7 @@ def _finish(
         decisions=decisions,
         delete_tags=sorted(t for d in decisions if d.decision == "delete" for t in d.tags),
         bytes_freed=sum(freed.values()),
-        gc_hint=None if isinstance(store, LayoutStore) else REGISTRY_GC,
+        gc_hints=[] if layout else [hint.format(untagged=untagged) for hint in REGISTRY_GC],
     )
 
 
@@ -500,6 +624,9 @@ class DuReport:
     other_bytes: int
     #: A local layout's blobs that no tag reaches (None for a registry, which does not say).
     unreferenced_bytes: int | None
+    #: Bytes only superseded manifests (re-pointed tags) reach: what a prune
+    #: frees once their grace is over. Not in ``families`` or ``fingerprints``.
+    superseded_bytes: int = 0
 
 
 def usage(store: Store) -> DuReport:
@@ -516,8 +643,12 @@ def usage(store: Store) -> DuReport:
     fam: dict[str, tuple[dict[str, int], set[str]]] = {}
     fps: dict[str, tuple[dict[str, int], set[str]]] = {}
     other: dict[str, int] = {}
+    superseded: dict[str, int] = {}
     for m in manifests:
         every.update(m.blobs)
+        if m.kind == "superseded":
+            superseded.update(m.blobs)
+            continue
         if m.fingerprint:
             blobs, tags = fps.setdefault(m.fingerprint, ({}, set()))
             blobs.update(m.blobs)
@@ -528,6 +659,7 @@ def usage(store: Store) -> DuReport:
             blobs, tags = fam.setdefault(family or "?", ({}, set()))
             blobs[layer] = m.blobs[layer]
             tags.update(m.tags)
+    live = {d for m in manifests if m.kind != "superseded" for d in m.blobs}
     unreferenced = None
     if isinstance(store, LayoutStore):
         unreferenced = sum(n for d, n in store.blob_digests().items() if d not in every)
@@ -542,4 +674,5 @@ def usage(store: Store) -> DuReport:
         fingerprints=tally(fps),
         other_bytes=sum(other.values()),
         unreferenced_bytes=unreferenced,
+        superseded_bytes=sum(n for d, n in superseded.items() if d not in live),
     )
