@@ -53,6 +53,7 @@ from artifactd.restore.resolve import plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 PYTHON = sys.executable
 FAMILIES = ("triton", "generic")
@@ -373,7 +374,7 @@ def restore_version(
     on_event: EventSink = discard,
 ) -> RestoreResult:
     """Plan and restore ``version`` into ``target`` in this process (the mechanism)."""
-    plan = plan_restore(StoreSource(pair.store), version.fp, target)
+    plan = plan_restore(StoreSource(pair.store), version.fp, target, trust=UNSAFE_NO_VERIFICATION)
     if plan.match != "full":
         raise AssertionError(f"{version.name}: expected a full match, got {plan.match}")
     return restore(
@@ -404,6 +405,7 @@ from artifactd.restore.resolve import plan_restore
 from artifactd.restore.install import restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 store_ref, target, fp_json, step, mode, env_file = sys.argv[1:7]
 env_file = Path(env_file) if env_file else None
@@ -436,7 +438,10 @@ if mode.startswith("recover-undo:"):  # die in recovery, after its Nth undo
         vol.recover()
     sys.exit(17)
 store = StoreSource(open_store(store_ref))
-plan = plan_restore(store, from_raw(json.loads(fp_json)), Path(target), env_file=env_file)
+plan = plan_restore(
+    store, from_raw(json.loads(fp_json)), Path(target), trust=UNSAFE_NO_VERIFICATION,
+    env_file=env_file,
+)
 restore(plan, store, D.CacheVolume(Path(target), env_file=env_file, step_hook=hook))
 sys.exit(17)  # the step never came
 """

@@ -40,21 +40,8 @@ def pack(family: Family, located: list[Located], out: Path) -> PackedLayer:
 
 
 def record(layer: PackedLayer) -> LayerRecord:
-    """The layer record a harvest writes for ``layer`` (its tree document plus the blob)."""
-    tree = layer.tree
-    return LayerRecord(
-        family=tree.family,
-        scope_key=tree.scope_key,
-        scope=tree.scope,
-        components=tree.components,
-        files=layer.files,
-        skipped=layer.skipped,
-        pinned_paths=layer.pinned,
-        digest=layer.digest,
-        size=layer.size,
-        diff_id=layer.diff_id,
-        unpacked_size=layer.unpacked_size,
-    )
+    """The layer record a harvest writes for ``layer``: the package's one builder's."""
+    return layer.record()
 
 
 def unpack(

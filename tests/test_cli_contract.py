@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,10 +75,17 @@ def document(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return doc  # type: ignore[no-any-return]
 
 
+#: A long command's stage line on stderr (``[cell] start cell=0``), before any error.
+STAGE_LINE = re.compile(r"^\[[a-z-]+\] ")
+
+
 def one_error(proc: subprocess.CompletedProcess[str], code: int, text: str) -> None:
-    """Exit ``code``, one ``artifactd: error:`` line naming ``text`` (plus hints), no traceback."""
+    """Exit ``code``, one ``artifactd: error:`` line naming ``text`` (plus hints), no traceback.
+
+    The stage lines a long command prints before it fails are progress, not errors.
+    """
     assert proc.returncode == code, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
+    lines = [line for line in proc.stderr.splitlines() if not STAGE_LINE.match(line)]
     assert lines[0].startswith("artifactd: error:"), proc.stderr
     assert text in lines[0], proc.stderr
     assert all(line.startswith("  hint:") for line in lines[1:]), proc.stderr

@@ -33,6 +33,7 @@ from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 
 def _inductor(root: Path) -> dict[str, str]:
@@ -101,7 +102,9 @@ def test_family_harvests_and_restores(family: str, tmp_path: Path, local_fp: Fin
         [packed] = result.families
         assert packed.family == family and packed.files > 0
         target = tmp_path / "pod"
-        plan = plan_restore(StoreSource(st), local_fp, target, families=[family])
+        plan = plan_restore(
+            StoreSource(st), local_fp, target, families=[family], trust=UNSAFE_NO_VERIFICATION
+        )
         assert plan.match == "full"
         done = restore(plan, StoreSource(st))
     assert done.restored == [family] and done.files == packed.files
@@ -207,7 +210,12 @@ def test_restored_components_are_where_the_library_looks(
     with open_store(f"oci:{tmp_path / 'store'}", create=True) as st:
         harvest(st, local_fp, families=[family], environ=environ)
         target = tmp_path / "pod"
-        restore(plan_restore(StoreSource(st), local_fp, target, families=[family]), StoreSource(st))
+        restore(
+            plan_restore(
+                StoreSource(st), local_fp, target, families=[family], trust=UNSAFE_NO_VERIFICATION
+            ),
+            StoreSource(st),
+        )
     fam = FAMILIES[family]
     pod_env = {"HOME": str(tmp_path / "pod-home")}
     for line in (target / "artifactd.env").read_text().splitlines():

@@ -43,6 +43,7 @@ from artifactd.fingerprint.model import Fingerprint, LibraryInfo
 from artifactd.fingerprint.probe import TRACKED_LIBRARIES
 from artifactd.format.archive import PackedLayer
 from artifactd.restore.source import StoreSource
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 FLASHINFER = FlashInferFamily()
 VLLM = VLLMFamily()
@@ -565,7 +566,9 @@ def test_harvest_and_restore_engine_families(
     assert {f.family for f in result.families} == set(names)
 
     target = tmp_path / "target"
-    plan = plan_restore(StoreSource(store), local_fp, target, families=names)
+    plan = plan_restore(
+        StoreSource(store), local_fp, target, families=names, trust=UNSAFE_NO_VERIFICATION
+    )
     assert plan.match == "full"
     restore(plan, StoreSource(store))
     # A second, real restore swaps every dir out (the nested deep_gemm included).
@@ -577,7 +580,9 @@ def test_harvest_and_restore_engine_families(
         noop_plan(StoreSource(store), local_fp.hash, local_fp.flatten(), vol, families=names)
         is None
     )
-    again = plan_restore(StoreSource(store), local_fp, target, families=names)
+    again = plan_restore(
+        StoreSource(store), local_fp, target, families=names, trust=UNSAFE_NO_VERIFICATION
+    )
     restore(again, StoreSource(store))
     assert not stale.exists()
 

@@ -39,6 +39,7 @@ from artifactd.stores.registry import (
     is_loopback,
     parse_registry_ref,
 )
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 
 @pytest.fixture
@@ -162,7 +163,7 @@ def test_push_restore_round_trip_and_resolution_cost(
 
     st = counting(ref)
     target = tmp_path / "target"
-    plan = plan_restore(StoreSource(st), local_fp, target)
+    plan = plan_restore(StoreSource(st), local_fp, target, trust=UNSAFE_NO_VERIFICATION)
     assert plan.match == "full"
     # Resolution: the full tag's manifest and its config blob; no tag listing.
     assert len(st.requests) <= 3, st.requests
@@ -217,7 +218,13 @@ def test_partial_restore_by_family_tags(
         harvest(st, built, environ=trees)
     pod = local_fp.model_copy(update={"workload": {"model": "qwen", "tp": "2"}})
     st = counting(ref)
-    plan = plan_restore(StoreSource(st), pod, tmp_path / "t", families=["triton", "generic"])
+    plan = plan_restore(
+        StoreSource(st),
+        pod,
+        tmp_path / "t",
+        families=["triton", "generic"],
+        trust=UNSAFE_NO_VERIFICATION,
+    )
     assert plan.match == "partial"
     assert {f.family for f in plan.hits} == {"triton", "generic"}
     assert not any("tags/list" in path for _, path in st.requests)
@@ -268,7 +275,7 @@ def test_skopeo_reads_pushed_artifacts_and_its_copy_restores(
     )
     assert copy.returncode == 0, copy.stderr
     with open_store(f"oci:{layout}") as st:
-        plan = plan_restore(StoreSource(st), local_fp, tmp_path / "t")
+        plan = plan_restore(StoreSource(st), local_fp, tmp_path / "t", trust=UNSAFE_NO_VERIFICATION)
         assert plan.match == "full"
         assert sorted(restore(plan, StoreSource(st)).restored) == ["generic", "triton"]
 
@@ -502,7 +509,13 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
             )
             target = tmp_path / "target"
             restore(
-                plan_restore(StoreSource(st), local_fp, target, families=["generic"]),
+                plan_restore(
+                    StoreSource(st),
+                    local_fp,
+                    target,
+                    families=["generic"],
+                    trust=UNSAFE_NO_VERIFICATION,
+                ),
                 StoreSource(st),
             )
             before = {p: p.read_bytes() for p in (target / "generic").rglob("*") if p.is_file()}
@@ -520,7 +533,9 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
                 return super().consume_blob(digest, size, killing)
 
         st2 = KillOnFirstRead(parse_registry_ref(ref))
-        plan = plan_restore(StoreSource(st2), newer, target, families=["generic"])
+        plan = plan_restore(
+            StoreSource(st2), newer, target, families=["generic"], trust=UNSAFE_NO_VERIFICATION
+        )
         assert plan.match == "full"
         with pytest.raises(ArtifactdError) as err:
             restore(plan, StoreSource(st2))

@@ -23,6 +23,7 @@ from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import publish
 from artifactd.stores.layout import LayoutStore
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_full_restore_installs_rewrites_and_marks(
     assert "inductor" in result.not_found
 
     target = tmp_path / "target"
-    plan = plan_restore(StoreSource(store), fp, target)
+    plan = plan_restore(StoreSource(store), fp, target, trust=UNSAFE_NO_VERIFICATION)
     assert plan.match == "full"
     assert {f.family for f in plan.hits} == {"triton", "generic"}
     assert not target.exists()  # planning writes nothing
@@ -79,7 +80,10 @@ def test_second_restore_is_a_noop(
 ) -> None:
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
-    restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
+    restore(
+        plan_restore(StoreSource(store), local_fp, target, trust=UNSAFE_NO_VERIFICATION),
+        StoreSource(store),
+    )
     before = (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns
     again = noop_plan(StoreSource(store), local_fp.hash, local_fp.flatten(), CacheVolume(target))
     assert again is not None
@@ -102,7 +106,10 @@ def test_restore_replaces_an_old_cache_atomically(
     target = tmp_path / "target"
     (target / "triton" / "stale").mkdir(parents=True)
     (target / "triton" / "stale" / "old.cubin").write_bytes(b"old")
-    restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
+    restore(
+        plan_restore(StoreSource(store), local_fp, target, trust=UNSAFE_NO_VERIFICATION),
+        StoreSource(store),
+    )
     assert not (target / "triton" / "stale").exists()
     assert len(list((target / "triton").glob("*/__grp__*.json"))) == 2
     leftovers = sorted(p.name for p in (target / STATE_DIR).iterdir() if p.name != "lock")
@@ -115,7 +122,10 @@ def test_corrupt_layer_never_replaces_a_good_cache(
     good_fp = _with_workload(local_fp, model="good")
     harvest(store, good_fp, environ=caches)
     target = tmp_path / "target"
-    restore(plan_restore(StoreSource(store), good_fp, target), StoreSource(store))
+    restore(
+        plan_restore(StoreSource(store), good_fp, target, trust=UNSAFE_NO_VERIFICATION),
+        StoreSource(store),
+    )
     snapshot = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
 
     # A second artifact whose triton layer is corrupted on disk.
@@ -135,7 +145,7 @@ def test_corrupt_layer_never_replaces_a_good_cache(
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
 
-    plan = plan_restore(StoreSource(store), bad_fp, target)
+    plan = plan_restore(StoreSource(store), bad_fp, target, trust=UNSAFE_NO_VERIFICATION)
     with pytest.raises(IntegrityError):
         restore(plan, StoreSource(store))
     after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
@@ -150,7 +160,9 @@ def test_partial_restore_by_family_scope(
 ) -> None:
     harvest(store, _with_workload(local_fp, model="llama", tp="8"), environ=caches)
     other = _with_workload(local_fp, model="qwen", tp="2")
-    plan = plan_restore(StoreSource(store), other, tmp_path / "target")
+    plan = plan_restore(
+        StoreSource(store), other, tmp_path / "target", trust=UNSAFE_NO_VERIFICATION
+    )
     assert plan.match == "partial"
     assert {(f.family, f.source) for f in plan.hits} == {
         ("triton", "family"),
@@ -170,7 +182,9 @@ def test_miss_names_deciding_fields(
     blackwell = local_fp.model_copy(
         update={"gpu": local_fp.gpu.model_copy(update={"arch": "sm_100a", "capability": "10.0"})}
     )
-    plan = plan_restore(StoreSource(store), blackwell, tmp_path / "target")
+    plan = plan_restore(
+        StoreSource(store), blackwell, tmp_path / "target", trust=UNSAFE_NO_VERIFICATION
+    )
     assert plan.match == "miss"
     assert not plan.hits
     triton = next(f for f in plan.families if f.family == "triton")
@@ -181,7 +195,12 @@ def test_miss_names_deciding_fields(
 
 def test_unreachable_store_is_a_clean_miss(tmp_path: Path, local_fp: Fingerprint) -> None:
     plan = plan_restore(
-        None, local_fp, tmp_path / "t", store_ref="oci:/nope", store_error="no such store"
+        None,
+        local_fp,
+        tmp_path / "t",
+        store_ref="oci:/nope",
+        store_error="no such store",
+        trust=UNSAFE_NO_VERIFICATION,
     )
     assert plan.match == "miss"
     assert all(f.verdict == "miss" for f in plan.families)
@@ -245,7 +264,9 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     )
     publish(store, art, {"generic": packed}, tmp_path)
     target = tmp_path / "deep" / "target"
-    plan = plan_restore(StoreSource(store), local_fp, target, families=["generic"])
+    plan = plan_restore(
+        StoreSource(store), local_fp, target, families=["generic"], trust=UNSAFE_NO_VERIFICATION
+    )
     assert plan.match == "full"
     with pytest.raises(UnsafeArtifactError):
         restore(plan, StoreSource(store))
@@ -266,7 +287,10 @@ def test_concurrent_restores_into_one_target_serialize(
     target = tmp_path / "target"
     # Leftovers of a restore that crashed mid-way are cleaned under the lock.
     (target / STATE_DIR / "staging-deadbeef" / "triton").mkdir(parents=True)
-    plans = [plan_restore(StoreSource(store), local_fp, target) for _ in range(2)]
+    plans = [
+        plan_restore(StoreSource(store), local_fp, target, trust=UNSAFE_NO_VERIFICATION)
+        for _ in range(2)
+    ]
     results: list[Any] = []
     threads = [
         threading.Thread(target=lambda p=p: results.append(restore(p, StoreSource(store))))
@@ -293,7 +317,10 @@ def test_a_forged_journal_is_discarded_not_followed(
 
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
-    restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
+    restore(
+        plan_restore(StoreSource(store), local_fp, target, trust=UNSAFE_NO_VERIFICATION),
+        StoreSource(store),
+    )
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep").write_text("precious")
@@ -324,7 +351,10 @@ def test_a_forged_journal_is_discarded_not_followed(
     assert (victim / "keep").read_text() == "precious"
     assert not (state / JOURNAL_NAME).exists()
     assert not (state / MARKER_NAME).exists()  # distrusted: the next restore installs afresh
-    done = restore(plan_restore(StoreSource(store), local_fp, target), StoreSource(store))
+    done = restore(
+        plan_restore(StoreSource(store), local_fp, target, trust=UNSAFE_NO_VERIFICATION),
+        StoreSource(store),
+    )
     assert not done.noop and sorted(done.restored) == ["generic", "triton"]
     assert CacheVolume(target).installed() is not None
 

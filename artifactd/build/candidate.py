@@ -59,17 +59,16 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from artifactd.errors import VerifyError
-from artifactd.events import EventSink, discard
 
 if TYPE_CHECKING:
-    from artifactd.build.gate import VerifyResult
+    from artifactd.build.gate import GateSetup, VerifyResult
     from artifactd.families import Family
     from artifactd.format.archive import PackedLayer
     from artifactd.format.config import ArtifactConfig, FileEntry, LayerRecord
     from artifactd.stores import Store
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.keys import PrivateKey
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 #: At most this many differing paths are named when a candidate is refused.
 _NAMED = 3
@@ -94,54 +93,35 @@ def verify_candidate(
     matrix_path: Path,
     store: Store,
     candidate: str,
+    setup: GateSetup,
     *,
-    gpu_arch: str | None = None,
-    image_digest: str | None = None,
-    overrides: Sequence[str] = (),
     gpus: Sequence[str] | None = None,
     jobs: int = 1,
     promote: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    on_event: EventSink = discard,
     sign_key: PrivateKey | None = None,
-    trust: TrustPolicy | None = None,
 ) -> CandidateVerified:
     """Prove, gate and (with ``promote``) promote the candidate ``candidate`` (module doc).
 
-    Raises :class:`~artifactd.errors.TrustError` under ``trust`` when the
+    Raises :class:`~artifactd.errors.TrustError` under a
+    :class:`~artifactd.trust.policy.TrustPolicy` when the
     candidate or the artifact it extends is not signed by one of its keys,
     and :class:`VerifyError` when the candidate is not the promoted artifact
     plus what its deltas contributed (:func:`check_candidate`): both before
     any cell runs, with nothing published or tagged.
     """
-    from artifactd.build.gate import Context, VerifyResult, gate_failures, run_cells
-    from artifactd.build.matrix import expand, load_matrix
-    from artifactd.build.published import published_fingerprint
-    from artifactd.constants import current_environ
+    from artifactd.build.gate import VerifyResult, gate_failures, preamble, run_cells
     from artifactd.stores import open_store
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
-    start = time.monotonic()
-    matrix = load_matrix(matrix_path)
-    cells = expand(matrix, matrix_path)
-    env = current_environ() if environ is None else environ
-    fingerprint = published_fingerprint(
-        matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=env
-    )
-    cand, base = _read_pair(store, candidate, fingerprint.hash, trust)
+    pre = preamble(matrix_path, setup)
+    matrix, cells, fingerprint = pre.matrix, pre.cells, pre.fingerprint
+    cand, base = _read_pair(store, candidate, fingerprint.hash, pre.trust)
     check_candidate(candidate, cand.config, base.config)
     roots = Path(tempfile.mkdtemp(prefix=f"artifactd-candidate-{matrix.name}-"))
     try:
         # The restore's checks on what was submitted, before any cell runs.
         submitted = _unpack_contributed(store, cand.config, roots / "submitted")
-        proof_ctx = Context(
-            store,
-            fingerprint,
-            matrix,
-            roots / "proof",
-            env,
-            base.config.provenance.checks,
-            on_event,
-        )
+        proof_ctx = pre.context(store, roots / "proof", base.config.provenance.checks)
         proof = run_cells(proof_ctx, cells, gpus=gpus, jobs=jobs)
         _proof_ran_on(roots / "proof", base.digest, candidate)
         evidence = _evidence(roots / "proof", cand.config)
@@ -154,9 +134,8 @@ def verify_candidate(
         recorded = {c.id: {r.name: r.got for r in c.checks if r.got is not None} for c in proof}
         with open_store(f"oci:{roots / 'gate-store'}", create=True) as scratch:
             gated = _publish(store, scratch, art, packed, roots / "pack")
-            gate_ctx = Context(
-                scratch, fingerprint, matrix, roots / "gate", env, recorded, on_event
-            )
+            # The scratch layout holds what this process rebuilt from verified parts, unsigned.
+            gate_ctx = pre.context(scratch, roots / "gate", recorded, trust=UNSAFE_NO_VERIFICATION)
             results = run_cells(gate_ctx, cells, gpus=gpus, jobs=jobs)
         failures = gate_failures(results)
         gate = VerifyResult(
@@ -182,7 +161,7 @@ def verify_candidate(
         )
     finally:
         shutil.rmtree(roots, ignore_errors=True)
-    gate.seconds = round(time.monotonic() - start, 3)
+    gate.seconds = round(time.monotonic() - pre.started, 3)
     return CandidateVerified(
         candidate,
         gate,
@@ -194,11 +173,11 @@ def verify_candidate(
 
 
 def _read_pair(
-    store: Store, candidate: str, wanted: str, trust: TrustPolicy | None
+    store: Store, candidate: str, wanted: str, trust: Basis
 ) -> tuple[Artifact, Artifact]:
     """Return the candidate and the promoted artifact it extends, each checked against the other.
 
-    Under ``trust``, each must be signed by one of its keys (checked before its
+    Under a policy, each must be signed by one of its keys (checked before its
     config is read): :class:`~artifactd.errors.TrustError` otherwise.
     """
     from artifactd.format.oci import full_tag
@@ -232,8 +211,7 @@ def _read_pair(
             "extends: the promoted artifact moved since the absorb",
             hint="absorb again: the deltas are still in the delta store",
         )
-    if trust is not None:
-        trust.check(store, ref.digest, what=f"{store.ref}:{tag} (the artifact {candidate} extends)")
+    trust.check(store, ref.digest, what=f"{store.ref}:{tag} (the artifact {candidate} extends)")
     # By digest: the artifact the candidate names, whatever the tag says a moment later.
     base = read_artifact(store, ref.digest)
     if base is None:  # pragma: no cover - listed a moment ago

@@ -36,7 +36,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd.build.published import published_fingerprint
 from artifactd.constants import CUDA_VISIBLE_DEVICES, current_environ
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from artifactd.pod.verdict import FamilyVerdict
     from artifactd.stores import Store
     from artifactd.trust.keys import PrivateKey
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 
 @dataclass(frozen=True)
@@ -196,40 +196,30 @@ def family_failures(
 def verify(
     matrix_path: Path,
     store: Store,
+    setup: GateSetup,
     *,
-    gpu_arch: str | None = None,
-    image_digest: str | None = None,
-    overrides: Sequence[str] = (),
     gpus: Sequence[str] | None = None,
     jobs: int = 1,
     promote: str | None = None,
-    environ: Mapping[str, str] | None = None,
     keep_roots: Path | None = None,
-    on_event: EventSink = discard,
     sign_key: PrivateKey | None = None,
-    trust: TrustPolicy | None = None,
 ) -> VerifyResult:
     """Restore, re-run every cell, compare (see the module doc); tag ``promote`` if it passes.
 
     With ``sign_key``, the artifact's provenance is attested again with the
     gate's verdict in it (passed or not), before any promotion. Raises
     :class:`VerifyError` when the store holds no artifact for this
-    fingerprint, and, under ``trust``, :class:`~artifactd.errors.TrustError`
-    before any cell runs when no key of the policy signed it; a gate that ran
-    and failed is a result with ``passed`` false.
+    fingerprint, and, under a :class:`~artifactd.trust.policy.TrustPolicy`,
+    :class:`~artifactd.errors.TrustError` before any cell runs when no key of
+    the policy signed it (each cell's restore verifies it again); a gate that
+    ran and failed is a result with ``passed`` false.
     """
-    from artifactd.build.matrix import expand, load_matrix
     from artifactd.stores.artifacts import read_artifact
 
-    start = time.monotonic()
-    matrix = load_matrix(matrix_path)
-    cells = expand(matrix, matrix_path)
-    base = current_environ() if environ is None else environ
-    fingerprint = published_fingerprint(
-        matrix, gpu_arch=gpu_arch, image_digest=image_digest, overrides=overrides, environ=base
-    )
+    pre = preamble(matrix_path, setup)
+    matrix, fingerprint = pre.matrix, pre.fingerprint
     tag = whole_want(fingerprint.hash).tag
-    art = read_artifact(store, tag, trust=trust)
+    art = read_artifact(store, tag, trust=pre.trust)
     if art is not None:
         # The gate promotes what the tag names: only if it is for this fingerprint.
         why = unbound(tag, art.config.kind, art.config.fingerprint_hash, fingerprint.hash)
@@ -244,10 +234,8 @@ def verify(
         )
     roots = keep_roots or Path(tempfile.mkdtemp(prefix=f"artifactd-verify-{matrix.name}-"))
     try:
-        ctx = Context(
-            store, fingerprint, matrix, roots, base, art.config.provenance.checks, on_event
-        )
-        results = run_cells(ctx, cells, gpus=gpus, jobs=jobs)
+        ctx = pre.context(store, roots, art.config.provenance.checks)
+        results = run_cells(ctx, pre.cells, gpus=gpus, jobs=jobs)
     finally:
         if keep_roots is None:
             shutil.rmtree(roots, ignore_errors=True)
@@ -270,14 +258,14 @@ def verify(
     if passed and promote:
         tag_manifest(store, art.digest, promote)
         promoted = promote
-        on_event({"stage": "verify", "event": "promoted", "tag": promote})
+        pre.on_event({"stage": "verify", "event": "promoted", "tag": promote})
     return VerifyResult(
         store=store.ref,
         digest=art.digest,
         fingerprint_hash=fingerprint.hash,
         cells=results,
         passed=passed,
-        seconds=round(time.monotonic() - start, 3),
+        seconds=round(time.monotonic() - pre.started, 3),
         promoted=promoted,
         tolerance=matrix.check_tolerance,
         failures=failures,
@@ -322,6 +310,90 @@ def tag_manifest(store: Store, digest: str, tag: str) -> None:
     store.put_manifest(ref.data, ref.media_type or MANIFEST_MEDIA_TYPE, [tag])
 
 
+class GateSetup(NamedTuple):
+    """What a gate runs for, ``verify`` and ``verify --candidate`` alike (:func:`preamble`)."""
+
+    #: What the artifacts read and every cell's restore verify under:
+    #: a :class:`~artifactd.trust.policy.TrustPolicy` or ``UNSAFE_NO_VERIFICATION``.
+    trust: Basis
+    #: The target to declare instead of probing (``sm_90a``), and the base image digest.
+    gpu_arch: str | None = None
+    image_digest: str | None = None
+    #: ``--set`` overrides of the matrix's fingerprint fields.
+    overrides: Sequence[str] = ()
+    #: The environment the cells run in; None for this process's.
+    environ: Mapping[str, str] | None = None
+    on_event: EventSink = discard
+
+
+@dataclass(frozen=True)
+class Preamble:
+    """What ``verify`` and ``verify --candidate`` set up before reading any artifact.
+
+    :func:`preamble` builds it, once for either: the matrix and its cells, the
+    environment the cells run in, the fingerprint the artifact is looked up
+    by (the one ``build`` publishes), and what every cell's restore verifies
+    under.
+    """
+
+    matrix: Matrix
+    cells: list[Cell]
+    environ: Mapping[str, str]
+    fingerprint: Fingerprint
+    trust: Basis
+    on_event: EventSink
+    started: float
+
+    def context(
+        self,
+        store: Store,
+        roots: Path,
+        recorded: Mapping[str, Mapping[str, Any]],
+        *,
+        trust: Basis | None = None,
+    ) -> Context:
+        """Return the context of one pass of cells: restoring from ``store`` into ``roots``.
+
+        ``trust`` replaces the run's own basis for a store this process
+        filled itself (the candidate's scratch layout).
+        """
+        basis = self.trust if trust is None else trust
+        return Context(
+            store,
+            self.fingerprint,
+            self.matrix,
+            roots,
+            self.environ,
+            recorded,
+            self.on_event,
+            basis,
+        )
+
+
+def preamble(matrix_path: Path, setup: GateSetup) -> Preamble:
+    """Load and expand the matrix and compute its published fingerprint: every gate's first step.
+
+    Raises what loading the matrix raises (:class:`~artifactd.errors.ConfigError`)
+    and :class:`TypeError` for a ``setup.trust`` that is not a basis (``None``).
+    """
+    from artifactd.build.matrix import expand, load_matrix
+    from artifactd.trust.policy import checked_basis
+
+    started = time.monotonic()
+    trust = checked_basis(setup.trust, "verify")
+    matrix = load_matrix(matrix_path)
+    cells = expand(matrix, matrix_path)
+    base = current_environ() if setup.environ is None else setup.environ
+    fingerprint = published_fingerprint(
+        matrix,
+        gpu_arch=setup.gpu_arch,
+        image_digest=setup.image_digest,
+        overrides=setup.overrides,
+        environ=base,
+    )
+    return Preamble(matrix, cells, base, fingerprint, trust, setup.on_event, started)
+
+
 @dataclass(frozen=True)
 class Context:
     """What every cell of one verify run shares."""
@@ -333,6 +405,8 @@ class Context:
     base: Mapping[str, str]
     recorded: Mapping[str, Mapping[str, Any]]
     on_event: EventSink
+    #: What each cell's restore verifies under.
+    trust: Basis
 
 
 def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerified:
@@ -342,7 +416,11 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerifi
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
     plan = plan_restore(
-        StoreSource(ctx.store), ctx.fingerprint, target, families=matrix.families or None
+        StoreSource(ctx.store),
+        ctx.fingerprint,
+        target,
+        trust=ctx.trust,
+        families=matrix.families or None,
     )
     restore(plan, StoreSource(ctx.store))
     families = select_families(matrix.families or None)

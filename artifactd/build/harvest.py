@@ -87,26 +87,12 @@ def collect(
         if not layer.files:
             not_found.append(fam.name)
             continue
-        records.append(
-            LayerRecord(
-                family=fam.name,
-                scope_key=key,
-                scope=scope,
-                components=sorted({loc.component.name for loc in located}),
-                files=layer.files,
-                skipped=layer.skipped,
-                pinned_paths=layer.pinned,
-                facts={
-                    loc.component.name: f
-                    for loc in located
-                    if (f := fam.facts(loc.component.name, loc.path))
-                },
-                digest=layer.digest,
-                size=layer.size,
-                diff_id=layer.diff_id,
-                unpacked_size=layer.unpacked_size,
-            )
-        )
+        facts = {
+            loc.component.name: f
+            for loc in located
+            if (f := fam.facts(loc.component.name, loc.path))
+        }
+        records.append(layer.record(facts=facts))
         packed[fam.name] = layer
         report.append(
             FamilyHarvest(

@@ -243,20 +243,8 @@ def _repack(
     for _, rec in recs:
         for comp, data in rec.facts.items():
             facts.setdefault(comp, data)
-    record = LayerRecord(
-        family=family,
-        scope_key=base.scope_key,
-        scope=base.scope,
-        components=sorted({loc.component.name for loc in located}),
-        files=layer.files,
-        skipped=layer.skipped,
-        pinned_paths=sorted({p for _, rec in recs for p in rec.pinned_paths}),
-        facts=facts,
-        digest=layer.digest,
-        size=layer.size,
-        diff_id=layer.diff_id,
-        unpacked_size=layer.unpacked_size,
-    )
+    pinned = sorted({p for _, rec in recs for p in rec.pinned_paths})
+    record = layer.record(facts=facts, pinned=pinned)
     on_event({"stage": "merge", "event": "repacked", "family": family, "cells": len(recs)})
     merged = FamilyMerged(
         family, [c.id for c, _ in recs], "repacked", layer.digest, len(layer.files), downloaded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,6 +24,9 @@ from artifactd.cli.options import (
     verify_key_option,
 )
 from artifactd.cli.specs import SIGN_KEY
+
+if TYPE_CHECKING:
+    from artifactd.build.candidate import CandidateVerified
 
 
 @cli.group()
@@ -194,95 +197,59 @@ def verify(
     changed after `absorb` (a file added, changed or removed) is refused,
     exit 12, before any cell runs.
     """
+    from artifactd.build.candidate import CandidateVerified, verify_candidate
+    from artifactd.build.gate import GateSetup, VerifyResult
     from artifactd.build.gate import verify as do_verify
     from artifactd.build.schedule import parse_gpus
     from artifactd.stores import open_store
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import verification
 
     key = load_sign_key(sign_key)
-    trust = TrustPolicy.from_specs(verify_keys)
-    if candidate is not None:
-        _verify_candidate(
-            file,
-            store,
-            candidate,
-            insecure=insecure,
-            gpu_arch=gpu_arch,
-            image_digest=image_digest,
-            overrides=overrides,
-            gpus=parse_gpus(gpus) if gpus is not None else None,
-            jobs=jobs,
-            promote=promote,
-            key=key,
-            trust=trust,
-            as_json=as_json,
-        )
-        return
+    setup = GateSetup(
+        verification(verify_keys),
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        overrides=overrides,
+        on_event=render.event_printer(as_json, lines=True),
+    )
+    devices = parse_gpus(gpus) if gpus is not None else None
+    result: VerifyResult | CandidateVerified
     with open_store(store, insecure=insecure) as st:
-        result = do_verify(
-            file,
-            st,
-            gpu_arch=gpu_arch,
-            image_digest=image_digest,
-            overrides=overrides,
-            gpus=parse_gpus(gpus) if gpus is not None else None,
-            jobs=jobs,
-            promote=promote,
-            keep_roots=keep_roots,
-            on_event=render.event_printer(as_json, lines=True),
-            sign_key=key,
-            trust=trust,
-        )
+        if candidate is None:
+            result = do_verify(
+                file,
+                st,
+                setup,
+                gpus=devices,
+                jobs=jobs,
+                promote=promote,
+                keep_roots=keep_roots,
+                sign_key=key,
+            )
+        else:
+            result = verify_candidate(
+                file, st, candidate, setup, gpus=devices, jobs=jobs, promote=promote, sign_key=key
+            )
+    gate = result.gate if isinstance(result, CandidateVerified) else result
     if as_json:
         from artifactd.reports import result_report
 
         render.emit_json(result_report(result))
     else:
-        render.verify(result)
-    if not result.passed:
+        render.verify(gate)
+        if isinstance(result, CandidateVerified):
+            _render_candidate(result)
+    if not gate.passed:
         from artifactd.errors import VerifyError
 
         sys.exit(VerifyError.exit_code)
 
 
-def _verify_candidate(
-    file: Path,
-    store: str,
-    candidate: str,
-    *,
-    insecure: bool,
-    gpus: list[str] | None,
-    key: Any,
-    as_json: bool,
-    **kwargs: Any,
-) -> None:
-    """``verify --candidate``: prove the contributed entries, gate, promote (exit 12 on failure)."""
-    from artifactd.build.candidate import verify_candidate
-    from artifactd.stores import open_store
-
-    with open_store(store, insecure=insecure) as st:
-        result = verify_candidate(
-            file,
-            st,
-            candidate,
-            gpus=gpus,
-            sign_key=key,
-            on_event=render.event_printer(as_json, lines=True),
-            **kwargs,
-        )
-    if as_json:
-        from artifactd.reports import result_report
-
-        render.emit_json(result_report(result))
-    else:
-        render.verify(result.gate)
-        if result.signed_by is not None:
-            render.echo(f"candidate signed by {result.signed_by[:19]}...")
-        for name, paths in sorted(result.vouched.items()):
-            render.echo(f"vouched {name}: {len(paths)} contributed file(s) re-compiled by a cell")
-        for name, paths in sorted(result.dropped.items()):
-            render.echo(f"dropped {name}: {', '.join(paths)} (no cell re-compiled them)")
-    if not result.gate.passed:
-        from artifactd.errors import VerifyError
-
-        sys.exit(VerifyError.exit_code)
+def _render_candidate(result: CandidateVerified) -> None:
+    """Print the lines ``verify --candidate`` adds under the gate's table."""
+    if result.signed_by is not None:
+        render.echo(f"candidate signed by {result.signed_by[:19]}...")
+    for name, paths in sorted(result.vouched.items()):
+        render.echo(f"vouched {name}: {len(paths)} contributed file(s) re-compiled by a cell")
+    for name, paths in sorted(result.dropped.items()):
+        render.echo(f"dropped {name}: {', '.join(paths)} (no cell re-compiled them)")

@@ -25,12 +25,22 @@ class FieldDiff:
     b: Any
 
 
+#: Whether a family's scope keys agree: ``hit`` (a cache built on one side is
+#: valid on the other) or ``miss``. A restore's plan says the same of the local
+#: fingerprint and an artifact. The *pod's* verdict (was the restored cache
+#: used?) is another idea: :data:`artifactd.pod.verdict.Verdict`.
+ScopeMatch = Literal["hit", "miss"]
+
+
 @dataclass(frozen=True)
-class FamilyVerdict:
-    """Whether a cache built on side A would be valid on side B, and why not."""
+class FamilyMatch:
+    """Whether a cache built on side A would be valid on side B, and why not.
+
+    ``verdict`` keeps the name of the ``diff --json`` key users read.
+    """
 
     family: str
-    verdict: Literal["hit", "miss"]
+    verdict: ScopeMatch
     deciding: list[FieldDiff] = field(default_factory=list)
 
 
@@ -42,7 +52,7 @@ class FingerprintDiff:
     b_hash: str
     fields: list[FieldDiff]
     informational: list[FieldDiff]
-    families: list[FamilyVerdict]
+    families: list[FamilyMatch]
 
     @property
     def identical(self) -> bool:
@@ -72,18 +82,18 @@ def _empty_above(key: str, a: Any, b: Any, keys: Sequence[str]) -> bool:
     return any(k.startswith(key + ".") for k in keys)
 
 
-def family_verdict(family: Family, a: Fingerprint, b: Fingerprint) -> FamilyVerdict:
+def family_match(family: Family, a: Fingerprint, b: Fingerprint) -> FamilyMatch:
     """Compare the scope of one family on both sides."""
     if a.scope_key(family.name, family.scope, family.scope_revision) == b.scope_key(
         family.name, family.scope, family.scope_revision
     ):
-        return FamilyVerdict(family.name, "hit")
+        return FamilyMatch(family.name, "hit")
     deciding = differences(a.select(family.scope), b.select(family.scope))
-    return FamilyVerdict(family.name, "miss", deciding)
+    return FamilyMatch(family.name, "miss", deciding)
 
 
 def diff(a: Fingerprint, b: Fingerprint, families: Sequence[str] | None = None) -> FingerprintDiff:
-    """Return every differing field and a per-family hit/miss verdict."""
+    """Return every differing field and whether each family's scope keys match."""
     return FingerprintDiff(
         a_hash=a.hash,
         b_hash=b.hash,
@@ -92,7 +102,7 @@ def diff(a: Fingerprint, b: Fingerprint, families: Sequence[str] | None = None) 
             flatten(a.info.model_dump(mode="json"), "info."),
             flatten(b.info.model_dump(mode="json"), "info."),
         ),
-        families=[family_verdict(f, a, b) for f in select_families(families)],
+        families=[family_match(f, a, b) for f in select_families(families)],
     )
 
 

@@ -25,7 +25,7 @@ import io
 import os
 import stat
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -36,7 +36,7 @@ from artifactd.errors import BuildError, IntegrityError
 from artifactd.families.base import Family, Located
 from artifactd.families.tree import root_spellings, walk_component
 from artifactd.format import config
-from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, SkippedEntry
+from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, LayerRecord, SkippedEntry
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
 
 #: mtime written for every member of families that do not keep mtimes.
@@ -75,6 +75,25 @@ class PackedLayer:
     def unpacked_size(self) -> int:
         """Sum of the sizes of the files in the layer."""
         return sum(f.size for f in self.files)
+
+    def record(
+        self, *, facts: Mapping[str, Any] | None = None, pinned: Sequence[str] | None = None
+    ) -> LayerRecord:
+        """Return the layer's record (:func:`artifactd.format.config.layer_record`).
+
+        ``pinned`` replaces the paths packing pinned: a merge passes what the
+        cells recorded, since a pinned site-packages dir is found on the
+        packing machine's ``sys.path``, which the merging machine need not share.
+        """
+        return config.layer_record(
+            self.tree,
+            digest=self.digest,
+            size=self.size,
+            diff_id=self.diff_id,
+            skipped=self.skipped,
+            pinned=self.pinned if pinned is None else pinned,
+            facts=facts,
+        )
 
 
 def _norm_mode(st_mode: int) -> int:

@@ -10,6 +10,7 @@ Schema is generated into ``registry-schema/`` from these models.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -142,22 +143,47 @@ class FamilyTree(_Model):
 
     def record(self, digest: str) -> LayerRecord:
         """Return a layer record for these files, named by ``digest`` (of the document itself)."""
-        return LayerRecord(
-            family=self.family,
-            scope_key=self.scope_key,
-            scope=self.scope,
-            components=self.components,
-            files=self.files,
-            digest=digest,
-            size=0,
-            diff_id=digest,
-            unpacked_size=self.unpacked_size,
-        )
+        return layer_record(self, digest=digest, size=0, diff_id=digest)
 
     @classmethod
     def from_json(cls, data: bytes, *, source: str) -> FamilyTree:
         """Parse and validate; raise :class:`SchemaError` on anything unexpected."""
         return _validated(cls, data, f"{source} is not an artifactd family tree")
+
+
+def layer_record(
+    tree: FamilyTree,
+    *,
+    digest: str,
+    size: int,
+    diff_id: str,
+    skipped: Sequence[SkippedEntry] = (),
+    pinned: Sequence[str] = (),
+    facts: Mapping[str, Any] | None = None,
+) -> LayerRecord:
+    """Return the :class:`LayerRecord` of a family's files: the one place a record is made.
+
+    A record is the family's tree document (family, scope key and scope,
+    components, files, unpacked size: what :meth:`LayerRecord.tree` gives
+    back) plus the blob that carries it (``digest``, ``size``, ``diff_id``)
+    and what packing left out and pinned, and the family's facts. A packed
+    layer's record is :meth:`artifactd.format.archive.PackedLayer.record`; a
+    mounted tree's, :meth:`FamilyTree.record`.
+    """
+    return LayerRecord(
+        family=tree.family,
+        scope_key=tree.scope_key,
+        scope=tree.scope,
+        components=tree.components,
+        files=tree.files,
+        skipped=list(skipped),
+        pinned_paths=list(pinned),
+        facts=dict(facts or {}),
+        digest=digest,
+        size=size,
+        diff_id=diff_id,
+        unpacked_size=tree.unpacked_size,
+    )
 
 
 class RootFS(_Model):

@@ -46,8 +46,9 @@ from artifactd.stores.reference import parse_registry_ref
 if TYPE_CHECKING:
     import docker
 
-Kind = Literal["runtime", "init"]
-KINDS: tuple[Kind, ...] = ("runtime", "init")
+#: Which image is built: the engine's runtime image or the init container's.
+ImageKind = Literal["runtime", "init"]
+KINDS: tuple[ImageKind, ...] = ("runtime", "init")
 TEMPLATES: dict[str, str] = {"runtime": "runtime.Dockerfile.j2", "init": "init.Dockerfile.j2"}
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 DOCKER_EXTRA = "pip install 'artifactd[docker]'"

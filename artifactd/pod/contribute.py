@@ -369,7 +369,7 @@ def _pack(
     """Pack each family's staged files as its layer; return the delta's config and layers."""
     from artifactd.families import Located, get_family
     from artifactd.format.archive import pack_family
-    from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS
+    from artifactd.format.config import ArtifactConfig, Provenance, RootFS
 
     records: list[LayerRecord] = []
     packed: dict[str, PackedLayer] = {}
@@ -386,21 +386,7 @@ def _pack(
         if not layer.files:
             continue  # only partial entries, which the harvest skips as invalid
         packed[name] = layer
-        records.append(
-            LayerRecord(
-                family=name,
-                scope_key=scope_key,
-                scope=scope,
-                components=sorted(dirs),
-                files=layer.files,
-                skipped=layer.skipped,
-                pinned_paths=layer.pinned,
-                digest=layer.digest,
-                size=layer.size,
-                diff_id=layer.diff_id,
-                unpacked_size=layer.unpacked_size,
-            )
-        )
+        records.append(layer.record())
     provenance = Provenance(
         builder=__version__,
         source="delta",

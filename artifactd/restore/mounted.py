@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.restore.source import Want
     from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 #: The prefix of a tree's store reference in plans, markers and reports.
 DIR_PREFIX = "dir:"
@@ -95,12 +95,14 @@ class MountedTree:
         found = self.docs.get(want.family) if want.family is not None else None
         return None if found is None else Current(found[1], found[0].scope_key)
 
-    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
+    def find(self, want: Want, *, trust: Basis) -> Found | None:
         """Read ``want``'s family directory: a layer record named by its document's digest.
 
-        A tree carries no signature: with ``trust`` it raises :class:`TrustError`.
+        A tree carries no signature: under a policy with keys it raises :class:`TrustError`.
         """
-        if trust is not None:
+        from artifactd.trust.policy import UnsafeNoVerification  # loaded by plan_restore already
+
+        if not isinstance(trust, UnsafeNoVerification):
             raise TrustError(
                 f"{self.ref} is a mounted tree: it carries no signature to verify",
                 reason="unsigned",

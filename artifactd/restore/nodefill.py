@@ -25,10 +25,11 @@ import errno
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
 from artifactd.events import EventSink, discard
+from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
 from artifactd.restore.source import StoreSource
 from artifactd.stores.nodestore import (
     LOCK_TIMEOUT,
@@ -43,6 +44,27 @@ if TYPE_CHECKING:
     from artifactd.stores import Store
     from artifactd.stores.layout import LayoutStore
     from artifactd.stores.mirrors import MirrorSettings
+
+
+class Lookup(NamedTuple):
+    """What a restore looks tags up by: the fingerprint's hash, its hashed fields, the families.
+
+    The node store's fill and set-aside name the tags a restore may read from
+    these three (:func:`artifactd.restore.resolve.wants`, ``picks``); made
+    once per restore or prefetch by :meth:`of`.
+    """
+
+    fingerprint_hash: str
+    #: The fingerprint's hashed fields, flattened to dotted paths.
+    flat: Mapping[str, Any]
+    #: The families selected; None for every family.
+    families: Sequence[str] | None
+
+    @classmethod
+    def of(cls, raw_fingerprint: Mapping[str, Any], families: Sequence[str] | None) -> Lookup:
+        """Return the lookup of a probe's plain fingerprint document for ``families``."""
+        selected = list(families) if families else None
+        return cls(raw_hash(raw_fingerprint), flatten(hashed_view(raw_fingerprint)), selected)
 
 
 class FillResult:
@@ -95,15 +117,13 @@ class FillResult:
 def fill(
     node: LayoutStore,
     remote: Store | None,
-    fingerprint_hash: str,
-    flat: Mapping[str, Any],
+    lookup: Lookup,
     *,
-    families: Sequence[str] | None = None,
     on_event: EventSink = discard,
     signatures: bool = False,
     refresh: bool = False,
 ) -> FillResult:
-    """Make ``node`` hold what resolving ``fingerprint_hash`` against ``remote`` would pick.
+    """Make ``node`` hold what resolving ``lookup`` against ``remote`` would pick.
 
     With ``refresh`` (after :func:`set_aside`), the remote is asked even when
     the node holds a tag a restore would read: what the node lacks is fetched.
@@ -122,7 +142,7 @@ def fill(
     start = time.monotonic()
     result = FillResult(node=node.ref, outcome="node")
     result.cleared = clear_leftovers(node)
-    wanted = _wanted(node, fingerprint_hash, flat, families)
+    wanted = _wanted(node, lookup)
     present = [t for t in wanted if node.tag_digest(t) is not None]
     missing = [t for t in wanted if t not in present]
     if signatures:
@@ -132,20 +152,16 @@ def fill(
     # registry may have moved on from (a whole artifact published since, a
     # family re-published): a few tag lookups tell, so the node's pick is the
     # registry's. With it, the node already holds the rule's first choice.
-    by_families = wanted != [whole_want(fingerprint_hash).tag]
+    by_families = wanted != [whole_want(lookup.fingerprint_hash).tag]
     if remote is not None and (missing or not present or refresh or by_families):
         try:
-            _fetch(
-                node, remote, fingerprint_hash, flat, families, result=result, signatures=signatures
-            )
+            _fetch(node, remote, lookup, result=result, signatures=signatures)
         except NoSpaceError:
             raise  # the node's own disk, not the registry: the caller decides
         except ArtifactdError as exc:
             result.outcome, result.error = "offline", exc.message
             on_event({"stage": "node-store", "event": "offline", "error": exc.message})
-        result.tags = [
-            t for t in _wanted(node, fingerprint_hash, flat, families) if node.tag_digest(t)
-        ]
+        result.tags = [t for t in _wanted(node, lookup) if node.tag_digest(t)]
     if not result.tags:
         result.outcome = "offline" if result.error else "miss"
     elif result.fetched:
@@ -166,13 +182,11 @@ def fill(
     return result
 
 
-def restore_tags(
-    fingerprint_hash: str, flat: Mapping[str, Any], families: Sequence[str] | None
-) -> list[str]:
-    """Every tag a restore of ``fingerprint_hash`` may read: the whole artifact's, the families'."""
+def restore_tags(lookup: Lookup) -> list[str]:
+    """Every tag a restore of ``lookup`` may read: the whole artifact's, the families'."""
     from artifactd.restore.resolve import wants
 
-    return [w.tag for w in wants(fingerprint_hash, flat, families)]
+    return [w.tag for w in wants(*lookup)]
 
 
 class VerifiedPins(Mapping[str, str]):
@@ -188,17 +202,10 @@ class VerifiedPins(Mapping[str, str]):
     in the node store when asked.
     """
 
-    def __init__(
-        self,
-        node: LayoutStore,
-        fingerprint_hash: str,
-        flat: Mapping[str, Any],
-        families: Sequence[str] | None,
-        *,
-        unbound: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, node: LayoutStore, lookup: Lookup, *, unbound: Sequence[str] = ()) -> None:
         self._node = node
-        self._want = (fingerprint_hash, flat, families, tuple(unbound))
+        self._lookup = lookup
+        self._unbound = tuple(unbound)
         self._read: dict[str, str] | None = None
 
     @property
@@ -208,11 +215,10 @@ class VerifiedPins(Mapping[str, str]):
     def snapshot(self) -> dict[str, str]:
         """Read the node store's tags now (once); later reads return the same."""
         if self._read is None:
-            fingerprint_hash, flat, families, unbound = self._want
             self._read = {}
-            for tag in restore_tags(fingerprint_hash, flat, families):
+            for tag in restore_tags(self._lookup):
                 digest = self._node.tag_digest(tag)
-                if digest is not None and tag not in unbound:
+                if digest is not None and tag not in self._unbound:
                     self._read[tag] = digest
         return self._read
 
@@ -235,16 +241,11 @@ class VerifiedPins(Mapping[str, str]):
         return len(self._tags)
 
 
-def _wanted(
-    node: LayoutStore,
-    fingerprint_hash: str,
-    flat: Mapping[str, Any],
-    families: Sequence[str] | None,
-) -> list[str]:
+def _wanted(node: LayoutStore, lookup: Lookup) -> list[str]:
     """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
     from artifactd.restore.resolve import picks
 
-    return [w.tag for w in picks(StoreSource(node), fingerprint_hash, flat, families)]
+    return [w.tag for w in picks(StoreSource(node), *lookup)]
 
 
 def _signed(node: LayoutStore, tag: str) -> bool:
@@ -258,9 +259,7 @@ def _signed(node: LayoutStore, tag: str) -> bool:
 def _fetch(
     node: LayoutStore,
     remote: Store,
-    fingerprint_hash: str,
-    flat: Mapping[str, Any],
-    families: Sequence[str] | None,
+    lookup: Lookup,
     *,
     result: FillResult,
     signatures: bool = False,
@@ -274,7 +273,7 @@ def _fetch(
     """
     from artifactd.restore.resolve import wants
 
-    wanted = wants(fingerprint_hash, flat, families)
+    wanted = wants(*lookup)
     remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
     tags = [t for t, d in remote_digests.items() if d is not None]
     same = [t for t in tags if node.tag_digest(t) == remote_digests[t]]
@@ -330,19 +329,15 @@ def prefetch(
     unreachable registry is an error here: a prefetch that fetched nothing
     must not look like success.
     """
-    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
     from artifactd.stores import open_store
     from artifactd.stores.layout import LayoutStore
 
     root = node_root(node_ref)
-    fp_hash = raw_hash(raw_fingerprint)
-    flat = flatten(hashed_view(raw_fingerprint))
+    lookup = Lookup.of(raw_fingerprint, families)
     with node_lock(root, timeout=timeout):
         node = LayoutStore(root, create=True)
         with open_store(remote_ref, insecure=insecure, mirrors=mirrors) as remote:
-            result = fill(
-                node, remote, fp_hash, flat, families=families, on_event=on_event, signatures=True
-            )
+            result = fill(node, remote, lookup, on_event=on_event, signatures=True)
     if result.outcome == "offline":
         raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")
     return result

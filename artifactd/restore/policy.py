@@ -17,7 +17,7 @@ functions here import where they are needed.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -41,10 +41,10 @@ from artifactd.restore.destination import (
 from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from artifactd.restore.install import RestoreResult
-    from artifactd.restore.nodefill import FillResult
+    from artifactd.restore.nodefill import FillResult, Lookup
     from artifactd.restore.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
     from artifactd.stores.mirrors import MirrorSettings
@@ -177,8 +177,7 @@ def _via_node_store(
     from the node store is tried once more, so the pod still starts warm and
     the next pod on the node reads the repaired copy.
     """
-    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
-    from artifactd.restore.nodefill import VerifiedPins
+    from artifactd.restore.nodefill import Lookup, VerifiedPins
     from artifactd.stores.layout import LayoutStore
     from artifactd.stores.nodestore import LOCK_TIMEOUT, node_lock, node_root
 
@@ -186,29 +185,25 @@ def _via_node_store(
     if request.from_dir is not None:
         raise UsageError("--from-dir and --node-store name two sources", hint="pass one of them")
     root = node_root(request.node_store)
-    fp_hash = raw_hash(raw_fingerprint)
-    request = _with_source(request, fp_hash)._replace(node_store=None)
+    lookup = Lookup.of(raw_fingerprint, request.families)
+    request = _with_source(request, lookup.fingerprint_hash)._replace(node_store=None)
     assert request.store is not None  # noqa: S101 - _with_source set the default
     timeout = request.lock_timeout if request.lock_timeout is not None else LOCK_TIMEOUT
-    flat = flatten(hashed_view(raw_fingerprint))
-    families = list(request.families) if request.families else None
 
     def fill_node(damaged: RestoreOutcome | None = None) -> FillResult:
         with node_lock(root, timeout=timeout):
             node = LayoutStore(root, create=True)
             # Read before a damaged copy is set aside: they answer if the registry cannot.
             unbound = list(damaged.plan.unbound) if damaged is not None else []
-            pins = VerifiedPins(node, fp_hash, flat, families, unbound=unbound)
+            pins = VerifiedPins(node, lookup, unbound=unbound)
             dropped = []
             if damaged is not None:
                 pins.snapshot()
-                dropped = _set_aside(node, damaged, fp_hash, flat, families, on_event)
+                dropped = _set_aside(node, damaged, lookup, on_event)
             result = _fill(
                 node,
                 request,
-                fp_hash=fp_hash,
-                flat=flat,
-                families=families,
+                lookup,
                 on_event=on_event,
                 refresh=damaged is not None,
                 pins=pins,
@@ -243,8 +238,8 @@ def _via_node_store(
         on_event({"stage": "node-store", "event": "bypassed", "error": failure.message})
         return _run(request, raw_fingerprint, on_event=on_event, step_hook=step_hook)
     if outcome.result is not None:  # the fill is part of finding what to restore
-        lookup = outcome.result.phases.get("lookup", 0.0) + filled.seconds
-        phases = {**outcome.result.phases, "lookup": round(lookup, 4)}
+        seconds = outcome.result.phases.get("lookup", 0.0) + filled.seconds
+        phases = {**outcome.result.phases, "lookup": round(seconds, 4)}
         outcome = outcome._replace(result=outcome.result._replace(phases=phases))
     return outcome._replace(node=filled)
 
@@ -273,10 +268,8 @@ def _again(
 def _fill(
     node: LayoutStore,
     request: RestoreRequest,
+    lookup: Lookup,
     *,
-    fp_hash: str,
-    flat: Mapping[str, Any],
-    families: list[str] | None,
     on_event: EventSink,
     refresh: bool = False,
     pins: Mapping[str, str] | None = None,
@@ -297,14 +290,12 @@ def _fill(
         raise
     except ArtifactdError:
         # Unreachable: the node store serves what it has.
-        return fill(node, None, fp_hash, flat, families=families, on_event=on_event)
+        return fill(node, None, lookup, on_event=on_event)
     with remote:
         return fill(
             node,
             remote,
-            fp_hash,
-            flat,
-            families=families,
+            lookup,
             on_event=on_event,
             signatures=bool(request.verify_keys),  # a verifying restore needs the signatures too
             refresh=refresh,
@@ -321,13 +312,8 @@ def _damaged(outcome: RestoreOutcome) -> bool:
     return failure is not None and isinstance(failure.error, (IntegrityError, NotFoundError))
 
 
-def _set_aside(  # noqa: PLR0917 - the restore's state, passed on
-    node: LayoutStore,
-    damaged: RestoreOutcome,
-    fp_hash: str,
-    flat: Mapping[str, Any],
-    families: list[str] | None,
-    on_event: EventSink,
+def _set_aside(
+    node: LayoutStore, damaged: RestoreOutcome, lookup: Lookup, on_event: EventSink
 ) -> list[str]:
     """Drop from the node store what the failed restore read: damaged copies, re-pointed tags."""
     from artifactd.restore.nodefill import restore_tags
@@ -335,7 +321,7 @@ def _set_aside(  # noqa: PLR0917 - the restore's state, passed on
 
     # A tag re-pointed on the node is dropped whole; the fill copies the registry's.
     dropped = node.remove_tags(list(damaged.plan.unbound))
-    dropped += set_aside(node, restore_tags(fp_hash, flat, families))
+    dropped += set_aside(node, restore_tags(lookup))
     failure = damaged.failure
     why = failure.message if failure else "; ".join(damaged.plan.unbound.values())
     on_event({"stage": "node-store", "event": "set_aside", "tags": dropped, "error": why[:200]})
@@ -461,11 +447,9 @@ def _plan(
         "consumer_user": request.consumer_user,
         "env_file": volume.env_file,
     }
-    trust = None
-    if request.verify_keys:
-        from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import verification
 
-        trust = TrustPolicy.from_specs(request.verify_keys)
+    trust = verification(request.verify_keys)  # UNSAFE_NO_VERIFICATION when no key is given
     return plan_restore(store, local, volume.root, trust=trust, **options)
 
 
@@ -502,11 +486,14 @@ def _unresolved(
     request: RestoreRequest, raw: dict[str, Any], volume: CacheVolume, exc: BaseException
 ) -> RestorePlan:
     from artifactd.fingerprint.model import from_raw
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
     return plan_restore(
         None,
         from_raw(raw),
         volume.root,
+        # No source, nothing resolved, nothing to verify: every family is a miss.
+        trust=UNSAFE_NO_VERIFICATION,
         families=list(request.families) if request.families else None,
         consumer_user=request.consumer_user,
         env_file=volume.env_file,

@@ -43,21 +43,18 @@ if TYPE_CHECKING:
     # Only planning a miss or executing needs these; a no-op restore never imports them.
     from artifactd.families import Family
     from artifactd.fingerprint.declare import ToMatch
-    from artifactd.fingerprint.diff import FieldDiff
+    from artifactd.fingerprint.diff import FieldDiff, ScopeMatch
     from artifactd.fingerprint.model import Fingerprint
     from artifactd.format.config import LayerRecord
     from artifactd.restore.marker import RestoreMarker
     from artifactd.restore.source import Found, RestoreSource
     from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 #: How many whole artifacts a miss reads, at most, to find the closest one.
 SAMPLE_SIZE = 16
 #: Why a family misses on a full match: the artifact was built without it.
 ABSENT_FROM_ARTIFACT = "the matching artifact has no such cache"
-
-Verdict = Literal["hit", "miss"]
-
 
 #: The empty mapping a field defaults to (shared, so never to be mutated).
 _NONE: Mapping[str, Any] = MappingProxyType({})
@@ -67,7 +64,7 @@ class FamilyPlan(NamedTuple):
     """What restore will do for one family (:meth:`hit` fills in a hit's sizes)."""
 
     family: str
-    verdict: Verdict
+    verdict: ScopeMatch
     source: Literal["full", "family"] | None = None
     artifact: str | None = None
     layer: LayerRecord | None = None
@@ -147,7 +144,7 @@ class ClosestSampled(NamedTuple):
 
 
 class RestorePlan(NamedTuple):
-    """The result of resolution: per-family verdicts and where things will go."""
+    """The result of resolution: per-family hits and misses and where things will go."""
 
     store: str
     target: str
@@ -259,27 +256,34 @@ def plan_restore(
     local: Fingerprint,
     target: Path,
     *,
+    trust: Basis,
     families: Sequence[str] | None = None,
     consumer_user: str | None = None,
     env_file: Path | None = None,
     store_ref: str | None = None,
     store_error: str | None = None,
-    trust: TrustPolicy | None = None,
 ) -> RestorePlan:
     """Resolve what to restore for ``local`` into ``target``; fetch no layer, write nothing.
 
     ``store`` is any :class:`~artifactd.restore.source.RestoreSource`: a store
     (through :class:`~artifactd.restore.source.StoreSource`) or a mounted tree,
-    resolved by the same rule. With ``trust``, every manifest
-    resolution picks must be signed by one of
-    its keys (checked before its config is read): an unsigned or wrongly
-    signed one raises :class:`~artifactd.errors.TrustError`, so nothing is
-    installed from any of them. An unreachable store (``store`` None with ``store_error``, or a
+    resolved by the same rule. ``trust`` is required: under a
+    :class:`~artifactd.trust.policy.TrustPolicy`, every manifest resolution
+    picks must be signed by one of its keys (checked before its config is
+    read): an unsigned or wrongly signed one raises
+    :class:`~artifactd.errors.TrustError`, so nothing is installed from any of
+    them. Only :data:`~artifactd.trust.policy.UNSAFE_NO_VERIFICATION` installs
+    unverified; anything else (``None`` included) is a :class:`TypeError`.
+    An unreachable store (``store`` None with ``store_error``, or a
     :class:`StoreError` while resolving) makes every family a miss that names
     the error. An artifact that is there but unreadable (corrupt, not ours,
     schema-invalid) raises its :class:`ArtifactdError`: the caller's policy
     decides what that means.
     """
+    # Planning is past the no-op check: a no-op restore never loads the policy module.
+    from artifactd.trust.policy import TrustPolicy, checked_basis
+
+    trust = checked_basis(trust, "plan_restore")
     target = target.absolute()
     selected = select_families(families)
     ref = store.ref if store is not None else (store_ref or "?")
@@ -327,7 +331,7 @@ def plan_restore(
         flat=local.flatten(),
         nearest=nearest,
         error=error,
-        trusted=trust.key_ids if trust is not None else None,
+        trusted=trust.key_ids if isinstance(trust, TrustPolicy) else None,
         unbound=passed,
     )
 
@@ -442,7 +446,7 @@ def _resolve(
     target: Path,
     user: str | None,
     *,
-    trust: TrustPolicy | None = None,
+    trust: Basis,
 ) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"], dict[str, str]]:
     """Apply the selection rule: the whole artifact's tag, else each family's scope tag.
 
@@ -545,7 +549,7 @@ def _explain_misses(
 
     A miss whose reason is in ``keep`` (a tag passed over as unbound) keeps it.
     """
-    from artifactd.fingerprint.diff import family_verdict
+    from artifactd.fingerprint.diff import family_match
 
     if nearest is None or nearest.artifact is None:
         return plans
@@ -558,10 +562,10 @@ def _explain_misses(
             and plan.reason not in keep
             and art.config.layer(plan.family) is not None
         ):
-            verdict = family_verdict(get_family(plan.family), art.config.fingerprint, local)
-            explained = plan._replace(deciding=verdict.deciding)
-            if verdict.deciding:
-                names = ", ".join(d.path for d in verdict.deciding)
+            compared = family_match(get_family(plan.family), art.config.fingerprint, local)
+            explained = plan._replace(deciding=compared.deciding)
+            if compared.deciding:
+                names = ", ".join(d.path for d in compared.deciding)
                 why = f"closest artifact read {nearest.tag[:19]}... differs in {names}"
                 explained = explained._replace(reason=why)
         out.append(explained)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from artifactd.hashing import Readable
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 
 class Want(NamedTuple):
@@ -93,11 +93,12 @@ class RestoreSource(Protocol):
     def current(self, want: Want) -> Current | None:
         """Return what ``want``'s tag names now (a cheap lookup); None when nothing."""
 
-    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
+    def find(self, want: Want, *, trust: Basis) -> Found | None:
         """Read and verify what ``want``'s tag names; None when nothing.
 
-        With ``trust``, its signature is checked before its content is read
-        (:class:`~artifactd.errors.TrustError` when no key signed it).
+        Under a :class:`~artifactd.trust.policy.TrustPolicy`, its signature is
+        checked before its content is read (:class:`~artifactd.errors.TrustError`
+        when no key signed it); under ``UNSAFE_NO_VERIFICATION``, it is not.
         """
 
     def stage_layer(
@@ -142,8 +143,8 @@ class StoreSource:
         digest = self.store.tag_digest(want.tag)
         return None if digest is None else Current(digest)
 
-    def find(self, want: Want, *, trust: TrustPolicy | None = None) -> Found | None:
-        """Read and verify the artifact ``want``'s tag names (signature first, with ``trust``)."""
+    def find(self, want: Want, *, trust: Basis) -> Found | None:
+        """Read and verify the artifact ``want``'s tag names (signature first, under a policy)."""
         from artifactd.stores.artifacts import read_artifact
 
         art = read_artifact(self.store, want.tag, trust=trust)

@@ -241,16 +241,16 @@ def read_config(
     return store.read_blob(desc.digest, desc.size, max_size=max_size, what="config blob")
 
 
-def read_artifact(
-    store: Store, reference: str, *, trust: TrustPolicy | None = None
-) -> Artifact | None:
+def read_artifact(store: Store, reference: str, *, trust: Basis | None = None) -> Artifact | None:
     """Read the artifact a tag or digest names; ``None`` when the store has no such reference.
 
     Everything is verified against its digest, and the config must be consistent
     with the manifest (same layers, same digests) or :class:`IntegrityError` is raised.
-    With ``trust``, the manifest's signature is checked first, before its
-    config is read: :class:`~artifactd.errors.TrustError` when no key of the
-    policy signed exactly this digest.
+    Under a :class:`~artifactd.trust.policy.TrustPolicy` as ``trust``, the
+    manifest's signature is checked first, before its config is read:
+    :class:`~artifactd.errors.TrustError` when no key of the policy signed
+    exactly this digest. A restore passes its basis (``UNSAFE_NO_VERIFICATION``
+    when no key is configured); None is for reading what this process wrote.
     """
     ref = store.get_manifest(reference)
     if ref is None:

@@ -110,17 +110,23 @@ class TrustPolicy:
 
 
 class UnsafeNoVerification:
-    """The explicit choice to sign what a store holds without verifying it first.
+    """The explicit choice to act on what a store holds without verifying it first.
 
-    Signing says "this key vouches for these bytes". Re-signing a store's
-    content unchecked launders it: an artifact anyone pushed to staging would
-    leave a promotion with the production signature. So every re-signing
-    (:func:`vouch`, ``copy --sign-key``, ``sign``) takes a :data:`Basis`: a
+    Two acts rest on a store's content, and each takes a :data:`Basis`: a
     :class:`TrustPolicy` the content must verify under first, or
     :data:`UNSAFE_NO_VERIFICATION`, named so that a call site reads as unsafe
-    (after sigstore-python's ``UnsafeNoOp`` policy). No re-signing defaults
-    to it: :func:`artifactd.stores.artifacts.sign_ref` requires a basis, and
-    :func:`artifactd.stores.artifacts.copy_between` refuses to sign without one.
+    (after sigstore-python's ``UnsafeNoOp`` policy). Neither defaults to it.
+
+    * Re-signing (:func:`vouch`, ``copy --sign-key``, ``sign``): signing says
+      "this key vouches for these bytes", and re-signing a store's content
+      unchecked launders it (an artifact anyone pushed to staging would leave a
+      promotion with the production signature).
+      :func:`artifactd.stores.artifacts.sign_ref` requires a basis, and
+      :func:`artifactd.stores.artifacts.copy_between` refuses to sign without one.
+    * Restoring (:func:`artifactd.restore.resolve.plan_restore`, and the
+      ``verify`` gate's restores): installing what a tag names. A restore with
+      no ``--verify-key`` configured installs unverified, and
+      :func:`verification` is the one place that says so.
     """
 
     __slots__ = ()
@@ -128,11 +134,42 @@ class UnsafeNoVerification:
     def __repr__(self) -> str:
         return "UNSAFE_NO_VERIFICATION"
 
+    def check(self, store: Store, digest: str, *, what: str | None = None) -> None:
+        """Check nothing and return None: no key verified ``digest`` (the opt-out's check)."""
+        del store, digest, what
 
-#: Sign without verifying (``--sign-unverified``): the signer vouches by other means.
+
+#: Act without verifying: sign (``--sign-unverified``: the signer vouches by
+#: other means), or restore with no ``--verify-key`` configured.
 UNSAFE_NO_VERIFICATION = UnsafeNoVerification()
-#: What a re-signing rests on: a policy the content verifies under, or the explicit opt-out.
+#: What a re-signing or a restore rests on: a policy the content verifies
+#: under, or the explicit opt-out.
 Basis = TrustPolicy | UnsafeNoVerification
+
+
+def verification(specs: Sequence[str]) -> Basis:
+    """Return what a restore installs under: the keys ``specs`` name, else the unsafe opt-out.
+
+    The one place that decides that a restore with no key configured
+    (``--verify-key``, ``ARTIFACTD_VERIFY_KEY``) verifies nothing: every
+    restore's caller (``restore``, ``verify``) builds its basis here. Raises
+    :class:`~artifactd.errors.ConfigError` for a key that cannot be loaded.
+    """
+    policy = TrustPolicy.from_specs(specs)
+    return UNSAFE_NO_VERIFICATION if policy is None else policy
+
+
+def checked_basis(trust: object, what: str) -> Basis:
+    """Return ``trust`` if it is a :data:`Basis`; raise :class:`TypeError` if not.
+
+    For the run-time callers mypy does not see: ``None`` (the old spelling of
+    "verify nothing") is refused, not read as :data:`UNSAFE_NO_VERIFICATION`.
+    """
+    if isinstance(trust, TrustPolicy | UnsafeNoVerification):
+        return trust
+    raise TypeError(
+        f"{what} needs trust=TrustPolicy(...) or trust=UNSAFE_NO_VERIFICATION, not {trust!r}"
+    )
 
 
 def vouch(store: Store, digests: Iterable[str], basis: Basis) -> dict[str, str | None]:

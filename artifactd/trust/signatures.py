@@ -53,7 +53,8 @@ SIGNATURE_TYPE = "cosign container image signature"
 #: DSSE ``payloadType`` of an in-toto Statement.
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 
-Kind = Literal["sig", "att"]
+#: What an attached artifact holds: a signature (``.sig``) or an attestation (``.att``).
+AttachedKind = Literal["sig", "att"]
 _ATTACHED = re.compile(r"^sha256-([0-9a-f]{64})\.(sig|att)$")
 #: Limits on what is read from a store before it is verified.
 MAX_LAYERS = 64
@@ -62,19 +63,19 @@ MAX_ENVELOPE = 4 << 20
 MAX_ENVELOPE_SIGNATURES = 8
 
 
-def attached_tag(digest: str, kind: Kind) -> str:
+def attached_tag(digest: str, kind: AttachedKind) -> str:
     """Return cosign's tag for ``digest``'s signature or attestation: ``sha256-<hex>.sig``."""
     if not DIGEST_RE.match(digest):
         raise IntegrityError(f"malformed digest {digest!r}")
     return f"{digest.replace(':', '-')}.{kind}"
 
 
-def parse_attached_tag(tag: str) -> tuple[str, Kind] | None:
+def parse_attached_tag(tag: str) -> tuple[str, AttachedKind] | None:
     """Return ``(subject digest, kind)`` for a ``sha256-<hex>.sig|.att`` tag, else None."""
     match = _ATTACHED.match(tag)
     if match is None:
         return None
-    kind: Kind = "sig" if match.group(2) == "sig" else "att"
+    kind: AttachedKind = "sig" if match.group(2) == "sig" else "att"
     return f"sha256:{match.group(1)}", kind
 
 
@@ -316,7 +317,7 @@ def _image_config(layers: Sequence[Descriptor]) -> bytes:
 
 
 def _write_attached(
-    store: Store, digest: str, kind: Kind, layers: list[Descriptor], blobs: dict[str, bytes]
+    store: Store, digest: str, kind: AttachedKind, layers: list[Descriptor], blobs: dict[str, bytes]
 ) -> str:
     """Upload ``blobs`` and write the attached manifest with ``layers``; return its digest."""
     from artifactd.format.imagemanifest import Descriptor, ImageManifest
@@ -333,7 +334,7 @@ def _write_attached(
     return store.put_manifest(manifest.to_bytes(), MANIFEST_MEDIA_TYPE, [tag])
 
 
-def _existing_layers(store: Store, digest: str, kind: Kind) -> list[Descriptor]:
+def _existing_layers(store: Store, digest: str, kind: AttachedKind) -> list[Descriptor]:
     """Return the layers already attached, at most the newest :data:`MAX_LAYERS` - 1.
 
     Room is kept for one more: a manifest re-attested at every verify would
@@ -452,7 +453,7 @@ def copy_attached(src: Store, dst: Store, digest: str, tmp_dir: Path) -> list[st
     subject digest, which a copy keeps. Returns the tags written or already equal.
     """
     copied = []
-    kinds: tuple[Kind, ...] = ("sig", "att")
+    kinds: tuple[AttachedKind, ...] = ("sig", "att")
     for kind in kinds:
         tag = attached_tag(digest, kind)
         try:
