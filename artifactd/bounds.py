@@ -30,6 +30,10 @@ from typing import Any, NamedTuple
 
 #: Most cells a matrix may expand to (the product of its axes' lengths).
 MAX_CELLS = 10_000
+#: The default cap on a delta's files (bytes, unpacked): ``contribute`` and
+#: ``absorb --max-bytes``. Here, not in :mod:`artifactd.pod.contribute`, so that the
+#: command line reads it without loading what contributing needs.
+DELTA_MAX_BYTES = 2 << 30
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 
@@ -198,3 +202,28 @@ REPEAT = Range(1, 1_024, kind="int")
 MAX_PROMPT_LENGTHS = 256
 #: Most request groups in ``serve.requests``.
 MAX_REQUEST_GROUPS = 64
+
+# --- the canary (``serve.canary`` of a matrix; format/canary.py's document) ----
+#: ``serve.canary.count``: fixed prompts the engine's tokenizer turns into ids.
+CANARY_COUNT = Range(1, 8, "prompts", kind="int")
+#: ``serve.canary.tokens``: tokens generated per canary prompt (greedy).
+CANARY_TOKENS = Range(1, 64, "tokens", kind="int")
+#: ``serve.canary.top_k``: logprobs kept per generated token.
+CANARY_TOP_K = Range(1, 20, kind="int")
+#: ``serve.canary.precision``: decimal places the logprobs are rounded to before hashing.
+CANARY_PRECISION = Range(0, 8, "decimal places", kind="int")
+#: ``serve.canary.seed``: the fixed seed of every canary request.
+CANARY_SEED = Range(0, 2**31 - 1, kind="int")
+#: ``serve.canary.deadline_s``: the whole canary (every prompt), at build and at replay.
+CANARY_DEADLINE_S = Range(0, 600, "seconds", lo_open=True)
+#: ``serve.canary.match_rate``: the token match rate the tolerance check needs
+#: (a replay on another GPU model, driver or engine version).
+CANARY_MATCH_RATE = Range(0, 1, lo_open=True)
+#: Most prompts in ``serve.canary.prompts``.
+MAX_CANARY_PROMPTS = 8
+#: Longest canary prompt, in characters.
+MAX_CANARY_PROMPT_CHARS = 2048
+#: Most prompt token ids a canary records per prompt.
+MAX_CANARY_PROMPT_IDS = 4096
+#: Largest canary document read (the restored ``canary.json``: a few KiB per serve cell), in bytes.
+MAX_CANARY_BYTES = 16 << 20

@@ -51,6 +51,10 @@ ENV_PREWARM_CELL = "ARTIFACTD_PREWARM_CELL"
 #: ``status --prewarm-timeout``: seconds every warm-up request together may take.
 ENV_PREWARM_TIMEOUT = "ARTIFACTD_PREWARM_TIMEOUT"
 ENV_READY = "ARTIFACTD_READY"
+#: ``status --canary``: replay the restored artifact's canary on the engine.
+ENV_CANARY = "ARTIFACTD_CANARY"
+#: ``exec --on-canary-fail cold``: replay it once the engine is up, restart cold if it fails.
+ENV_ON_CANARY_FAIL = "ARTIFACTD_ON_CANARY_FAIL"
 #: The registry (``HOST[:PORT]``) the ``ARTIFACTD_REGISTRY_USERNAME``/``PASSWORD``
 #: pair belongs to: the pair is sent there and nowhere else (see
 #: :mod:`artifactd.stores.credentials`).

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from artifactd.errors import UsageError
+
 #: Why :func:`open_regular` refused a file.
 Refusal = Literal["missing", "unreadable", "not_regular", "too_large"]
 
@@ -251,8 +253,6 @@ def utf8_argument(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        from artifactd.errors import UsageError
-
         shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
         raise UsageError(
             f"{what} '{shown}': not UTF-8 text (\\udcXX stands for a byte that is not)",
@@ -363,7 +363,8 @@ def fsync_dir(directory: Path) -> None:
 
 def sync_filesystem(path: Path) -> None:
     """Flush the dirty data of the filesystem holding ``path`` (syncfs(2); sync(2) without it)."""
-    import ctypes
+    # lazy: ctypes is off the fast path (artifactd/cli/fast.py allows it for the GPU probe only)
+    import ctypes  # noqa: PLC0415
 
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -69,7 +69,9 @@ def sha256_hex(data: bytes) -> str:
     if len(data) <= SMALL:
         small: str = _small_sha256(data).hexdigest()
         return small
-    import hashlib
+    # lazy: bulk data only: a fingerprint hashes with CPython's own SHA-256, without OpenSSL
+    # (tests/test_startup.py)
+    import hashlib  # noqa: PLC0415
 
     return hashlib.sha256(data).hexdigest()
 
@@ -88,7 +90,7 @@ class Hasher:
     """A running sha256 and byte count of data seen chunk by chunk."""
 
     def __init__(self) -> None:
-        import hashlib  # streams are bulk data: OpenSSL's sha256
+        import hashlib  # noqa: PLC0415  # streams are bulk data: OpenSSL's sha256
 
         self._sha = hashlib.sha256()
         self.size = 0

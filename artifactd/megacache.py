@@ -60,8 +60,9 @@ def save(directory: Path | None = None, *, environ: Mapping[str, str] | None = N
 
     Call it at the end of a warm-up, in the process that compiled.
     """
-    import torch._dynamo
-    import torch.compiler
+    # lazy: torch is optional (the warmup extra); warm-ups and engines import this module
+    import torch._dynamo  # noqa: PLC0415
+    import torch.compiler  # noqa: PLC0415
 
     target = _directory(current_environ() if environ is None else environ, directory)
     result = torch.compiler.save_cache_artifacts()
@@ -82,7 +83,8 @@ def load(directory: Path | None = None, *, environ: Mapping[str, str] | None = N
     target = _directory(current_environ() if environ is None else environ, directory)
     if not target.is_dir():
         return LoadResult(0, 0)
-    import torch.compiler
+    # lazy: torch is optional (the warmup extra); warm-ups and engines import this module
+    import torch.compiler  # noqa: PLC0415
 
     files = nbytes = 0
     for path in sorted(target.glob(f"*{SUFFIX}")):

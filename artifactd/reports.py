@@ -37,7 +37,7 @@ REPORT_SCHEMA_VERSION = 1
 def jsonable(value: Any) -> Any:  # noqa: PLR0911 - one return per kind of value
     """Turn library results (dataclasses, named tuples, models, paths) into plain JSON data."""
     if hasattr(type(value), "__dataclass_fields__"):
-        import dataclasses  # loaded already: ``value`` is a dataclass
+        import dataclasses  # noqa: PLC0415  # loaded already: ``value`` is a dataclass
 
         return {
             f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr

@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, get_args, get_origin, is_typeddict
 
+import typing_extensions
 from pydantic import TypeAdapter
 
 from artifactd.build.matrix import Matrix
@@ -78,8 +79,6 @@ def _for_pydantic(cls: type, made: dict[type, Any]) -> Any:
     not import ``typing_extensions`` (about 15 ms). Same name, docstring, keys
     optional keys and config: the same schema.
     """
-    import typing_extensions
-
     if cls in made:
         return made[cls]
 

@@ -26,14 +26,24 @@ Usage: python bench/doc_limits.py [--files 100000]
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import zstandard
+
+from artifactd.build.harvest import harvest
+from artifactd.fingerprint.probe import probe_fingerprint
+from artifactd.format.config import MAX_TREE_DOC
+from artifactd.stores import open_store
+from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact, read_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,14 +119,6 @@ def restore_cost(tree: Path, target: Path) -> tuple[float, int, str]:
 
 def runtime_merge(store_dir: Path, dest: Path) -> None:
     """Unpack every layer of the store's one artifact into ``dest``, as a runtime does."""
-    import io
-    import tarfile
-
-    import zstandard
-
-    from artifactd.stores import open_store
-    from artifactd.stores.artifacts import read_artifact
-
     store = open_store(f"oci:{store_dir}")
     tag = next(t for t in store.list_tags() if t.startswith("fp-"))
     art = read_artifact(store, tag)
@@ -130,11 +132,6 @@ def runtime_merge(store_dir: Path, dest: Path) -> None:
 
 def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
     """Harvest the synthetic cache; return (config bytes, triton tree document bytes)."""
-    from artifactd.build.harvest import harvest
-    from artifactd.fingerprint.model import probe
-    from artifactd.stores import open_store
-    from artifactd.stores.artifacts import read_artifact, read_config
-
     make_cache(work / "triton", files)
     store = open_store(f"oci:{work / 'store'}", create=True)
     environ = {
@@ -143,7 +140,7 @@ def harvest_sizes(work: Path, files: int) -> tuple[bytes, bytes]:
         "TMPDIR": str(work / "tmp-empty"),
         "TORCHINDUCTOR_CACHE_DIR": str(work / "none"),
     }
-    result = harvest(store, probe(gpu_arch="sm_90a", use_nvml=False), environ=environ)
+    result = harvest(store, probe_fingerprint(gpu_arch="sm_90a", use_nvml=False), environ=environ)
     art = read_artifact(store, result.digest)
     assert art is not None
     config = read_config(store, art.manifest)
@@ -191,9 +188,6 @@ def parse_cost(kind: str, data: bytes, work: Path) -> tuple[float, int]:
 
 def main() -> None:
     """Measure and print."""
-    from artifactd.format.config import MAX_TREE_DOC
-    from artifactd.stores.artifacts import MAX_CONFIG_BYTES
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)
     args = parser.parse_args()

@@ -83,7 +83,8 @@ from hostile import CASES, EXIT, PWN, Case  # noqa: E402
 from registry_server import RegistryServer, free_port, start_registry  # noqa: E402
 
 from artifactd.build.harvest import harvest  # noqa: E402
-from artifactd.fingerprint.model import Fingerprint, probe  # noqa: E402
+from artifactd.fingerprint.model import Fingerprint  # noqa: E402
+from artifactd.fingerprint.probe import probe_fingerprint  # noqa: E402
 from artifactd.restore.destination import LOCK_NAME, MARKER_NAME, STATE_DIR, CacheVolume  # noqa: E402
 from artifactd.restore.policy import RestoreOutcome, RestoreRequest, run_restore  # noqa: E402
 from artifactd.stores import open_store  # noqa: E402
@@ -894,7 +895,7 @@ def main() -> None:
         parser.error(f"--only: unknown {sorted(only - set(SECTIONS))}; known {SECTIONS}")
 
     start = time.monotonic()
-    fp = probe(gpu_arch="sm_90a", use_nvml=False)
+    fp = probe_fingerprint(gpu_arch="sm_90a", use_nvml=False)
     work = Path(tempfile.mkdtemp(prefix="artifactd-faults-"))
     cwd = work / "cwd"  # every restore runs here: a stray relative write shows up
     cwd.mkdir()

@@ -78,6 +78,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from artifactd.bounds import Range  # noqa: E402
+from artifactd.build.harvest import harvest  # noqa: E402
+from artifactd.constants import CACHE_ENV_VARS, ENV_GENERIC_DIR  # noqa: E402
+from artifactd.fingerprint.probe import probe_fingerprint  # noqa: E402
+from artifactd.restore.install import restore  # noqa: E402
+from artifactd.restore.resolve import plan_restore  # noqa: E402
+from artifactd.restore.source import StoreSource  # noqa: E402
+from artifactd.stores import open_store  # noqa: E402
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION  # noqa: E402
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 MIB = float(1 << 20)
@@ -699,16 +707,7 @@ def calibrate(runs: int = 5) -> dict[str, float]:
     fresh target; the fastest of each gives the three figures (on a shared
     machine the other runs measure the neighbours).
     """
-    from artifactd.build.harvest import harvest
-    from artifactd.constants import CACHE_ENV_VARS, ENV_GENERIC_DIR
-    from artifactd.fingerprint.model import probe
-    from artifactd.restore.install import restore
-    from artifactd.restore.resolve import plan_restore
-    from artifactd.restore.source import StoreSource
-    from artifactd.stores import open_store
-    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
-
-    fp = probe(gpu_arch="sm_90a", use_nvml=False)
+    fp = probe_fingerprint(gpu_arch="sm_90a", use_nvml=False)
     shapes = {"one": (1, 4096), "small": (2_000, 4096), "large": (4, 16 << 20)}
     best: dict[str, float] = {}
     work = Path(tempfile.mkdtemp(prefix="artifactd-bench-fleet-"))
@@ -788,7 +787,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Params, argparse.Namespace
     args.scenarios = list(dict.fromkeys(scenarios))
     if args.plot is not None:
         try:
-            import matplotlib  # noqa: F401
+            import matplotlib  # noqa: F401, PLC0415  # lazy: optional (the bench extra)
         except ImportError:
             parser.error(
                 "--plot needs matplotlib, which is not installed: "
@@ -836,10 +835,11 @@ def table(p: Params, outcomes: Sequence[Outcome]) -> list[str]:
 
 def plot(p: Params, outcomes: Sequence[Outcome], folder: Path) -> list[Path]:
     """Draw each scenario's fraction of pods warm over time, one PNG each."""
-    import matplotlib
+    # lazy: matplotlib is optional (the bench extra); --plot alone needs it
+    import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

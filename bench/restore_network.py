@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,8 +232,6 @@ def harvest(work: Path, src: Path, server: RegistryServer, repo: str) -> tuple[s
 
 def read_artifact(server: RegistryServer, repo: str, tag: str, files: int, nbytes: int) -> Artifact:
     """The artifact's layers, from its manifest (the families from the layers' annotations)."""
-    import urllib.request
-
     req = urllib.request.Request(
         f"http://{server.host}/v2/{repo}/manifests/{tag}",
         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import socket
 import threading
@@ -279,8 +280,6 @@ class _Splicer:
         self._src, self._dst = src.fileno(), dst.fileno()
         self._r, self._w = os.pipe()
         with contextlib.suppress(OSError, AttributeError):
-            import fcntl
-
             fcntl.fcntl(self._w, fcntl.F_SETPIPE_SZ, CHUNK)
 
     def read(self) -> int:

@@ -2,7 +2,8 @@
 # The GPU acceptance on one Hopper node (H200, H100), offline, in under 10 minutes:
 # real warm-ups for Inductor, Triton, the driver's PTX JIT, nvcc (generic),
 # FlashInfer and CuTe DSL; the GPU probe against the real driver; harvest,
-# restore into a fresh root, run again: 0 compiled per family. One summary
+# restore into a fresh root, run again: 0 compiled per family; a canary recorded
+# at build and replayed in a pod (status --canary), exactly. One summary
 # line at the end; OUT/report.json holds every step. Without a GPU (or with
 # --dry-run) it runs what needs none and says which steps it skipped and why.
 #

@@ -32,7 +32,11 @@ Steps, each ``ok``, ``failed`` or ``skipped: <why>``, with its seconds:
    (Inductor's fxgraph misses, Triton's listener, ptxas's record) and no file
    written under any restored family's dirs (``artifactd.pod.verdict``);
 9. ``status``: ``artifactd status --target <restore root> --json``: every
-   restored family ``used``.
+   restored family ``used``;
+10. ``canary``: the tiny engine (``tests/engines/tiny_engine.py``) built with a
+    ``serve.canary`` (recorded on this GPU model and driver), restored, started
+    under ``artifactd exec``, and ``status --canary --ready verified`` must
+    replay it exactly (the replay's seconds are in the report).
 
 Without a Hopper GPU (no NVML, no libcuda, no device), or with ``--dry-run``,
 the steps that need one are skipped with the reason, and the rest run: the
@@ -52,6 +56,7 @@ import os
 import re
 import shutil
 import site
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +66,12 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
+
+from artifactd.build.demo import restored_environ
+from artifactd.build.run import cell_environ
+from artifactd.families import get_family
+from artifactd.pod.readiness import probe_health
+from artifactd.pod.verdict import wait_past, written_files
 
 REPO = Path(__file__).resolve().parent.parent
 WARMUP = REPO / "warmup_matrices" / "gpu-acceptance" / "warmup.py"
@@ -258,10 +269,11 @@ class Acceptance:
     def environment_step(self, st: Step) -> None:
         """Report the node's software and GPU; fail only when artifactd cannot be imported."""
         try:  # what the later steps use: a dependency missing on the node shows here
-            import artifactd
-            import artifactd.build.demo
-            import artifactd.build.run
-            import artifactd.pod.verdict
+            # lazy: this step is the one that reports a dependency missing on the node
+            import artifactd  # noqa: PLC0415
+            import artifactd.build.demo  # noqa: PLC0415
+            import artifactd.build.run  # noqa: PLC0415
+            import artifactd.pod.verdict  # noqa: PLC0415
         except ImportError as exc:
             raise StepError(
                 f"cannot import artifactd: {exc} (put its wheel and the missing ones in --wheels)"
@@ -378,9 +390,6 @@ class Acceptance:
 
     def warm(self, st: Step, family: str, env: Mapping[str, str], *, restored: bool) -> None:
         """Run a family's warm-up with ``env``; judge what it compiled and wrote."""
-        from artifactd.families import get_family
-        from artifactd.pod.verdict import wait_past, written_files
-
         argv = self.warmup_argv(family)
         if argv is None:
             raise StepError(f"no warm-up for {family} in this mode")
@@ -465,6 +474,64 @@ class Acceptance:
             raise StepError("; ".join(bad))
         st.reason = f"{len(self.harvested)} used"
 
+    def canary_step(self, st: Step) -> None:
+        """Record a canary at build and replay it in a pod, on this node's GPU and driver.
+
+        The tiny engine (tests/engines/tiny_engine.py) is built with a canary
+        (``artifactd build``: recorded on this GPU model and driver), restored
+        into a fresh root, started under ``artifactd exec``, and ``status
+        --canary --ready verified`` must replay it exactly.
+        """
+        engine = REPO / "tests" / "engines" / "tiny_engine.py"
+        root = self.out / "canary"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        matrix = root / "canary.yaml"
+        matrix.write_text(
+            "name: gpu-acceptance-canary\nfamilies: [inductor]\ngpus: 0\n"
+            f"workload: {{model: tiny-llm, engine: {json.dumps(str(engine))}}}\n"
+            'serve:\n  command: "{{ python }} {{ engine }} --port {{ port }}"\n'
+            f"  port: {port}\n  requests: [{{prompt_tokens: [4], max_tokens: 2}}]\n"
+            "  canary: {count: 2, tokens: 16, top_k: 5}\n",
+            encoding="utf-8",
+        )
+        env, store = self.base_env(), f"oci:{root / 'store'}"
+        self.checked(st.name, self.artifactd("build", str(matrix), "--store", store, "--json"), env)
+        target = root / "pod"
+        restore = ["restore", "--store", store, "--target", str(target), "--require", "--json"]
+        restore += ["--workload", "model=tiny-llm", "--workload", f"engine={engine}"]
+        self.checked(st.name, self.artifactd(*restore, "--family", "inductor"), env)
+        url = f"http://127.0.0.1:{port}"
+        engine_argv = [sys.executable, str(engine), "--port", str(port)]
+        pod = subprocess.Popen(
+            [*self.artifactd("exec", "--target", str(target)), "--", *engine_argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                if probe_health(url, timeout=2)[0]:
+                    break
+                if pod.poll() is not None or time.monotonic() > deadline:
+                    raise StepError("the tiny engine did not start")
+                time.sleep(0.2)
+            argv = self.artifactd("status", "--target", str(target), "--engine-url", url)
+            argv += ["--prewarm", str(matrix), "--canary", "--ready", "verified", "--json"]
+            doc = self.checked(st.name, argv, env).doc or {}
+        finally:
+            pod.terminate()
+            pod.wait(timeout=60)
+        replay = (doc.get("readiness") or {}).get("canary") or {}
+        if replay.get("outcome") != "verified" or replay.get("mode") != "exact":
+            raise StepError(f"the canary did not replay exactly: {replay}")
+        st.data.update(recorded_on=replay.get("recorded_on"), replay_seconds=replay.get("seconds"))
+        st.reason = f"verified (exact) in {replay.get('seconds')} s on {replay.get('recorded_on')}"
+
     # -- the whole run -------------------------------------------------------------
 
     def main(self) -> int:
@@ -489,8 +556,6 @@ class Acceptance:
         base = self.base_env()
         cold_env: dict[str, str] = {}
         if not self.stopped:  # artifactd imports: the environment step found it
-            from artifactd.build.run import cell_environ
-
             cold_env = cell_environ(self.cache, list(FAMILIES), {}, base)
         self.work.mkdir(parents=True, exist_ok=True)
         cold: dict[str, Step] = {}
@@ -512,8 +577,6 @@ class Acceptance:
             self.stopped = self.stopped or "restore did not run"
         warm_env: dict[str, str] = {}
         if not self.stopped:
-            from artifactd.build.demo import restored_environ
-
             warm_env = restored_environ(self.target / "artifactd.env", base, self.out / "empty")
         for family in FAMILIES:
             why = None
@@ -525,6 +588,7 @@ class Acceptance:
                 skip=why,
             )
         self.step("status", self.status_step)
+        self.step("canary", self.canary_step, skip=self.dry)
 
     def finish(self) -> int:
         """Print the per-family timings and the summary line; write OUT/report.json."""

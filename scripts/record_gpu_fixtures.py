@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path, help="the JSON file to write")
     args = parser.parse_args(argv)
-    import pynvml
+    # lazy: nvidia-ml-py is optional (the gpu extra)
+    import pynvml  # noqa: PLC0415
 
     lib = ctypes.CDLL("libcuda.so.1")
     pynvml.nvmlInit()

@@ -6,9 +6,16 @@ end-to-end tests produce caches with the real library instead.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from pathlib import Path
+import pprint
+import struct
+import sys
+import zlib
+from pathlib import Path, PurePosixPath
+
+from artifactd.families.ninjarecords import command_hash, ninja_commands
 
 
 def make_triton_tree(root: Path, kernels: tuple[str, ...] = ("add", "softmax")) -> Path:
@@ -109,8 +116,6 @@ def make_deepgemm_tree(root: Path) -> Path:
 
 def tilelang_manifest(entry: Path) -> None:
     """Write ``manifest.json`` over an entry as TileLang 0.1.15 does (_write_manifest)."""
-    import hashlib
-
     files = {
         p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
         for p in sorted(entry.iterdir())
@@ -130,8 +135,6 @@ def make_tilelang_tree(root: Path, machine: str = "x86_64") -> Path:
     ``cuda-binaries/<key>/`` entry and a corrupt one; and a 0.1.13-layout
     entry (``params.pkl``, no manifest by design).
     """
-    import hashlib
-
     ns = root / "0.1.15" / f"linux-{machine}"
     kernels = ns / "kernels"
 
@@ -176,9 +179,6 @@ def make_tilelang_tree(root: Path, machine: str = "x86_64") -> Path:
 
 def cute_dsl_file(data: bytes) -> bytes:
     """MLIR bytecode followed by its CRC32, as CuTe DSL's write_bytecode_with_crc32 writes it."""
-    import sys
-    import zlib
-
     return data + zlib.crc32(data).to_bytes(4, sys.byteorder)
 
 
@@ -249,8 +249,6 @@ def flashinfer_build_ninja(
     named ``<source dir>_<stem>.cuda.o``, ``$``-continued flag lists, include
     dirs in site-packages and the CUDA home. Returns the text and the objects.
     """
-    from pathlib import PurePosixPath
-
     data = f"{site}/flashinfer/data"
     common = [
         "-DPy_LIMITED_API=0x03090000",
@@ -325,8 +323,6 @@ def ninja_log(build_ninja: str, outputs: list[Path], t0: int) -> str:
     command (the relocation code's own hash, which tests/test_ninja_records.py
     checks against logs ninja itself wrote).
     """
-    from artifactd.families.ninjarecords import command_hash, ninja_commands
-
     commands = ninja_commands(build_ninja)
     return "# ninja log v7\n" + "".join(
         f"{i * 900}\t{i * 900 + 850}\t{(t0 + 10 + i) * 10**9}\t{p}\t"
@@ -337,8 +333,6 @@ def ninja_log(build_ninja: str, outputs: list[Path], t0: int) -> str:
 
 def ninja_deps(output: Path, inputs: list[str], mtime: int) -> bytes:
     """A version-4 ``.ninja_deps``: path records for ``output`` and ``inputs``, one deps record."""
-    import struct
-
     out = [b"# ninjadeps\n", struct.pack("<i", 4)]
     paths = [str(output), *inputs]
     for node_id, path in enumerate(paths):
@@ -511,8 +505,6 @@ def make_vllm_tree(
     (one corrupt, one ``.<name>.<random>.tmp`` write in flight), a startup plan
     and the build node's ``gpu_p2p_access_cache_for_0,1.json``.
     """
-    import pprint
-
     tcc = root / "torch_compile_cache"
     for hash_dir, volatile in ((VLLM_VOLATILE_HASH, True), (VLLM_CLEAN_HASH, False)):
         factors = vllm_factors(

@@ -22,7 +22,8 @@ from forkserver import ENV_FORK, ForkServer, needs_new_interpreter
 from registry_server import RegistryServer, start_registry
 
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
-from artifactd.fingerprint.model import Fingerprint, probe
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.fingerprint.probe import probe_fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MATRIX = REPO / "warmup_matrices" / "cpu-demo.yaml"
@@ -46,7 +47,8 @@ class GpuHost:
 
 def _nvml_gpus() -> tuple[int | None, str]:
     try:
-        import pynvml
+        # lazy: nvidia-ml-py is optional (the gpu extra): without it, no GPU
+        import pynvml  # noqa: PLC0415
     except ImportError:
         return None, "nvidia-ml-py is not installed"
     try:
@@ -307,7 +309,7 @@ def caches(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def local_fp() -> Fingerprint:
     """This machine's fingerprint with the demo's declared target."""
-    return probe(gpu_arch="sm_90a", use_nvml=False)
+    return probe_fingerprint(gpu_arch="sm_90a", use_nvml=False)
 
 
 @pytest.fixture(scope="session")

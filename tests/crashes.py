@@ -34,9 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
+
 from artifactd.build.harvest import harvest
 from artifactd.constants import CACHE_ENV_VARS
 from artifactd.events import EventSink, discard
+from artifactd.families import get_family
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.restore.destination import (
     ENV_TMP_PREFIX,
@@ -49,7 +52,8 @@ from artifactd.restore.destination import (
 )
 from artifactd.restore.install import RestoreResult, restore
 from artifactd.restore.marker import RestoreMarker
-from artifactd.restore.resolve import plan_restore
+from artifactd.restore.policy import RestoreRequest, run_restore
+from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
@@ -107,8 +111,6 @@ def make_trees(src: Path, version: str, *, big: tuple[int, int] | None = None) -
     The two versions differ in every family: another Triton kernel and
     different bytes in a kept file, other random cubins in the generic tree.
     """
-    from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
-
     kernels = ("add", "softmax") if version == "old" else ("add", "softmax", "gelu")
     triton = make_triton_tree(src / "triton", kernels)
     # Same name, other content: a changed kernel.
@@ -239,8 +241,6 @@ def build_versions(work: Path, base: Fingerprint, *, big: tuple[int, int] | None
 
 def family_dirs(target: Path) -> dict[str, dict[str, Path]]:
     """family -> component -> the dir a restore into ``target`` installs."""
-    from artifactd.families import get_family
-
     return {f: dict(get_family(f).restore_dirs(target.absolute())) for f in FAMILIES}
 
 
@@ -612,9 +612,6 @@ def kill_loop(
     env file and no leftovers. Returns
     (duration, records); ``record.problems`` lists any broken invariant.
     """
-    from artifactd.restore.policy import RestoreRequest, run_restore
-    from artifactd.restore.resolve import noop_plan
-
     rng = random.Random(seed)  # noqa: S311 - delays, not secrets
     if duration_s is None:
         restore_version(pair, pair.old, target)

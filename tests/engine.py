@@ -25,9 +25,11 @@ The module also serves the benches, which start an engine the same way.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -178,8 +180,6 @@ class Engine:
 
     def ping(self) -> bool:
         """Whether the service answers ``GET /_ping`` with ``OK``."""
-        import http.client
-        import socket
 
         class _Conn(http.client.HTTPConnection):
             def connect(inner) -> None:  # noqa: N805 - the connection, not the engine

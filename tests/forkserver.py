@@ -32,6 +32,7 @@ Run as ``python tests/forkserver.py SOCKET`` (by :class:`ForkServer`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import io
@@ -39,6 +40,7 @@ import json
 import locale
 import os
 import pkgutil
+import runpy
 import select
 import selectors
 import signal
@@ -47,6 +49,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -210,7 +213,8 @@ def _text(data: bytes | bytearray) -> str:
 
 
 def _preload() -> None:
-    import artifactd
+    # lazy: only the server preloads artifactd; conftest imports this module for the client
+    import artifactd  # noqa: PLC0415
 
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
@@ -278,8 +282,6 @@ def _wait_for_run(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 def _become_the_cli(request: dict[str, Any], fds: list[int]) -> NoReturn:
     """Turn this fork into ``python -m artifactd ARGS`` as the request describes it; exit."""
-    import runpy
-
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
@@ -322,9 +324,6 @@ def _finish() -> None:
     The freeing is skipped (``os._exit``): in a fork it would write to, and so
     copy, every page the server's imports left, several times a run's own cost.
     """
-    import atexit
-    import threading
-
     threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -35,7 +35,8 @@ def load_recording(name: str) -> dict[str, Any]:
 def nvml_error(call: Call) -> Exception:
     """The exception nvidia-ml-py raises for a recorded error (its own class when installed)."""
     try:
-        import pynvml
+        # lazy: nvidia-ml-py is optional (the gpu extra)
+        import pynvml  # noqa: PLC0415
     except ImportError:
         return RecordedNvmlError(call["code"], call["error"])
     # NVMLError.__new__ picks the subclass (NVMLError_NotSupported...) from the code.

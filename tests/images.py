@@ -16,7 +16,10 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 from artifactd.format.config import goarch
+from artifactd.stores import open_store
 
 #: This machine's architecture, as OCI names it: the artifacts built here are for it.
 ARCH = goarch(platform.machine())
@@ -89,10 +92,6 @@ def make_base(tmp: Path, payload: bytes | None = None) -> Path:
 
 def mount_artifact(store: str, tag: str, where: Path) -> None:
     """Merge an artifact's layers into one tree, as a runtime mounts an image volume."""
-    import zstandard
-
-    from artifactd.stores import open_store
-
     where.mkdir(parents=True)
     with open_store(store) as st:
         found = st.get_manifest(tag)

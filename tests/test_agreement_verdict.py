@@ -24,6 +24,7 @@ import ast
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import artifactd
+from artifactd.build.gate import family_failures, judge_cell
 from artifactd.families import get_family
 from artifactd.pod.enginelogs import restored_key_dirs, scan
 from artifactd.pod.metrics import status_registry
 from artifactd.pod.status import target_status
+from artifactd.pod.verdict import restore_time, wait_past, written_after
 
 TESTS = Path(__file__).resolve().parent
 
@@ -230,9 +233,6 @@ def _metric(text: str, name: str, family: str) -> float:
 )
 def test_every_caller_agrees_on_the_same_input(tmp_path: Path, case: str, verdict: str) -> None:
     """``status``, verify's cell comparison, the metrics and the engine log: one verdict."""
-    from artifactd.build.gate import family_failures, judge_cell
-    from artifactd.pod.verdict import restore_time, written_after
-
     target, log = _case(tmp_path, case)
     vllm = get_family("vllm")
 
@@ -275,8 +275,6 @@ def test_every_caller_agrees_on_the_same_input(tmp_path: Path, case: str, verdic
 
 def test_a_verdict_from_the_log_alone_is_the_same_in_the_gate(tmp_path: Path) -> None:
     """A cell whose log says it compiled (nothing written) fails the gate as status says."""
-    from artifactd.build.gate import judge_cell
-
     target, log = _case(tmp_path, "compiled elsewhere")
     facts = scan(log.read_text().splitlines())
     assert facts.vllm.misses == 1
@@ -291,8 +289,6 @@ def test_a_family_the_artifact_lacks_fails_the_gate_only_if_the_cell_filled_it(
     tmp_path: Path,
 ) -> None:
     """A miss is ``not restored`` for ``status`` and the gate; the gate fails once files appear."""
-    from artifactd.build.gate import family_failures, judge_cell
-
     target, log = _case(tmp_path, "untouched")
     families = [get_family("vllm"), get_family("generic")]
     status = {f.family: f for f in target_status(target, engine_log=log).families}
@@ -372,10 +368,6 @@ def test_verify_has_no_snapshot_comparison_of_its_own() -> None:
 
 def test_the_gate_waits_for_the_file_clock_to_pass_the_restore(tmp_path: Path) -> None:
     """A cell's first write lands after the restore on the file clock, so it counts."""
-    import time
-
-    from artifactd.pod.verdict import wait_past, written_after
-
     cutoff = time.time() + 0.3
     wait_past(tmp_path, cutoff)
     first = tmp_path / "first-write"

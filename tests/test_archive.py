@@ -3,6 +3,7 @@ from __future__ import annotations
 import errno
 import gzip
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Family, Located
 from artifactd.families.base import ROOT_PLACEHOLDER
-from artifactd.format.archive import PackedLayer
+from artifactd.format.archive import PackedLayer, pack_family
 from artifactd.format.config import FileEntry
 from artifactd.format.unpack import UnpackResult, unpack_layer
 
@@ -180,10 +181,6 @@ def test_a_large_file_streams_in_order_and_a_full_disk_mid_file_is_an_error(
 
 def test_pack_family_writes_only_the_format_production_restores(tmp_path: Path) -> None:
     """Format 1 is read, never written: a layer without its family's scope cannot be packed."""
-    import inspect
-
-    from artifactd.format.archive import pack_family
-
     params = inspect.signature(pack_family).parameters
     assert params["scope_key"].default is inspect.Parameter.empty
     assert params["scope"].default is inspect.Parameter.empty

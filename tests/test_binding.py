@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,11 @@ from conftest import clean_env, run_artifactd
 from images import mount_artifact
 from registry_server import RegistryServer
 
+from artifactd.build.harvest import harvest
+from artifactd.build.run import cell_tag
 from artifactd.stores import open_store
-from artifactd.stores.artifacts import copy_between
+from artifactd.stores.artifacts import copy_between, read_artifact
+from artifactd.stores.layout import LayoutStore
 from artifactd.trust.keys import KeyPair, generate
 
 PASSWORD = "binding test password"
@@ -321,8 +325,6 @@ def test_a_no_op_rechecks_the_scope_key_a_family_marker_records(
     Such a marker is what a release that did not check binding left behind
     after installing a re-pointed family tag.
     """
-    from artifactd.stores.layout import LayoutStore
-
     layout = tmp_path / "layout"
     copy_between(world.pod_signed, f"oci:{layout}", None)
     LayoutStore(layout).remove_tags([world.pod_tag(None)])  # families resolve by their tags
@@ -346,10 +348,6 @@ def test_a_fan_out_cell_of_the_same_fingerprint_is_never_restored(
     tmp_path: Path, world: World
 ) -> None:
     """One cell's part of a fan-out build carries the pod's fingerprint, but only for merge."""
-    from artifactd.build.harvest import harvest
-    from artifactd.build.run import cell_tag
-    from artifactd.stores.artifacts import read_artifact
-
     layout = f"oci:{tmp_path / 'layout'}"
     with open_store(world.pod_signed) as st:
         pod = read_artifact(st, world.pod_tag(None))
@@ -372,8 +370,6 @@ def test_a_fan_out_cell_of_the_same_fingerprint_is_never_restored(
 
 def _generic_matrix(tmp: Path) -> Path:
     """A one-cell matrix whose command writes one generic-family file: no compiler needed."""
-    import sys
-
     writes = (
         "import os, pathlib; d = pathlib.Path(os.environ['ARTIFACTD_GENERIC_DIR']); "
         "d.mkdir(parents=True, exist_ok=True); (d / 'k.cubin').write_bytes(b'ELF binding')"

@@ -26,7 +26,7 @@ import yaml
 from conftest import clean_env, run_artifactd
 
 from artifactd import bounds as B  # noqa: N812
-from artifactd.build.matrix import RANGES, Matrix, parse_matrix
+from artifactd.build.matrix import RANGES, Matrix, expand, parse_matrix
 from artifactd.cli.app import cli
 from artifactd.cli.main import main
 from artifactd.cli.options import Number, range_help
@@ -313,8 +313,6 @@ def test_every_numeric_field_refuses_nan_infinities_and_out_of_range(
 
 
 def test_a_rendered_gpus_template_is_held_to_the_same_range(tmp_path: Path) -> None:
-    from artifactd.build.matrix import expand
-
     for shown in ("1e300", "257", "-1", "nan", "inf"):
         doc = {"name": "g", "command": "true", "gpus": f"{{{{ {shown!r} | float }}}}"}
         matrix = parse_matrix(yaml.safe_dump(doc), tmp_path / "m.yaml")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cachetrees import make_generic_tree
 from click.testing import CliRunner
 from conftest import clean_env, run_artifactd
 from test_cli_contract import COMMANDS
@@ -221,8 +222,6 @@ def test_diff_with_invalid_wrapped_fingerprint_exits_2(tmp_path: Path) -> None:
 
 def test_restore_is_configured_by_env_alone(tmp_path: Path) -> None:
     """An init container sets ARTIFACTD_* variables, no flags."""
-    from cachetrees import make_generic_tree
-
     gen = make_generic_tree(tmp_path / "gen")
     store = f"oci:{tmp_path / 'store'}"
     env = {**clean_env(), "ARTIFACTD_GENERIC_DIR": str(gen), "HOME": str(tmp_path)}

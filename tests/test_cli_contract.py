@@ -52,6 +52,8 @@ COMMANDS = {
     "node-features",
     "prefetch",
     "prune",
+    "quarantine ls",
+    "quarantine rm",
     "restore",
     "schema",
     "sign",

@@ -27,6 +27,7 @@ import pytest
 from conftest import clean_env, run_artifactd
 
 from artifactd import bounds as B  # noqa: N812
+from artifactd.cli import render
 from artifactd.cli.app import cli
 from artifactd.cli.options import Number
 from artifactd.stores import open_store
@@ -186,8 +187,6 @@ def test_a_bad_variable_is_named_by_its_own_name(tmp_path: Path) -> None:
 
 def test_long_commands_say_each_stage_in_a_log(capsys: pytest.CaptureFixture[str]) -> None:
     """Off a terminal (CI), build-like commands print a line per event, never progress ticks."""
-    from artifactd.cli import render
-
     events: list[dict[str, Any]] = [
         {"stage": "cell", "event": "start", "cell": "0-inductor"},
         {"stage": "push", "event": "progress", "bytes": 5, "total": 10},

@@ -22,6 +22,7 @@ from conftest import PYTHON, clean_env, run_artifactd
 from diskfaults import mount_tmpfs, unmount
 from test_hostile_inputs import UNREADABLE_WRAPPER
 
+from artifactd.pod.contribute import _stage, _written
 from artifactd.pod.verdict import restore_time, wait_past
 from artifactd.restore.destination import CacheVolume
 from artifactd.stores import open_store
@@ -165,8 +166,6 @@ def test_an_unreadable_written_file_is_left_out_with_a_warning(pod: Path, tmp_pa
 
 def test_files_that_grow_past_the_cap_while_copied_stop_the_copy(pod: Path, tmp_path: Path) -> None:
     """Sized under the cap by the walk, then grown: the copy reads at most the cap, and stops."""
-    from artifactd.pod.contribute import _stage, _written
-
     grows = pod / "generic" / "grows.cubin"
     grows.write_bytes(b"x" * 1000)
     volume = CacheVolume(pod)

@@ -34,7 +34,12 @@ from registry_server import RegistryServer, start_registry
 from token_server import TokenServer, running_token_registry
 
 from artifactd.errors import ConfigError
-from artifactd.stores.credentials import Credentials, find_credentials
+from artifactd.stores.credentials import (
+    Credentials,
+    bound_host,
+    check_unbound_pair,
+    find_credentials,
+)
 
 STAGING_USER, STAGING_PW = "staging-ci", "stag1ng-s3cret-AAA"
 PROD_USER, PROD_PW = "prod-ci", "pr0d-s3cret-BBB"
@@ -434,8 +439,6 @@ def test_a_host_that_is_not_a_host_is_a_config_error(
 
 def test_the_bound_host_is_matched_as_references_spell_it(tmp_path: Path) -> None:
     """Case, a pasted scheme and a trailing slash aside; another host falls to Docker's login."""
-    from artifactd.stores.credentials import bound_host, check_unbound_pair
-
     pair = {USER_VAR: "alice", PASSWORD_VAR: "pw-env", "DOCKER_CONFIG": str(tmp_path / "none")}
     for spelled in ("Reg.IO:5000", "https://reg.io:5000/", "docker://reg.io:5000"):
         env = {**pair, HOST_VAR: spelled}

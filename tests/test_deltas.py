@@ -16,9 +16,12 @@ an oversized delta. None of their bytes reaches a candidate.
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,10 @@ import hostile
 import pytest
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer
+from test_ci_examples import listed_options, run_help, split_path, used_options
+from test_deploy_k8s import DEPLOY, calls_of, env_value, kustomize
 
+from artifactd.build.cells import prompt_text
 from artifactd.format.oci import MANIFEST_MEDIA_TYPE, full_tag
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import read_artifact
@@ -358,9 +364,6 @@ def test_the_commands_say_what_they_do(tmp_path: Path) -> None:
 
 def test_the_contribute_overlay_runs_a_real_command_line_with_its_own_credentials() -> None:
     """deploy/k8s/overlays/contribute: the sidecar's preStop is a valid `contribute` line."""
-    from test_ci_examples import listed_options, run_help, split_path, used_options
-    from test_deploy_k8s import DEPLOY, calls_of, env_value, kustomize
-
     docs = kustomize(DEPLOY / "overlays" / "contribute")
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     ((what, c, argv),) = calls_of(deployment, "contribute")
@@ -404,11 +407,6 @@ def pod_serves(target: Path, home: Path, port: int, *lengths: int) -> dict[str, 
 
     Returns the engine's own report (``compiled``, ``cache_hits``: Inductor's counters).
     """
-    import signal
-    import urllib.request
-
-    from artifactd.build.cells import prompt_text
-
     home.mkdir(parents=True, exist_ok=True)
     time.sleep(0.02)
     argv = [sys.executable, "-m", "artifactd", "exec", "--target", str(target), "--"]
@@ -452,13 +450,12 @@ def pod_serves(target: Path, home: Path, port: int, *lengths: int) -> dict[str, 
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_the_loop_with_the_tiny_engine(tmp_path: Path) -> None:
     """Shapes A built; a pod serves A and B (B compiles); the delta comes back through the gate."""

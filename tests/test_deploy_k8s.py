@@ -50,6 +50,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import pytest
@@ -357,7 +358,8 @@ def test_the_overlay_renders_the_store_the_daemonset_and_the_deployment() -> Non
 @pytest.mark.parametrize(("where", "doc"), ALL_DOCS, ids=DOC_IDS)
 def test_every_document_round_trips_through_the_api_models(where: str, doc: dict[str, Any]) -> None:
     try:
-        import kubernetes
+        # lazy: the kubernetes client is in the dev extra; a clear failure without it
+        import kubernetes  # noqa: PLC0415
     except ImportError:  # the dev extra installs it: scripts/setup.sh
         pytest.fail("the kubernetes client is not installed: run scripts/setup.sh", pytrace=False)
     version = doc["apiVersion"].rsplit("/", 1)[-1]
@@ -521,8 +523,6 @@ def test_the_engine_starts_through_exec_and_status_gates_its_readiness() -> None
 
 def test_readiness_asks_the_engine_on_its_port_and_reads_the_log_exec_writes() -> None:
     """``status --ready serviceable`` probes the engine's own port; ``exec`` keeps a log."""
-    from urllib.parse import urlsplit
-
     probe = dict(exec_arrays(ENGINE))["readinessProbe"]
     line = artifactd_argv(" ".join(probe))
     assert line and setting(ENGINE, line, "--ready") == "serviceable", probe

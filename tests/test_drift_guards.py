@@ -22,6 +22,7 @@ driver (see ``artifactd/families/cudajit.py``); only SGLang's redirect of
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -670,8 +671,6 @@ def _run_fetch(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 def test_fetch_verifies_the_pin_and_unpacks_only_the_members(tmp_path: Path) -> None:
-    import hashlib
-
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     archive = wheels / "demo-1.0-py3-none-any.whl"

@@ -39,6 +39,7 @@ def warmup(parts: str, env: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.torch
 def test_triton_cubins_restore_to_another_root_and_hit(tmp_path: Path) -> None:
     build = tmp_path / "build-cache"
     cold = warmup("triton", clean_env({"TRITON_CACHE_DIR": str(build)}))
@@ -71,6 +72,7 @@ def test_triton_cubins_restore_to_another_root_and_hit(tmp_path: Path) -> None:
     assert warm["triton"] == {**warm["triton"], "compiled": 0, "hits": 3}
 
 
+@pytest.mark.torch
 def test_build_restore_warm_start_hits_every_family(tmp_path: Path) -> None:
     """The README's path: build the CPU demo matrix, restore fresh, warm start hits."""
     store = f"oci:{tmp_path / 'store'}"
@@ -124,6 +126,7 @@ def test_build_restore_warm_start_hits_every_family(tmp_path: Path) -> None:
     assert again["noop"] is True
 
 
+@pytest.mark.torch
 def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
     result = artifactd(
         "demo",
@@ -159,6 +162,7 @@ def test_demo_command_reports_the_time_saved(tmp_path: Path) -> None:
     assert sorted(report["restored"]) == ["generic", "inductor", "triton"]
 
 
+@pytest.mark.torch
 def test_megacache_restores_graphs_into_an_empty_inductor_dir(tmp_path: Path) -> None:
     """Mega-Cache bytes are path-independent: graphs hit in a fresh, empty cache dir."""
     build_env = clean_env(

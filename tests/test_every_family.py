@@ -8,6 +8,7 @@ place, partial entries left out, and the env file pointing the library there.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -25,9 +26,11 @@ from cachetrees import (
     make_triton_tree,
     make_vllm_tree,
 )
+from conftest import run_artifactd
 
 from artifactd.build.harvest import harvest
 from artifactd.families import FAMILIES, Family
+from artifactd.families.vllm import volatile_factors
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore
@@ -163,8 +166,6 @@ def assert_same_content(fam: Family, environ: dict[str, str], target: Path) -> N
 
 
 def test_version_strings_are_not_addresses() -> None:
-    from artifactd.families.vllm import volatile_factors
-
     found = volatile_factors({"env": {"CUDNN_VERSION": "9.1.0.70", "VLLM_HOST": "10.1.2.3"}})
     assert [(f.key, f.value) for f in found] == [("env.VLLM_HOST", "10.1.2.3")]
 
@@ -173,10 +174,6 @@ def test_diff_of_two_vllm_artifacts_names_the_volatile_factor(
     tmp_path: Path, local_fp: Fingerprint
 ) -> None:
     """Same fingerprint shape, two pods: diff of the artifacts shows the pod IP in the factors."""
-    import json
-
-    from conftest import run_artifactd
-
     store = f"oci:{tmp_path / 'store'}"
     tags = []
     for pod, ip in (("a", "10.244.3.17"), ("b", "10.244.9.80")):

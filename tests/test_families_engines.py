@@ -23,7 +23,11 @@ from cachetrees import (
     make_vllm_tree,
 )
 
-from artifactd.families import get_family
+import artifactd.families.flashinfer as fi
+import artifactd.families.sglang as sg
+import artifactd.families.vllm as vl
+from artifactd.build.harvest import harvest
+from artifactd.families import FAMILIES, get_family
 from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located
 from artifactd.families.flashinfer import FlashInferFamily
 from artifactd.families.ninja import NinjaFile
@@ -42,7 +46,11 @@ from artifactd.families.vllm import (
 from artifactd.fingerprint.model import Fingerprint, LibraryInfo
 from artifactd.fingerprint.probe import TRACKED_LIBRARIES
 from artifactd.format.archive import PackedLayer
+from artifactd.restore.destination import CacheVolume
+from artifactd.restore.install import restore
+from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.restore.source import StoreSource
+from artifactd.stores import open_store
 from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
 FLASHINFER = FlashInferFamily()
@@ -522,10 +530,6 @@ def test_scopes_name_real_fingerprint_fields(local_fp: Fingerprint) -> None:
 
 
 def test_engine_modules_read_only_named_env_vars() -> None:
-    import artifactd.families.flashinfer as fi
-    import artifactd.families.sglang as sg
-    import artifactd.families.vllm as vl
-
     for mod in (fi, vl, sg):
         tree = ast.parse(Path(mod.__file__ or "").read_text())
         reads = [
@@ -547,13 +551,6 @@ def test_engine_modules_read_only_named_env_vars() -> None:
 def test_harvest_and_restore_engine_families(
     tmp_path: Path, local_fp: Fingerprint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from artifactd.build.harvest import harvest
-    from artifactd.families import FAMILIES
-    from artifactd.restore.destination import CacheVolume
-    from artifactd.restore.install import restore
-    from artifactd.restore.resolve import noop_plan, plan_restore
-    from artifactd.stores import open_store
-
     for fam in (FLASHINFER, VLLM, SGLANG):
         assert type(FAMILIES[fam.name]) is type(fam)
     home = tmp_path / "home"

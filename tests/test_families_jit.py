@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import pwd
 import sys
@@ -15,14 +17,19 @@ from cachetrees import (
     make_deepgemm_tree,
     make_fa4_tree,
     make_tilelang_tree,
+    tilelang_manifest,
 )
 
-from artifactd.families.base import Family, Located, sanitize_user
+import artifactd.families as pkg
+from artifactd.errors import UsageError
+from artifactd.families import FAMILIES, select_families
+from artifactd.families.base import ROOT_PLACEHOLDER, Family, Located, sanitize_user
 from artifactd.families.cudajit import CudaJitFamily
 from artifactd.families.cutedsl import CuteDSLFamily
 from artifactd.families.deepgemm import PARTIAL_REASON, DeepGEMMFamily
 from artifactd.families.layouts import DEEPGEMM_NO_CUBIN_REASON
 from artifactd.families.tilelang import TileLangFamily
+from artifactd.families.tree import walk_component
 from artifactd.fingerprint.model import Fingerprint, LibraryInfo
 from artifactd.format.archive import PackedLayer
 
@@ -267,8 +274,6 @@ def test_tilelang_pack_verifies_manifests(tmp_path: Path) -> None:
 
 
 def test_tilelang_manifest_edge_cases(tmp_path: Path) -> None:
-    from cachetrees import tilelang_manifest
-
     root = tmp_path / "tl"
     kernels = root / "0.1.15" / "linux-x86_64" / "kernels"
 
@@ -417,9 +422,6 @@ def test_family_is_abstract() -> None:
 
 
 def test_select_families_none_is_all_and_empty_is_none() -> None:
-    from artifactd.errors import UsageError
-    from artifactd.families import FAMILIES, select_families
-
     assert [f.name for f in select_families(None)] == sorted(FAMILIES)
     assert select_families([]) == []
     assert [f.name for f in select_families([" triton", "triton", ""])] == ["triton"]
@@ -429,10 +431,6 @@ def test_select_families_none_is_all_and_empty_is_none() -> None:
 
 def test_families_import_only_the_shared_modules() -> None:
     """A family module imports the base and the shared layouts, never another family."""
-    import ast
-
-    import artifactd.families as pkg
-
     shared = {"base", "layouts", "ninja", "ninjarecords", "tree"}
     families_dir = Path(pkg.__file__).parent
     for module in sorted(families_dir.glob("*.py")):
@@ -452,11 +450,6 @@ def test_families_import_only_the_shared_modules() -> None:
 
 @pytest.mark.parametrize("name", ["triton", "inductor", "sglang", "vllm"])
 def test_group_files_move_with_the_root_in_every_family_that_hosts_them(name: str) -> None:
-    import json
-
-    from artifactd.families import FAMILIES
-    from artifactd.families.base import ROOT_PLACEHOLDER
-
     fam = FAMILIES[name]
     rel = PurePosixPath("triton/0/AAAA/__grp__add.json")
     assert fam.path_bearing("cache", rel)
@@ -473,8 +466,6 @@ def test_group_files_move_with_the_root_in_every_family_that_hosts_them(name: st
 
 def test_packing_and_lint_walk_the_same_tree(tmp_path: Path) -> None:
     """What pack_family ships is exactly what the shared walk yields as not skipped."""
-    from artifactd.families.tree import walk_component
-
     root = make_deepgemm_tree(tmp_path / "dg")
     (root / "cache" / "stray.lock").write_text("held")
     layer = pack(DEEPGEMM, [Located(DEEPGEMM.components[0], root)], tmp_path)

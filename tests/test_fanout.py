@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, clean_env, run_artifactd
+from conftest import PYTHON, REPO, clean_env, run_artifactd
 
 from artifactd.build.matrix import Cell, expand, load_matrix
 from artifactd.build.schedule import run_packed
@@ -116,9 +119,6 @@ def test_a_cell_that_needs_more_gpus_than_the_node_has_fails_before_any_runs(
 
 
 def test_run_packed_bounds_cpu_cells_by_jobs(tmp_path: Path) -> None:
-    import threading
-    import time
-
     cells = expand(load_matrix(CELLS_MATRIX), CELLS_MATRIX)
     running, peak = 0, 0
     lock = threading.Lock()
@@ -201,10 +201,6 @@ def test_matrix_cells_json_is_a_github_matrix() -> None:
 
 
 def _warm(env: dict[str, str], *args: str) -> dict[str, Any]:
-    import subprocess
-
-    from conftest import PYTHON
-
     proc = subprocess.run(
         [PYTHON, str(WARMUP), *args], capture_output=True, text=True, env=env, check=False
     )
@@ -213,6 +209,7 @@ def _warm(env: dict[str, str], *args: str) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_fan_out_merge_verify_and_promote(tmp_path: Path) -> None:
     env = _env(tmp_path)
@@ -281,6 +278,7 @@ def test_fan_out_merge_verify_and_promote(tmp_path: Path) -> None:
     assert "bad" not in run_artifactd("ls", store, env=env).stdout.split()
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_cells_sharing_a_family_are_merged_and_repacked(tmp_path: Path) -> None:
     """Two Inductor cells (two batch sizes): the merge downloads both layers and packs one."""

@@ -191,7 +191,8 @@ def test_k8s_examples_exist_and_have_the_fanout_commands() -> None:
 @pytest.mark.parametrize(("where", "doc"), DOCUMENTS, ids=DOC_IDS)
 def test_k8s_document_round_trips_through_the_api_models(where: str, doc: dict[str, Any]) -> None:
     try:
-        import kubernetes
+        # lazy: the kubernetes client is in the dev extra; a clear failure without it
+        import kubernetes  # noqa: PLC0415
     except ImportError:  # the dev extra installs it: scripts/setup.sh
         pytest.fail("the kubernetes client is not installed: run scripts/setup.sh", pytrace=False)
     assert doc.get("apiVersion") == "batch/v1", f"{where}: apiVersion {doc.get('apiVersion')}"

@@ -28,11 +28,14 @@ from artifactd.fingerprint.model import (
     PathsInfo,
     PlatformInfo,
     PythonInfo,
-    arch_for_capability,
     parse_gpu_arch,
-    probe,
 )
-from artifactd.fingerprint.probe import gpu_from_nvml, probe_cpu
+from artifactd.fingerprint.probe import (
+    arch_for_capability,
+    gpu_from_nvml,
+    probe_cpu,
+    probe_fingerprint,
+)
 
 # --------------------------------------------------------------------------
 # A fixed, synthetic fingerprint (no probing) and helpers to make variants
@@ -99,7 +102,7 @@ def scope_keys(fp: Fingerprint) -> dict[str, str]:
 
 
 def test_probe_with_declared_arch() -> None:
-    fp = probe(gpu_arch="sm_90a", use_nvml=False)
+    fp = probe_fingerprint(gpu_arch="sm_90a", use_nvml=False)
     assert fp.gpu.arch == "sm_90a"
     assert fp.gpu.capability == "9.0"
     assert fp.gpu.source == "declared"
@@ -108,7 +111,7 @@ def test_probe_with_declared_arch() -> None:
 
 
 def test_probe_without_gpu_or_declaration_is_absent() -> None:
-    fp = probe(use_nvml=False)
+    fp = probe_fingerprint(use_nvml=False)
     assert fp.gpu.source == "absent"
     assert fp.gpu.arch is None
     assert fp.info.gpu_count == 0
@@ -133,7 +136,7 @@ def test_parse_gpu_arch_rejects_junk(junk: str) -> None:
 
 def test_probe_rejects_junk_declared_arch() -> None:
     with pytest.raises(UsageError):
-        probe(gpu_arch="gfx90a", use_nvml=False)
+        probe_fingerprint(gpu_arch="gfx90a", use_nvml=False)
 
 
 @pytest.mark.parametrize(
@@ -178,8 +181,8 @@ def test_hash_changes_with_any_hashed_field(change: Callable[[Fingerprint], Fing
 
 def test_hash_is_stable_across_probes() -> None:
     assert (
-        probe(gpu_arch="sm_90a", use_nvml=False).hash
-        == probe(gpu_arch="sm_90a", use_nvml=False).hash
+        probe_fingerprint(gpu_arch="sm_90a", use_nvml=False).hash
+        == probe_fingerprint(gpu_arch="sm_90a", use_nvml=False).hash
     )
 
 
@@ -329,7 +332,7 @@ def test_probed_select_records_uninstalled_vllm_as_none() -> None:
         pass
     else:
         pytest.skip("vllm is installed here")
-    fp = probe(use_nvml=False)
+    fp = probe_fingerprint(use_nvml=False)
     assert "vllm" not in fp.libraries
     assert fp.select(["libraries.vllm"]) == {"libraries.vllm": None}
 
@@ -410,7 +413,7 @@ def test_fingerprint_cli_does_not_import_torch_or_triton() -> None:
 
 def test_probe_does_not_import_torch_or_triton() -> None:
     script = (
-        "import sys, artifactd.fingerprint.model as f; f.probe(); "
+        "import sys, artifactd.fingerprint.probe as f; f.probe_fingerprint(); "
         "print(','.join(m for m in ('torch', 'triton') if m in sys.modules) or 'none')"
     )
     proc = subprocess.run(
@@ -605,7 +608,7 @@ def test_probe_reads_nvml_through_the_module(monkeypatch: pytest.MonkeyPatch) ->
             setattr(module, name, getattr(nvml, name))
     monkeypatch.setitem(sys.modules, "pynvml", module)
 
-    fp = probe()
+    fp = probe_fingerprint()
     assert fp.gpu.source == "nvml"
     assert fp.gpu.arch == "sm_90a"
     assert fp.driver.version == "570.133.20"
@@ -614,7 +617,7 @@ def test_probe_reads_nvml_through_the_module(monkeypatch: pytest.MonkeyPatch) ->
     assert names[-1] == "nvmlShutdown"
 
     # A declared arch overrides NVML's, keeping the NVML source.
-    declared = probe(gpu_arch="sm_100a")
+    declared = probe_fingerprint(gpu_arch="sm_100a")
     assert declared.gpu.arch == "sm_100a"
     assert declared.gpu.capability == "10.0"
     assert declared.gpu.name == "NVIDIA H200"

@@ -30,7 +30,11 @@ SUMMARY = re.compile(
 )
 #: Steps that need a GPU (or a package a GPU node gets through --wheels).
 GPU_FAMILIES = ("cuda-jit", "inductor", "flashinfer", "cutedsl")
-GPU_STEPS = ("gpu-probe", *(f"{w} {f}" for w in ("cold", "restored") for f in GPU_FAMILIES))
+GPU_STEPS = (
+    "gpu-probe",
+    *(f"{w} {f}" for w in ("cold", "restored") for f in GPU_FAMILIES),
+    "canary",
+)
 #: Steps that need no GPU: they must pass here.
 HERE_STEPS = (
     "wheels",
@@ -87,6 +91,7 @@ def steps_of(out: Path) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in report["steps"]}
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("relocate", [False, True], ids=["same-path", "relocated"])
 def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(

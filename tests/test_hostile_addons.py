@@ -18,6 +18,7 @@ and the real command in a subprocess with a generous time ceiling (it proves
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
@@ -35,6 +36,9 @@ from diskfaults import fill, mount_tmpfs, unmount
 from hypothesis import given
 from hypothesis import strategies as st
 
+from artifactd.fsutil import read_lines
+from artifactd.pod.enginelogs import MAX_DIRS
+from artifactd.pod.phases import MAX_READ_LINE
 from artifactd.stores.layout import LayoutStore
 
 #: Seconds a command may take here: each answers at once, or in a few seconds of reading.
@@ -376,7 +380,6 @@ def test_100000_distinct_cache_dirs_finish_fast_and_are_capped(tmp_path: Path) -
     assert time.monotonic() - started < QUICK
     vllm = next(f for f in _json(proc)["families"] if f["family"] == "vllm")
     assert vllm["verdict"] == "compiled anyway"  # the line after them is still read
-    from artifactd.pod.enginelogs import MAX_DIRS
 
     engine = vllm["engine"]
     assert len(engine["cache_dirs"]) == MAX_DIRS
@@ -462,10 +465,6 @@ def test_hostile_lines_cost_linear_time_and_never_crash_the_reader(tmp_path: Pat
 def test_read_lines_yields_each_line_cut_at_the_cap(
     lines: list[bytes], cap: int, chunk: int, trailing_newline: bool
 ) -> None:
-    import io
-
-    from artifactd.fsutil import read_lines
-
     data = b"\n".join(lines) + (b"\n" if trailing_newline else b"")
     got = list(read_lines(io.BytesIO(data), max_bytes=len(data), max_line=cap, chunk=chunk))
     want = data.split(b"\n")
@@ -475,11 +474,6 @@ def test_read_lines_yields_each_line_cut_at_the_cap(
 
 
 def test_read_lines_stops_at_its_budget_whatever_follows() -> None:
-    import io
-
-    from artifactd.fsutil import read_lines
-    from artifactd.pod.phases import MAX_READ_LINE
-
     data = b"a\nbb\nccc\n" + b"x" * 1000
     assert list(read_lines(io.BytesIO(data), max_bytes=6, max_line=8)) == [b"a", b"bb", b"c"]
     assert MAX_READ_LINE > 65536  # a piece exec writes, and its stamp, are read whole

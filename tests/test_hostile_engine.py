@@ -29,7 +29,7 @@ from diskfaults import mount_tmpfs, unmount
 
 from artifactd.boundedhttp import redact_url
 from artifactd.build.cells import MAX_CONCURRENCY, MAX_FAILURE_LINES, send_requests
-from artifactd.build.matrix import ServeRequests
+from artifactd.build.matrix import ServeCell, ServeRequests
 from artifactd.build.shapes import MAX_GRAPH_SIZE, MAX_TOKENS, derived_graph_sizes
 from artifactd.pod.readiness import NOT_READY_EXIT
 
@@ -325,8 +325,6 @@ def test_a_completion_that_drips_is_cut_at_the_per_request_timeout() -> None:
 
 
 def _serve_cell(url: str, group: ServeRequests) -> Any:
-    from artifactd.build.matrix import ServeCell
-
     return ServeCell.model_construct(
         argv=["true"],
         ready_url=f"{url}/health",

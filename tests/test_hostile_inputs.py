@@ -23,6 +23,7 @@ import socket
 import stat
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,8 @@ from conftest import PEAK_PRELUDE, PYTHON, clean_env, peak_kib, run_artifactd
 from crashes import leftovers, snapshot
 from hostile import publish
 
+import artifactd.format.config
+import artifactd.stores.artifacts
 from artifactd.build.harvest import harvest
 from artifactd.errors import BuildError
 from artifactd.fingerprint.model import Fingerprint
@@ -52,8 +55,6 @@ SMALL_PEAK_KIB = 200 << 10
 
 def _reads_unreadable_files() -> bool:
     """Whether this process reads a mode-000 file anyway (root, or CAP_DAC_OVERRIDE)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "f")
         path.write_bytes(b"x")
@@ -80,8 +81,6 @@ NO_DAC = [
 
 def _setpriv_denies_reads() -> bool:
     """Whether a command run under :data:`NO_DAC` is refused a mode-000 file."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "f")
         path.write_bytes(b"x")
@@ -608,9 +607,6 @@ def test_a_harvest_refuses_documents_a_restore_would_not_read(
     limit: str,
 ) -> None:
     """The limits are lowered to this small cache's size: as if it held 200,000 files."""
-    import artifactd.format.config
-    import artifactd.stores.artifacts
-
     if limit == "config":
         monkeypatch.setattr(artifactd.stores.artifacts, "MAX_CONFIG_BYTES", 2000)
     else:

@@ -34,10 +34,14 @@ from registry_server import RegistryServer
 from test_deltas import WRITE as DELTA_WRITE
 from test_trust import PASSWORD, Keys, cli, doc_of, harvest, restore
 
+from artifactd.build.merge import unpack_record
 from artifactd.errors import TrustError, UsageError
+from artifactd.families import Located, get_family
+from artifactd.format.archive import pack_family
+from artifactd.format.config import RootFS
 from artifactd.format.oci import MANIFEST_MEDIA_TYPE
 from artifactd.stores import open_store
-from artifactd.stores.artifacts import copy_between, sign_ref
+from artifactd.stores.artifacts import copy_between, publish, read_artifact, sign_ref
 from artifactd.trust.keys import load_private_key, load_public_keys
 from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy
 from artifactd.trust.signatures import attached_tag
@@ -188,7 +192,6 @@ def test_sign_unverified_is_the_explicit_way_to_vouch_for_unchecked_content(
     assert doc_of(proc)["verified"] == {}
     assert signed_by(prod, pub["digest"], keys.two.public)
     # In the library the opt-out is a named object, not a missing argument.
-    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 
     assert repr(UNSAFE_NO_VERIFICATION) == "UNSAFE_NO_VERIFICATION"
     result = copy_between(
@@ -404,12 +407,6 @@ def repush(store: str, tag: str, work: Path, change: Callable[[Path], None]) -> 
     the tree, repack it (a new record and tree document that match it), and
     publish the same config (provenance untouched) with that layer under ``tag``.
     """
-    from artifactd.build.merge import unpack_record
-    from artifactd.families import Located, get_family
-    from artifactd.format.archive import pack_family
-    from artifactd.format.config import RootFS
-    from artifactd.stores.artifacts import publish, read_artifact
-
     fam = get_family("generic")
     with open_store(store) as st:
         art = read_artifact(st, tag)

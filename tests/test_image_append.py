@@ -25,6 +25,8 @@ from images import ARCH, make_base
 from images import blob as _blob
 from registry_server import RegistryServer
 
+from artifactd.stores import open_store
+
 SKOPEO = shutil.which("skopeo")
 OTHER = "arm64" if ARCH != "arm64" else "amd64"
 pytestmark = pytest.mark.skipif(SKOPEO is None, reason="skopeo not installed (scripts/setup.sh)")
@@ -320,8 +322,6 @@ def test_a_base_whose_config_claims_gigabytes_is_refused_before_reading_it(
     tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
 ) -> None:
     """A consistent-looking manifest that claims a 4 GiB config: nothing is read whole."""
-    from artifactd.stores import open_store
-
     art_ref, env = artifact
     base = push_base(make_base(tmp_path), registry, repo, docker=False)
     manifest = json.loads(

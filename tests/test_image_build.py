@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -44,7 +45,8 @@ TIMINGS: dict[str, float] = {}
 def docker_client(engine: Engine) -> Any:
     """A docker SDK client of the session's engine (the SDK is installed by scripts/setup.sh)."""
     try:
-        import docker
+        # lazy: the docker SDK is optional (the docker extra); a clear failure without it
+        import docker  # noqa: PLC0415
     except ImportError:
         pytest.fail("the docker SDK is not installed: run scripts/setup.sh", pytrace=False)
     return docker.DockerClient(base_url=engine.base_url, timeout=600)
@@ -157,8 +159,6 @@ def test_templates_render_and_name_what_is_missing() -> None:
 
 def test_the_wheel_source_copy_keeps_the_build_package(tmp_path: Path) -> None:
     """``build/`` at a checkout's root is setuptools' state; ``artifactd/build/`` is source."""
-    import shutil
-
     src = tmp_path / "checkout"
     for rel in ("artifactd/build/run.py", "build/lib/stale.py", "dist/x.whl"):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +267,7 @@ def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
     print(f"\ninit image {init_image['size'] / 2**20:.1f} MiB; du (KiB): {' '.join(sizes.split())}")
 
 
+@pytest.mark.torch
 @pytest.mark.podman
 @pytest.mark.image
 def test_init_container_restores_the_cpu_demo_and_the_warm_up_compiles_nothing(

@@ -17,7 +17,8 @@ from artifactd.build.harvest import HarvestResult, harvest
 from artifactd.errors import IntegrityError, NotFoundError, UsageError
 from artifactd.families import FAMILIES
 from artifactd.families.base import Family
-from artifactd.fingerprint.model import Fingerprint, probe
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.fingerprint.probe import probe_fingerprint
 from artifactd.format.oci import ANN_REF_NAME, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.format.unpack import unpack_layer
 from artifactd.stores import open_store
@@ -315,7 +316,7 @@ def test_concurrent_create_does_not_clobber_tags(
 
 @pytest.fixture(scope="module")
 def fingerprint() -> Fingerprint:
-    return probe(gpu_arch="sm_90a", use_nvml=False)
+    return probe_fingerprint(gpu_arch="sm_90a", use_nvml=False)
 
 
 @dataclass

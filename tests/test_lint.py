@@ -13,6 +13,7 @@ import pytest
 from cachetrees import make_triton_tree
 from conftest import WARMUP, clean_env, run_artifactd
 
+from artifactd.build.run import lint_roots
 from artifactd.errors import UsageError
 from artifactd.families.vllm import classify_factor, volatile_factors
 from artifactd.lint import (
@@ -412,8 +413,6 @@ def test_from_environ_does_not_import_torch() -> None:
 
 def test_build_lint_step_sees_what_harvest_will_pack(tmp_path: Path) -> None:
     """build.lint_roots lints the caches a matrix wrote, found as harvest finds them."""
-    from artifactd.build.run import lint_roots
-
     home = tmp_path / "home" / "builduser"
     roots = tmp_path / "roots"
     triton = roots / "triton"

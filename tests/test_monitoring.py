@@ -96,7 +96,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     (target / "generic" / "compiled-later.cubin").write_bytes(b"\x7fELF")
     ok("status", "--target", str(target), "--metrics-file", str(prom / "status.prom"))
     # A disk can never be 100% free: gc evicts everything and still falls short.
-    ok("gc", "--store", node, "--max-bytes", "1G", "--min-free", "100",
+    ok("gc", "--apply", "--store", node, "--max-bytes", "1G", "--min-free", "100",
        "--metrics-file", str(prom / "node.prom"))  # fmt: skip
     files: dict[str, list[tuple[str, dict[str, str], float]]] = {}
     labels: dict[str, set[str]] = {}

@@ -18,7 +18,7 @@ import pytest
 from conftest import PYTHON, run_artifactd
 
 from artifactd.pod.enginelogs import scan
-from artifactd.pod.phases import PhaseTime, stamp_line
+from artifactd.pod.phases import MAX_LOG_BYTES, PhaseTime, stamp_line
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "enginelogs"
 
@@ -217,8 +217,6 @@ def test_fixture_sources_are_named(name: str) -> None:
 
 def test_a_full_engine_log_stops_growing_and_the_engine_still_speaks(tmp_path: Path) -> None:
     """At its size limit the log gets one last line; the engine's output still passes."""
-    from artifactd.pod.phases import MAX_LOG_BYTES
-
     (tmp_path / "artifactd.env").write_text("")
     log = tmp_path / "engine.log"
     with log.open("wb") as f:

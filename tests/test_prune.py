@@ -29,7 +29,7 @@ from artifactd.fingerprint.model import Fingerprint
 from artifactd.format.oci import INDEX_MEDIA_TYPE, parse_superseded_tag
 from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.stores import open_store
-from artifactd.stores.artifacts import read_artifact
+from artifactd.stores.artifacts import publish, read_artifact
 from artifactd.stores.layout import LayoutStore
 from artifactd.stores.retention import REGISTRY_CONFIG, Rules, apply, plan
 from artifactd.trust.keys import generate, load_private_key
@@ -612,8 +612,6 @@ def _submit(
     st: Any, source: str, *, kind: str, tag: str, days_ago: float, mp: pytest.MonkeyPatch, tmp: Path
 ) -> str:
     """Publish ``source``'s artifact again as a ``kind`` (delta or full) under ``tag`` only."""
-    from artifactd.stores.artifacts import publish
-
     art = read_artifact(st, source)
     assert art is not None
     mp.setenv(SOURCE_DATE_EPOCH, str(int(time.time() - days_ago * DAY)))

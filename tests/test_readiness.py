@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,14 +27,13 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 
-from artifactd.pod.readiness import NOT_READY_EXIT, probe_health
+from artifactd.build.cells import send_requests
+from artifactd.pod.readiness import NOT_READY_EXIT, prewarm_cell, probe_health
 
 ENGINE = Path(__file__).resolve().parent / "engines" / "tiny_engine.py"
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -233,6 +233,7 @@ def settled_phases(
         time.sleep(0.2)
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_tiny_engine_goes_serviceable_then_prewarmed_and_a_new_shape_keeps_it_serviceable(
     tmp_path: Path,
@@ -251,8 +252,6 @@ def test_tiny_engine_goes_serviceable_then_prewarmed_and_a_new_shape_keeps_it_se
     cold = subprocess.Popen(engine, env=build_env, stderr=subprocess.DEVNULL)
     try:
         wait_health(url, cold)
-        from artifactd.build.cells import send_requests
-        from artifactd.pod.readiness import prewarm_cell
 
         sent = send_requests(prewarm_cell(shapes_a, url, None))
         assert (sent.requests, sent.answered, sent.failures) == (2, 2, [])

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from cachetrees import build_caches, make_generic_tree
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer, start_registry
@@ -419,8 +420,6 @@ def test_close_closes_the_session_of_every_thread(
     registry: RegistryServer, repo: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Restore fetches on a pool: closing from the main thread must close the workers' sessions."""
-    import requests
-
     closed: set[int] = set()
     real_close = requests.Session.close
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import io
 import json
 import os
+import shutil
+import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 from cachetrees import make_generic_tree
 
 from artifactd.build.harvest import harvest
@@ -15,9 +22,18 @@ from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import FAMILIES, Located
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.format.archive import pack_family
-from artifactd.format.config import ArtifactConfig, Provenance, RootFS
-from artifactd.restore.destination import MARKER_NAME, STATE_DIR, CacheVolume
+from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS
+from artifactd.restore.destination import (
+    JOURNAL_NAME,
+    LOCK_NAME,
+    MARKER_NAME,
+    STATE_DIR,
+    CacheVolume,
+)
 from artifactd.restore.install import restore
+from artifactd.restore.journal import JournalEntry, RestoreJournal
+from artifactd.restore.marker import dump
+from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
@@ -90,7 +106,6 @@ def test_second_restore_is_a_noop(
     assert restore(again, StoreSource(store)).noop
     assert (target / STATE_DIR / MARKER_NAME).stat().st_mtime_ns == before
     # Deleting a restored dir invalidates the no-op.
-    import shutil
 
     shutil.rmtree(target / "generic")
     assert (
@@ -211,11 +226,6 @@ def test_hostile_artifact_writes_nothing_outside_staging(
     tmp_path: Path, store: LayoutStore, local_fp: Fingerprint
 ) -> None:
     """A layer whose tar escapes via '..' is refused; the target and its parent stay clean."""
-    import io
-    import tarfile
-
-    import zstandard
-
     src = make_generic_tree(tmp_path / "src")
     fam = FAMILIES["generic"]
     key = local_fp.scope_key(fam.name, fam.scope)
@@ -236,12 +246,10 @@ def test_hostile_artifact_writes_nothing_outside_staging(
         tar.addfile(info, io.BytesIO(payload))
     evil = tmp_path / "evil.tar.zst"
     evil.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
-    import hashlib
 
     packed.path = evil
     packed.digest = "sha256:" + hashlib.sha256(evil.read_bytes()).hexdigest()
     packed.size = evil.stat().st_size
-    from artifactd.format.config import LayerRecord
 
     rec = LayerRecord(
         family="generic",
@@ -281,8 +289,6 @@ def test_concurrent_restores_into_one_target_serialize(
     tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
 ) -> None:
     """Two init containers sharing a node-local volume: one installs, the other no-ops."""
-    import threading
-
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
     # Leftovers of a restore that crashed mid-way are cleaned under the lock.
@@ -309,12 +315,6 @@ def test_a_forged_journal_is_discarded_not_followed(
     tmp_path: Path, caches: dict[str, str], store: LayoutStore, local_fp: Fingerprint
 ) -> None:
     """The volume is shared with the engine: a journal naming paths outside it is not acted on."""
-    import hashlib
-
-    from artifactd.restore.destination import JOURNAL_NAME
-    from artifactd.restore.journal import JournalEntry, RestoreJournal
-    from artifactd.restore.marker import dump
-
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
     restore(
@@ -367,11 +367,6 @@ def test_a_noop_removes_what_a_restore_killed_after_its_commit_left(
     The next restore is a no-op (the marker is true); it must still remove them,
     without waiting for the lock when another restore holds it.
     """
-    import fcntl
-
-    from artifactd.restore.destination import LOCK_NAME
-    from artifactd.restore.policy import RestoreRequest, run_restore
-
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
     request = RestoreRequest(store=store.ref, target=target)
@@ -398,8 +393,6 @@ def test_a_noop_stands_when_removing_leftovers_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Tidying is best effort: the caches in place are intact, so the no-op stands."""
-    from artifactd.restore.policy import RestoreRequest, run_restore
-
     harvest(store, local_fp, environ=caches)
     target = tmp_path / "target"
     request = RestoreRequest(store=store.ref, target=target)

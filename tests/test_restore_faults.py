@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from artifactd.build.harvest import HarvestResult, harvest
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.restore.destination import JOURNAL_NAME, LOCK_NAME, MARKER_NAME, STATE_DIR
 from artifactd.restore.policy import RestoreRequest, run_restore
-from artifactd.stores import open_store
+from artifactd.stores import open_store, transport
 from artifactd.stores.transport import ATTEMPTS
 
 #: Every restore must end within this many seconds, whatever the fault.
@@ -337,8 +338,6 @@ def test_retry_after_seconds_is_waited_before_the_retry(scene: Scene, status: in
 
 
 def test_retry_after_http_date_is_waited_before_the_retry(scene: Scene) -> None:
-    from email.utils import formatdate
-
     _publish(scene.registry, scene.repo, scene.trees, scene.fp)
     # HTTP dates have whole seconds: 3 s after the answer is at least 2 s after it. The date
     # is taken when the proxy answers: taken here, a slow CLI start (a loaded machine)
@@ -368,8 +367,6 @@ def test_retry_after_longer_than_the_cap_waits_the_cap(scene: Scene) -> None:
 
 
 def test_retry_after_cap_is_documented_and_garbage_is_ignored() -> None:
-    from artifactd.stores import transport
-
     assert transport.retry_after("7") == 7.0
     assert transport.retry_after("86400") == transport.MAX_RETRY_AFTER_S
     assert transport.retry_after("soon") is None  # the backoff alone applies

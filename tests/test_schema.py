@@ -8,7 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from artifactd.fingerprint.model import probe
+from artifactd.families import scope_table
+from artifactd.fingerprint.probe import probe_fingerprint
 from artifactd.schemas import render_schemas
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "registry-schema"
@@ -30,7 +31,7 @@ def test_no_unknown_schema_files() -> None:
 
 def test_probed_fingerprint_validates_against_the_committed_schema() -> None:
     schema = json.loads((SCHEMA_DIR / "fingerprint.schema.json").read_text())
-    doc = probe(gpu_arch="sm_90a", use_nvml=False).model_dump(mode="json")
+    doc = probe_fingerprint(gpu_arch="sm_90a", use_nvml=False).model_dump(mode="json")
     jsonschema.validate(doc, schema)
     doc["gpu"]["unexpected"] = 1
     with pytest.raises(jsonschema.ValidationError):
@@ -38,7 +39,5 @@ def test_probed_fingerprint_validates_against_the_committed_schema() -> None:
 
 
 def test_readme_scope_table_is_the_codes() -> None:
-    from artifactd.families import scope_table
-
     readme = (SCHEMA_DIR.parent / "README.md").read_text()
     assert scope_table() in readme, "README scope table is stale: paste scope_table()"

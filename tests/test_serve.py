@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, clean_env
+from conftest import PYTHON, clean_env, run_artifactd
 
 from artifactd.build.cells import ServeResult, prompt_text, responses_digest, run_serve
 from artifactd.build.matrix import Cell, expand, load_matrix
@@ -349,8 +349,6 @@ def test_a_serve_matrix_builds_restores_and_passes_the_gate(tmp_path: Path) -> N
     into fresh roots, serves again, and finds the same digest and no file
     compiled anyway.
     """
-    from conftest import run_artifactd
-
     cell = serve_cell(tmp_path, extra="gpus: 0\n")
     matrix = tmp_path / "serve.yaml"
     env = clean_env({"HOME": str(tmp_path / "home")})

@@ -497,6 +497,7 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         return doc
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_tiny_engine_metrics_give_buckets_that_cover_the_lengths_sent(tmp_path: Path) -> None:
     """Real HTTP, real torch.compile (one graph per prompt length: slow on 2 cores)."""

@@ -8,6 +8,9 @@ artifactd modules of :data:`~artifactd.cli.fast.LIGHT` only, nothing of
 library-level tests (the calls the commands make, in a fresh Python) keep
 what no list covers off the paths: the standard library modules a fingerprint
 must not load, and a family's own parsers on a partial-match no-op.
+
+Click's path is lazy too, by the command: ``--help`` loads every command module
+but none of the library behind the commands (each imports it inside the command).
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
 
 from artifactd.cli.fast import LATER, LIGHT
+from artifactd.cli.specs import COMMANDS
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, get_family, select_families, select_names
+from artifactd.stores import open_store
+from artifactd.trust.keys import generate
 
 #: Runs the library calls of a restore (as :func:`artifactd.cli.fast.restore` makes
 #: them); prints the outcome and the modules it loaded, as JSON.
@@ -114,8 +120,6 @@ NOOP_FORMS = {
 @pytest.fixture(scope="module")
 def signed_store(store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """``store`` with a second generic artifact (sm_90a, a workload), both signed; and the key."""
-    from artifactd.trust.keys import generate
-
     tmp = tmp_path_factory.mktemp("signed")
     gen = make_generic_tree(tmp / "gen")
     env = clean_env({"ARTIFACTD_GENERIC_DIR": str(gen)})
@@ -149,8 +153,6 @@ def _pod_start(args: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
 def test_every_noop_form_loads_only_the_fast_path(
     form: str, signed_store: tuple[str, str], tmp_path: Path
 ) -> None:
-    from artifactd.cli.specs import COMMANDS
-
     store, pub = signed_store
     args = ["--store", store, "--target", str(tmp_path / "t")]
     args += [a.format(tmp=tmp_path, pub=pub) for a in NOOP_FORMS[form]]
@@ -172,7 +174,6 @@ def test_every_noop_form_loads_only_the_fast_path(
 
 
 def test_fingerprint_hash_loads_nothing_heavy() -> None:
-
     run_artifactd("fingerprint", "--hash", env=clean_env())  # fills the probe cache, as at a start
     proc = run_artifactd("fingerprint", "--hash", env=clean_env(), prelude=LOADED)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -187,8 +188,6 @@ def test_fingerprint_hash_loads_nothing_heavy() -> None:
 
 
 def _fp_tags(store: str) -> list[str]:
-    from artifactd.stores import open_store
-
     with open_store(store) as st:
         return [t for t in st.list_tags() if t.startswith("fp-")]
 
@@ -237,3 +236,32 @@ def test_select_names_selects_as_select_families_does() -> None:
     assert select_names(None) == sorted(FAMILIES)
     with pytest.raises(UsageError, match="'nope'"):
         select_names(["triton", "nope"])
+
+
+#: The library behind the commands, which click's path loads only for the command
+#: that runs: the command modules import it inside each command (pyproject.toml's
+#: PLC0415 exception for them), since the app imports every command module.
+BEHIND_THE_COMMANDS = (
+    "artifactd.families",
+    "artifactd.fingerprint",
+    "artifactd.restore",
+    "artifactd.trust",
+    "artifactd.images",
+    "artifactd.lint",
+    *(h for h in HEAVY if h not in {"click", "pydantic"}),  # the group and option types
+    "docker",
+    "cryptography",
+    "http",  # with ssl and email: only a command that talks HTTP loads them
+    "ssl",
+)
+
+
+def test_help_loads_the_commands_but_not_the_library_behind_them() -> None:
+    proc = run_artifactd("--help", env=clean_env(), prelude=LOADED)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "restore" in proc.stdout
+    loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+    assert "artifactd.cli.app" in loaded and "artifactd.cli.stores" in loaded
+    behind = {m for m in loaded if m.split(".")[0] in BEHIND_THE_COMMANDS}
+    behind |= {m for m in loaded for b in BEHIND_THE_COMMANDS if m == b or m.startswith(b + ".")}
+    assert behind == set(), sorted(behind)

@@ -36,10 +36,13 @@ them from the real warm-up with ``TORCH_LOGS=inductor``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +52,15 @@ from cachetrees import (
     VLLM_AUTOTUNE_TABLES,
     VLLM_CLEAN_HASH,
     VLLM_VOLATILE_HASH,
+    make_generic_tree,
     make_triton_tree,
     make_vllm_tree,
     vllm_factors,
 )
 from conftest import DEMO_MATRIX, PYTHON, WARMUP, clean_env, run_artifactd, run_artifactd_json
 
+import artifactd
+from artifactd.families import FAMILIES
 from artifactd.pod.enginelogs import scan
 from artifactd.pod.status import COMPILED_ANYWAY_EXIT
 from artifactd.reports import REPORT_SCHEMA_VERSION
@@ -128,6 +134,7 @@ def exec_warmup(
     return report
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_restored_caches_are_used_and_status_says_so(demo_store: str, tmp_path: Path) -> None:
     target = tmp_path / "cache"
@@ -170,6 +177,7 @@ def test_restored_caches_are_used_and_status_says_so(demo_store: str, tmp_path: 
     assert doc["compiled_anyway"] == []
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_changed_shape_and_arch_compile_anyway(demo_store: str, tmp_path: Path) -> None:
     """Restored for sm_90a and batch 8; the engine runs batch 16 and compiles for sm_80.
@@ -221,6 +229,7 @@ def test_a_changed_shape_and_arch_compile_anyway(demo_store: str, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_model_change_still_restores_kernels_and_they_are_used(
     demo_store: str, tmp_path: Path
@@ -250,6 +259,7 @@ def test_a_model_change_still_restores_kernels_and_they_are_used(
     assert fams["inductor"]["verdict"] == fams["triton"]["verdict"] == "used"
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_restore_that_misses_is_not_restored_and_never_fails_a_probe(
     demo_store: str, tmp_path: Path
@@ -600,8 +610,6 @@ def test_engine_log_from_stdin_and_environment_variables(tmp_path: Path) -> None
 
 def test_docs_say_what_written_since_restore_means_for_each_family() -> None:
     """``docs/families.md`` carries each family's ``written_since_restore`` and load rewrites."""
-    from artifactd.families import FAMILIES
-
     doc = (Path(__file__).resolve().parent.parent / "docs" / "families.md").read_text()
     for name in sorted(FAMILIES):
         fam = FAMILIES[name]
@@ -626,12 +634,6 @@ def test_vllm_aot_at_the_old_root_layout_is_named(tmp_path: Path) -> None:
 
 def test_status_metrics_as_a_textfile_and_for_a_scrape(tmp_path: Path) -> None:
     """A generic cache restored, then one file written into it: the metrics say so."""
-    import socket
-    import time
-    import urllib.request
-
-    from cachetrees import make_generic_tree
-
     env = clean_env(
         {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
     )
@@ -678,8 +680,6 @@ def test_status_metrics_as_a_textfile_and_for_a_scrape(tmp_path: Path) -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -687,12 +687,6 @@ def _free_port() -> int:
 
 def test_status_serve_is_prometheus_clients_server(tmp_path: Path) -> None:
     """--serve answers as Prometheus asks (OpenMetrics, gzip), afresh, and a busy port is exit 2."""
-    import gzip
-    import time
-    import urllib.request
-
-    from cachetrees import make_generic_tree
-
     env = clean_env(
         {"HOME": str(tmp_path), "ARTIFACTD_GENERIC_DIR": str(make_generic_tree(tmp_path / "g"))}
     )
@@ -755,8 +749,6 @@ def test_status_serve_is_prometheus_clients_server(tmp_path: Path) -> None:
 
 def test_metrics_are_served_by_one_server_prometheus_clients() -> None:
     """No second, hand-written HTTP server: metrics.serving is the one that answers scrapes."""
-    import artifactd
-
     package = Path(artifactd.__file__).parent
     hand_written = [
         str(path.relative_to(package))

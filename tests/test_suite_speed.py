@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PYTHON, REPO, clean_env
+from conftest import PYTHON, REPO, clean_env, machine_factor, scaled
 
 from artifactd.cli import main as _main_function  # noqa: F401  (imports the module)
 
@@ -46,8 +46,6 @@ def test_a_cli_process_writes_its_bytecode_under_the_session_prefix() -> None:
 
 def test_time_limits_scale_with_how_slow_the_machine_runs() -> None:
     """A loaded or slower machine gets longer ceilings, never shorter ones."""
-    from conftest import machine_factor, scaled
-
     factor = machine_factor()
     assert 1.0 <= factor <= 20.0
     assert scaled(120) == 120 * factor >= 120

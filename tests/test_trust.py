@@ -12,31 +12,51 @@ API, as someone with push rights to the repository would make them.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
 import stat
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 from cachetrees import build_caches, make_generic_tree
 from conftest import clean_env, run_artifactd
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from faultproxy import FaultProxy
 from registry_server import RegistryServer, start_registry
 
+from artifactd import __version__
 from artifactd.errors import TrustError
+from artifactd.fingerprint.model import from_raw
+from artifactd.fingerprint.probe import probe_request
+from artifactd.format.imagemanifest import Descriptor, ImageManifest
 from artifactd.hashing import digest_of
+from artifactd.images.append import write_layout
+from artifactd.restore.resolve import plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import open_artifact
+from artifactd.stores.layout import LayoutStore
+from artifactd.stores.nodestore import gc
+from artifactd.stores.registry import RegistryStore, parse_registry_ref
 from artifactd.trust.keys import KeyFileError, generate, load_private_key, load_public_keys
-from artifactd.trust.policy import TrustPolicy
+from artifactd.trust.policy import TrustPolicy, examine
 from artifactd.trust.signatures import (
     ANN_PREDICATE_TYPE,
     ANN_SIGNATURE,
     DSSE_MEDIA_TYPE,
+    MAX_LAYERS,
     SIMPLESIGNING_MEDIA_TYPE,
+    _write_attached,
     attached_tag,
+    attest,
     pae,
     read_attestations,
     signing_payload,
@@ -199,9 +219,6 @@ def _cosign_vector(name: str) -> tuple[Path, bytes, str]:
 
 def _plant_signature(store_ref: str, digest: str, payload: bytes, signature_b64: str) -> None:
     """Push a ``.sig`` manifest holding this payload and signature, as cosign lays it out."""
-    from artifactd.format.imagemanifest import Descriptor
-    from artifactd.trust.signatures import _write_attached
-
     with open_store(store_ref, create=True) as store:
         layer = Descriptor(
             media_type=SIMPLESIGNING_MEDIA_TYPE,
@@ -258,16 +275,12 @@ def test_our_payload_is_byte_for_byte_the_one_cosign_writes() -> None:
 
 
 def test_a_dsse_envelope_cosign_made_verifies_with_our_pae() -> None:
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     d = COSIGN / "dsse-cosign-blobSLSAProvenanceSignature"
     envelope = json.loads((d / "envelope.json").read_bytes())
     body = base64.b64decode(envelope["payload"])
     sig = base64.b64decode(envelope["signatures"][0]["sig"])
     (key,) = load_public_keys([str(d / "pub.pem")])
     key.key.verify(sig, pae(envelope["payloadType"], body), ec.ECDSA(hashes.SHA256()))
-    from cryptography.exceptions import InvalidSignature
 
     with pytest.raises(InvalidSignature):
         key.key.verify(sig, pae(envelope["payloadType"], body + b" "), ec.ECDSA(hashes.SHA256()))
@@ -373,11 +386,6 @@ def test_sign_and_verify_round_trip_and_no_op(
 def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
 ) -> None:
-    from artifactd.fingerprint.model import from_raw
-    from artifactd.fingerprint.probe import probe_request
-    from artifactd.restore.resolve import plan_restore
-    from artifactd.stores.registry import RegistryStore, parse_registry_ref
-
     ref = registry.ref(repo)
     pub = harvest(ref, caches, "--sign-key", keys.one.private)
     opened: list[str] = []
@@ -420,8 +428,6 @@ def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
 def test_a_registry_dying_during_the_check_is_unreachable_not_untrusted(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
 ) -> None:
-    from faultproxy import FaultProxy
-
     pub = harvest(registry.ref(repo), caches, "--sign-key", keys.one.private)
     with open_store(registry.ref(repo)) as store:
         found = store.get_manifest(attached_tag(pub["digest"], "sig"))
@@ -603,9 +609,6 @@ def test_a_mounted_tree_carries_no_signature_and_is_refused_under_a_policy(
     mounted = tmp_path / "mounted"
     mounted.mkdir()
     # The layers merged into one tree, as an image volume presents them.
-    import tarfile
-
-    import zstandard
 
     with open_store(store) as st:
         ref = st.get_manifest(fp_tag)
@@ -657,8 +660,6 @@ def test_hostile_signature_manifests_fail_cleanly(
         load_private_key(keys.one.private, password=PASSWORD).sign(payload)
     ).decode()
     cases = ["not json", "too many layers", "huge payload", "no annotation", "garbage signature"]
-    from artifactd.format.imagemanifest import Descriptor
-    from artifactd.trust.signatures import _write_attached
 
     layout = f"oci:{tmp_path / 'layout'}"
     assert cli("copy", ref, layout).returncode == 0
@@ -736,8 +737,6 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
     assert doc_of(third)["status"] == "restored", third.stdout
     assert '"bypassed"' in third.stdout or "bypassed" in third.stderr
     # gc never strips a signature from a kept artifact, and drops it with its subject.
-    from artifactd.stores.layout import LayoutStore
-    from artifactd.stores.nodestore import gc
 
     layout = LayoutStore(node)
     tags_before = set(layout.list_tags())
@@ -750,9 +749,6 @@ def test_node_store_carries_signatures_and_a_tampered_one_is_passed_over(
 def test_the_baked_store_of_a_derived_image_keeps_signatures(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, caches: dict[str, str]
 ) -> None:
-    from artifactd.images.append import write_layout
-    from artifactd.stores.artifacts import open_artifact
-
     ref = registry.ref(repo)
     pub = harvest(ref, caches, "--sign-key", keys.one.private)
     art_ref = f"{ref}:fp-{pub['fingerprint_hash']}"
@@ -836,7 +832,6 @@ def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
     pred = att.predicate
     bd, rd = pred["buildDefinition"], pred["runDetails"]
     matrix_doc = bd["externalParameters"]["matrix"]
-    import hashlib
 
     assert matrix_doc["digest"]["sha256"] == hashlib.sha256(matrix.read_bytes()).hexdigest()
     assert matrix_doc["content"] == matrix.read_text()
@@ -845,7 +840,6 @@ def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
     ]
     assert bd["internalParameters"]["fingerprintHash"] == built["harvest"]["fingerprint_hash"]
     assert bd["internalParameters"]["fingerprint"]["gpu"]["arch"] == "sm_90a"
-    from artifactd import __version__
 
     assert rd["builder"]["version"] == {"artifactd": __version__}
     by = {b["name"]: b["annotations"] for b in rd["byproducts"]}
@@ -872,9 +866,6 @@ def test_build_attaches_signed_slsa_provenance_and_verify_adds_its_verdict(
 
 
 def test_attestations_do_not_grow_past_what_readers_accept(tmp_path: Path, keys: Keys) -> None:
-    from artifactd.trust.policy import examine
-    from artifactd.trust.signatures import MAX_LAYERS, attest
-
     key = load_private_key(keys.two.private)
     digest = "sha256:" + "1" * 64
     with open_store(f"oci:{tmp_path / 'st'}", create=True) as store:
@@ -928,10 +919,6 @@ def test_merge_signs_the_whole_artifact_and_attests_the_cells(
 def test_hostile_attestations_are_reported_not_trusted_and_never_crash(
     tmp_path: Path, keys: Keys
 ) -> None:
-    from artifactd.format.imagemanifest import Descriptor
-    from artifactd.trust.policy import examine
-    from artifactd.trust.signatures import _write_attached, attest
-
     key = load_private_key(keys.two.private)
     (pub,) = load_public_keys([keys.two.public])
     digest = "sha256:" + "2" * 64
@@ -968,8 +955,6 @@ def test_hostile_attestations_are_reported_not_trusted_and_never_crash(
 
 
 def _read_layers(store: Any, digest: str) -> list[Any]:
-    from artifactd.format.imagemanifest import ImageManifest
-
     ref = store.get_manifest(attached_tag(digest, "att"))
     return list(ImageManifest.from_bytes(ref.data).layers)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from hostile import Member, config_doc, entries_of, layer, tar_bytes
+from hostile import Member, config_doc, d, entries_of, f, layer, tar_bytes
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -62,8 +62,6 @@ def _abs_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def valid_doc(local_fp: Fingerprint) -> dict[str, Any]:
-    from hostile import d, f
-
     members = [d("cache"), f("cache/a", b"x" * 10), f("cache/sub/b.so", b"\x7fELF", 0o755)]
     doc = config_doc(local_fp, [layer(members)])
     ArtifactConfig.from_json(canonical_json(doc))  # the base document is valid
@@ -295,12 +293,12 @@ class Sandbox:
         self.staging = self.parent / "staging"
 
     def assert_contained(self) -> None:
-        for d, child in (
+        for above, child in (
             (self.base, "up1"),
             (self.base / "up1", "up2"),
             (self.base / "up1" / "up2", "parent"),
         ):
-            assert os.listdir(d) == [child]
+            assert os.listdir(above) == [child]
         assert os.listdir(self.parent) in ([], ["staging"])
         assert os.listdir(_ABS) == []
         assert not os.path.lexists("/etc/pwn")

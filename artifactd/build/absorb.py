@@ -44,10 +44,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from artifactd.bounds import DELTA_MAX_BYTES
+from artifactd.build.matrix import load_matrix
+from artifactd.build.merge import unpack_record
+from artifactd.build.published import published_fingerprint
+from artifactd.build.treemerge import merge_family
+from artifactd.constants import current_environ
 from artifactd.errors import ArtifactdError, BuildError, TrustError
 from artifactd.events import EventSink, discard
+from artifactd.families import FAMILIES, Located, get_family
+from artifactd.format.archive import pack_family
+from artifactd.format.config import RootFS
 from artifactd.format.oci import CANDIDATE_TAG_PREFIX
-from artifactd.pod.contribute import DEFAULT_MAX_BYTES
+from artifactd.pod.contribute import DELTA_TAG_PREFIX
+from artifactd.restore.resolve import unbound, whole_want
+from artifactd.stores.artifacts import publish, read_artifact
+from artifactd.trust.signatures import sign_all
 
 if TYPE_CHECKING:
     from artifactd.format.archive import PackedLayer
@@ -106,7 +118,7 @@ def absorb(
     deltas: Store,
     *,
     trust: TrustPolicy | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_bytes: int = DELTA_MAX_BYTES,
     gpu_arch: str | None = None,
     image_digest: str | None = None,
     overrides: Sequence[str] = (),
@@ -118,13 +130,6 @@ def absorb(
 
     With ``sign_key``, the candidate's manifest is signed once it is published.
     """
-    from artifactd.build.matrix import load_matrix
-    from artifactd.build.published import published_fingerprint
-    from artifactd.constants import current_environ
-    from artifactd.pod.contribute import DELTA_TAG_PREFIX
-    from artifactd.restore.resolve import unbound, whole_want
-    from artifactd.stores.artifacts import read_artifact
-
     matrix = load_matrix(matrix_path)
     fingerprint = published_fingerprint(
         matrix,
@@ -176,8 +181,6 @@ def absorb(
             return result
         _publish_candidate(store, base, result, records=records, packed=packed, work=work)
     if sign_key is not None and result.digest is not None:
-        from artifactd.trust.signatures import sign_all
-
         result.signing = sign_all(store, [result.digest], sign_key)
     return result
 
@@ -193,10 +196,6 @@ def _screen(  # noqa: PLR0911 - one return per refusal
     work: Path,
 ) -> tuple[DeltaJudged, dict[str, dict[str, Path]]]:
     """Judge one delta before any merge; unpack its layers into ``work`` if it passes."""
-    from artifactd.build.merge import unpack_record
-    from artifactd.families import get_family
-    from artifactd.stores.artifacts import read_artifact
-
     try:
         art = read_artifact(deltas, tag, trust=trust)
     except TrustError as exc:
@@ -231,8 +230,6 @@ def _refusal(  # noqa: PLR0911 - one return per refusal
     cfg: ArtifactConfig, base: ArtifactConfig, wanted: str, max_bytes: int
 ) -> str | None:
     """Why a delta's config alone refuses it (kind, fingerprint, scope, size, changed entry)."""
-    from artifactd.families import FAMILIES
-
     if cfg.kind != "delta":
         return f"not a delta (kind {cfg.kind})"
     if cfg.fingerprint_hash != wanted:
@@ -271,10 +268,6 @@ def _merge_all(
     work: Path,
 ) -> tuple[list[LayerRecord], dict[str, PackedLayer]]:
     """Merge the promoted trees and the accepted deltas per family; refuse deltas in conflict."""
-    from artifactd.build.merge import unpack_record
-    from artifactd.build.treemerge import merge_family
-    from artifactd.families import get_family
-
     judged = {d.tag: d for d in result.deltas}
     touched = sorted({fam for dirs in staged.values() for fam in dirs})
     base_dirs = {
@@ -310,9 +303,6 @@ def _repack(
     base: ArtifactConfig, merged: dict[str, dict[str, Path]], result: AbsorbResult
 ) -> tuple[list[LayerRecord], dict[str, PackedLayer]]:
     """Pack each merged family; keep the promoted layer of every other."""
-    from artifactd.families import Located, get_family
-    from artifactd.format.archive import pack_family
-
     records: list[LayerRecord] = []
     packed: dict[str, PackedLayer] = {}
     for rec in base.layers:
@@ -356,9 +346,6 @@ def _publish_candidate(
     packed: dict[str, PackedLayer],
     work: Path,
 ) -> None:
-    from artifactd.format.config import RootFS
-    from artifactd.stores.artifacts import publish
-
     digests = [d.digest for d in result.accepted if d.digest is not None]
     provenance = base.config.provenance.model_copy(
         update={

@@ -58,10 +58,31 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from artifactd.build.gate import (
+    VerifyResult,
+    gate_failures,
+    preamble,
+    run_cells,
+    tag_manifest,
+)
+from artifactd.build.merge import unpack_record
 from artifactd.errors import VerifyError
+from artifactd.families import Located, get_family
+from artifactd.families.tree import root_spellings
+from artifactd.format.archive import pack_family
+from artifactd.format.config import RootFS
+from artifactd.format.oci import full_tag
+from artifactd.pod.verdict import restore_time, written_since
+from artifactd.restore.destination import CacheVolume
+from artifactd.restore.resolve import unbound
+from artifactd.stores import open_store
+from artifactd.stores.artifacts import publish, read_artifact
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
+from artifactd.trust.provenance import statement
+from artifactd.trust.signatures import attest, sign_all, store_identity
 
 if TYPE_CHECKING:
-    from artifactd.build.gate import GateSetup, VerifyResult
+    from artifactd.build.gate import GateSetup
     from artifactd.families import Family
     from artifactd.format.archive import PackedLayer
     from artifactd.format.config import ArtifactConfig, FileEntry, LayerRecord
@@ -109,10 +130,6 @@ def verify_candidate(
     plus what its deltas contributed (:func:`check_candidate`): both before
     any cell runs, with nothing published or tagged.
     """
-    from artifactd.build.gate import VerifyResult, gate_failures, preamble, run_cells
-    from artifactd.stores import open_store
-    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
-
     pre = preamble(matrix_path, setup)
     matrix, cells, fingerprint = pre.matrix, pre.cells, pre.fingerprint
     cand, base = _read_pair(store, candidate, fingerprint.hash, pre.trust)
@@ -121,7 +138,12 @@ def verify_candidate(
     try:
         # The restore's checks on what was submitted, before any cell runs.
         submitted = _unpack_contributed(store, cand.config, roots / "submitted")
-        proof_ctx = pre.context(store, roots / "proof", base.config.provenance.checks)
+        proof_ctx = pre.context(
+            store,
+            roots / "proof",
+            base.config.provenance.checks,
+            canaries={c.cell: c for c in base.config.canaries},
+        )
         proof = run_cells(proof_ctx, cells, gpus=gpus, jobs=jobs)
         _proof_ran_on(roots / "proof", base.digest, candidate)
         evidence = _evidence(roots / "proof", cand.config)
@@ -135,7 +157,13 @@ def verify_candidate(
         with open_store(f"oci:{roots / 'gate-store'}", create=True) as scratch:
             gated = _publish(store, scratch, art, packed, roots / "pack")
             # The scratch layout holds what this process rebuilt from verified parts, unsigned.
-            gate_ctx = pre.context(scratch, roots / "gate", recorded, trust=UNSAFE_NO_VERIFICATION)
+            gate_ctx = pre.context(
+                scratch,
+                roots / "gate",
+                recorded,
+                trust=UNSAFE_NO_VERIFICATION,
+                canaries={c.cell: c for c in base.config.canaries},
+            )
             results = run_cells(gate_ctx, cells, gpus=gpus, jobs=jobs)
         failures = gate_failures(results)
         gate = VerifyResult(
@@ -180,10 +208,6 @@ def _read_pair(
     Under a policy, each must be signed by one of its keys (checked before its
     config is read): :class:`~artifactd.errors.TrustError` otherwise.
     """
-    from artifactd.format.oci import full_tag
-    from artifactd.restore.resolve import unbound
-    from artifactd.stores.artifacts import read_artifact
-
     cand = read_artifact(store, candidate, trust=trust)
     if cand is None:
         raise VerifyError(
@@ -311,9 +335,6 @@ def _unpack_contributed(
     store: Store, cand: ArtifactConfig, work: Path
 ) -> dict[str, dict[str, Path]]:
     """Unpack, with the restore's checks, each candidate layer a delta contributed to."""
-    from artifactd.build.merge import unpack_record
-    from artifactd.families import get_family
-
     out: dict[str, dict[str, Path]] = {}
     for rec in cand.layers:
         if cand.provenance.contributed.get(rec.family):
@@ -324,8 +345,6 @@ def _unpack_contributed(
 
 def _proof_ran_on(proof_roots: Path, base: str, candidate: str) -> None:
     """Refuse the candidate unless every proof cell restored exactly ``base``, nothing else."""
-    from artifactd.restore.destination import CacheVolume
-
     cells_dir = proof_roots / "cells"
     for target in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         marker = CacheVolume(target).read_marker()
@@ -345,10 +364,6 @@ def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, set[str]]:
 
     Keys are ``key:<component>/<compile key>`` (:meth:`Family.compile_key`).
     """
-    from artifactd.families import get_family
-    from artifactd.pod.verdict import restore_time, written_since
-    from artifactd.restore.destination import CacheVolume
-
     found: dict[str, set[str]] = {}
     cells_dir = proof_roots / "cells"
     for target in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
@@ -377,8 +392,6 @@ def _vouch(
     cand: ArtifactConfig, evidence: Mapping[str, set[str]]
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Split the contributed paths into those the proof pass re-compiled and the rest."""
-    from artifactd.families import get_family
-
     vouched: dict[str, list[str]] = {}
     dropped: dict[str, list[str]] = {}
     for name, paths in sorted(cand.provenance.contributed.items()):
@@ -418,11 +431,6 @@ def rebuild(
     (:class:`VerifyError` otherwise). The config is the promoted one, its
     provenance naming the artifact it extends, the deltas and the vouched paths.
     """
-    from artifactd.build.merge import unpack_record
-    from artifactd.families import Located, get_family
-    from artifactd.format.archive import pack_family
-    from artifactd.format.config import RootFS
-
     records = []
     packed: dict[str, PackedLayer] = {}
     for rec in base.config.layers:
@@ -486,8 +494,6 @@ def _copy_entry(fam: Family, component: str, rel: PurePosixPath, src: Path, dest
     merge moves it; any other file is copied with its mode and mtime. Never
     over an existing path (:func:`check_candidate` saw none).
     """
-    from artifactd.families.tree import root_spellings
-
     source, target = src / rel, dest / rel
     if target.exists() or target.is_symlink():
         raise VerifyError(f"{fam.name}/{component}/{rel} is promoted already: not added")
@@ -522,8 +528,6 @@ def _publish(
     src: Store, dst: Store, art: ArtifactConfig, packed: dict[str, PackedLayer], work: Path
 ) -> str:
     """Publish ``art`` into ``dst`` as the fingerprint's artifact, reused layers from ``src``."""
-    from artifactd.stores.artifacts import publish
-
     for rec in art.layers:
         if rec.family not in packed and not dst.has_blob(rec.digest):
             src.copy_blob(dst, rec.digest, rec.size, work)
@@ -543,16 +547,10 @@ def _promote(
     dropped: Mapping[str, list[str]],
 ) -> None:
     """Publish what passed as the fingerprint's artifact, sign it, tag it ``promote``."""
-    from artifactd.build.gate import tag_manifest
-    from artifactd.stores.artifacts import publish
-
     if not gate.passed or promote is None:
         return
     pub = publish(store, art, packed, work)
     if sign_key is not None:
-        from artifactd.trust.provenance import statement
-        from artifactd.trust.signatures import attest, sign_all, store_identity
-
         sign_all(store, [pub.digest, *pub.family_digests.values()], sign_key)
         verdict: dict[str, Any] = {
             "passed": True,

@@ -60,10 +60,13 @@ from pathlib import Path
 from typing import Any
 
 from artifactd import bounds as B  # noqa: N812
+from artifactd.boundedhttp import ExchangeError, exchange, redact_url
 from artifactd.build import launch
 from artifactd.build.matrix import Cell, ServeCell, ServeRequests
-from artifactd.errors import BuildError
+from artifactd.errors import BuildError, UsageError
 from artifactd.events import EventSink, discard
+from artifactd.format.canary import Canary
+from artifactd.pod.canary import CanaryAnswerError, CanaryResult, record, replay
 
 #: Lines of the engine's log quoted in an error.
 LOG_TAIL_LINES = 20
@@ -104,6 +107,10 @@ class ServeResult:
     killed: bool
     returncode: int
     checks: dict[str, str] = field(default_factory=dict)
+    #: The canary recorded (the cell's ``serve.canary``), or None.
+    canary: Canary | None = None
+    #: The replay of ``replay_canary``'s canary (verify), or None.
+    canary_replay: CanaryResult | None = None
 
 
 @dataclass(frozen=True)
@@ -236,9 +243,6 @@ def _send(req: _Request, timeout: float, deadline: float | None = None) -> str:
     (:func:`artifactd.boundedhttp.exchange`), the answer at most
     :data:`MAX_ANSWER_BYTES`.
     """
-    from artifactd.boundedhttp import ExchangeError, exchange
-    from artifactd.errors import UsageError
-
     data = json.dumps(req.body).encode()
     try:
         answer = exchange(
@@ -369,8 +373,6 @@ def send_requests(
 
 
 def _shown(url: str) -> str:
-    from artifactd.boundedhttp import redact_url
-
     return redact_url(url)
 
 
@@ -413,8 +415,14 @@ def run_serve(
     *,
     on_event: EventSink = discard,
     request_timeout_s: float = REQUEST_TIMEOUT_S,
+    replay_canary: Canary | None = None,
 ) -> ServeResult:
     """Start ``cell``'s engine, wait until ready, send its requests, stop it.
+
+    After the requests, the cell's canary (``serve.canary``) is recorded
+    (:func:`artifactd.pod.canary.record`: one more request), or, with
+    ``replay_canary`` (``verify``), that canary is replayed instead and the
+    verdict returned; a canary that cannot be recorded fails the cell.
 
     The engine runs with ``env`` (as given: nothing of this process's
     environment is added) and writes its output to ``log_path``. Returns once
@@ -470,6 +478,7 @@ def run_serve(
                 "elapsed_ms": _ms(requests_s),
             }
         )
+        canary, replayed = _canary(cell, serve, replay_canary, on_event)
     except BaseException:
         launch.stop(proc, serve.shutdown_grace_s)
         raise
@@ -494,4 +503,46 @@ def run_serve(
         killed=killed,
         returncode=returncode,
         checks={"responses_sha256": responses_digest(texts)},
+        canary=canary,
+        canary_replay=replayed,
     )
+
+
+def _canary(
+    cell: Cell, serve: ServeCell, replay_canary: Canary | None, on_event: EventSink
+) -> tuple[Canary | None, CanaryResult | None]:
+    """Record the cell's canary, or replay ``replay_canary``; a failed record is a BuildError."""
+    if replay_canary is not None:
+        result = replay(replay_canary, serve.base_url)
+        on_event(
+            {
+                "stage": "serve",
+                "event": "canary",
+                "cell": cell.id,
+                "outcome": result.outcome,
+                "mode": result.mode,
+                "elapsed_ms": _ms(result.seconds),
+            }
+        )
+        return None, result
+    if serve.canary is None:
+        return None, None
+    started = time.monotonic()
+    try:
+        canary = record(serve.base_url, serve.model, serve.canary, cell.id)
+    except CanaryAnswerError as exc:
+        raise BuildError(
+            f"cell {cell.id}: the canary could not be recorded: {exc}",
+            hint="the engine must answer /v1/completions with `logprobs` and "
+            "`return_token_ids` (vLLM's names); or drop serve.canary from the matrix",
+        ) from None
+    on_event(
+        {
+            "stage": "serve",
+            "event": "canary",
+            "cell": cell.id,
+            "outcome": "recorded",
+            "elapsed_ms": _ms(time.monotonic() - started),
+        }
+    )
+    return canary, None

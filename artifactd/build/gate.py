@@ -13,14 +13,19 @@ of the matrix (packed onto the node's GPUs as a build packs them):
    serve cell, the digest of its responses) with those the build recorded in
    the artifact's config: strings and booleans exactly, numbers within the
    matrix's ``check_tolerance``, relative to the larger magnitude;
-4. judges, per family, whether the cell used the restored caches or compiled
+4. replays the canary the build recorded for a serve cell
+   (:mod:`artifactd.pod.canary`) on the cell's engine: any difference (other
+   tokens, NaN, other logprobs, or only a tolerance check possible) fails the
+   gate, naming the prompt and the first differing token;
+5. judges, per family, whether the cell used the restored caches or compiled
    anyway (:func:`judge_cell`): exactly the verdict ``artifactd status`` gives
    on that tree with the cell's output as the engine log, decided by
    :mod:`artifactd.pod.verdict` (the one owner of the rule: files written since
    the restore, what the family leaves out of a harvest and its load rewrites
    not counted).
 
-The gate passes only if every check matches and every family is ``used``, or
+The gate passes only if every check matches, every canary replays exactly,
+and every family is ``used``, or
 ``not restored`` because the artifact lacks it and the cell wrote nothing
 into its dirs (:func:`family_failures`). With
 ``promote``, the artifact's manifest is tagged with that tag only then, so a
@@ -38,7 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from artifactd.build.matrix import expand, load_matrix
 from artifactd.build.published import published_fingerprint
+from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
+from artifactd.build.schedule import node_devices, run_packed
 from artifactd.constants import CUDA_VISIBLE_DEVICES, current_environ
 from artifactd.errors import VerifyError
 from artifactd.events import EventSink, discard
@@ -50,6 +58,8 @@ from artifactd.restore.destination import CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import plan_restore, unbound, whole_want
 from artifactd.restore.source import StoreSource
+from artifactd.stores.artifacts import read_artifact
+from artifactd.trust.policy import checked_basis
 from artifactd.trust.provenance import statement
 from artifactd.trust.signatures import attest, store_identity
 
@@ -57,6 +67,8 @@ if TYPE_CHECKING:
     from artifactd.build.matrix import Cell, Matrix
     from artifactd.families import Family
     from artifactd.fingerprint.model import Fingerprint
+    from artifactd.format.canary import Canary
+    from artifactd.pod.canary import CanaryResult
     from artifactd.pod.verdict import FamilyVerdict
     from artifactd.stores import Store
     from artifactd.trust.keys import PrivateKey
@@ -87,11 +99,26 @@ class CellVerified:
     verdicts: dict[str, str] = field(default_factory=dict)
     #: Why a family fails the gate, one line each (:func:`family_failures`).
     family_failures: list[str] = field(default_factory=list)
+    #: The replay of the canary the build recorded for this cell (None: it recorded none).
+    canary: CanaryResult | None = None
+
+    @property
+    def canary_failure(self) -> str | None:
+        """Why the canary fails the gate: any difference from the recording, drift included."""
+        if self.canary is None or (self.canary.outcome == "verified" and self.canary.why is None):
+            return None
+        if self.canary.outcome == "verified":  # a tolerance check passed: the gate wants equality
+            return f"{self.id}: canary not replayed exactly: {self.canary.why}"
+        return f"{self.id}: canary {self.canary.outcome}: {self.canary.why}"
 
     @property
     def passed(self) -> bool:
-        """Whether every check matched and no family failed the gate."""
-        return all(c.ok for c in self.checks) and not self.family_failures
+        """Whether every check matched, the canary replayed exactly and no family failed."""
+        return (
+            all(c.ok for c in self.checks)
+            and not self.family_failures
+            and self.canary_failure is None
+        )
 
 
 @dataclass
@@ -214,8 +241,6 @@ def verify(
     the policy signed it (each cell's restore verifies it again); a gate that
     ran and failed is a result with ``passed`` false.
     """
-    from artifactd.stores.artifacts import read_artifact
-
     pre = preamble(matrix_path, setup)
     matrix, fingerprint = pre.matrix, pre.fingerprint
     tag = whole_want(fingerprint.hash).tag
@@ -234,7 +259,12 @@ def verify(
         )
     roots = keep_roots or Path(tempfile.mkdtemp(prefix=f"artifactd-verify-{matrix.name}-"))
     try:
-        ctx = pre.context(store, roots, art.config.provenance.checks)
+        ctx = pre.context(
+            store,
+            roots,
+            art.config.provenance.checks,
+            canaries={c.cell: c for c in art.config.canaries},
+        )
         results = run_cells(ctx, pre.cells, gpus=gpus, jobs=jobs)
     finally:
         if keep_roots is None:
@@ -281,8 +311,6 @@ def run_cells(
     Each cell's roots are ``ctx.roots/cells/<cell id>`` (left in place: the
     caller removes them); packed onto the node's GPUs as a build packs them.
     """
-    from artifactd.build.schedule import node_devices, run_packed
-
     ctx.roots.mkdir(parents=True, exist_ok=True)
 
     def run_one(cell: Cell, taken: tuple[str, ...]) -> CellVerified:
@@ -293,13 +321,17 @@ def run_cells(
 
 
 def gate_failures(results: Sequence[CellVerified]) -> list[str]:
-    """Return one line per check that differs and per family that fails the gate."""
-    return [
-        f"{c.id}: check {r.name}: expected {r.expected!r}, got {r.got!r}"
-        for c in results
-        for r in c.checks
-        if not r.ok
-    ] + [line for c in results for line in c.family_failures]
+    """Return one line per check that differs, per canary and per family that fails the gate."""
+    return (
+        [
+            f"{c.id}: check {r.name}: expected {r.expected!r}, got {r.got!r}"
+            for c in results
+            for r in c.checks
+            if not r.ok
+        ]
+        + [line for c in results if (line := c.canary_failure) is not None]
+        + [line for c in results for line in c.family_failures]
+    )
 
 
 def tag_manifest(store: Store, digest: str, tag: str) -> None:
@@ -351,11 +383,13 @@ class Preamble:
         recorded: Mapping[str, Mapping[str, Any]],
         *,
         trust: Basis | None = None,
+        canaries: Mapping[str, Canary] | None = None,
     ) -> Context:
         """Return the context of one pass of cells: restoring from ``store`` into ``roots``.
 
         ``trust`` replaces the run's own basis for a store this process
-        filled itself (the candidate's scratch layout).
+        filled itself (the candidate's scratch layout); ``canaries`` are the
+        artifact's, per serve cell id, replayed on the re-run.
         """
         basis = self.trust if trust is None else trust
         return Context(
@@ -367,6 +401,7 @@ class Preamble:
             recorded,
             self.on_event,
             basis,
+            dict(canaries or {}),
         )
 
 
@@ -376,9 +411,6 @@ def preamble(matrix_path: Path, setup: GateSetup) -> Preamble:
     Raises what loading the matrix raises (:class:`~artifactd.errors.ConfigError`)
     and :class:`TypeError` for a ``setup.trust`` that is not a basis (``None``).
     """
-    from artifactd.build.matrix import expand, load_matrix
-    from artifactd.trust.policy import checked_basis
-
     started = time.monotonic()
     trust = checked_basis(setup.trust, "verify")
     matrix = load_matrix(matrix_path)
@@ -407,12 +439,12 @@ class Context:
     on_event: EventSink
     #: What each cell's restore verifies under.
     trust: Basis
+    #: The canary the artifact carries, per serve cell id: replayed on the re-run.
+    canaries: Mapping[str, Canary] = field(default_factory=dict)
 
 
 def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerified:
     """Restore into the cell's own fresh roots, run it there, count and compare."""
-    from artifactd.build.run import CellResult, cell_environ, run_cell, run_serve_cell
-
     matrix = ctx.matrix
     target = ctx.roots / "cells" / cell.id
     plan = plan_restore(
@@ -434,7 +466,7 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerifi
     log = target / ".artifactd" / "verify-cell.log"
     res: CellResult
     if cell.serve is not None:
-        res = run_serve_cell(cell, env, log, ctx.on_event)
+        res = run_serve_cell(cell, env, log, ctx.on_event, ctx.canaries.get(cell.id))
     else:
         res = run_cell(cell, env, matrix.timeout_s, log)
     verdicts = judge_cell(target, families, log if log.is_file() else None)
@@ -447,4 +479,5 @@ def _verify_cell(cell: Cell, taken: tuple[str, ...], ctx: Context) -> CellVerifi
         res.log,
         {name: v.verdict for name, v in verdicts.items()},
         family_failures(cell.id, verdicts, installed),
+        res.canary_replay,
     )

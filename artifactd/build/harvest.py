@@ -28,6 +28,7 @@ from artifactd.stores.artifacts import PublishResult, publish
 from artifactd.trust.signatures import sign_all
 
 if TYPE_CHECKING:
+    from artifactd.format.canary import Canary
     from artifactd.trust.keys import PrivateKey
     from artifactd.trust.signatures import SignResult
 
@@ -119,13 +120,15 @@ def harvest(
     on_event: EventSink = discard,
     cell_tag: str | None = None,
     sign_key: PrivateKey | None = None,
+    canaries: Sequence[Canary] = (),
 ) -> HarvestResult:
     """Pack the caches found through ``environ`` and publish them to ``store``.
 
     With ``cell_tag``, the artifact is one cell's part of a fan-out build
     (``kind: cell``), published under that tag alone, for ``merge``. With
     ``sign_key``, every manifest published (the artifact and each family's)
-    is signed (:func:`artifactd.trust.signatures.sign_all`). Raises
+    is signed (:func:`artifactd.trust.signatures.sign_all`). ``canaries``
+    (a build's serve cells recorded them) go into the config, under its signature. Raises
     :class:`BuildError` when no requested family has anything to harvest.
     """
     start = time.monotonic()
@@ -154,6 +157,7 @@ def harvest(
             layers=records,
             provenance=provenance or Provenance(builder=__version__),
             kind="cell" if cell_tag else "full",
+            canaries=list(canaries),
         )
         tags = [cell_tag] if cell_tag else None
         pub = publish(store, art, packed, work, on_event=on_event, tags=tags)

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from artifactd import bounds as B  # noqa: N812
 from artifactd.errors import ConfigError
 from artifactd.families import select_families
+from artifactd.format.canary import CanarySpec
 from artifactd.fsutil import InputFileError, read_regular, text_problem
 
 #: Largest matrix file read, in bytes. A matrix is a page of YAML; a bigger
@@ -97,6 +98,13 @@ RANGES = {
     "max_tokens": B.MAX_TOKENS,
     "concurrency": B.CONCURRENCY,
     "repeat": B.REPEAT,
+    "count": B.CANARY_COUNT,
+    "tokens": B.CANARY_TOKENS,
+    "top_k": B.CANARY_TOP_K,
+    "precision": B.CANARY_PRECISION,
+    "seed": B.CANARY_SEED,
+    "deadline_s": B.CANARY_DEADLINE_S,
+    "match_rate": B.CANARY_MATCH_RATE,
 }
 
 
@@ -161,6 +169,11 @@ class Serve(_Frozen):
     shutdown_grace_s: float = Field(
         30, **_bounds("shutdown_grace_s"), description="After SIGTERM, before SIGKILL."
     )
+    canary: CanarySpec | None = Field(
+        None,
+        description="Record a canary in every serve cell (greedy ids and a digest of the "
+        "rounded top-k logprobs of a few prompts): verify and `status --canary` replay it.",
+    )
 
 
 class Matrix(_Frozen):
@@ -218,6 +231,7 @@ class ServeCell(_Frozen):
     ready_timeout_s: float
     requests: list[ServeRequests]
     shutdown_grace_s: float
+    canary: CanarySpec | None = None
 
 
 class Cell(_Frozen):
@@ -577,6 +591,7 @@ def expand(matrix: Matrix, matrix_path: Path) -> list[Cell]:
             ready_timeout_s=serve.ready_timeout_s,
             requests=serve.requests,
             shutdown_grace_s=serve.shutdown_grace_s,
+            canary=serve.canary,
         )
         cells.append(Cell(index=index, id=cell_id, values=values, gpus=gpus, serve=rendered))
     return cells

@@ -28,6 +28,7 @@ from artifactd.build.matrix import (
     read_matrix_text,
 )
 from artifactd.errors import ConfigError, TargetError
+from artifactd.fsutil import atomic_write
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*|\"[^\"]*\"|'[^']*')\s*:(?:\s|$)")
 
@@ -155,7 +156,6 @@ def replace_requests(
             f"{path}: rewriting serve.requests would change more than serve.requests",
             hint="the requests block is not where --write looked; edit it by hand",
         )
-    from artifactd.fsutil import atomic_write
 
     try:
         atomic_write(path, new.encode(), mode=os.stat(path).st_mode & 0o7777)

@@ -34,11 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from artifactd import __version__
+from artifactd.build.matrix import expand, load_matrix
 from artifactd.build.published import agreed_fingerprint
+from artifactd.build.run import cell_tag, check_run_id
+from artifactd.build.treemerge import merge_family
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
 from artifactd.families import FAMILIES, Located, get_family
+from artifactd.format.archive import pack_family
 from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS
+from artifactd.format.unpack import check_layer, unpack_layer
 from artifactd.stores.artifacts import publish, read_artifact
 from artifactd.trust.provenance import statement
 from artifactd.trust.signatures import attest, sign_all, store_identity
@@ -98,9 +103,6 @@ def merge(
     With ``sign_key``, the manifests published are signed and the artifact
     gets its provenance (the cells' timings and checks) as an attestation.
     """
-    from artifactd.build.matrix import expand, load_matrix
-    from artifactd.build.run import check_run_id
-
     start = time.monotonic()
     check_run_id(run_id)
     matrix = load_matrix(matrix_path)
@@ -147,6 +149,8 @@ def merge(
             fingerprint_hash=fingerprint_hash,
             layers=records,
             provenance=provenance,
+            # Each cell's canary, as its part recorded it: the merged artifact carries them all.
+            canaries=[can for _, a in parts for can in a.config.canaries],
         )
         pub = publish(store, art, packed, work, on_event=on_event)
     signing = None
@@ -171,8 +175,6 @@ def merge(
 
 def _read_parts(store: Store, run_id: str, cells: list[Cell]) -> list[tuple[Cell, Artifact]]:
     """Every cell's partial artifact of the run, in cell order; fail naming the missing."""
-    from artifactd.build.run import cell_tag
-
     parts: list[tuple[Cell, Artifact]] = []
     missing: list[int] = []
     for cell in cells:
@@ -210,9 +212,6 @@ def _repack(
     on_event: EventSink,
 ) -> tuple[LayerRecord, PackedLayer, FamilyMerged]:
     """Download, verify and unpack each cell's layer of ``family``; merge; pack one layer."""
-    from artifactd.build.treemerge import merge_family
-    from artifactd.format.archive import pack_family
-
     fam = get_family(family)
     keys = {rec.scope_key for _, rec in recs}
     if len(keys) != 1:  # pragma: no cover - one fingerprint gives one scope key
@@ -259,8 +258,6 @@ def unpack_record(store: Store, fam: Family, rec: LayerRecord, stage: Path) -> d
     :func:`~artifactd.format.unpack.unpack_layer` against the record): what a
     merge or an ``absorb`` reads from another party passes them first.
     """
-    from artifactd.format.unpack import check_layer, unpack_layer
-
     dirs = {comp: stage / comp for comp in rec.components}
 
     def relocate(member: str, data: bytes) -> bytes:

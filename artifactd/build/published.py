@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING
 from artifactd.constants import current_environ
 from artifactd.errors import BuildError, ConfigError
 from artifactd.families import select_families
-from artifactd.fingerprint.probe import PROBED_ENV
+from artifactd.fingerprint.diff import differences
+from artifactd.fingerprint.probe import PROBED_ENV, probe_fingerprint
 
 if TYPE_CHECKING:
     from artifactd.build.matrix import Matrix
@@ -134,11 +135,9 @@ def published_fingerprint(
     and ``base_image``; ``overrides`` are ``--set PATH=VALUE``; ``environ`` is
     the caller's environment (default: this process's).
     """
-    from artifactd.fingerprint.model import probe
-
     check_key(matrix)
     base = current_environ() if environ is None else environ
-    return probe(
+    return probe_fingerprint(
         gpu_arch=gpu_arch or matrix.target.gpu_arch,
         image_digest=image_digest or matrix.base_image,
         workload=matrix.workload,
@@ -153,8 +152,6 @@ def agreed_fingerprint(parts: Sequence[tuple[str, ArtifactConfig]]) -> tuple[Fin
     ``parts`` are (cell id, config) pairs, at least one. The error names the
     first fields that differ between two cells.
     """
-    from artifactd.fingerprint.diff import differences
-
     cell0, first = parts[0]
     for cell, config in parts[1:]:
         if config.fingerprint_hash == first.fingerprint_hash:

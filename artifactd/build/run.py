@@ -60,6 +60,8 @@ from artifactd.trust.provenance import statement
 from artifactd.trust.signatures import attest, store_identity
 
 if TYPE_CHECKING:
+    from artifactd.format.canary import Canary
+    from artifactd.pod.canary import CanaryResult
     from artifactd.trust.keys import PrivateKey
 
 #: A fan-out run id: a letter or digit, then up to 63 of letters, digits, ``.``, ``_``, ``-``.
@@ -87,6 +89,10 @@ class CellResult:
     serve: dict[str, Any] | None = None
     #: The log's last lines: the report keeps them when the roots (and the log) are gone.
     log_tail: list[str] = field(default_factory=list)
+    #: A serve cell's canary, recorded for the artifact's config (not in ``--json``).
+    canary: Canary | None = field(default=None, repr=False)
+    #: ``verify``: the replay of the recorded canary (not in ``--json``: verify reports it).
+    canary_replay: CanaryResult | None = field(default=None, repr=False)
 
 
 #: Lines of a cell's log its result keeps.
@@ -246,12 +252,19 @@ def _tail_text(out: IO[bytes]) -> str:
 
 
 def run_serve_cell(
-    cell: Cell, env: Mapping[str, str], log: Path, on_event: EventSink
+    cell: Cell,
+    env: Mapping[str, str],
+    log: Path,
+    on_event: EventSink,
+    replay_canary: Canary | None = None,
 ) -> CellResult:
-    """Run one serve cell: the engine, its readiness, the requests, its shutdown."""
+    """Run one serve cell: the engine, its readiness, the requests, its canary, its shutdown.
+
+    With ``replay_canary`` (``verify``) that canary is replayed instead of one recorded.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    res = run_serve(cell, env, log, on_event=on_event)
+    res = run_serve(cell, env, log, on_event=on_event, replay_canary=replay_canary)
     assert cell.serve is not None  # noqa: S101 - a serve cell
     return CellResult(
         cell.id,
@@ -270,6 +283,8 @@ def run_serve_cell(
             "killed": res.killed,
         },
         log_tail=log_tail(log),
+        canary=res.canary,
+        canary_replay=res.canary_replay,
     )
 
 
@@ -420,6 +435,7 @@ def build(  # noqa: PLR0915 - one straight run of stages, each timed
                 if cell is not None and run_id
                 else None,
                 sign_key=sign_key,
+                canaries=[r.canary for r in results if r.canary is not None],
             )
             if sign_key is not None and harvested.signing is not None:
                 _attest_build(

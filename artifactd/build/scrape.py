@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from artifactd.errors import ConfigError, StoreError
-from artifactd.fsutil import text_problem
+from artifactd.fsutil import InputFileError, read_regular, text_problem
 
 #: Largest exposition read from one source, in bytes. A busy vLLM's /metrics
 #: is tens of kilobytes; a bigger input is refused before it is parsed (4 MiB
@@ -30,7 +30,9 @@ def is_url(source: str) -> bool:
 
 def shown(source: str) -> str:
     """How a source is named in messages and results: a URL without its password."""
-    from artifactd.boundedhttp import redact_url
+    # lazy: artifactd.cli.shapes imports this module for its option default at every
+    # click start; http.client and ssl load only to fetch (tests/test_startup.py)
+    from artifactd.boundedhttp import redact_url  # noqa: PLC0415
 
     return redact_url(source) if is_url(source) else source
 
@@ -50,8 +52,6 @@ def read_source(
 
 
 def _read_file(source: str, max_bytes: int) -> bytes:
-    from artifactd.fsutil import InputFileError, read_regular
-
     try:
         # Followed: a scrape saved next to a checkout may be a symlink; a FIFO must not hang.
         return read_regular(Path(source), max_bytes, follow=True)
@@ -74,7 +74,8 @@ def _fetch(url: str, timeout_s: float, max_bytes: int) -> bytes:
     line, headers and body; no proxy (a /metrics endpoint is in the cluster);
     a password in the URL never shown.
     """
-    from artifactd.boundedhttp import ExchangeError, exchange, parse_url
+    # lazy: as in shown()
+    from artifactd.boundedhttp import ExchangeError, exchange, parse_url  # noqa: PLC0415
 
     hint = "check the URL (http://POD:PORT/metrics) and that the engine is up"
     endpoint = parse_url(url, "metrics URL")

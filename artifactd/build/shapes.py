@@ -67,7 +67,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from artifactd import bounds as B  # noqa: N812
+from artifactd.boundedhttp import parse_url
 from artifactd.build.cells import MAX_CONCURRENCY
 from artifactd.build.matrix import ServeRequests
 from artifactd.build.scrape import FETCH_TIMEOUT_S, is_url, read_source, shown
@@ -220,8 +223,6 @@ def parse_exposition(text: str, source: str) -> list[Sample]:
 
     Families' ``# TYPE`` lines are not relied on: an untyped scrape reads the same.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
         return [
             (s.name, dict(s.labels), float(s.value))
@@ -362,8 +363,6 @@ def load_traffic(
         )
     urls = [s for s in sources if is_url(s)]
     if urls:
-        from artifactd.boundedhttp import parse_url
-
         for url in urls:  # every URL checked before any is fetched
             parse_url(url, "--from-metrics")
     names_shown = [shown(s) for s in sources]

@@ -23,7 +23,7 @@ Modules:
 * :mod:`~artifactd.cli.keys`: ``keygen`` and ``sign``.
 * :mod:`~artifactd.cli.schemas`: ``schema``, the JSON Schemas.
 * :mod:`~artifactd.cli.images`: ``image``, runtime images carrying caches.
-* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc`` and ``node-features``.
+* :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc``, ``node-features`` and ``quarantine``.
 * :mod:`~artifactd.cli.pods`: ``exec`` and ``status``.
 * :mod:`~artifactd.cli.shapes`: ``matrix shapes``, from an engine's traffic metrics.
 * :mod:`~artifactd.cli.deltas`: ``contribute`` and ``absorb``.
@@ -73,7 +73,8 @@ __all__ = ["cli", "main"]
 def __getattr__(name: str) -> Any:
     """``artifactd.cli.cli``, the click group, imported (with click) on first use."""
     if name == "cli":
-        from artifactd.cli.app import cli
+        # lazy: click and every command module, only when the group is asked for
+        from artifactd.cli.app import cli  # noqa: PLC0415
 
         return cli
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,6 @@ from artifactd.cli.options import (
     store_option,
     verify_key_option,
 )
-from artifactd.pod.contribute import DEFAULT_MAX_BYTES
 
 
 @cli.command()
@@ -47,7 +46,7 @@ from artifactd.pod.contribute import DEFAULT_MAX_BYTES
     "--max-bytes",
     bound=B.SIZE,
     metavar="SIZE",
-    default=DEFAULT_MAX_BYTES,
+    default=B.DELTA_MAX_BYTES,
     show_default=True,
     help="Publish nothing when the files written since the restore take more.",
 )
@@ -114,7 +113,7 @@ def contribute(
     "--max-bytes",
     bound=B.SIZE,
     metavar="SIZE",
-    default=DEFAULT_MAX_BYTES,
+    default=B.DELTA_MAX_BYTES,
     show_default=True,
     help="Refuse a delta whose files take more.",
 )

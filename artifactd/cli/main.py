@@ -10,12 +10,14 @@ go through click.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from artifactd import constants as C  # noqa: N812
+from artifactd.cli.fast import parse
 from artifactd.cli.render import echo
 from artifactd.cli.specs import env_flag
 from artifactd.errors import ArtifactdError, UsageError
@@ -30,8 +32,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         echo(f"artifactd: error: {exc.diagnostics()}", err=True)
         sys.exit(exc.exit_code)
     try:
-        from artifactd.cli.fast import parse
-
         invocation = parse(args)
         if invocation is not None:
             code = _run(invocation)
@@ -89,8 +89,6 @@ def _leave(code: int) -> NoReturn:
     (coverage, a test's probe), and a stream that cannot be flushed takes the
     ordinary exit, which reports it.
     """
-    import atexit
-
     atexit._run_exitfuncs()
     try:
         sys.stdout.flush()
@@ -102,9 +100,11 @@ def _leave(code: int) -> NoReturn:
 
 def _run_click(args: list[str]) -> None:
     """Run ``args`` through the click group; click's own outcomes become exit codes."""
-    import click
+    # lazy: click only for a command line the fast path does not take (LATER in
+    # artifactd/cli/fast.py)
+    import click  # noqa: PLC0415
 
-    from artifactd.cli.app import cli
+    from artifactd.cli.app import cli  # noqa: PLC0415
 
     try:
         cli.main(args=args, prog_name="artifactd", standalone_mode=False)
@@ -130,7 +130,7 @@ def _run_click(args: list[str]) -> None:
 
 def _from_environment(param: object, args: Sequence[str]) -> tuple[str, str, str] | None:
     """Return (variable, value, flag) when ``param``'s value came from its environment variable."""
-    import click
+    import click  # noqa: PLC0415  # lazy: only the click path gets here (the fast path never)
 
     if not isinstance(param, click.Option) or not param.envvar:
         return None

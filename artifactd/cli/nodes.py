@@ -1,4 +1,7 @@
-"""``prefetch``, ``gc`` and ``node-features``: the node-local tier, warmed, bounded, published."""
+"""``prefetch``, ``gc``, ``node-features``, ``quarantine``: the node-local tier.
+
+Warmed, bounded, published, and kept from serving what failed a canary.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from artifactd.pod.nodefeatures import DEFAULT_MAX_LABELS, LABEL_PREFIX
     required=True,
     envvar=C.ENV_NODE_STORE,
     metavar="oci:PATH",
-    help="The node's local OCI layout (a hostPath), as restore --node-store names it.",
+    help="The node store (a local OCI layout on a hostPath), as gc --store and restore "
+    "--node-store name it.",
 )
 @family_option
 @fingerprint_options
@@ -278,3 +282,65 @@ def node_features(*, store: str, out: Path, max_labels: int, prefix: str, as_jso
     render.echo(f"{out}: {len(keys)} label(s) for {store}")
     for key in keys:
         render.echo(f"  {key}")
+
+
+@cli.group()
+def quarantine() -> None:
+    """List or release the artifacts this node refuses to serve (a failed canary).
+
+    `status --canary --node-store oci:PATH` quarantines the artifact whose
+    canary failed in a pod: no restore from that node store serves it (nor a
+    manifest holding one of its layers) again, and node-features stops
+    advertising it.
+    """
+
+
+_QUARANTINE_STORE = click.option(
+    "--store",
+    "--node-store",
+    "node_store",
+    required=True,
+    envvar=C.ENV_NODE_STORE,
+    metavar="oci:PATH",
+    help="The node's local OCI layout (a hostPath), as restore --node-store names it.",
+)
+
+
+@quarantine.command("ls")
+@_QUARANTINE_STORE
+@json_option
+def quarantine_ls(*, node_store: str, as_json: bool) -> None:
+    """List the quarantined artifacts: digest, since when, why."""
+    from artifactd.stores.nodestore import node_root, read_quarantine
+
+    entries = sorted(read_quarantine(node_root(node_store)).values(), key=lambda q: q.since)
+    if as_json:
+        from artifactd.reports import versioned
+
+        render.emit_json(versioned({"node_store": node_store, "quarantined": entries}))
+        return
+    render.echo(f"{node_store}: {len(entries)} artifact(s) quarantined")
+    for q in entries:
+        render.echo(f"  {q.digest} ({len(q.layers)} layer(s)): {q.why}")
+
+
+@quarantine.command("rm")
+@_QUARANTINE_STORE
+@click.argument("digest")
+@json_option
+def quarantine_rm(*, node_store: str, digest: str, as_json: bool) -> None:
+    """Release DIGEST: restores from this node store may serve it again."""
+    from artifactd.errors import UsageError
+    from artifactd.stores.nodestore import node_root, release
+
+    if not release(node_root(node_store), digest):
+        raise UsageError(
+            f"{digest} is not quarantined in {node_store}",
+            hint="`artifactd quarantine ls` lists what is",
+        )
+    if as_json:
+        from artifactd.reports import versioned
+
+        render.emit_json(versioned({"node_store": node_store, "released": digest}))
+        return
+    render.echo(f"{node_store}: released {digest}")

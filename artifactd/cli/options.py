@@ -141,7 +141,9 @@ def load_sign_key(spec: str | None) -> Any:
     """Load the private key ``--sign-key`` names (None when not given)."""
     if not spec:
         return None
-    from artifactd.trust.keys import load_private_key
+    # lazy: every click command loads this module, and --help loads none of the library
+    # (tests/test_startup.py)
+    from artifactd.trust.keys import load_private_key  # noqa: PLC0415
 
     return load_private_key(spec)
 
@@ -173,8 +175,9 @@ def signing_basis(
     neither is a :class:`~artifactd.errors.UsageError`, as is passing both
     (one of them would be ignored).
     """
-    from artifactd.errors import UsageError
-    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy
+    # lazy: every click command loads this module, and --help loads none of the library
+    # (tests/test_startup.py)
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy  # noqa: PLC0415
 
     if sign_unverified and verify_keys:
         raise UsageError(
@@ -238,7 +241,9 @@ def _check_run_id(ctx: click.Context, param: click.Parameter, value: str | None)
     del ctx, param
     if value is None:
         return None
-    from artifactd.build.run import check_run_id
+    # lazy: every click command loads this module, and --help loads none of the library
+    # (tests/test_startup.py)
+    from artifactd.build.run import check_run_id  # noqa: PLC0415
 
     return check_run_id(value)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,6 +28,7 @@ from artifactd.errors import UsageError
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from artifactd.pod.canary import CanaryResult
     from artifactd.pod.readiness import Level, Prewarm, Readiness
     from artifactd.pod.status import FamilyStatus, TargetStatus
 
@@ -63,13 +65,43 @@ EXEC_ENGINE_LOG = Opt(
     C.ENV_ENGINE_LOG,
     metavar="FILE",
 )
-EXEC_OPTIONS = (*_OWN, EXEC_ENGINE_LOG, RESTORE_FIRST, *_RESTORE_ONLY)
+ON_CANARY_FAIL = Opt(
+    "--on-canary-fail",
+    "on_canary_fail",
+    "cold: stay the engine's parent, replay the restored artifact's canary once "
+    "--engine-url answers, and if it fails restart the engine once with the restored "
+    "caches set aside (with --restore --node-store, the artifact is quarantined there too).",
+    C.ENV_ON_CANARY_FAIL,
+    metavar="cold",
+)
+EXEC_ENGINE_URL = Opt(
+    "--engine-url",
+    "engine_url",
+    "With --on-canary-fail: the engine's base URL (its /health is polled, the canary sent).",
+    C.ENV_ENGINE_URL,
+    metavar="URL",
+)
+EXEC_OPTIONS = (
+    *_OWN,
+    EXEC_ENGINE_LOG,
+    ON_CANARY_FAIL,
+    EXEC_ENGINE_URL,
+    RESTORE_FIRST,
+    *_RESTORE_ONLY,
+)
 
 
 @cli.command("exec", context_settings={"allow_interspersed_args": False})
 @options(EXEC_OPTIONS)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opts: Any) -> None:
+def exec_(
+    command: tuple[str, ...],
+    restore: bool,
+    engine_log: str | None,
+    on_canary_fail: str | None,
+    engine_url: str | None,
+    **opts: Any,
+) -> None:
     """Run CMD with the restored caches' environment: the engine's entrypoint.
 
     Reads the KEY=VALUE lines a restore wrote (TARGET/artifactd.env), puts
@@ -95,10 +127,17 @@ def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opt
     that is no regular file (a FIFO, a device, a symlink) or cannot be
     written is one warning, and CMD runs anyway.
 
+    --on-canary-fail cold --engine-url URL keeps exec as the engine's parent
+    (signals passed on): once URL/health answers, the restored artifact's
+    canary is replayed; if it fails, the engine is stopped and started once
+    more with the restored caches set aside, cold, rather than serve wrong
+    answers.
+
     \b
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
     ARTIFACTD_REQUIRE, ARTIFACTD_EXEC_RESTORE, ARTIFACTD_ENGINE_LOG,
-    ARTIFACTD_JSON, and with --restore every variable `artifactd restore` reads.
+    ARTIFACTD_ON_CANARY_FAIL, ARTIFACTD_ENGINE_URL, ARTIFACTD_JSON, and with
+    --restore every variable `artifactd restore` reads.
     """
     from pathlib import Path
 
@@ -109,6 +148,20 @@ def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opt
             "no command to run",
             hint="put the engine's command line after --: artifactd exec --target DIR -- CMD",
         )
+    if on_canary_fail not in (None, "cold"):
+        raise UsageError(
+            f"--on-canary-fail {on_canary_fail!r}: the one mode is cold",
+            hint="--on-canary-fail cold restarts the engine once without the restored caches",
+        )
+    if on_canary_fail is not None and engine_url is None:
+        raise UsageError(
+            "--on-canary-fail needs the engine: no --engine-url",
+            hint="add --engine-url http://127.0.0.1:PORT (the engine's port in the pod)",
+        )
+    if engine_url is not None:
+        from artifactd.pod.readiness import check_engine_url
+
+        check_engine_url(engine_url)
     if restore:
         _restore_first(opts)
     else:
@@ -126,6 +179,18 @@ def exec_(command: tuple[str, ...], restore: bool, engine_log: str | None, **opt
         warning = tee_output(Path(engine_log), plan.argv)
         if warning is not None:
             render.echo(warning, err=True)
+    if on_canary_fail is not None and engine_url is not None:
+        from artifactd.pod.coldstart import supervise
+
+        status = supervise(
+            plan,
+            target=Path(opts["target"]),
+            engine_url=engine_url,
+            env_file=opts["env_file"],
+            node_store=opts.get("node_store") if restore else None,
+            on_event=render.event_printer(opts["as_json"]),
+        )
+        sys.exit(status)
     run(plan)
 
 
@@ -212,10 +277,19 @@ PREWARM_TIMEOUT = Opt(
 READY = Opt(
     "--ready",
     "ready",
-    "Exit 0 only when LEVEL (serviceable or prewarmed) is reached, else 15: a "
-    "Kubernetes exec probe.",
+    "Exit 0 only when LEVEL (serviceable, prewarmed or verified) is reached, else 15 "
+    "(16 when the canary failed): a Kubernetes exec probe.",
     C.ENV_READY,
     metavar="LEVEL",
+)
+CANARY = Opt(
+    "--canary",
+    "canary",
+    "Replay the restored artifact's canary on --engine-url (one short request): "
+    "verified (or drift: same tokens, other logprobs) above prewarmed; other tokens, "
+    "NaN, an empty output or an error: not ready, exit 16.",
+    C.ENV_CANARY,
+    is_flag=True,
 )
 STATUS_OPTIONS = (
     S.TARGET._replace(help="The cache volume a restore wrote (its --target)."),
@@ -231,6 +305,11 @@ STATUS_OPTIONS = (
     PREWARM_CELL,
     PREWARM_TIMEOUT,
     READY,
+    CANARY,
+    S.NODE_STORE._replace(
+        help="With --canary: the node store (oci:PATH) in which a failed canary's artifact "
+        "is quarantined, so no pod on this node restores it again."
+    ),
     S.JSON,
 )
 
@@ -250,6 +329,8 @@ def status(
     prewarm_cell: str | None,
     prewarm_timeout: float | None,
     ready: str | None,
+    canary: bool,
+    node_store: str | None,
     as_json: bool,
 ) -> None:
     """Tell, per family, whether the engine used the restored caches or compiled anyway.
@@ -283,26 +364,33 @@ def status(
       artifactd status --target /cache --engine-url http://127.0.0.1:8000 \\
           --prewarm /etc/artifactd/matrix.yaml --ready prewarmed
 
+    \b
+    Correctness: verified (prewarmed, and the artifact's canary, recorded at
+    build, replayed on the engine with the same tokens):
+      artifactd status --target /cache --engine-url http://127.0.0.1:8000 \
+          --prewarm /etc/artifactd/matrix.yaml --canary --ready verified
+
     Exit 0 whatever it finds (no marker, a restore in progress and a miss
     included), unless --fail-on-compile and a restored family compiled
-    anyway: 13, or --ready LEVEL not reached: 15.
+    anyway: 13, --ready LEVEL not reached: 15, or the canary failed: 16.
 
     \b
     Environment variables: ARTIFACTD_TARGET, ARTIFACTD_ENV_FILE,
     ARTIFACTD_ENGINE_LOG, ARTIFACTD_FAIL_ON_COMPILE, ARTIFACTD_METRICS_FILE,
     ARTIFACTD_STATUS_SERVE, ARTIFACTD_ENGINE_URL, ARTIFACTD_PREWARM,
-    ARTIFACTD_PREWARM_CELL, ARTIFACTD_PREWARM_TIMEOUT, ARTIFACTD_READY, ARTIFACTD_JSON.
+    ARTIFACTD_PREWARM_CELL, ARTIFACTD_PREWARM_TIMEOUT, ARTIFACTD_READY, ARTIFACTD_CANARY,
+    ARTIFACTD_NODE_STORE, ARTIFACTD_JSON.
     """
     from artifactd.pod.status import status_report, target_status
 
-    level = _ready_level(ready, engine_url, prewarm)
+    level = _ready_level(ready, engine_url, prewarm if not canary else True)
     if engine_url is not None:
         from artifactd.pod.readiness import check_engine_url
 
         check_engine_url(engine_url)
-    if serve is not None and (prewarm is not None or ready is not None):
+    if serve is not None and (prewarm is not None or ready is not None or canary):
         raise UsageError(
-            "--serve answers scrapes; --prewarm and --ready are for one status run",
+            "--serve answers scrapes; --prewarm, --canary and --ready are for one status run",
             hint="drop them from --serve (its metrics carry artifactd_ready{level} with "
             "--engine-url), or run them as a probe",
         )
@@ -313,9 +401,24 @@ def status(
     result = target_status(target, env_file=env_file, engine_log=engine_log)
     readiness = None
     if engine_url is not None:
-        from artifactd.pod.readiness import readiness as decide
-
-        readiness = decide(result, engine_url, sent=sent, answered=answered)
+        replayed, no_canary = _canary(
+            canary,
+            target=target,
+            env_file=env_file,
+            cell=prewarm_cell,
+            engine_url=engine_url,
+            answered=answered,
+            as_json=as_json,
+        )
+        readiness = _decide(
+            result,
+            engine_url,
+            sent=sent,
+            answered=answered,
+            canary=replayed,
+            no_canary=no_canary,
+            node_store=node_store,
+        )
     if metrics_file is not None:
         from artifactd.pod.metrics import status_registry, write_textfile
 
@@ -333,19 +436,35 @@ def status(
         _render_status(result)
         if readiness is not None:
             _render_readiness(readiness)
-    if readiness is not None and code == readiness.exit_code(level) and code:
-        render.echo(
-            f"artifactd: error: not {level}: {readiness.why_not} (--ready {level})\n"
-            "  hint: the probe passes once the level is reached; see the readiness above",
-            err=True,
-        )
-        sys.exit(code)
+    if readiness is not None:
+        _readiness_exit(readiness, level, code)
     if code:
         names = ", ".join(result.compiled_anyway)
         render.echo(
             f"artifactd: error: compiled anyway: {names} (--fail-on-compile)\n"
             "  hint: the restored caches did not cover what the engine compiled; "
             "see the files and engine lines above",
+            err=True,
+        )
+        sys.exit(code)
+
+
+def _readiness_exit(readiness: Readiness, level: Level | None, code: int) -> None:
+    """Warn of a canary's drift; exit with the readiness's code when it failed."""
+    if readiness.warning is not None:
+        render.echo(f"artifactd: warning: {readiness.warning}", err=True)
+    if readiness.canary_failed:
+        render.echo(
+            f"artifactd: error: not ready: {readiness.why_not} (--canary)\n"
+            "  hint: the restored kernels do not compute what the build's did: start the "
+            "engine cold (exec --on-canary-fail cold) and rebuild the artifact",
+            err=True,
+        )
+        sys.exit(code)
+    if code == readiness.exit_code(level) and code:
+        render.echo(
+            f"artifactd: error: not {level}: {readiness.why_not} (--ready {level})\n"
+            "  hint: the probe passes once the level is reached; see the readiness above",
             err=True,
         )
         sys.exit(code)
@@ -358,14 +477,58 @@ def _ready_level(ready: str | None, engine_url: str | None, prewarm: Any) -> Lev
     if ready is not None and ready not in LEVELS:
         raise UsageError(
             f"--ready {ready!r}: not a readiness level",
-            hint="give --ready serviceable or --ready prewarmed",
+            hint="give --ready serviceable, --ready prewarmed or --ready verified",
         )
     if engine_url is None and (ready is not None or prewarm is not None):
         raise UsageError(
-            "--ready and --prewarm need the engine: no --engine-url",
+            "--ready, --prewarm and --canary need the engine: no --engine-url",
             hint="add --engine-url http://127.0.0.1:PORT (the engine's port in the pod)",
         )
     return ready if ready is None or ready in LEVELS else None
+
+
+def _decide(
+    result: TargetStatus,
+    engine_url: str,
+    *,
+    sent: Prewarm | None,
+    answered: tuple[bool, str] | None,
+    canary: CanaryResult | None,
+    no_canary: str | None,
+    node_store: str | None,
+) -> Readiness:
+    """Decide the levels; a failed canary quarantines the artifact in ``node_store``."""
+    from artifactd.pod.readiness import readiness as decide
+
+    ready = decide(
+        result, engine_url, sent=sent, answered=answered, canary=canary, no_canary=no_canary
+    )
+    if ready.canary_failed and node_store is not None:
+        from artifactd.pod.canary import quarantine_failed
+
+        ready = quarantine_failed(ready, Path(result.target), node_store, Path(result.env_file))
+    return ready
+
+
+def _canary(
+    wanted: bool,
+    *,
+    target: Any,
+    env_file: Any,
+    cell: str | None,
+    engine_url: str,
+    answered: tuple[bool, str] | None,
+    as_json: bool,
+) -> tuple[CanaryResult | None, str | None]:
+    """With --canary, replay the restored artifact's canary (an event says how it went)."""
+    if not wanted:
+        return None, "no canary was replayed: give --canary"
+    if answered is not None and not answered[0]:
+        return None, "the engine does not answer: no canary sent"
+    from artifactd.pod.canary import replay_restored
+
+    events = render.event_printer(as_json)
+    return replay_restored(Path(target), engine_url, cell, env_file=env_file, on_event=events)
 
 
 def _prewarm(
@@ -512,9 +675,16 @@ def _render_readiness(ready: Readiness) -> None:
             f"  prewarm: {sent.answered} of {sent.requests} warm-up request(s) answered "
             f"({sent.matrix}, cell {sent.cell})"
         )
-    if ready.why_not is not None:
+    if ready.canary is not None:
+        can = ready.canary
         render.echo(
-            f"  not prewarmed: {ready.why_not}"
+            f"  canary: {can.outcome} ({can.mode} check, {can.match_rate:.2%} of tokens match, "
+            f"{can.seconds:.3f} s)" + (f": {can.why}" if can.why else "")
+        )
+    if ready.why_not is not None:
+        next_level = "verified" if ready.prewarmed else "prewarmed"
+        render.echo(
+            f"  not {next_level}: {ready.why_not}"
             if ready.serviceable
             else f"  not serviceable: {ready.why_not}"
         )

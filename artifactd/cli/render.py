@@ -105,7 +105,8 @@ def event_printer(as_json: bool, *, lines: bool = False) -> Callable[[dict[str, 
 
 def fingerprint(raw: Mapping[str, Any], digest: str) -> None:
     """Print the hash, then every hashed field, then the informational ones."""
-    from artifactd.fingerprint.key import flatten, hashed_view
+    # lazy: --version and --help load this module, not the fingerprint (tests/test_startup.py)
+    from artifactd.fingerprint.key import flatten, hashed_view  # noqa: PLC0415
 
     echo(f"fingerprint {digest}")
     for key, value in flatten(hashed_view(raw)).items():
@@ -179,7 +180,8 @@ def verify(result: VerifyResult) -> None:
 
 def traceback(error: BaseException) -> None:
     """Print an exception's traceback on stderr (``ARTIFACTD_TRACEBACK=1``)."""
-    import traceback as tb
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    import traceback as tb  # noqa: PLC0415
 
     tb.print_exception(error)
 
@@ -221,8 +223,8 @@ def _to_match(settle: ToMatch | None) -> None:
 
 def _plan_table(plan: RestorePlan) -> None:
     """Print a row per family looked for; those the artifact was built without on one line."""
-    # Lazy: render is imported by --version; a plan to show means resolve is loaded.
-    from artifactd.restore.resolve import ABSENT_FROM_ARTIFACT
+    # lazy: render is imported by --version; a plan to show means resolve is loaded
+    from artifactd.restore.resolve import ABSENT_FROM_ARTIFACT  # noqa: PLC0415
 
     absent = [f.family for f in plan.families if f.reason == ABSENT_FROM_ARTIFACT]
     rows = [("family", "verdict", "via", "files", "size", "where / why")]
@@ -321,6 +323,19 @@ def inspect(art: Artifact, *, show_files: bool) -> None:
             )
         )
     echo(table(rows))
+    for can in cfg.canaries:
+        on = can.recorded_on
+        echo(
+            f"  canary of cell {can.cell}: {len(can.prompts)} prompt(s), {can.spec.tokens} "
+            f"tokens, top-{can.spec.top_k} logprobs at {can.spec.precision} decimals; recorded "
+            f"on {on.gpu or 'no GPU'}, driver {on.driver or '-'}, {on.engine or 'engine ?'}"
+        )
+        for p in can.prompts:
+            echo(
+                f"    {p.id}: {len(p.prompt_ids)} prompt ids -> {p.greedy_ids[:8]}"
+                + ("..." if len(p.greedy_ids) > 8 else "")
+                + f" logprobs {p.logprobs_sha256[:12]}"
+            )
     if show_files:
         for rec in cfg.layers:
             for f in rec.files:
@@ -433,7 +448,8 @@ def copy(result: CopyResult) -> None:
 
 def shapes(result: Shapes) -> None:
     """Print ``matrix shapes``: the figures as a table, the notes, the YAML to paste."""
-    from artifactd.build.matrix_edit import requests_yaml
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.build.matrix_edit import requests_yaml  # noqa: PLC0415
 
     def pct(fraction: float | None) -> str:
         return "-" if fraction is None else f"{100 * fraction:.1f}%"

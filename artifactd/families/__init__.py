@@ -94,9 +94,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # The base classes load with the first family read: a no-op restore needs neither.
     if name in _BASE_NAMES:
-        from artifactd.families import base
+        # lazy: the base classes load with the first family read: a no-op restore needs neither.
+        from artifactd.families import base  # noqa: PLC0415
 
         return getattr(base, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

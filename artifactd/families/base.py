@@ -297,7 +297,7 @@ def expanduser(value: str, environ: Mapping[str, str]) -> Path:
 def sanitize_user(user: str | None) -> str:
     """Return the user name as torch puts it into ``torchinductor_<user>``."""
     if user is None:
-        import getpass  # loads termios: only when no user was given
+        import getpass  # noqa: PLC0415  # lazy: it loads termios,: only when no user was given
 
         try:
             user = getpass.getuser()

@@ -118,7 +118,8 @@ def dsl_user(environ: Mapping[str, str]) -> str | None:
     if named:
         return named
     try:
-        import pwd
+        # lazy: pwd is POSIX-only; elsewhere the DSL falls back on its own
+        import pwd  # noqa: PLC0415
     except ImportError:  # not POSIX: the DSL's own lookup raises, then falls back
         return None
     try:

@@ -180,8 +180,10 @@ def rewrite_handles(data: bytes, old: tuple[str, ...], new: str) -> bytes | None
     vLLM writes it (``pprint`` with ``indent=4``), so a path pprint wrapped
     across string literals (it splits at blanks) is still found.
     """
-    import ast  # with pprint, only for a vLLM cache's handle file
-    import pprint
+    # lazy: with pprint, only for a vLLM cache's handle file, never a restore
+    # (tests/test_startup.py)
+    import ast  # noqa: PLC0415
+    import pprint  # noqa: PLC0415
 
     try:
         doc = ast.literal_eval(data.decode("utf-8"))
@@ -192,7 +194,8 @@ def rewrite_handles(data: bytes, old: tuple[str, ...], new: str) -> bytes | None
 
 def _parse_handles(data: bytes) -> dict[Any, Any] | None:
     """Parse a handle file the way vLLM does (``ast.literal_eval``); None unless a dict."""
-    import ast
+    # lazy: only a vLLM handle file needs it, never a restore (tests/test_startup.py)
+    import ast  # noqa: PLC0415
 
     try:
         doc = ast.literal_eval(data.decode("utf-8"))
@@ -209,7 +212,8 @@ def merge_handles(ours: bytes, theirs: bytes) -> bytes | None:
     file that is not a dict literal, is a conflict. Never ``eval``: only
     ``ast.literal_eval`` reads the files.
     """
-    import pprint
+    # lazy: only a vLLM handle file needs it, never a restore (tests/test_startup.py)
+    import pprint  # noqa: PLC0415
 
     mine, other = _parse_handles(ours), _parse_handles(theirs)
     if mine is None or other is None:
@@ -361,7 +365,7 @@ def _is_port(value: Any) -> bool:
 
 def _address_why(text: str) -> str | None:
     """Why ``text`` names a pod's address (loopback and unspecified are the same everywhere)."""
-    import ipaddress  # only classifying hash factors needs it, never a restore
+    import ipaddress  # noqa: PLC0415  # lazy: only classifying hash factors needs it
 
     for m in _IPV4.finditer(text):
         try:
@@ -382,7 +386,7 @@ def _address_why(text: str) -> str | None:
 
 def _ip_literal(text: str) -> _Address | None:
     """Parse ``10.1.2.3``, ``10.1.2.3:8000``, ``[fd00::1]:80``, ``tcp://host:port/x``."""
-    import ipaddress  # only classifying hash factors needs it, never a restore
+    import ipaddress  # noqa: PLC0415  # lazy: only classifying hash factors needs it
 
     s = _SCHEME.sub("", text.strip()).split("/", 1)[0]
     if s.startswith("["):

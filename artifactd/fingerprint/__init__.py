@@ -5,7 +5,8 @@ Modules:
 * :mod:`~artifactd.fingerprint.model`: the typed :class:`Fingerprint` (pydantic), for
   commands that validate or display one.
 * :mod:`~artifactd.fingerprint.probe`: probe this machine into a plain fingerprint
-  document, fast (NVML, dist-info, toolchains), started early and answered later.
+  document, fast (NVML, dist-info, toolchains), started early and answered later
+  (typed by the model only on request: ``probe_fingerprint``).
 * :mod:`~artifactd.fingerprint.tools`: the toolchains' ``--version`` (``nvcc``,
   ``ptxas``, the C compiler), run side by side without :mod:`subprocess`.
 * :mod:`~artifactd.fingerprint.key`: the canonical hash, per-family scope keys, and

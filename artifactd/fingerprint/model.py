@@ -9,8 +9,10 @@ Each cache family depends on only some of its fields, named by dotted paths
 (``gpu.arch``, ``libraries.triton``); :meth:`Fingerprint.scope_key` hashes just
 those, so a model or TP change still restores the Triton kernels.
 
-Probing lives in :mod:`artifactd.fingerprint.probe` (no pydantic, no torch); this module
-adds the typed model, its JSON Schema and ``--set``-style views over it.
+Probing lives in :mod:`artifactd.fingerprint.probe` (no pydantic, no torch), which
+also returns a probe typed by this model
+(:func:`~artifactd.fingerprint.probe.probe_fingerprint`); this module adds the
+typed model, its JSON Schema and ``--set``-style views over it, and never probes.
 """
 
 from __future__ import annotations
@@ -23,18 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from artifactd import __version__
 from artifactd.errors import ConfigError, UsageError
 from artifactd.fingerprint import key
-from artifactd.fingerprint import probe as probing
 from artifactd.fingerprint.key import flatten, parse_gpu_arch, parse_pairs
-from artifactd.fingerprint.probe import TRACKED_LIBRARIES, arch_for_capability
 
 __all__ = [
-    "TRACKED_LIBRARIES",
     "Fingerprint",
-    "arch_for_capability",
     "flatten",
     "parse_gpu_arch",
     "parse_pairs",
-    "probe",
 ]
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -208,30 +205,6 @@ class Fingerprint(_Model):
                 f"first: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}",
                 hint="produce one with `artifactd fingerprint --json`",
             ) from exc
-
-
-def probe(
-    *,
-    gpu_arch: str | None = None,
-    image_digest: str | None = None,
-    workload: Mapping[str, str] | None = None,
-    environ: Mapping[str, str] | None = None,
-    use_nvml: bool = True,
-    overrides: Sequence[str] = (),
-) -> Fingerprint:
-    """Probe this machine and return its typed fingerprint (see :func:`probing.probe_raw`).
-
-    ``overrides`` are ``PATH=VALUE`` assignments (``--set``) applied to the probed
-    document before validation.
-    """
-    raw = probing.probe_raw(
-        gpu_arch=gpu_arch,
-        image_digest=image_digest,
-        workload=workload,
-        environ=environ,
-        use_nvml=use_nvml,
-    )
-    return from_raw(key.apply_overrides(raw, overrides) if overrides else raw)
 
 
 def from_raw(raw: Mapping[str, Any]) -> Fingerprint:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import sys
 import time
@@ -55,6 +56,8 @@ from artifactd.hashing import sha256_hex
 
 if TYPE_CHECKING:
     import threading
+
+    from artifactd.fingerprint.model import Fingerprint
 
 #: Distributions whose version and content hash enter the fingerprint.
 TRACKED_LIBRARIES = (
@@ -186,13 +189,14 @@ def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
     """
     out: Raw = {"cuda_version": None, "sm_count": None}
     if lib is None:
-        import ctypes
+        # lazy: ctypes only on a host with an NVIDIA driver (artifactd/cli/fast.py's GPU list)
+        import ctypes  # noqa: PLC0415
 
         try:
             lib = ctypes.CDLL("libcuda.so.1")
         except OSError:
             return out
-    import ctypes
+    import ctypes  # noqa: PLC0415  # lazy: as above
 
     version = ctypes.c_int(0)
     if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
@@ -220,7 +224,8 @@ def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
     if not has_nvidia_driver():
         return None  # skip importing and loading NVML
     try:
-        import pynvml
+        # lazy: nvidia-ml-py is optional (the gpu extra), read only on a host with an NVIDIA driver
+        import pynvml  # noqa: PLC0415
     except ImportError:
         return None
     try:
@@ -389,7 +394,8 @@ class _Background:
         self._results: dict[str, Any] = {}
 
     def start(self, name: str, fn: Callable[[], Any]) -> None:
-        import threading
+        # lazy: no thread, nor threading, on a CPU host: only the NVML probe runs on one
+        import threading  # noqa: PLC0415
 
         def run() -> None:
             self._results[name] = fn()
@@ -407,7 +413,6 @@ class _Background:
 def _user() -> str | None:
     # The account's name, as the passwd database gives it for this uid (getpass
     # would read LOGNAME and USER first, and load termios to do it).
-    import pwd  # built into the interpreter: no shared library to load
 
     try:
         return pwd.getpwuid(os.getuid()).pw_name
@@ -439,6 +444,33 @@ def probe_raw(
         use_nvml=use_nvml,
         cache=cache,
     ).result()
+
+
+def probe_fingerprint(
+    *,
+    gpu_arch: str | None = None,
+    image_digest: str | None = None,
+    workload: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    use_nvml: bool = True,
+    overrides: Sequence[str] = (),
+) -> Fingerprint:
+    """Probe this machine and return its typed fingerprint (see :func:`probe_raw`).
+
+    ``overrides`` are ``PATH=VALUE`` assignments (``--set``) applied to the probed
+    document before validation.
+    """
+    # lazy: the model (pydantic) stays off the fast path, which probes untyped
+    from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
+
+    raw = probe_raw(
+        gpu_arch=gpu_arch,
+        image_digest=image_digest,
+        workload=workload,
+        environ=environ,
+        use_nvml=use_nvml,
+    )
+    return from_raw(apply_overrides(raw, overrides) if overrides else raw)
 
 
 class PendingProbe:
@@ -491,15 +523,18 @@ class PendingProbe:
         if self._raw is None:
             raw = self._finish()
             if self._overrides:
-                # The one use of the typed model here: only overrides need its coercion.
-                from artifactd.fingerprint.model import from_raw
+                # The one use of the typed model here: only overrides need its coercion
+                # (lazy: pydantic stays off the fast path).
+                from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
 
                 raw = from_raw(apply_overrides(raw, self._overrides)).model_dump(mode="json")
             self._raw = raw
         return self._raw
 
     def _finish(self) -> Raw:
-        import sysconfig
+        # lazy: imported as the probe finishes, so its load (about 7 ms) overlaps the tools'
+        # subprocesses
+        import sysconfig  # noqa: PLC0415
 
         dists = self._dists
         libraries = {name: library_info(d, self._cache) for name, d in sorted(dists.items())}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from artifactd.constants import ENV_CACHE_DIR, HOME, XDG_CACHE_HOME
+from artifactd.fsutil import atomic_write
 
 SCHEMA_VERSION = 1
 CACHE_FILE_NAME = "probe-cache.json"
@@ -111,7 +112,6 @@ class ProbeCache:
             return
         kept = dict(list(self._entries.items())[-MAX_ENTRIES:])
         data = json.dumps({"schema_version": SCHEMA_VERSION, "entries": kept}).encode()
-        from artifactd.fsutil import atomic_write  # only a miss writes: keep it off the hit path
 
         try:
             atomic_write(self.path, data, mode=0o600)

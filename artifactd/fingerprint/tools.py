@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import time
 
 from artifactd.constants import PATH, current_environ
@@ -81,7 +82,6 @@ class Tool:
         """Wait for the tool; its stdout when it exits 0, else None (missing, failed, too slow)."""
         if self._pid is None:
             return None
-        import select  # a C module: cheap
 
         chunks: list[bytes] = []
         try:

@@ -13,10 +13,19 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
+from artifactd import bounds as B  # noqa: N812
 from artifactd.errors import SchemaError
 from artifactd.fingerprint.model import Fingerprint
+from artifactd.format.canary import Canary
 from artifactd.format.oci import DIGEST_PATTERN
 
 #: The format version artifactd writes. 1: layer members are ``<component>/<path>``.
@@ -247,6 +256,27 @@ class ArtifactConfig(_Model):
     fingerprint_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     layers: list[LayerRecord]
     provenance: Provenance
+    canaries: list[Canary] = Field(
+        default_factory=list,
+        max_length=B.MAX_CELLS,
+        description="Per serve cell, the canary it recorded (matrix `serve.canary`); "
+        "left out of the document when there is none.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_empty_canaries(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # An artifact with no canary keeps the bytes (and the config digest) it
+        # had before canaries existed, and stays readable by older releases.
+        doc: dict[str, Any] = handler(self)
+        if not doc.get("canaries"):
+            doc.pop("canaries", None)
+        return doc
+
+    def canary(self, cell: str | None = None) -> Canary | None:
+        """Return the canary of ``cell`` (default: the only one), or None."""
+        if cell is None:
+            return self.canaries[0] if len(self.canaries) == 1 else None
+        return next((c for c in self.canaries if c.cell == cell), None)
 
     def member_prefix(self, family: str) -> str | None:
         """Return the directory ``family``'s layer members sit under (format 2), or None."""

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, BinaryIO, Literal
 
+import zstandard
+
 from artifactd.constants import DEFAULT_PREBUILT, ENV_IMAGE_DIGEST, ENV_PREBUILT
 from artifactd.errors import (
     ArtifactdError,
@@ -306,8 +308,6 @@ class _Compressor:
             # mtime 0 and no file name: the same tar gives the same bytes.
             self._writer = gzip.GzipFile(fileobj=sink, mode="wb", mtime=0, compresslevel=6)
         else:
-            import zstandard
-
             self._writer = zstandard.ZstdCompressor(level=6).stream_writer(sink, closefd=False)
 
     def __enter__(self) -> Any:

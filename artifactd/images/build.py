@@ -33,15 +33,23 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+import jinja2
+import jinja2.meta
+import requests
 
 from artifactd.constants import DOCKER_HOST, current_environ
 from artifactd.errors import BuildError, ConfigError, NotFoundError, StoreError, UsageError
 from artifactd.events import EventSink, discard
+from artifactd.images.append import write_layout
 from artifactd.images.wheels import artifactd_version, default_source, pip_wheel
+from artifactd.stores.artifacts import open_artifact
 from artifactd.stores.credentials import check_unbound_pair
 from artifactd.stores.reference import parse_registry_ref
+from artifactd.stores.registry import IMAGE_ACCEPT, RegistryRef, RegistryStore
 
 if TYPE_CHECKING:
     import docker
@@ -104,7 +112,6 @@ def template_text(kind: str) -> str:
     from the source checkout's ``dockerfiles/`` (an editable install).
     """
     name = _template_name(kind)
-    from importlib.resources import files
 
     packaged = files("artifactd") / "dockerfiles" / name
     if packaged.is_file():
@@ -133,9 +140,6 @@ def render_dockerfile(kind: str, **variables: str) -> str:
     empty (``StrictUndefined``). Values are limited to the characters of image
     references, digests and versions, so none can add a Dockerfile instruction.
     """
-    import jinja2
-    import jinja2.meta
-
     name = _template_name(kind)
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined,
@@ -339,9 +343,6 @@ def _runtime_context(
     *, base: str, artifact: str, ctx: Path, work: Path, insecure: bool, on_event: EventSink
 ) -> _Job:
     """Resolve the base to a digest; write the artifact as ``ctx/prebuilt/`` (an OCI layout)."""
-    from artifactd.images.append import write_layout
-    from artifactd.stores.artifacts import open_artifact
-
     base_ref, base_digest = resolve_base(base, insecure=insecure)
     on_event({"stage": "image", "event": "resolved", "base": base_ref})
     art = open_artifact(artifact, insecure=insecure)
@@ -373,13 +374,6 @@ def resolve_base(base: str, *, insecure: bool = False) -> tuple[str, str]:
     A tag is looked up on the registry (the manifest it names, in any image
     format, its digest verified); a digest is taken as given.
     """
-    from artifactd.stores.registry import (
-        IMAGE_ACCEPT,
-        RegistryRef,
-        RegistryStore,
-        parse_registry_ref,
-    )
-
     ref = parse_registry_ref(base)
     if ref.reference is None:
         raise UsageError(
@@ -465,13 +459,13 @@ def _client(host: str | None) -> docker.DockerClient:
     ``DOCKER_TLS_VERIFY`` and ``DOCKER_CERT_PATH``, as the docker CLI reads them.
     """
     try:
-        import docker
-        from docker import errors
+        # lazy: the docker SDK is optional (the docker extra)
+        import docker  # noqa: PLC0415
+        from docker import errors  # noqa: PLC0415
     except ImportError:
         raise UsageError(
             "image build needs the docker SDK, which is not installed", hint=DOCKER_EXTRA
         ) from None
-    import requests
 
     address = host or docker_host()
     try:
@@ -509,8 +503,7 @@ def _engine_build(
     client: docker.DockerClient, ctx: Path, tag: str, kind: str, on_event: EventSink
 ) -> str:
     """Build ``ctx`` as ``tag``; return the image ID. Raise with the log's tail on failure."""
-    import requests
-    from docker import errors
+    from docker import errors  # noqa: PLC0415  # lazy: the docker extra, optional
 
     tail: deque[str] = deque(maxlen=LOG_TAIL)
     image_id: str | None = None
@@ -552,8 +545,7 @@ def _engine_build(
 
 def _get_image(client: docker.DockerClient, image_id: str) -> Any:
     """Return the built image, inspected."""
-    import requests
-    from docker import errors
+    from docker import errors  # noqa: PLC0415  # lazy: the docker extra, optional
 
     try:
         return client.images.get(image_id)
@@ -565,8 +557,7 @@ def _get_image(client: docker.DockerClient, image_id: str) -> Any:
 
 def _tag(image: Any, name: str) -> None:
     """Give the built image one more name."""
-    import requests
-    from docker import errors
+    from docker import errors  # noqa: PLC0415  # lazy: the docker extra, optional
 
     repo, tag = _split_name(name)
     try:
@@ -582,8 +573,7 @@ def _tag(image: Any, name: str) -> None:
 
 def _push(client: docker.DockerClient, ref: str, insecure: bool, on_event: EventSink) -> str:
     """Push ``ref`` (tagged already); return the manifest digest the registry holds."""
-    import requests
-    from docker import errors
+    from docker import errors  # noqa: PLC0415  # lazy: the docker extra, optional
 
     repo, tag = _split_name(ref)
     digest: str | None = None
@@ -617,8 +607,7 @@ def _push(client: docker.DockerClient, ref: str, insecure: bool, on_event: Event
 
 def _local_digest(client: docker.DockerClient, base: str) -> str | None:
     """Return the repo digest the engine records for ``base``, when it has one."""
-    import requests
-    from docker import errors
+    from docker import errors  # noqa: PLC0415  # lazy: the docker extra, optional
 
     repo = _split_name(base)[0] if "@" not in base else base.split("@", 1)[0]
     try:

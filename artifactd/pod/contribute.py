@@ -48,18 +48,24 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from artifactd import __version__
+from artifactd.bounds import DELTA_MAX_BYTES
 from artifactd.errors import ArtifactdError, NoSpaceError, NotFoundError, TargetError
+from artifactd.families import Located, get_family
+from artifactd.format.archive import pack_family
+from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, RootFS
 from artifactd.format.oci import DELTA_TAG_PREFIX
+from artifactd.fsutil import InputFileError, open_regular
+from artifactd.pod.verdict import restore_time, written_entries
+from artifactd.restore.destination import CacheVolume
+from artifactd.stores import open_store
+from artifactd.stores.artifacts import publish, read_artifact
+from artifactd.trust.signatures import sign
 
 if TYPE_CHECKING:
     from artifactd.families.base import Family
     from artifactd.format.archive import PackedLayer
-    from artifactd.format.config import ArtifactConfig, LayerRecord
     from artifactd.restore.marker import RestoreMarker
     from artifactd.trust.keys import PrivateKey
-
-#: The default cap on a delta's files (bytes, unpacked).
-DEFAULT_MAX_BYTES = 2 << 30
 
 
 @dataclass
@@ -105,7 +111,7 @@ def contribute(
     *,
     base_store: str | None = None,
     sign_key: PrivateKey | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_bytes: int = DELTA_MAX_BYTES,
     insecure: bool = False,
 ) -> ContributeResult:
     """Publish what the engine wrote under ``target`` since its restore (module doc).
@@ -118,9 +124,6 @@ def contribute(
     a store cannot be read or written, and :class:`NoSpaceError` or
     :class:`TargetError` when the temp dir cannot hold the staging copy.
     """
-    from artifactd.pod.verdict import restore_time
-    from artifactd.restore.destination import CacheVolume
-
     volume = CacheVolume(target)
     result = ContributeResult(target=str(volume.root), store=store_ref, published=False, reason="")
     marker = volume.installed()
@@ -231,9 +234,6 @@ class _Written(NamedTuple):
 
 def _written(marker: RestoreMarker, cutoff: float) -> list[_Written]:
     """Walk (``lstat`` only) the files the verdict counts, per restored family."""
-    from artifactd.families import get_family
-    from artifactd.pod.verdict import written_entries
-
     found: list[_Written] = []
     for name, fam_marker in sorted(marker["families"].items()):
         fam = get_family(name)
@@ -257,8 +257,6 @@ def _stage(
     the walk. A file that cannot be read (or is not the one the walk saw) is
     left out, and named in ``skipped``.
     """
-    from artifactd.families import get_family
-
     staged: dict[str, tuple[dict[str, Path], int, int]] = {}
     budget = max_bytes
     for w in written:
@@ -293,8 +291,6 @@ def _copy_one(fam: Family, w: _Written, dest: Path, budget: int) -> int:
     :class:`_OverCapError` past the budget and :class:`_UnreadableError` for a source
     that cannot be read; an ``OSError`` is the stage's (writing).
     """
-    from artifactd.fsutil import InputFileError, open_regular
-
     out = dest / w.rel
     try:
         src = open_regular(w.root / w.rel, expect=w.st)
@@ -344,9 +340,6 @@ def _scratch_error(exc: OSError) -> ArtifactdError:
 
 
 def _read_base(store_ref: str, digest: str, *, insecure: bool) -> ArtifactConfig:
-    from artifactd.stores import open_store
-    from artifactd.stores.artifacts import read_artifact
-
     with open_store(store_ref, insecure=insecure) as st:
         art = read_artifact(st, digest)
     if art is None:
@@ -367,10 +360,6 @@ def _pack(
     sign_key: PrivateKey | None,
 ) -> tuple[ArtifactConfig, dict[str, PackedLayer]]:
     """Pack each family's staged files as its layer; return the delta's config and layers."""
-    from artifactd.families import Located, get_family
-    from artifactd.format.archive import pack_family
-    from artifactd.format.config import ArtifactConfig, Provenance, RootFS
-
     records: list[LayerRecord] = []
     packed: dict[str, PackedLayer] = {}
     for name, (dirs, _, _) in staged.items():
@@ -417,9 +406,6 @@ def _publish(
     sign_key: PrivateKey | None,
     insecure: bool,
 ) -> ContributeResult:
-    from artifactd.stores import open_store
-    from artifactd.stores.artifacts import publish
-
     if not art.layers:
         result.reason = "only partial entries were written since the restore: nothing to publish"
         return result
@@ -438,8 +424,6 @@ def _publish(
         pub = publish(st, art, packed, work, tags=[tag])
         result.digest, result.bytes_uploaded = pub.digest, pub.bytes_uploaded
         if sign_key is not None:
-            from artifactd.trust.signatures import sign
-
             result.signed_by = sign(st, pub.digest, sign_key).key_id
     result.published = True
     result.reason = f"published {sum(len(r.files) for r in art.layers)} file(s) as {tag}"
@@ -447,7 +431,6 @@ def _publish(
 
 
 __all__ = [
-    "DEFAULT_MAX_BYTES",
     "DELTA_TAG_PREFIX",
     "ContributeResult",
     "FamilyDelta",

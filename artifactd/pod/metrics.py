@@ -40,9 +40,14 @@ these). The names:
                                                        ``first_request``), those found
 ``artifactd_engine_cuda_graph_shapes``                 CUDA-graph shapes captured, when said
 ``artifactd_ready{level}``                             1 when the pod reached ``serviceable`` /
-                                                       ``prewarmed`` (status with
-                                                       ``--engine-url``; see
+                                                       ``prewarmed`` / ``verified`` (status
+                                                       with ``--engine-url``; see
                                                        :mod:`artifactd.pod.readiness`)
+``artifactd_canary{outcome,mode}``                     1 for the canary's outcome (``verified``,
+                                                       ``drift``, ``failed``; ``exact`` or
+                                                       ``tolerance``): status ``--canary``
+``artifactd_quarantined{artifact}``                    1 for the artifact a failed canary
+                                                       quarantined in the node store
 ``artifactd_node_store_bytes``                         bytes of every blob in the node store
 ``artifactd_node_store_evictions_total``               artifacts gc evicted, every run (the
                                                        store keeps the count)
@@ -231,6 +236,26 @@ def _engine_metrics(
         )
         level.labels("serviceable").set(1 if ready.serviceable else 0)
         level.labels("prewarmed").set(1 if ready.prewarmed else 0)
+        level.labels("verified").set(1 if ready.verified else 0)
+        if ready.canary is not None:
+            outcome = Gauge(
+                "canary",
+                "1 for the outcome of the canary's replay (verified, drift, failed)",
+                ["outcome", "mode"],
+                namespace=NAMESPACE,
+                registry=reg,
+            )
+            for name in ("verified", "drift", "failed"):
+                hit = 1 if ready.canary.outcome == name else 0
+                outcome.labels(name, ready.canary.mode).set(hit)
+        if ready.quarantined is not None:
+            Gauge(
+                "quarantined",
+                "1 for an artifact this status quarantined in the node store (its canary failed)",
+                ["artifact"],
+                namespace=NAMESPACE,
+                registry=reg,
+            ).labels(ready.quarantined).set(1)
 
 
 def node_store_registry(

@@ -28,13 +28,10 @@ import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from artifactd.errors import NotFoundError, TargetError, UsageError
 from artifactd.fsutil import atomic_write
-
-if TYPE_CHECKING:
-    from artifactd.stores.layout import LayoutStore
+from artifactd.stores.layout import LayoutStore
 
 #: The label prefix (a DNS-1123 subdomain) of every label artifactd publishes.
 LABEL_PREFIX = "artifactd.io"
@@ -100,15 +97,23 @@ def node_labels(
     At most ``max_labels`` (0 gives none); ties in last use go by tag. Raises
     :class:`UsageError` for a negative bound or an invalid prefix.
     """
-    from artifactd.stores.nodestore import read_usage
-    from artifactd.trust.signatures import parse_attached_tag
+    # lazy: artifactd.cli.nodes imports this module for its option defaults, at
+    # every click start (tests/test_startup.py holds what --help loads)
+    from artifactd.stores.nodestore import read_usage, refused_digests  # noqa: PLC0415
+    from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
 
     if max_labels < 0:
         raise UsageError(f"--max-labels must be 0 or more, not {max_labels}")
     _check_prefix(prefix)
     usage = read_usage(node.root)
     # One read of index.json for every tag (a lookup per tag read it once per tag).
-    tags = {t: d for t, d in node.tag_digests().items() if parse_attached_tag(t) is None}
+    # A quarantined artifact (its canary failed here) is not advertised: no pod is steered to it.
+    refused = refused_digests(node.root)
+    tags = {
+        t: d
+        for t, d in node.tag_digests().items()
+        if parse_attached_tag(t) is None and d not in refused
+    }
     order = sorted(tags, key=lambda t: (-usage.get(tags[t], 0.0), t))
     keys: dict[str, None] = {}  # insertion-ordered, with a set's membership test
     for tag in order:
@@ -140,8 +145,6 @@ def write_features(
     rename, never seen half-written. Raises :class:`TargetError` when it
     cannot be written, and :class:`StoreError` when the node store cannot be read.
     """
-    from artifactd.stores.layout import LayoutStore
-
     keys: list[str] = []
     try:  # one that cannot be read is a StoreError: its labels are not cleared
         node: LayoutStore | None = LayoutStore(root)

@@ -1,4 +1,4 @@
-"""Two readiness levels of a pod: ``serviceable`` and ``prewarmed`` (``status --ready``).
+"""A pod's readiness levels: ``serviceable``, ``prewarmed``, ``verified`` (``status --ready``).
 
 * **serviceable**: the engine answers (``GET <engine-url>/health`` is 200
   within :data:`PROBE_TIMEOUT_S`) and the restore's verdicts are known (no
@@ -11,6 +11,13 @@
   answer 200, and then every family the restore selected must be ``used``
   (:func:`artifactd.pod.verdict.judge`, the one rule: a family restored and
   written to since, or missed, is not).
+* **verified**: prewarmed, and the artifact's canary replayed on the engine
+  (``status --canary``: :func:`artifactd.pod.canary.replay`, one short request)
+  gave the tokens the build recorded: ``verified`` (exact, or the tolerance
+  check on another GPU, driver or engine version) or ``drift`` (same tokens,
+  other logprobs: reached, with a warning). Other tokens, NaN, an empty output
+  or an error fail the canary: the pod is not ready whatever level was asked,
+  and ``status`` exits :data:`CANARY_FAILED_EXIT`.
 
 Why status sends the shapes itself rather than reading what the engine
 served: an engine's access log says that a request was answered, not its
@@ -23,7 +30,8 @@ request. The requests cost one warm-up pass per probe: run it as a
 longer than the pass (deploy/k8s).
 
 Exit codes (:meth:`Readiness.exit_code`): ``status --ready LEVEL`` exits 0
-when LEVEL is reached, :data:`NOT_READY_EXIT` when not: a Kubernetes exec
+when LEVEL is reached, :data:`NOT_READY_EXIT` when not, and
+:data:`CANARY_FAILED_EXIT` whenever the canary failed: a Kubernetes exec
 probe reads exactly that.
 
 The engine is someone else's and may misbehave: every exchange with it is
@@ -44,14 +52,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from artifactd.boundedhttp import ExchangeError, exchange, parse_url
 from artifactd.errors import UsageError
 
 if TYPE_CHECKING:
     from artifactd.build.matrix import ServeCell
+    from artifactd.pod.canary import CanaryResult
     from artifactd.pod.status import TargetStatus
 
 #: ``status --ready LEVEL``: the level was not reached.
 NOT_READY_EXIT = 15
+#: ``status --canary``: the canary failed (other tokens, NaN, empty output, an error).
+CANARY_FAILED_EXIT = 16
 #: One health probe may take this long: a probe must answer fast, and so must the engine.
 PROBE_TIMEOUT_S = 2.0
 #: One warm-up request may take this long, whole. A restored shape answers in
@@ -62,8 +74,8 @@ PREWARM_DEADLINE_S = 600.0
 #: Largest answer read from ``/health``.
 HEALTH_MAX_BYTES = 64 << 10
 
-Level = Literal["serviceable", "prewarmed"]
-LEVELS: tuple[Level, ...] = ("serviceable", "prewarmed")
+Level = Literal["serviceable", "prewarmed", "verified"]
+LEVELS: tuple[Level, ...] = ("serviceable", "prewarmed", "verified")
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,8 @@ class Readiness:
     """The levels a pod reached, and why not the next one.
 
     ``engine`` says what the health probe got; ``why_not`` is None when
-    prewarmed, else why the pod is not (the first reason found).
+    verified, else why the pod is not (the first reason found). ``canary``
+    is the canary's replay (``status --canary``), ``warning`` a drift's.
     """
 
     serviceable: bool
@@ -95,27 +108,53 @@ class Readiness:
     engine: str
     prewarm: Prewarm | None
     why_not: str | None
+    canary: CanaryResult | None = None
+    warning: str | None = None
+    #: The artifact a failed canary quarantined in the node store (``--node-store``).
+    quarantined: str | None = None
+
+    @property
+    def canary_failed(self) -> bool:
+        """Whether a replayed canary failed: the pod must not serve."""
+        return self.canary is not None and not self.canary.ready
+
+    @property
+    def verified(self) -> bool:
+        """Prewarmed, and the canary replayed as ``verified`` or ``drift``."""
+        return self.prewarmed and self.canary is not None and self.canary.ready
 
     @property
     def level(self) -> str:
-        """The highest level reached, or ``not ready``."""
+        """The highest level reached, or ``not ready`` (always, when the canary failed)."""
+        if self.canary_failed:
+            return "not ready"
+        if self.verified:
+            return "verified"
         if self.prewarmed:
             return "prewarmed"
         return "serviceable" if self.serviceable else "not ready"
 
     def reached(self, level: Level) -> bool:
         """Whether ``level`` is reached."""
+        if self.canary_failed:
+            return False
+        if level == "verified":
+            return self.verified
         return self.prewarmed if level == "prewarmed" else self.serviceable
 
     def exit_code(self, level: Level | None) -> int:
-        """0, or :data:`NOT_READY_EXIT` when ``level`` is asked and not reached."""
+        """0, or the exit code of what failed.
+
+        :data:`CANARY_FAILED_EXIT` when the canary failed, else
+        :data:`NOT_READY_EXIT` when ``level`` is asked and not reached.
+        """
+        if self.canary_failed:
+            return CANARY_FAILED_EXIT
         return NOT_READY_EXIT if level is not None and not self.reached(level) else 0
 
 
 def check_engine_url(engine_url: str) -> str:
     """Return ``engine_url`` as shown (no password); raise :class:`UsageError` if malformed."""
-    from artifactd.boundedhttp import parse_url
-
     return parse_url(engine_url, "--engine-url").shown
 
 
@@ -124,8 +163,6 @@ def probe_health(engine_url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[boo
 
     The whole exchange within ``timeout``; the URL is shown without its password.
     """
-    from artifactd.boundedhttp import ExchangeError, exchange, parse_url
-
     endpoint = parse_url(engine_url.rstrip("/") + "/health", "--engine-url")
     started = time.monotonic()
     try:
@@ -143,7 +180,9 @@ def prewarm_cell(matrix_path: Path, engine_url: str, cell_id: str | None) -> Ser
     and no ``cell_id``, or not that one; the matrix's own errors are its
     :class:`~artifactd.errors.ConfigError`.
     """
-    from artifactd.build.matrix import expand, load_matrix
+    # lazy: a climb against the stage order, named in tests/test_layout.py's STAGE_EXCEPTIONS
+    # (status --matrix only)
+    from artifactd.build.matrix import expand, load_matrix  # noqa: PLC0415
 
     matrix = load_matrix(matrix_path)
     cells = [c for c in expand(matrix, matrix_path) if c.serve is not None]
@@ -178,11 +217,13 @@ def readiness(
     *,
     sent: Prewarm | None = None,
     answered: tuple[bool, str] | None = None,
+    canary: CanaryResult | None = None,
+    no_canary: str | None = None,
 ) -> Readiness:
     """Decide the levels from a status taken *after* the warm-up requests (if any) were sent.
 
     ``answered`` is the health probe's result (:func:`probe_health`), ``sent`` what
-    ``--prewarm`` sent.
+    ``--prewarm`` sent, ``canary`` the canary's replay (or ``no_canary``: why none ran).
     """
     if engine_url is None:
         ok, engine = False, "not probed: no --engine-url"
@@ -198,8 +239,16 @@ def readiness(
     serviceable = why is None
     if why is None:
         why = _not_prewarmed(status, sent)
+    prewarmed = serviceable and why is None
+    warning = None
+    if canary is not None and not canary.ready:
+        why = f"the canary failed: {canary.why}"
+    elif canary is not None and canary.outcome == "drift":
+        warning = f"canary drift: {canary.why}"
+    elif why is None and canary is None:
+        why = no_canary or "no canary was replayed: give --canary"
     shown = None if engine_url is None else check_engine_url(engine_url)
-    return Readiness(serviceable, serviceable and why is None, shown, engine, sent, why)
+    return Readiness(serviceable, prewarmed, shown, engine, sent, why, canary, warning)
 
 
 def _not_prewarmed(status: TargetStatus, sent: Prewarm | None) -> str | None:
@@ -221,6 +270,7 @@ def _not_prewarmed(status: TargetStatus, sent: Prewarm | None) -> str | None:
 
 
 __all__ = [
+    "CANARY_FAILED_EXIT",
     "LEVELS",
     "NOT_READY_EXIT",
     "PREWARM_DEADLINE_S",

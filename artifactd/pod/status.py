@@ -229,7 +229,7 @@ def status_report(status: TargetStatus, ready: Readiness | None = None) -> dict[
     """
     body = {**_fields(status), "compiled_anyway": status.compiled_anyway}
     if ready is not None:
-        body["readiness"] = {**jsonable(ready), "level": ready.level}
+        body["readiness"] = {**jsonable(ready), "level": ready.level, "verified": ready.verified}
     return versioned(body)
 
 

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 STATE_DIR = ".artifactd"
 MARKER_NAME = "restored.json"
 JOURNAL_NAME = "journal.json"
+#: The canaries of the whole artifact installed (:mod:`artifactd.format.canary`).
+CANARY_NAME = "canary.json"
 LOCK_NAME = "lock"
 ENV_FILE_NAME = "artifactd.env"
 ENV_TMP_PREFIX = ".tmp-artifactd-env-"
@@ -118,7 +120,8 @@ def parse_env_file(path: Path) -> dict[str, str]:
     environment variable (a NUL byte, no name before ``=``, unbalanced quotes)
     is a :class:`ConfigError` naming the line, never its content.
     """
-    import shlex
+    # lazy: only reading an env file needs it; a no-op restore never loads shlex
+    import shlex  # noqa: PLC0415
 
     env: dict[str, str] = {}
     text = read_regular(path, MAX_ENV_FILE, follow=True).decode("utf-8")
@@ -170,7 +173,7 @@ def render_env_file(env: dict[str, str]) -> str:
         value = env[key]
         check_env_text(value, f"the env value for {key}")
         if not _SAFE_VALUE.match(value):
-            import shlex  # only a value with shell syntax in it needs quoting
+            import shlex  # noqa: PLC0415  # only a value with shell syntax in it needs quoting
 
             value = shlex.quote(value)
         lines.append(f"{key}={value}")
@@ -205,6 +208,22 @@ class CacheVolume:
         return self.state / JOURNAL_NAME
 
     # -- reading -------------------------------------------------------------
+    @property
+    def canary_path(self) -> Path:
+        """``<target>/.artifactd/canary.json``."""
+        return self.state / CANARY_NAME
+
+    def write_canaries(self, doc: bytes | None) -> None:
+        """Replace the canary document (``None``: remove it); before the marker, under the lock.
+
+        A reader trusts it only while it names the artifact the marker records,
+        so a crash between this write and the marker leaves nothing trusted.
+        """
+        if doc is None:
+            self.canary_path.unlink(missing_ok=True)
+        else:
+            atomic_write(self.canary_path, doc, durable=True)
+
     def read_marker(self) -> RestoreMarker | None:
         """Return the marker, or None when it is missing or malformed."""
         try:
@@ -245,7 +264,8 @@ class CacheVolume:
         Waits up to ``timeout`` seconds (default: the volume's lock timeout; 0:
         one try).
         """
-        import fcntl
+        # lazy: only an install takes the lock; a no-op restore never loads fcntl
+        import fcntl  # noqa: PLC0415
 
         try:
             self.state.mkdir(parents=True, exist_ok=True)
@@ -317,7 +337,8 @@ class CacheVolume:
         except OSError:
             data, outcome = None, "discarded"
         if data is not None:
-            from artifactd.restore.journal import (
+            # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+            from artifactd.restore.journal import (  # noqa: PLC0415
                 RestoreJournal,  # only a crashed install leaves one
             )
 
@@ -458,7 +479,8 @@ class CacheVolume:
         is undone, and marker and env file are untouched. ``staging`` (which
         ends up holding the old trees) is removed in every case.
         """
-        from artifactd.restore.journal import RestoreJournal
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.restore.journal import RestoreJournal  # noqa: PLC0415
 
         try:
             marker_bytes = dump(marker)
@@ -529,7 +551,8 @@ def _plan_swaps(swaps: list[Swap]) -> list[JournalEntry]:
     old" one, and where its parent directories are made, is read from the
     staged outer tree, before anything moves.
     """
-    from artifactd.restore.journal import JournalEntry
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.restore.journal import JournalEntry  # noqa: PLC0415
 
     ordered = sorted(swaps, key=lambda s: len(s.dest.parts))
     entries = []
@@ -567,7 +590,7 @@ def _mib(n: int) -> str:
 def remove_tree(path: Path) -> None:
     """Remove a directory tree or a file, whatever is there (errors ignored)."""
     if path.is_dir() and not path.is_symlink():
-        import shutil  # with bz2 and lzma: a no-op restore removes nothing
+        import shutil  # noqa: PLC0415  # with bz2 and lzma: a no-op restore removes nothing
 
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -623,7 +646,8 @@ _AT_FDCWD = -100
 @functools.cache
 def _renameat2() -> object:
     """Return libc's renameat2, or None where libc lacks it (old glibc, musl, macOS)."""
-    import ctypes
+    # lazy: ctypes is off the fast path (artifactd/cli/fast.py allows it for the GPU probe only)
+    import ctypes  # noqa: PLC0415
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)  # the libc this process already loaded
@@ -640,7 +664,8 @@ def _exchange(a: str | Path, b: str | Path) -> bool:
     fn = _renameat2()
     if fn is None:
         return False
-    import ctypes
+    # lazy: ctypes is off the fast path (artifactd/cli/fast.py allows it for the GPU probe only)
+    import ctypes  # noqa: PLC0415
 
     rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)  # type: ignore[operator]
     if rc == 0:

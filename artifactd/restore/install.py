@@ -15,14 +15,18 @@ the init container) is :mod:`artifactd.restore.policy`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
+from artifactd.format.canary import RestoredCanaries
+from artifactd.format.unpack import check_layer
 from artifactd.fsutil import sync_filesystem
 from artifactd.restore.destination import (
     CacheVolume,
@@ -143,8 +147,6 @@ def _restore_locked(
     max_workers: int,
     phases: dict[str, float],
 ) -> tuple[int, int]:
-    from artifactd.format.unpack import check_layer
-
     t0 = time.monotonic()
     hits = plan.hits
     bounds: dict[str, int] = {}
@@ -171,11 +173,21 @@ def _restore_locked(
     ]
     marker = _marker(plan)
     marker["restore_seconds"] = round(time.monotonic() - t0, 3)
+    volume.write_canaries(_canary_doc(plan))
     volume.install(staging, swaps, marker)
     phases["install"] = round(time.monotonic() - t2, 4)
     for fp in hits:
         on_event({"stage": "install", "event": "done", "family": fp.family})
     return sum(t[0] for t in totals), sum(t[1] for t in totals)
+
+
+def _canary_doc(plan: RestorePlan) -> bytes | None:
+    """Return the canary document of a whole artifact's restore, or None (nothing to replay)."""
+    if not plan.canaries or plan.canary_artifact is None:
+        return None
+
+    doc = RestoredCanaries(artifact=plan.canary_artifact, canaries=list(plan.canaries))
+    return doc.model_dump_json().encode()
 
 
 def _marker(plan: RestorePlan) -> RestoreMarker:
@@ -251,7 +263,6 @@ def _stage_all(
     with _Flusher(staging):
         if len(hits) == 1 or workers <= 1:
             return [stage(fp) for fp in hits]
-        from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(workers, len(hits))) as pool:
             return list(pool.map(stage, hits))
@@ -271,8 +282,6 @@ class _Flusher:
     """
 
     def __init__(self, staging: Path) -> None:
-        import threading
-
         self._staging = staging
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flush", daemon=True)

@@ -93,7 +93,7 @@ def load(cls: type[T], data: bytes) -> T:
 def dump(obj: object) -> bytes:
     """Serialise a state document (stable key order, so equal documents are equal bytes)."""
     if not isinstance(obj, dict):
-        import dataclasses  # the journal; a no-op restore never writes
+        import dataclasses  # noqa: PLC0415  # the journal; a no-op restore never writes
 
         obj = dataclasses.asdict(obj)  # type: ignore[call-overload]
     return json.dumps(obj, indent=2, sort_keys=True).encode()
@@ -114,7 +114,7 @@ def _keys(cls: type) -> tuple[set[str], set[str]]:
     """(every key, the keys that may be left out) of a typed dict or dataclass."""
     if is_typeddict(cls):
         return set(cls.__annotations__), set(cls.__optional_keys__)  # type: ignore[attr-defined]
-    import dataclasses  # the journal's documents; the marker needs no dataclasses
+    import dataclasses  # noqa: PLC0415  # the journal's documents; the marker needs no dataclasses
 
     fields = dataclasses.fields(cls)
     optional = {

@@ -45,6 +45,7 @@ from artifactd.errors import (
 from artifactd.families import FAMILIES
 from artifactd.format import config
 from artifactd.format.config import TREE_DOC, FamilyTree
+from artifactd.format.unpack import source_error, stage_tree
 from artifactd.fsutil import read_regular
 from artifactd.hashing import digest_of
 from artifactd.restore.source import Current, Found
@@ -100,7 +101,8 @@ class MountedTree:
 
         A tree carries no signature: under a policy with keys it raises :class:`TrustError`.
         """
-        from artifactd.trust.policy import UnsafeNoVerification  # loaded by plan_restore already
+        # lazy: fast path: LATER in artifactd/cli/fast.py; plan_restore has loaded it already
+        from artifactd.trust.policy import UnsafeNoVerification  # noqa: PLC0415
 
         if not isinstance(trust, UnsafeNoVerification):
             raise TrustError(
@@ -131,8 +133,6 @@ class MountedTree:
         on_event: EventSink,
     ) -> UnpackResult:
         """Verify and copy one planned family into ``staging`` (see :func:`stage_tree`)."""
-        from artifactd.format.unpack import stage_tree
-
         if plan.layer is None:  # pragma: no cover - hits always carry a layer
             raise IntegrityError(f"no record for {plan.family}")
         return stage_tree(
@@ -159,8 +159,6 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
             if (layout / "oci-layout").is_file():
                 return f"oci:{layout}"
         except OSError as exc:
-            from artifactd.format.unpack import source_error  # an error path only
-
             raise source_error(exc, path) from None
     docs: dict[str, tuple[FamilyTree, str]] = {}
     for name in FAMILIES:
@@ -174,8 +172,6 @@ def open_dir(path: Path, fingerprint_hash: str) -> str | MountedTree:
             if os.path.lexists(doc_path) and not doc_path.is_symlink():
                 docs[name] = _read_doc(doc_path, name)
         except OSError as exc:
-            from artifactd.format.unpack import source_error  # an error path only
-
             raise source_error(exc, path) from None
     if not docs:
         raise NotFoundError(

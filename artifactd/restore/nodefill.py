@@ -30,7 +30,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
 from artifactd.events import EventSink, discard
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+from artifactd.restore.resolve import picks, wants, whole_want
 from artifactd.restore.source import StoreSource
+from artifactd.stores import open_store
+from artifactd.stores.layout import LayoutStore
 from artifactd.stores.nodestore import (
     LOCK_TIMEOUT,
     TMP_PREFIX,
@@ -137,8 +140,6 @@ def fill(
     reported in the result (``offline``), so a warm node store still serves.
     A full node disk raises :class:`NoSpaceError`.
     """
-    from artifactd.restore.resolve import whole_want
-
     start = time.monotonic()
     result = FillResult(node=node.ref, outcome="node")
     result.cleared = clear_leftovers(node)
@@ -184,8 +185,6 @@ def fill(
 
 def restore_tags(lookup: Lookup) -> list[str]:
     """Every tag a restore of ``lookup`` may read: the whole artifact's, the families'."""
-    from artifactd.restore.resolve import wants
-
     return [w.tag for w in wants(*lookup)]
 
 
@@ -225,7 +224,8 @@ class VerifiedPins(Mapping[str, str]):
     def __getitem__(self, tag: str) -> str:
         if tag in self._tags:
             return self._tags[tag]
-        from artifactd.trust.signatures import parse_attached_tag
+        # lazy: asked only while the registry is down; a no-op restore never loads signatures
+        from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
 
         subject = parse_attached_tag(tag)
         if subject is not None and subject[0] in self._tags.values():
@@ -243,14 +243,13 @@ class VerifiedPins(Mapping[str, str]):
 
 def _wanted(node: LayoutStore, lookup: Lookup) -> list[str]:
     """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
-    from artifactd.restore.resolve import picks
-
     return [w.tag for w in picks(StoreSource(node), *lookup)]
 
 
 def _signed(node: LayoutStore, tag: str) -> bool:
     """Whether the manifest ``tag`` names has a ``.sig`` in the node store."""
-    from artifactd.trust.signatures import attached_tag
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.trust.signatures import attached_tag  # noqa: PLC0415
 
     digest = node.tag_digest(tag)
     return digest is not None and node.tag_digest(attached_tag(digest, "sig")) is not None
@@ -271,8 +270,6 @@ def _fetch(
     then picks what resolving against the registry would, whole artifact or
     families, and names a tag there that is bound to something else.
     """
-    from artifactd.restore.resolve import wants
-
     wanted = wants(*lookup)
     remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
     tags = [t for t, d in remote_digests.items() if d is not None]
@@ -280,17 +277,17 @@ def _fetch(
     tags = [t for t in tags if t not in same]
     unsigned = [t for t in same if signatures and not _signed(node, t)]
     if tags or unsigned:
-        from artifactd.trust.signatures import copy_attached
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        import tempfile  # noqa: PLC0415
+
+        from artifactd.stores.artifacts import copy_artifacts  # noqa: PLC0415
+        from artifactd.trust.signatures import copy_attached  # noqa: PLC0415
 
         fetched: list[str] = []
         try:
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
-            import tempfile
-
             with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
-                    from artifactd.stores.artifacts import copy_artifacts
-
                     copied = copy_artifacts(remote, node, tags, Path(tmp))
                     fetched += copied.tags + copied.attached
                     result.bytes_fetched = copied.bytes_uploaded
@@ -329,9 +326,6 @@ def prefetch(
     unreachable registry is an error here: a prefetch that fetched nothing
     must not look like success.
     """
-    from artifactd.stores import open_store
-    from artifactd.stores.layout import LayoutStore
-
     root = node_root(node_ref)
     lookup = Lookup.of(raw_fingerprint, families)
     with node_lock(root, timeout=timeout):

@@ -26,11 +26,13 @@ from artifactd.errors import (
     CacheMissError,
     ConfigError,
     IntegrityError,
+    NotFoundError,
     StoreError,
     UnboundError,
     UsageError,
 )
 from artifactd.events import EventSink, discard
+from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
 from artifactd.restore.destination import (
     CacheVolume,
     StepHook,
@@ -39,6 +41,9 @@ from artifactd.restore.destination import (
     os_error,
 )
 from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore
+from artifactd.restore.source import StoreSource
+from artifactd.stores import default_store, open_store
+from artifactd.stores.layout import LayoutStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -82,6 +87,8 @@ class RestoreRequest(NamedTuple):
     lock_timeout: float | None = None
     #: Key specs (``--verify-key``): install only manifests one of these keys signed.
     verify_keys: Sequence[str] = ()
+    #: Manifest and layer digests never installed (a node store's quarantine).
+    refused: frozenset[str] = frozenset()
 
 
 class Failure(NamedTuple):
@@ -177,9 +184,15 @@ def _via_node_store(
     from the node store is tried once more, so the pod still starts warm and
     the next pod on the node reads the repaired copy.
     """
-    from artifactd.restore.nodefill import Lookup, VerifiedPins
-    from artifactd.stores.layout import LayoutStore
-    from artifactd.stores.nodestore import LOCK_TIMEOUT, node_lock, node_root
+    # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
+    from artifactd.restore.nodefill import Lookup, VerifiedPins  # noqa: PLC0415
+    from artifactd.stores.layout import LayoutStore  # noqa: PLC0415
+    from artifactd.stores.nodestore import (  # noqa: PLC0415
+        LOCK_TIMEOUT,
+        node_lock,
+        node_root,
+        refused_digests,
+    )
 
     assert request.node_store is not None  # noqa: S101 - the caller checked
     if request.from_dir is not None:
@@ -213,7 +226,8 @@ def _via_node_store(
 
     def from_node() -> RestoreOutcome:
         with node_lock(root, shared=True, timeout=timeout):
-            direct = request._replace(store=f"oci:{root}")
+            # What failed a canary on this node is never served to its pods again.
+            direct = request._replace(store=f"oci:{root}", refused=refused_digests(root))
             return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
 
     try:
@@ -275,8 +289,8 @@ def _fill(
     pins: Mapping[str, str] | None = None,
 ) -> FillResult:
     """Fill the node store from the request's registry (nothing when it cannot be opened)."""
-    from artifactd.restore.nodefill import fill
-    from artifactd.stores import open_store
+    # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
+    from artifactd.restore.nodefill import fill  # noqa: PLC0415
 
     assert request.store is not None  # noqa: S101 - _via_node_store set it
     try:
@@ -304,8 +318,6 @@ def _fill(
 
 def _damaged(outcome: RestoreOutcome) -> bool:
     """Whether a restore from the node store failed on its copy: bytes, or a re-pointed tag."""
-    from artifactd.errors import NotFoundError
-
     if outcome.plan.unbound:
         return True
     failure = outcome.failure
@@ -316,8 +328,9 @@ def _set_aside(
     node: LayoutStore, damaged: RestoreOutcome, lookup: Lookup, on_event: EventSink
 ) -> list[str]:
     """Drop from the node store what the failed restore read: damaged copies, re-pointed tags."""
-    from artifactd.restore.nodefill import restore_tags
-    from artifactd.stores.nodestore import set_aside
+    # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
+    from artifactd.restore.nodefill import restore_tags  # noqa: PLC0415
+    from artifactd.stores.nodestore import set_aside  # noqa: PLC0415
 
     # A tag re-pointed on the node is dropped whole; the fill copies the registry's.
     dropped = node.remove_tags(list(damaged.plan.unbound))
@@ -336,8 +349,6 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     step_hook: StepHook,
 ) -> RestoreOutcome:
     """:func:`run_restore` once the fingerprint is final."""
-    from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
-
     started = time.monotonic()
     fp_hash = raw_hash(raw_fingerprint)
     request = _with_source(request, fp_hash)
@@ -349,7 +360,8 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     plan: RestorePlan | None = None
     trusted = None
     if request.verify_keys:
-        from artifactd.trust.keys import verification_key_ids
+        # lazy: only --verify-key reads keys; a plain no-op restore does not load trust
+        from artifactd.trust.keys import verification_key_ids  # noqa: PLC0415
 
         trusted = verification_key_ids(request.verify_keys)  # PEM only: a no-op stays light
     try:
@@ -377,7 +389,8 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
                 return RestoreOutcome("dry_run", plan, None, None, 0)
             if not plan.hits or (plan.unbound and request.require):
                 return _miss(plan, request.require)
-            from artifactd.restore.install import restore
+            # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+            from artifactd.restore.install import restore  # noqa: PLC0415
 
             result = restore(plan, store, volume, on_event=on_event, max_bytes=request.max_bytes)
             result = result._replace(phases={"lookup": lookup, **result.phases})
@@ -398,7 +411,8 @@ def _mirror_settings(request: RestoreRequest, ref: str | None = None) -> MirrorS
     """
     if ref is not None and ref.startswith("oci:"):
         return None
-    from artifactd.stores.mirrors import MirrorSettings
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.stores.mirrors import MirrorSettings  # noqa: PLC0415
 
     return MirrorSettings.from_environ(
         urls=request.mirrors, hosts_dir=request.hosts_dir, registries_conf=request.registries_conf
@@ -407,7 +421,8 @@ def _mirror_settings(request: RestoreRequest, ref: str | None = None) -> MirrorS
 
 def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, Any]:
     """Return ``raw`` with the software fields of the artifact ``software_from`` names."""
-    from artifactd.stores.artifacts import adopt_software_from
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.stores.artifacts import adopt_software_from  # noqa: PLC0415
 
     assert request.software_from is not None  # noqa: S101 - the caller checked
     return adopt_software_from(
@@ -422,8 +437,6 @@ def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, A
 
 def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:
     """Check the request names one source at most; fill in the default store when it names none."""
-    from artifactd.stores import default_store
-
     if request.from_dir is not None and request.store is not None:
         raise UsageError(
             "--from-dir and --store name two sources to restore from",
@@ -438,7 +451,8 @@ def _plan(
     store: RestoreSource, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
 ) -> RestorePlan:
     """Resolve the request against its source (:func:`artifactd.restore.resolve.plan_restore`)."""
-    from artifactd.fingerprint.model import from_raw
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
 
     fams = list(request.families) if request.families else None
     local = from_raw(raw)
@@ -447,7 +461,8 @@ def _plan(
         "consumer_user": request.consumer_user,
         "env_file": volume.env_file,
     }
-    from artifactd.trust.policy import verification
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.trust.policy import verification  # noqa: PLC0415
 
     trust = verification(request.verify_keys)  # UNSAFE_NO_VERIFICATION when no key is given
     return plan_restore(store, local, volume.root, trust=trust, **options)
@@ -455,12 +470,10 @@ def _plan(
 
 def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
     """Open the source the request names: its store, or what its ``from_dir`` holds."""
-    from artifactd.restore.source import StoreSource
-    from artifactd.stores import open_store
-
     ref = request.store
     if request.from_dir is not None:
-        from artifactd.restore.mounted import open_dir
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.restore.mounted import open_dir  # noqa: PLC0415
 
         found = open_dir(request.from_dir, fp_hash)
         if not isinstance(found, str):
@@ -471,22 +484,23 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
     if "@sha256:" in ref and not ref.startswith("oci:"):
         # A pinned artifact: its tag is still asked of the registry; the pin answers
         # only when the registry cannot (down), and is bound like any artifact.
-        from artifactd.format.oci import check_digest, full_tag
+        # lazy: only a pinned registry store reads it (format.oci is LIGHT anyway)
+        from artifactd.format.oci import check_digest, full_tag  # noqa: PLC0415
 
         ref, _, digest = ref.partition("@")
         pins[full_tag(fp_hash)] = check_digest(digest)
-    return StoreSource(
-        open_store(
-            ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
-        )
+    store = open_store(
+        ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
     )
+    return StoreSource(store, refused=request.refused)
 
 
 def _unresolved(
     request: RestoreRequest, raw: dict[str, Any], volume: CacheVolume, exc: BaseException
 ) -> RestorePlan:
-    from artifactd.fingerprint.model import from_raw
-    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
+    from artifactd.trust.policy import UNSAFE_NO_VERIFICATION  # noqa: PLC0415
 
     return plan_restore(
         None,

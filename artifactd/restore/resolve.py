@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint.declare import ToMatch
     from artifactd.fingerprint.diff import FieldDiff, ScopeMatch
     from artifactd.fingerprint.model import Fingerprint
+    from artifactd.format.canary import Canary
     from artifactd.format.config import LayerRecord
     from artifactd.restore.marker import RestoreMarker
     from artifactd.restore.source import Found, RestoreSource
@@ -163,11 +164,15 @@ class RestorePlan(NamedTuple):
     #: Each tag resolution looked up and passed over, with why: its artifact is
     #: for something else (:func:`unbound`). Never installed; ``--require`` fails on it.
     unbound: Mapping[str, str] = _NONE
+    #: A whole artifact's canaries (its serve cells recorded them), and its digest:
+    #: the restore writes them beside its marker for ``status --canary``.
+    canaries: Sequence[Canary] = ()
+    canary_artifact: str | None = None
 
     @property
     def json_hidden(self) -> tuple[str, ...]:
-        """Fields ``--json`` leaves out: the flattened fingerprint."""
-        return ("flat",)
+        """Fields ``--json`` leaves out: the flattened fingerprint, the canaries."""
+        return ("flat", "canaries")
 
     @property
     def hits(self) -> list[FamilyPlan]:
@@ -280,8 +285,8 @@ def plan_restore(
     schema-invalid) raises its :class:`ArtifactdError`: the caller's policy
     decides what that means.
     """
-    # Planning is past the no-op check: a no-op restore never loads the policy module.
-    from artifactd.trust.policy import TrustPolicy, checked_basis
+    # lazy: planning is past the no-op check; a no-op restore never loads the policy module
+    from artifactd.trust.policy import TrustPolicy, checked_basis  # noqa: PLC0415
 
     trust = checked_basis(trust, "plan_restore")
     target = target.absolute()
@@ -292,9 +297,10 @@ def plan_restore(
     nearest: ClosestSampled | None = None
     error = store_error
     passed: dict[str, str] = {}
+    whole: Found | None = None
     if store is not None:
         try:
-            plans, match, passed = _resolve(
+            plans, match, passed, whole = _resolve(
                 store, local, selected, target, consumer_user, trust=trust
             )
             if any(p.verdict == "miss" for p in plans) and match != "full":
@@ -333,6 +339,8 @@ def plan_restore(
         error=error,
         trusted=trust.key_ids if isinstance(trust, TrustPolicy) else None,
         unbound=passed,
+        canaries=whole.canaries if whole is not None else (),
+        canary_artifact=whole.digest if whole is not None else None,
     )
 
 
@@ -447,11 +455,12 @@ def _resolve(
     user: str | None,
     *,
     trust: Basis,
-) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"], dict[str, str]]:
+) -> tuple[list[FamilyPlan], Literal["full", "partial", "miss"], dict[str, str], Found | None]:
     """Apply the selection rule: the whole artifact's tag, else each family's scope tag.
 
     Every artifact read is held to :func:`unbound`; one that is not for the
     pod is passed over (and named, in the returned mapping of tag -> why).
+    The last item is the whole artifact picked, if any.
     """
     whole = whole_want(local.hash)
     full = source.find(whole, trust=trust)
@@ -480,7 +489,8 @@ def _resolve(
         if art is not None:
             why = unbound(want.tag, art.kind, rec.scope_key if rec else None, want.key)
         if why and rec is not None and art is not None and art.kind not in ("cell", "delta"):
-            from artifactd.fingerprint.diff import differences
+            # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+            from artifactd.fingerprint.diff import differences  # noqa: PLC0415
 
             deciding = differences(rec.scope, local.select(fam.scope))
             names = ", ".join(d.path for d in deciding) or "its scope revision"
@@ -493,9 +503,9 @@ def _resolve(
         else:
             plans.append(_hit(fam.name, "family", art, rec, dirs))
     if full is not None:
-        return plans, "full", passed
+        return plans, "full", passed, full
     hit = any(p.verdict == "hit" for p in plans)
-    return plans, "partial" if hit else "miss", passed
+    return plans, "partial" if hit else "miss", passed, None
 
 
 def _hit(
@@ -519,8 +529,9 @@ def _hit(
 
 def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSampled | None:
     """Read up to :data:`SAMPLE_SIZE` whole artifacts and pick the least different."""
-    from artifactd.fingerprint.declare import to_match
-    from artifactd.fingerprint.diff import differences
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.declare import to_match  # noqa: PLC0415
+    from artifactd.fingerprint.diff import differences  # noqa: PLC0415
 
     best: tuple[int, ClosestSampled] | None = None
     compared = 0
@@ -549,7 +560,8 @@ def _explain_misses(
 
     A miss whose reason is in ``keep`` (a tag passed over as unbound) keeps it.
     """
-    from artifactd.fingerprint.diff import family_match
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.fingerprint.diff import family_match  # noqa: PLC0415
 
     if nearest is None or nearest.artifact is None:
         return plans

@@ -30,10 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from artifactd.errors import ArtifactdError, IntegrityError
 from artifactd.events import EventSink
+from artifactd.format.oci import FULL_TAG_PREFIX
 from artifactd.stores.base import Store, progress_events
 
 if TYPE_CHECKING:
+    from artifactd.format.canary import Canary
     from artifactd.format.config import LayerRecord
     from artifactd.format.unpack import UnpackResult
     from artifactd.hashing import Readable
@@ -77,6 +80,8 @@ class Found(NamedTuple):
     version: int
     #: The key that signed its manifest, when the restore verified signatures.
     signed_by: str | None = None
+    #: The canaries its config carries (a build's serve cells recorded them).
+    canaries: Sequence[Canary] = ()
 
 
 class RestoreSource(Protocol):
@@ -121,11 +126,15 @@ class StoreSource:
     """A :class:`~artifactd.stores.base.Store` as a restore reads it: the restore's side of a store.
 
     The store knows nothing of restores; this adapter answers the protocol's
-    questions with the store's blobs, manifests and tags alone.
+    questions with the store's blobs, manifests and tags alone. ``refused``
+    (a node's quarantine, :func:`artifactd.stores.nodestore.refused_digests`)
+    names manifests, and layers, it never offers: a tag naming one, or a
+    manifest holding one of those layers, reads as nothing there.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, refused: frozenset[str] = frozenset()) -> None:
         self.store = store
+        self.refused = refused
 
     @property
     def ref(self) -> str:
@@ -141,14 +150,17 @@ class StoreSource:
     def current(self, want: Want) -> Current | None:
         """Return what ``want``'s tag names now: one tag lookup, no config read."""
         digest = self.store.tag_digest(want.tag)
-        return None if digest is None else Current(digest)
+        return None if digest is None or digest in self.refused else Current(digest)
 
     def find(self, want: Want, *, trust: Basis) -> Found | None:
         """Read and verify the artifact ``want``'s tag names (signature first, under a policy)."""
-        from artifactd.stores.artifacts import read_artifact
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
 
         art = read_artifact(self.store, want.tag, trust=trust)
-        if art is None:
+        if art is None or art.digest in self.refused:
+            return None
+        if self.refused and any(rec.digest in self.refused for rec in art.config.layers):
             return None
         return Found(
             want.tag,
@@ -158,13 +170,13 @@ class StoreSource:
             {rec.family: rec for rec in art.config.layers},
             art.config.schema_version,
             art.signed_by,
+            art.config.canaries,
         )
 
     def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
         """Return up to ``limit`` whole artifacts in tag order, skipping unreadable ones."""
-        from artifactd.errors import ArtifactdError
-        from artifactd.format.oci import FULL_TAG_PREFIX
-        from artifactd.stores.artifacts import read_artifact
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
 
         out = []
         for tag in list(self.store.iter_tags(FULL_TAG_PREFIX))[:limit]:
@@ -187,8 +199,8 @@ class StoreSource:
         on_event: EventSink,
     ) -> UnpackResult:
         """Stream the planned layer from the store, verified, into ``staging``."""
-        from artifactd.errors import IntegrityError
-        from artifactd.format.unpack import (
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.format.unpack import (  # noqa: PLC0415
             unpack_layer,  # zstd and tarfile: only when there is work
         )
 
@@ -202,7 +214,8 @@ class StoreSource:
             nonlocal tries
             tries += 1
             if tries > 1 and staging.exists():
-                from artifactd.restore.destination import remove_tree
+                # lazy: only a rerun (a mirror failed mid-layer) empties staging
+                from artifactd.restore.destination import remove_tree  # noqa: PLC0415
 
                 remove_tree(staging)
             return unpack_layer(

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
 from artifactd.errors import UsageError
 from artifactd.stores.base import ManifestRef, Store
 from artifactd.stores.layout import LayoutStore
@@ -75,10 +76,11 @@ def open_store(
         if not path:
             raise UsageError("empty path in store reference 'oci:'", hint="use oci:PATH")
         return LayoutStore(Path(path), ref=ref, create=create)
-    from artifactd.stores.reference import RegistryRef, looks_like_registry, parse_registry_ref
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.stores.reference import RegistryRef, looks_like_registry, parse_registry_ref  # noqa: PLC0415
 
     if looks_like_registry(ref):
-        from artifactd.stores.registry import RegistryStore  # requests: only when used
+        from artifactd.stores.registry import RegistryStore  # noqa: PLC0415  # requests: only when used
 
         parsed = parse_registry_ref(ref)
         if parsed.reference is not None:
@@ -105,7 +107,8 @@ class ArtifactRef(NamedTuple):
 
 def parse_artifact_ref(text: str) -> ArtifactRef:
     """Split ``oci:PATH:TAG``, ``HOST/REPO:TAG`` or ``...@sha256:..`` into store and reference."""
-    from artifactd.stores.reference import looks_like_registry, parse_registry_ref
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.stores.reference import looks_like_registry, parse_registry_ref  # noqa: PLC0415
 
     if not text.startswith("oci:") and looks_like_registry(text):
         parsed = parse_registry_ref(text)
@@ -166,8 +169,6 @@ def default_store(fingerprint_hash: str, environ: Mapping[str, str] | None = Non
     say, only the workload differs). No network is needed either way. Else
     the local default, ``oci:.artifactd/store``.
     """
-    from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
-
     env = current_environ() if environ is None else environ
     prebuilt = Path(env.get(ENV_PREBUILT) or DEFAULT_PREBUILT)
     baked = prebuilt / fingerprint_hash

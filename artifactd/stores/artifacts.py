@@ -11,12 +11,15 @@ shared by digest: the store keeps each one once.
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from artifactd.constants import SOURCE_DATE_EPOCH, current_environ
 from artifactd.errors import BuildError, IntegrityError, NotFoundError, UsageError
 from artifactd.events import EventSink, discard
 from artifactd.fingerprint.key import adopt_software
@@ -134,8 +137,6 @@ def creation_time(store: Store, tag: str, config_digest: str) -> str:
     reproducible-builds convention), else now. Never the registry's mtime: the
     distribution API does not expose one.
     """
-    from artifactd.constants import SOURCE_DATE_EPOCH, current_environ
-
     try:
         ref = store.get_manifest(tag)
         old = None if ref is None else ImageManifest.from_bytes(ref.data)
@@ -433,8 +434,6 @@ def adopt_software_from(
     an environment credential pair must say which of the two it belongs to
     (:func:`~artifactd.stores.credentials.check_unbound_pair`).
     """
-    import json
-
     check_unbound_pair([ref, store])
     trust = None
     if verify_keys:
@@ -464,8 +463,6 @@ def copy_between(
     :class:`~artifactd.trust.policy.UnsafeNoVerification`): without one it is a
     :class:`~artifactd.errors.UsageError`, before any store is opened.
     """
-    import tempfile
-
     check_unbound_pair([source, destination])
     if sign_key is not None and trust is None:
         raise UsageError(

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, TypeVar
 
-from artifactd.errors import IntegrityError
+from artifactd.errors import IntegrityError, StoreError
 from artifactd.events import EventSink
 from artifactd.hashing import Hasher, copy_hashed
 
@@ -127,8 +127,6 @@ class Store(abc.ABC):
 
         Stores that cannot delete (a tree baked into an image) raise :class:`StoreError`.
         """
-        from artifactd.errors import StoreError
-
         raise StoreError(f"{self.ref} cannot delete manifests", hint="prune a registry or oci:DIR")
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing

@@ -64,6 +64,11 @@ from artifactd.errors import ConfigError, UsageError
 from artifactd.fsutil import InputFileError, MissingInputError, read_regular
 from artifactd.stores.reference import is_loopback, parse_registry_ref
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the oldest supported Python
+    import tomli as tomllib
+
 
 @dataclass(frozen=True)
 class MirrorSettings:
@@ -246,10 +251,6 @@ def _flag_mirror(text: str, host: str, repo: str) -> Mirror:
 
 def _read_toml(path: Path) -> dict[str, Any] | None:
     """Read a TOML file, bounded; None when it does not exist."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - the oldest supported Python
-        import tomli as tomllib
     try:
         data = read_regular(path, B.MAX_MIRROR_CONFIG_BYTES, follow=True)
     except MissingInputError:

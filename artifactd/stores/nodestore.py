@@ -23,6 +23,13 @@ fetched again by the fill that follows, in the same restore. A fill killed
 mid-write leaves temp files (``.tmp-*``) that the next fill removes, and a
 full node disk is a :class:`~artifactd.errors.NoSpaceError`, never a crash.
 
+A node quarantines what failed its canary (:func:`quarantine`: ``status
+--canary --node-store``): the artifact's manifest digest and its layer digests
+are recorded in ``.artifactd-quarantine.json``, and from then on a restore from
+this node store passes over every manifest that is one of them or holds one of
+those layers (a family tag of the same build included), ``node-features`` stops
+advertising them, and ``artifactd quarantine ls|rm`` lists and releases them.
+
 A restore from a warm node store is a pod start (:mod:`artifactd.cli.fast`):
 this module loads no more than reading the node store needs. What only a
 repair or a gc does is imported in the function that does it.
@@ -50,6 +57,8 @@ from artifactd.errors import (
 )
 from artifactd.events import EventSink, discard
 from artifactd.fsutil import atomic_write, read_regular
+from artifactd.hashing import copy_hashed
+from artifactd.stores.layout import MAX_INDEX_BYTES
 
 if TYPE_CHECKING:
     from artifactd.stores.layout import LayoutStore
@@ -64,6 +73,93 @@ GC_STATS_NAME = ".artifactd-gc-stats.json"
 LOCK_TIMEOUT = 600.0
 #: What the layout's writers name a file before renaming it into place (and a fill its scratch).
 TMP_PREFIX = ".tmp-"
+#: The artifacts this node refuses to serve (a failed canary), with their layers and why.
+QUARANTINE_NAME = ".artifactd-quarantine.json"
+#: Most artifacts a node keeps quarantined (the oldest are released past it).
+MAX_QUARANTINED = 1024
+#: Largest quarantine record read, in bytes.
+MAX_QUARANTINE_BYTES = 4 << 20
+
+
+class Quarantined(NamedTuple):
+    """One quarantined artifact: its manifest digest, its layers, since when and why."""
+
+    digest: str
+    layers: list[str]
+    since: float
+    why: str
+
+
+def read_quarantine(root: Path) -> dict[str, Quarantined]:
+    """Return the node's quarantine by manifest digest; empty when missing or unreadable.
+
+    Read as a regular file of at most :data:`MAX_QUARANTINE_BYTES`, never waited on.
+    """
+    try:
+        doc = json.loads(read_regular(root / QUARANTINE_NAME, MAX_QUARANTINE_BYTES))
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, Quarantined] = {}
+    for digest, entry in doc.items() if isinstance(doc, dict) else []:
+        if not isinstance(entry, dict) or not isinstance(digest, str):
+            continue
+        layers = entry.get("layers")
+        since, why = entry.get("since"), entry.get("why")
+        out[digest] = Quarantined(
+            digest,
+            [x for x in layers if isinstance(x, str)] if isinstance(layers, list) else [],
+            float(since) if isinstance(since, (int, float)) else 0.0,
+            why[:1000] if isinstance(why, str) else "",
+        )
+    return out
+
+
+def refused_digests(root: Path) -> frozenset[str]:
+    """Every manifest and layer digest the node's quarantine names."""
+    return frozenset(d for q in read_quarantine(root).values() for d in (q.digest, *q.layers))
+
+
+def _write_quarantine(root: Path, entries: dict[str, Quarantined]) -> None:
+    kept = sorted(entries.values(), key=lambda q: q.since)[-MAX_QUARANTINED:]
+    doc = {q.digest: {"layers": q.layers, "since": q.since, "why": q.why} for q in kept}
+    atomic_write(root / QUARANTINE_NAME, json.dumps(doc, sort_keys=True).encode(), durable=True)
+
+
+def quarantine(root: Path, digest: str, layers: Sequence[str], why: str) -> Quarantined:
+    """Quarantine the artifact ``digest`` (and its ``layers``) on this node; return the record.
+
+    Under the node store's exclusive lock; a node store that cannot be made or
+    written is a :class:`TargetError`.
+    """
+    entry = Quarantined(digest, sorted(set(layers)), round(time.time(), 3), why[:1000])
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with node_lock(root):
+            entries = read_quarantine(root)
+            entries[digest] = entry
+            _write_quarantine(root, entries)
+    except OSError as exc:
+        raise TargetError(
+            f"cannot quarantine {digest} in the node store {root}: {exc.strerror or exc}",
+            hint="the node store must be writable by the pod (a hostPath)",
+        ) from None
+    return entry
+
+
+def release(root: Path, digest: str) -> bool:
+    """Take ``digest`` out of the node's quarantine; return whether it was there."""
+    try:
+        with node_lock(root):
+            entries = read_quarantine(root)
+            found = entries.pop(digest, None) is not None
+            if found:
+                _write_quarantine(root, entries)
+    except OSError as exc:
+        raise TargetError(
+            f"cannot change the quarantine of the node store {root}: {exc.strerror or exc}",
+            hint="the node store must be writable",
+        ) from None
+    return found
 
 
 def node_root(ref: str) -> Path:
@@ -133,7 +229,8 @@ def clear_leftovers(node: LayoutStore) -> list[str]:
             if not entry.name.startswith(TMP_PREFIX):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                import shutil
+                # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+                import shutil  # noqa: PLC0415
 
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
@@ -153,7 +250,8 @@ def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
     fetches them again (a fill skips a tag the node already holds). Call it
     under the exclusive lock. Returns the tags removed.
     """
-    from artifactd.format.imagemanifest import ImageManifest
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.format.imagemanifest import ImageManifest  # noqa: PLC0415
 
     on_disk = node.blob_digests()
     damaged: set[str] = set()
@@ -180,8 +278,6 @@ def set_aside(node: LayoutStore, tags: Sequence[str]) -> list[str]:
 
 def _intact(node: LayoutStore, digest: str, size: int) -> bool:
     """Whether the node's blob ``digest`` holds exactly ``size`` bytes that hash to it."""
-    from artifactd.hashing import copy_hashed
-
     try:
         with node.open_blob(digest, size) as blob:
             return copy_hashed(blob, limit=size).matches(digest, size)
@@ -202,8 +298,6 @@ def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = No
 
 def read_usage(root: Path) -> dict[str, float]:
     """Return the last-use record (manifest digest -> time); empty when missing or unreadable."""
-    from artifactd.stores.layout import MAX_INDEX_BYTES
-
     try:
         # One entry a manifest: the index's own limit bounds it too.
         doc = json.loads(read_regular(root / USAGE_NAME, MAX_INDEX_BYTES))
@@ -277,7 +371,8 @@ def _collect(
     dry_run: bool,
     on_event: EventSink,
 ) -> GcResult:
-    from artifactd.trust.signatures import parse_attached_tag
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
 
     blobs = node.blob_digests()
     before = sum(blobs.values())
@@ -361,7 +456,8 @@ def _live(kept: dict[str, str], attached: dict[str, str], every: dict[str, str])
 
 def _referenced(node: LayoutStore, manifests: set[str]) -> set[str]:
     """Every blob the given manifests reference: themselves, their configs and layers."""
-    from artifactd.format.imagemanifest import ImageManifest
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.format.imagemanifest import ImageManifest  # noqa: PLC0415
 
     out: set[str] = set()
     for digest in manifests:

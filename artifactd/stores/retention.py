@@ -76,6 +76,7 @@ from artifactd.format.oci import (
     parse_superseded_tag,
 )
 from artifactd.stores.base import Store
+from artifactd.stores.layout import LayoutStore
 
 if TYPE_CHECKING:
     from artifactd.trust.policy import TrustPolicy
@@ -518,8 +519,6 @@ def _finish(
     store: Store, manifests: Sequence[Manifest], reasons: Reasons, rules: Rules
 ) -> PrunePlan:
     """Assemble the plan: decisions in tag order, the tags deleted, the bytes freed."""
-    from artifactd.stores.layout import LayoutStore
-
     decisions = [
         Decision(
             m.digest,
@@ -571,8 +570,6 @@ def apply(
     younger than the grace excepted (see
     :meth:`~artifactd.stores.layout.LayoutStore.sweep_blobs`).
     """
-    from artifactd.stores.layout import LayoutStore
-
     planned = {d.digest: set(d.tags) for d in pruned.decisions}
     doomed = [d for d in pruned.decisions if d.decision == "delete"]
     now_tags: dict[str, set[str]] = {}
@@ -636,8 +633,6 @@ def usage(store: Store) -> DuReport:
     (whole, single-family and cell artifacts, with their configs); blobs two
     artifacts share count for each of them, and once in ``total_bytes``.
     """
-    from artifactd.stores.layout import LayoutStore
-
     manifests = inventory(store)
     every: dict[str, int] = {}
     fam: dict[str, tuple[dict[str, int], set[str]]] = {}

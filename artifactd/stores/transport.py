@@ -34,8 +34,15 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
+
+import oras.provider
+import requests
+import urllib3
+from oras.logger import logger as oras_logger
 
 from artifactd.errors import StoreError
 from artifactd.stores.base import Progress
@@ -65,11 +72,9 @@ def _quiet_oras() -> None:
     for name in ("oras", "oras.logger", "oras.provider", "oras.auth"):
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     try:
-        from oras.logger import logger as oras_logger
-
         oras_logger.quiet = True
         oras_logger.level = logging.CRITICAL + 1
-    except (ImportError, AttributeError):
+    except AttributeError:  # a logger without these knobs: the levels above still hold
         pass
 
 
@@ -136,9 +141,6 @@ class BlobReader:
 
     def read(self, n: int = -1) -> bytes:
         """Read up to ``n`` bytes of the body."""
-        import requests
-        import urllib3
-
         try:
             # read1: whatever one socket read brings, so a dripping registry is
             # noticed between reads instead of inside one endless read(n).
@@ -234,7 +236,6 @@ class Transport:
             session = self._sessions.get(key)
         if session is not None:
             return session
-        import oras.provider
 
         client = oras.provider.Registry(
             hostname=self.host, insecure=self.plain_http, auth_backend="token"
@@ -269,7 +270,6 @@ class Transport:
             return True
         if not _REALM_RE.search(challenge):
             return False  # no Bearer challenge we could answer: an auth error for the caller
-        import requests
 
         auth = session.client.auth
         try:
@@ -400,15 +400,11 @@ def retry_after(value: str | None, *, now: float | None = None) -> float | None:
     if text.isdigit():
         seconds = float(text)
     else:
-        from email.utils import parsedate_to_datetime
-
         try:
             when = parsedate_to_datetime(text)
         except (TypeError, ValueError, IndexError):
             return None
         if when.tzinfo is None:  # an HTTP date is GMT; parsedate leaves "-0000" naive
-            from datetime import timezone
-
             when = when.replace(tzinfo=timezone.utc)
         seconds = max(0.0, when.timestamp() - (time.time() if now is None else now))
     return min(seconds, MAX_RETRY_AFTER_S)
@@ -426,9 +422,6 @@ def _attempt(
     timeout: tuple[float, float] = TIMEOUT,
 ) -> tuple[Any, str]:
     """One HTTP exchange; a file body is reopened each time so a retry resends it all."""
-    import requests
-    import urllib3
-
     handle = body.open("rb") if isinstance(body, Path) else None
     data: Any = body
     if handle is not None:

@@ -76,8 +76,9 @@ class PrivateKey(NamedTuple):
 
     def sign(self, data: bytes) -> bytes:
         """Return the ECDSA-SHA256 signature of ``data``, DER-encoded (as cosign writes it)."""
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import ec
+        # lazy: cryptography only to sign or check (see verification_key_ids)
+        from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+        from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
 
         return self.key.sign(data, ec.ECDSA(hashes.SHA256()))
 
@@ -98,7 +99,8 @@ def key_id(der: bytes) -> str:
 
 def key_id_of(key: EllipticCurvePublicKey) -> str:
     """Return the :func:`key_id` of a parsed public key."""
-    from cryptography.hazmat.primitives import serialization
+    # lazy: cryptography only to sign or check (see verification_key_ids)
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
 
     return key_id(
         key.public_bytes(
@@ -158,8 +160,9 @@ def load_private_key(
     wrong with the key (wrong password, not P-256, not a private key), never
     what it holds.
     """
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    # lazy: cryptography only to sign or check (see verification_key_ids)
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
 
     env = current_environ() if environ is None else environ
     data = read_spec(spec, what="signing key", environ=env)
@@ -209,8 +212,9 @@ def load_public_keys(
     A spec that names a private key is refused: verification needs only the
     public half, and a private key has no business in an init container.
     """
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    # lazy: cryptography only to sign or check (see verification_key_ids)
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
 
     keys: dict[str, PublicKey] = {}
     for spec in specs:
@@ -270,8 +274,10 @@ def generate(prefix: Path, *, password: str | None = None, force: bool = False) 
     existing files unless ``force``; the private key file is created with mode
     0600 before any key byte is written to it.
     """
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    # lazy: cryptography only to sign or check: a --verify-key no-op restore reads key ids from the
+    # PEM without it (tests/test_startup.py)
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
 
     key_path = prefix.parent / f"{prefix.name}.key"
     pub_path = prefix.parent / f"{prefix.name}.pub"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, TrustError
+from artifactd.format.imagemanifest import Descriptor, ImageManifest
 from artifactd.format.oci import CONFIG_MEDIA_TYPE, DIGEST_RE, MANIFEST_MEDIA_TYPE
 from artifactd.fsutil import utf8_argument
 from artifactd.hashing import canonical_json, digest_of
@@ -151,8 +152,6 @@ def _read_manifest(
     store: Store, tag: str, *, limit: int | None = MAX_LAYERS
 ) -> tuple[ImageManifest, str] | None:
     """Read an attached manifest; None when there is none, TrustError when it is not one."""
-    from artifactd.format.imagemanifest import ImageManifest
-
     ref = store.get_manifest(tag)
     if ref is None:
         return None
@@ -217,9 +216,11 @@ def _signature_layer(store: Store, desc: Descriptor) -> SignatureLayer:
 
 
 def _verifies(key: PublicKey, signature: bytes, data: bytes) -> bool:
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
+    # lazy: a real restore loads this module to list signatures; cryptography only to check or make
+    # one
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
 
     try:
         key.key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
@@ -320,8 +321,6 @@ def _write_attached(
     store: Store, digest: str, kind: AttachedKind, layers: list[Descriptor], blobs: dict[str, bytes]
 ) -> str:
     """Upload ``blobs`` and write the attached manifest with ``layers``; return its digest."""
-    from artifactd.format.imagemanifest import Descriptor, ImageManifest
-
     config = _image_config(layers)
     with tempfile.TemporaryDirectory(prefix="artifactd-sign-") as tmp:
         for data in [*blobs.values(), config]:
@@ -365,8 +364,6 @@ def sign(store: Store, digest: str, key: PrivateKey, *, reference: str | None = 
     there already, nothing is written (ECDSA signatures differ every time, so
     signing again would only add layers).
     """
-    from artifactd.format.imagemanifest import Descriptor
-
     tag = attached_tag(digest, "sig")
     public = key.public()
     try:
@@ -394,8 +391,6 @@ def attest(store: Store, digest: str, statement: dict[str, Any], key: PrivateKey
     The envelope goes into ``sha256-<hex>.att`` after any attestations already
     there; returns the envelope's layer digest.
     """
-    from artifactd.format.imagemanifest import Descriptor
-
     body = canonical_json(statement)
     envelope = {
         "payload": base64.b64encode(body).decode(),

@@ -37,6 +37,9 @@ import site
 import sys
 from typing import Any
 
+from cutlass import cute
+from cutlass.base_dsl.common import DSLCudaRuntimeError
+
 
 def dsl_site() -> str | None:
     """Return the dir holding ``nvidia_cutlass_dsl`` (the DSL's site dir), or None."""
@@ -74,15 +77,15 @@ class _DSLLog(logging.Handler):
 def main() -> dict[str, Any]:
     """Compile and call the kernel once; return what the DSL did."""
     try:
-        import cutlass
+        # lazy: CuTe DSL is optional (the producers extra)
+        import cutlass  # noqa: PLC0415
     except ImportError:
         where = dsl_site()
         if where is None:
             raise
         site.addsitedir(where)
-        import cutlass
-    from cutlass import cute
-    from cutlass.base_dsl.common import DSLCudaRuntimeError
+        # lazy: CuTe DSL is optional (the producers extra)
+        import cutlass  # noqa: PLC0415
 
     # The DSL's logger is named after its env prefix and is off unless asked for.
     logger = logging.getLogger("CUTE_DSL")

@@ -15,6 +15,11 @@ It behaves like the engines a serve cell starts (vLLM, SGLang), at toy scale:
   into the vocabulary with CRC-32, so runs agree), decode greedily for
   ``max_tokens`` steps and answer OpenAI-shaped JSON with ``usage``; a request
   for another ``model`` is refused with 404, as vLLM does;
+* ``logprobs`` (top-k, keyed ``token_id:N``), ``return_token_ids`` and
+  ``seed``, with vLLM's names, and a list of prompts in one request (one
+  choice each): what artifactd's canary sends; the logprobs come out of the
+  compiled graph, so a poisoned cache entry shows in them; ``GET /version``
+  answers ``{"version": ...}`` (``--engine-version``);
 * ``GET /metrics`` is a Prometheus exposition (prometheus_client) with vLLM's
   names, kinds, HELP texts and buckets: ``vllm:request_prompt_tokens``,
   ``vllm:request_generation_tokens`` and ``vllm:request_params_max_tokens``
@@ -54,13 +59,15 @@ import time
 import zlib
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
     import torch
 
     Prefill = Callable[[torch.Tensor], torch.Tensor]
-    Decode = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    Decode = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 VOCAB = 97
 DIM = 32
@@ -79,6 +86,15 @@ def token_ids(text: str) -> list[int]:
     return [zlib.crc32(word.encode()) % VOCAB for word in text.split()]
 
 
+class Generated(NamedTuple):
+    """One completion: its text, the prompt's token ids, the generated ids, top-k logprobs."""
+
+    text: str
+    prompt_ids: list[int]
+    ids: list[int]
+    top: list[dict[str, float]]
+
+
 class Model:
     """The compiled model: a prefill graph per prompt length, one decode graph.
 
@@ -88,7 +104,9 @@ class Model:
     """
 
     def __init__(self) -> None:
-        import torch
+        # lazy: torch only once the engine loads its model: a crash before that needs no torch
+        # (tests/test_serve.py)
+        import torch  # noqa: PLC0415
 
         torch.manual_seed(0)
         self.emb = torch.nn.Embedding(VOCAB, DIM)
@@ -100,8 +118,9 @@ class Model:
     def compiled(self) -> tuple[Prefill, Decode]:
         """The ``torch.compile``'d prefill and decode (``dynamic=False``), made once."""
         if self._compiled is None:
-            import torch
-            import torch._dynamo.config
+            # lazy: torch, as above
+            import torch  # noqa: PLC0415
+            import torch._dynamo.config  # noqa: PLC0415
 
             torch._dynamo.config.recompile_limit = MAX_GRAPHS
             self._compiled = (
@@ -112,7 +131,8 @@ class Model:
 
     def prefill_eager(self, ids: torch.Tensor) -> torch.Tensor:
         """Fold a prompt of ``L`` tokens into a state vector (position-weighted mean)."""
-        import torch
+        # lazy: torch, as above
+        import torch  # noqa: PLC0415
 
         h = torch.tanh(self.mix(self.emb(ids)))
         length = ids.shape[0]
@@ -121,26 +141,38 @@ class Model:
 
     def decode_eager(
         self, state: torch.Tensor, token: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One greedy step: the next token (argmax over the vocabulary) and the new state."""
-        import torch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One greedy step: the next token (argmax), the new state and the logprobs.
+
+        The logprobs come out of the compiled graph, so a kernel of the cache
+        that computes something else shows in them (and, past a point, in the token).
+        """
+        # lazy: torch, as above
+        import torch  # noqa: PLC0415
 
         s = torch.tanh(self.mix(state + self.emb(token)[0]))
-        return self.out(s).argmax(-1, keepdim=True), s
+        logprobs = torch.log_softmax(self.out(s), -1)
+        return logprobs.argmax(-1, keepdim=True), s, logprobs
 
     def generate(
-        self, prompt: str, max_tokens: int, on_step: Callable[[int], None] = lambda n: None
-    ) -> tuple[str, int]:
-        """Return the completion's text and the prompt's token count.
+        self,
+        prompt: str,
+        max_tokens: int,
+        on_step: Callable[[int], None] = lambda n: None,
+        top_k: int = 0,
+    ) -> Generated:
+        """Return the completion: its text, the prompt's ids, the generated ids, top-k logprobs.
 
         ``on_step`` is told the tokens of each model step (the prompt, then 1 per decode).
         """
         ids = token_ids(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
-        import torch
+        # lazy: torch, as above
+        import torch  # noqa: PLC0415
 
         out: list[int] = []
+        top: list[dict[str, float]] = []
         with self.lock, torch.no_grad():  # one request at a time, like a batch-1 scheduler
             before, started = counters(), time.monotonic()
             prefill, decode = self.compiled()
@@ -149,9 +181,17 @@ class Model:
             on_step(len(ids))
             token = tokens[-1:]
             for _ in range(max_tokens):
-                token, state = decode(state, token)
+                token, state, logprobs = decode(state, token)
                 on_step(1)
                 out.append(int(token.item()))
+                if top_k:
+                    values, indices = torch.topk(logprobs, top_k)
+                    top.append(
+                        {
+                            f"token_id:{int(i)}": float(v)
+                            for v, i in zip(values.tolist(), indices.tolist(), strict=True)
+                        }
+                    )
             after = counters()
         hits = after["cache_hits"] - before["cache_hits"]
         misses = after["compiled"] - before["compiled"]
@@ -160,7 +200,7 @@ class Model:
                 f"torch.compile {time.monotonic() - started:.3f} s: "
                 f"fx graph cache {hits} hit(s), {misses} miss(es)"
             )
-        return " ".join(f"t{t}" for t in out), len(ids)
+        return Generated(" ".join(f"t{t}" for t in out), ids, out, top)
 
 
 def buckets_1_2_5(max_value: int) -> list[int]:
@@ -183,8 +223,6 @@ class Metrics:
     """The engine's /metrics: vLLM's traffic histograms and running gauge, in a registry."""
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
-        from prometheus_client import CollectorRegistry, Gauge, Histogram
-
         self.registry = CollectorRegistry()
         names = ["model_name", "engine"]
         labels = {"model_name": model_name, "engine": "0"}
@@ -219,16 +257,17 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""
-        from prometheus_client import generate_latest
-
         return bytes(generate_latest(self.registry))
 
 
 class State:
     """What the request handlers share."""
 
-    def __init__(self, model_name: str, max_model_len: int = 2048) -> None:
+    def __init__(
+        self, model_name: str, max_model_len: int = 2048, version: str = "tiny-engine 1.0"
+    ) -> None:
         self.model_name = model_name
+        self.version = version
         self.model: Model | None = None
         self.ready = False
         self.requests = 0
@@ -244,8 +283,24 @@ class ApiError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-def completion(state: State, body: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """Answer one /v1/completions or /v1/chat/completions body."""
+def _int_field(body: dict[str, Any], name: str, default: int, low: int) -> int:
+    value = body.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ApiError(400, f"`{name}` must be an integer of at least {low}", "BadRequestError")
+    return value
+
+
+def completion(  # noqa: PLR0912 - one check per field of the body, as the engines make them
+    state: State, body: dict[str, Any], chat: bool
+) -> dict[str, Any]:
+    """Answer one /v1/completions or /v1/chat/completions body.
+
+    ``prompt`` may be a list of strings (one choice each, as OpenAI's API);
+    ``logprobs`` (an integer k, completions) returns the top-k logprobs of
+    each generated token, keyed ``token_id:N``; ``return_token_ids`` adds
+    ``prompt_token_ids`` and ``token_ids`` to each choice; ``seed`` is
+    accepted (greedy decoding does not sample): vLLM's names for all three.
+    """
     if body.get("model") != state.model_name:
         raise ApiError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
     if chat:
@@ -254,47 +309,76 @@ def completion(state: State, body: dict[str, Any], chat: bool) -> dict[str, Any]
             isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
         ):
             raise ApiError(400, "`messages` must be a list of {role, content}", "BadRequestError")
-        prompt = " ".join(m["content"] for m in messages)
+        prompts = [" ".join(m["content"] for m in messages)]
     else:
         raw_prompt = body.get("prompt")
-        if not isinstance(raw_prompt, str):
-            raise ApiError(400, "`prompt` must be a string", "BadRequestError")
-        prompt = raw_prompt
-    max_tokens = body.get("max_tokens", 16)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ApiError(400, "`max_tokens` must be a positive integer", "BadRequestError")
+        if isinstance(raw_prompt, str):
+            prompts = [raw_prompt]
+        elif (
+            isinstance(raw_prompt, list)
+            and 0 < len(raw_prompt) <= 64
+            and all(isinstance(p, str) for p in raw_prompt)
+        ):
+            prompts = list(raw_prompt)
+        else:
+            raise ApiError(400, "`prompt` must be a string or a list of them", "BadRequestError")
+    max_tokens = _int_field(body, "max_tokens", 16, 1)
+    top_k = 0 if body.get("logprobs") is None or chat else _int_field(body, "logprobs", 0, 0)
+    if top_k > 20:
+        raise ApiError(400, "`logprobs` must be at most 20", "BadRequestError")
+    if body.get("seed") is not None:
+        _int_field(body, "seed", 0, 0)
+    ids_wanted = body.get("return_token_ids") is True
     if body.get("temperature", 0) not in (0, 0.0):
         raise ApiError(400, "only greedy decoding (temperature 0) is served", "BadRequestError")
     assert state.model is not None
     metrics = state.metrics
-    metrics.running.inc()
-    try:
-        text, prompt_tokens = state.model.generate(prompt, max_tokens, metrics.step.observe)
-    except ValueError as exc:
-        raise ApiError(400, str(exc), "BadRequestError") from exc
-    finally:
-        metrics.running.dec()
-    metrics.prompt.observe(prompt_tokens)
-    metrics.generation.observe(max_tokens)  # greedy to the end: every request runs to its limit
-    metrics.max_tokens.observe(max_tokens)
+    choices: list[dict[str, Any]] = []
+    prompt_tokens = 0
+    for index, prompt in enumerate(prompts):
+        metrics.running.inc()
+        try:
+            made = state.model.generate(prompt, max_tokens, metrics.step.observe, top_k)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "BadRequestError") from exc
+        finally:
+            metrics.running.dec()
+        prompt_tokens += len(made.prompt_ids)
+        metrics.prompt.observe(len(made.prompt_ids))
+        metrics.generation.observe(max_tokens)  # greedy to the end: every request runs to its limit
+        metrics.max_tokens.observe(max_tokens)
+        choice: dict[str, Any] = {"index": index, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": made.text}
+        else:
+            logprobs = None
+            if top_k:
+                logprobs = {
+                    "tokens": [f"token_id:{t}" for t in made.ids],
+                    "token_logprobs": [
+                        top.get(f"token_id:{t}") for t, top in zip(made.ids, made.top, strict=True)
+                    ],
+                    "top_logprobs": made.top,
+                    "text_offset": [],
+                }
+            choice.update(text=made.text, logprobs=logprobs)
+            if ids_wanted:
+                choice.update(prompt_token_ids=made.prompt_ids, token_ids=made.ids)
+        choices.append(choice)
     with state.count_lock:
         state.requests += 1
         number = state.requests
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice.update(text=text, logprobs=None)
+    completion_tokens = max_tokens * len(prompts)
     return {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{number}",
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": state.model_name,
-        "choices": [choice],
+        "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": max_tokens,
-            "total_tokens": prompt_tokens + max_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         },
     }
 
@@ -332,6 +416,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+            elif self.path == "/version":
+                self._send(200, {"version": state.version})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": state.model_name}]})
             else:
@@ -366,7 +452,8 @@ def counters() -> dict[str, int]:
     """Inductor's FX graph cache counters (zeros when nothing was ever compiled)."""
     if "torch._dynamo.utils" not in sys.modules:
         return {"compiled": 0, "cache_hits": 0, "bypassed": 0}
-    from torch._dynamo.utils import counters as dynamo_counters
+    # lazy: torch, as above
+    from torch._dynamo.utils import counters as dynamo_counters  # noqa: PLC0415
 
     c = dynamo_counters["inductor"]
     return {
@@ -391,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crash-after-start", action="store_true")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--never-ready", action="store_true")
+    parser.add_argument("--engine-version", default="tiny-engine 1.0", help="GET /version says it")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -409,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    state = State(args.model, args.max_model_len)
+    state = State(args.model, args.max_model_len, args.engine_version)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(0.1,), name="http", daemon=True).start()
