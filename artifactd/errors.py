@@ -150,3 +150,14 @@ class TargetError(ArtifactdError):
 
     exit_code = 10
     kind = "target"
+
+
+class PredictedMissError(ArtifactdError):
+    """``predict --require-hit``: the engine's own cache key will not match (or is unknown).
+
+    The pod can refuse to start rather than spend its compile time: the
+    message names each factor that differs.
+    """
+
+    exit_code = 17
+    kind = "predicted_miss"

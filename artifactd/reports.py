@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
     from artifactd.lint import LintReport
     from artifactd.restore.policy import RestoreOutcome
+    from artifactd.restore.predict import Prediction
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.policy import TrustReport
 
@@ -207,3 +208,43 @@ def shapes_report(result: Shapes, written: Path | None = None) -> dict[str, Any]
     requests (or steps); ``written`` is the matrix ``--write`` rewrote, or null.
     """
     return versioned({**jsonable(result), "written": str(written) if written else None})
+
+
+def predict_report(result: Prediction) -> dict[str, Any]:
+    """``predict --json``: the pod's ``outcome`` and, per entry, its outcome, line and checks."""
+    return versioned(
+        {
+            "source": result.source,
+            "outcome": result.outcome,
+            "entries": [
+                {
+                    "family": e.family,
+                    "entry": e.entry,
+                    "outcome": e.outcome,
+                    "recipe": e.recipe,
+                    "line": e.line(),
+                    "reason": e.reason,
+                    "checks": [
+                        {
+                            "group": c.group,
+                            "status": c.status,
+                            "reason": c.reason,
+                            "total": c.total,
+                            "differences": [
+                                {
+                                    "key": d.key,
+                                    "recorded": d.recorded,
+                                    "pod": d.pod,
+                                    "category": d.category,
+                                }
+                                for d in c.differences
+                            ],
+                        }
+                        for c in e.checks
+                    ],
+                }
+                for e in result.entries
+            ],
+            "notes": list(result.notes),
+        }
+    )

@@ -50,6 +50,7 @@ COMMANDS = {
     "merge",
     "mirrors",
     "node-features",
+    "predict",
     "prefetch",
     "prune",
     "quarantine ls",

@@ -31,7 +31,7 @@ from test_hostile_inputs import UNREADABLE_WRAPPER
 from artifactd.cli import cli
 
 #: The README's exit-code table: 1 (a bug) is not among them.
-DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 126, 127}
+DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 126, 127}
 #: Bytes no UTF-8 text holds, as a command line passes them (Python decodes them as surrogates).
 NOT_UTF8 = os.fsdecode(b"\xff\xfe")
 
@@ -144,6 +144,7 @@ LINES: dict[str, list[str | Slot]] = {
     "matrix cells": [P(lambda w: w.matrix)],
     "matrix shapes": ["--from-metrics", P(lambda w: w.metrics)],
     "schema": ["--out", P(lambda w: w.root / "schemas")],
+    "predict": ["--cache-root", P(lambda w: w.pod), "--gpu-name", T("NVIDIA H100")],
     "status": ["--target", P(lambda w: w.pod), "--engine-log", P(lambda w: w.metrics)],
     "fingerprint": [*ARCH, "--workload", T("model=m")],
     "keygen": ["--out", P(lambda w: w.root / "new")],
@@ -164,6 +165,8 @@ LINES: dict[str, list[str | Slot]] = {
         S(lambda w: w.store),
     ],
     "gc": ["--store", S(lambda w: w.root / "node"), "--max-bytes", "1G"],
+    "quarantine ls": ["--store", S(lambda w: w.root / "node")],
+    "quarantine rm": ["--store", S(lambda w: w.root / "node"), "sha256:" + "0" * 64],
     "prefetch": [
         "--node-store",
         S(lambda w: w.root / "node"),

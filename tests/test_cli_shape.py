@@ -49,6 +49,7 @@ NO_STORE: dict[str, str] = {
     "copy": "two stores: SOURCE and DESTINATION, positional as in cp",
     "inspect": "REF names one artifact, store and tag together",
     "mirrors": "REF names a registry repository; it reads mirror configuration, never the store",
+    "predict": "--from REF names one artifact, store and tag together (only its config is read)",
     "sign": "REF names one artifact, store and tag together",
     "diff": "A and B are operands: local, a file or an artifact reference",
     "image append": "--base, --artifact and --to are image and artifact references",

@@ -25,6 +25,7 @@ Modules:
 * :mod:`~artifactd.cli.images`: ``image``, runtime images carrying caches.
 * :mod:`~artifactd.cli.nodes`: ``prefetch``, ``gc``, ``node-features`` and ``quarantine``.
 * :mod:`~artifactd.cli.pods`: ``exec`` and ``status``.
+* :mod:`~artifactd.cli.predicts`: ``predict``, the engine's own cache hit before it starts.
 * :mod:`~artifactd.cli.shapes`: ``matrix shapes``, from an engine's traffic metrics.
 * :mod:`~artifactd.cli.deltas`: ``contribute`` and ``absorb``.
 * :mod:`~artifactd.cli.retention`: ``prune`` and ``du``.
@@ -56,6 +57,8 @@ code  meaning
 14    untrusted: with ``--verify-key``, a manifest is unsigned, signed by
       another key or for another digest (``restore --require``, ``inspect``,
       ``prefetch --software-from``, ``copy`` and ``sign`` before re-signing)
+17    ``predict --require-hit``: the engine will not hit its own compile cache
+      (a predicted miss, or unknown)
 126   ``exec``: the command is not executable (127: not found); otherwise
       ``exec`` is the command, and its exit code is the command's
 ====  =====================================================

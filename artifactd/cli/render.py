@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from artifactd.lint import LintReport
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.policy import RestoreOutcome
+    from artifactd.restore.predict import Prediction
     from artifactd.restore.resolve import RestorePlan
     from artifactd.stores.artifacts import Artifact, CopyResult
     from artifactd.stores.mirrors import MirrorPlan
@@ -516,3 +517,20 @@ def mirrors(plan: MirrorPlan) -> None:
     echo(f"  {last} (the registry: tags, signatures; content last)")
     for line in plan.why:
         echo(f"  why: {line}")
+
+
+def prediction(result: Prediction) -> None:
+    """``predict``: one line per cache entry, the factor groups under it, the coarse notes."""
+    echo(f"predict: {result.source}: the engine {_OUTCOME[result.outcome]}")
+    for e in result.entries:
+        echo(f"  {e.family} {e.entry}: {e.line()}")
+        for c in e.checks:
+            extra = c.total - len(c.differences)
+            more = f" (+{extra} more)" if extra > 0 else ""
+            tail = f": {c.reason}" if c.status == "unknown" else more
+            echo(f"    {c.group}: {c.status}{tail}")
+    for note in result.notes:
+        echo(f"  note: {note}")
+
+
+_OUTCOME = {"hit": "will hit", "miss": "will miss", "unknown": "may or may not hit (unknown)"}

@@ -19,6 +19,7 @@ Modules:
 * :mod:`~artifactd.families.cudajit`: the CUDA driver's PTX JIT cache (``cuda-jit``).
 * :mod:`~artifactd.families.flashinfer`: FlashInfer's JIT workspace.
 * :mod:`~artifactd.families.vllm`: vLLM's caches under ``VLLM_CACHE_ROOT``.
+* :mod:`~artifactd.families.vllmkey`: vLLM's cache key recomputed from its recorded factors.
 * :mod:`~artifactd.families.sglang`: SGLang's kernel caches.
 * :mod:`~artifactd.families.layouts`: cache trees more than one family ships, and their rules.
 * :mod:`~artifactd.families.tree`: the one walk of a component root, to pack it and to lint it.

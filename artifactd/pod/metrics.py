@@ -43,6 +43,9 @@ these). The names:
                                                        ``prewarmed`` / ``verified`` (status
                                                        with ``--engine-url``; see
                                                        :mod:`artifactd.pod.readiness`)
+``artifactd_engine_hit_predicted{family,outcome}``    cache entries by the predicted outcome
+                                                       of the engine's own key (``predict``:
+                                                       ``hit``, ``miss``, ``unknown``)
 ``artifactd_canary{outcome,mode}``                     1 for the canary's outcome (``verified``,
                                                        ``drift``, ``failed``; ``exact`` or
                                                        ``tolerance``): status ``--canary``
@@ -85,6 +88,7 @@ if TYPE_CHECKING:
     from artifactd.pod.readiness import Readiness
     from artifactd.pod.verdict import FamilyVerdict
     from artifactd.restore.policy import RestoreOutcome
+    from artifactd.restore.predict import Prediction
 
 NAMESPACE = "artifactd"
 # One pod's counters in a textfile: their *_created timestamps would only be noise.
@@ -371,3 +375,20 @@ def parse_address(addr: str) -> tuple[str, int]:
     if not port.isdigit() or int(port) > 65535:
         raise UsageError(f"--serve {addr!r}: give HOST:PORT or :PORT", hint="e.g. --serve :9400")
     return host or "0.0.0.0", int(port)  # noqa: S104 - a scrape target listens on the pod
+
+
+def predict_registry(result: Prediction) -> CollectorRegistry:
+    """``predict``'s metric: ``artifactd_engine_hit_predicted{family,outcome}`` = entries."""
+    reg = CollectorRegistry()
+    predicted = Gauge(
+        "engine_hit_predicted",
+        "Cache entries by the predicted outcome of the engine's own key (hit, miss, unknown)",
+        ["family", "outcome"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    for outcome in ("hit", "miss", "unknown"):
+        predicted.labels("vllm", outcome).set(0)
+    for e in result.entries:
+        predicted.labels(e.family, e.outcome).inc()
+    return reg

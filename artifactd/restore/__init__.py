@@ -13,6 +13,8 @@ Modules:
 * :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
 * :mod:`~artifactd.restore.nodefill`: fill the node store with what a restore would pick.
 * :mod:`~artifactd.restore.explain`: ``artifactd diff``: read two operands, explain a miss.
+* :mod:`~artifactd.restore.predict`: ``artifactd predict``: will the engine's own key match?
+* :mod:`~artifactd.restore.engineside`: the pod's side of that key, from the engine's image.
 
 Nothing is imported here: the no-op restore path stays light.
 """
