@@ -161,6 +161,18 @@ OLDER_THAN_DAYS = Range(0, 36_500, "days")
 #: ``prune --grace``: a year.
 GRACE_S = Range(0, 31_536_000, "seconds")
 
+# --- mirror configuration (stores/mirrors.py): files read, never written -------
+#: Largest ``hosts.toml`` or ``registries.conf`` (and each ``registries.conf.d`` file).
+MAX_MIRROR_CONFIG_BYTES = 1 << 20
+#: Most ``*.conf`` files read from ``registries.conf.d`` (the rest are named and skipped).
+MAX_REGISTRIES_CONF_FILES = 64
+#: Most ``[[registry]]`` tables of all the ``registries.conf`` files together.
+MAX_REGISTRY_ENTRIES = 1_024
+#: Most mirrors one reference may use (``--mirror``, hosts, registry mirrors).
+MAX_MIRRORS = 16
+#: Most ``[header]`` values sent to one mirror.
+MAX_MIRROR_HEADERS = 32
+
 # --- the warm-up matrix (build/matrix.py's schema) ---------------------------
 #: ``gpus`` of a cell, given or rendered from a template.
 GPUS_PER_CELL = Range(0, 256, "GPUs", kind="int")

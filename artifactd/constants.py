@@ -70,6 +70,15 @@ ENV_ON_CANARY_FAIL = "ARTIFACTD_ON_CANARY_FAIL"
 ENV_REGISTRY_HOST = "ARTIFACTD_REGISTRY_HOST"
 ENV_REGISTRY_USERNAME = "ARTIFACTD_REGISTRY_USERNAME"
 ENV_REGISTRY_PASSWORD = "ARTIFACTD_REGISTRY_PASSWORD"  # noqa: S105 - a variable name
+#: Mirrors (:mod:`artifactd.stores.mirrors`): ``--mirror`` URLs (whitespace-separated, in
+#: order), containerd's hosts directory (``--hosts-dir``, default
+#: :data:`DEFAULT_HOSTS_DIR`) and the ``registries.conf`` v2 file (``--registries-conf``,
+#: default :data:`DEFAULT_REGISTRIES_CONF`, with its ``.d`` directory beside it).
+ENV_MIRRORS = "ARTIFACTD_MIRRORS"
+ENV_HOSTS_DIR = "ARTIFACTD_HOSTS_DIR"
+ENV_REGISTRIES_CONF = "ARTIFACTD_REGISTRIES_CONF"
+DEFAULT_HOSTS_DIR = "/etc/containerd/certs.d"
+DEFAULT_REGISTRIES_CONF = "/etc/containers/registries.conf"
 #: Key specs (a PEM file's path, or ``env://NAME``): see :mod:`artifactd.trust.keys`.
 ENV_SIGN_KEY = "ARTIFACTD_SIGN_KEY"
 ENV_VERIFY_KEY = "ARTIFACTD_VERIFY_KEY"

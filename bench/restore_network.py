@@ -23,7 +23,13 @@ and the floor: the layers' compressed bytes at the link rate (no restore can
 beat it, so floor / hand-built is the lowest ratio reachable). Then the node
 store case: ``artifactd restore --store oci:LAYOUT`` against ``cp -a`` of the
 same unpacked tree. Goals: artifactd <= 0.6x hand-built at 1 Gbit/s,
-<= 1.3x cp -a from a local layout.
+<= 1.3x cp -a from a local layout. Then the mirror case: a pull-through cache
+of the registry (the same registry binary with ``proxy: remoteurl:``, warmed
+by one untimed restore) on 127.0.0.1, as a node-local Spegel or cache would
+be, against the registry over the first link rate: ``artifactd restore
+--mirror URL`` (tags and signatures from the registry, every blob from the
+mirror by digest) against the same restore straight from the registry,
+alternating, with the ratio.
 
 Each run starts after a sync and a wait for writeback; the registry's blobs
 stay in the page cache (they are the far end of the link). ``--drop-caches``
@@ -39,7 +45,7 @@ filesystem are inflated.
 
 Usage: python bench/restore_network.py [--size-mib 400] [--rates 1g,10g,off]
            [--rounds 3] [--rtt-ms 0.5] [--per-conn off] [--baseline skopeo|curl]
-           [--skip-local] [--drop-caches] [--keep]
+           [--skip-local] [--skip-mirror] [--drop-caches] [--keep]
 """
 
 from __future__ import annotations
@@ -278,13 +284,13 @@ class Timing:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def restore_cmd(work: Path, store: str, target: Path) -> Timing:
+def restore_cmd(work: Path, store: str, target: Path, *extra: str) -> Timing:
     """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events)."""
     env = clean_env(work)
     t0 = time.perf_counter()
     proc = run(
         [PY, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
-         "--require", "--json"],
+         "--require", "--json", *extra],
         env,
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
@@ -400,6 +406,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each method per link")
     parser.add_argument("--baseline", choices=("skopeo", "curl"), default="skopeo")
     parser.add_argument("--skip-local", action="store_true", help="skip the oci: vs cp -a part")
+    parser.add_argument(
+        "--skip-mirror", action="store_true", help="skip the pull-through mirror vs direct part"
+    )
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache per run")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     args = parser.parse_args()
@@ -411,7 +420,11 @@ def main() -> None:
     parent = REPO / ".artifactd"
     parent = parent if parent.is_dir() else Path(tempfile.gettempdir())
     # Source tree, registry, layout, warm-up restore, then every run's target.
-    runs = 2 * args.rounds * (len(rates) + (0 if args.skip_local else 1))
+    runs = (
+        2
+        * args.rounds
+        * (len(rates) + (0 if args.skip_local else 1) + (0 if args.skip_mirror else 1))
+    )
     need = (runs + 5) * args.size_mib * MiB * 11 // 10
     free = shutil.disk_usage(parent).free
     if free < need + (2 << 30):
@@ -489,6 +502,8 @@ def main() -> None:
                 {"local|artifactd": local_run, "local|cp": cp_run}, rows, work,
                 rounds=args.rounds, drop_caches=args.drop_caches, proxy=None,
             )  # fmt: skip
+        if not args.skip_mirror:
+            mirror_rows(work, server, repo, rate=rates[0], per_conn=per_conn, rows=rows, args=args)
     finally:
         server.stop()
         if not args.keep:
@@ -497,6 +512,47 @@ def main() -> None:
             print(f"work dir kept: {work}")
 
     print_report(rows, links, art, args, time.perf_counter() - start)
+
+
+def mirror_rows(
+    work: Path,
+    server: RegistryServer,
+    repo: str,
+    *,
+    rate: float | None,
+    per_conn: float | None,
+    rows: dict[str, Row],
+    args: Any,
+) -> None:
+    """Time a restore through a warm pull-through mirror against one straight from the registry."""
+    mirror = start_registry(work / "mirror", proxy=server.host)
+    proxy = (
+        None
+        if rate is None and per_conn is None
+        else Throttle(server.host, rate_bps=rate, per_conn_bps=per_conn, rtt_s=args.rtt_ms / 1000)
+    )
+    link = f"registry {format_rate(rate)}" if proxy is not None else "registry direct"
+    store = f"{proxy.host if proxy is not None else server.host}/{repo}"
+    flag = ("--mirror", f"http://{mirror.host}")
+    try:
+        restore_cmd(work, store, work / "mirror-warm", *flag)  # the mirror fetches every blob
+        rows["mirror|through"] = Row(link, "artifactd restore --mirror (warm)")
+        rows["mirror|direct"] = Row(link, "artifactd restore, registry only")
+
+        def through(dest: Path) -> Timing:
+            return restore_cmd(work, store, dest, *flag)
+
+        def direct(dest: Path) -> Timing:
+            return restore_cmd(work, store, dest)
+
+        timed_rounds(
+            {"mirror|through": through, "mirror|direct": direct}, rows, work,
+            rounds=args.rounds, drop_caches=args.drop_caches, proxy=None,
+        )  # fmt: skip
+    finally:
+        if proxy is not None:
+            proxy.close()
+        mirror.stop()
 
 
 def print_report(
@@ -561,6 +617,13 @@ def print_report(
             f"{'local layout':>14}: artifactd / cp -a       = {ratio:.2f}  (goal <= 1.3"
             f"{', met' if ratio <= 1.3 else ', MISSED'})"
         )
+    if "mirror|through" in rows:
+        for key in ("mirror|through", "mirror|direct"):
+            row = rows[key]
+            runs = " ".join(f"{t.seconds:.2f}" for t in row.runs)
+            print(f"{row.link:>16}: {row.method:34} {row.median:7.2f} s  {runs}")
+        ratio = rows["mirror|through"].median / rows["mirror|direct"].median
+        print(f"{'mirror':>16}: through the mirror / registry only = {ratio:.2f}")
     print(f"elapsed: {elapsed:.0f} s")
 
 

@@ -75,6 +75,8 @@ class Record:
     sent: int = 0
     #: The request's ``Authorization`` header as the client sent it, or None.
     authorization: str | None = None
+    #: Every request header as the client sent it (hop-by-hop ones aside).
+    headers: dict[str, str] = field(default_factory=dict)
     #: ``time.monotonic()`` when the request had arrived.
     at: float = field(default_factory=time.monotonic)
 
@@ -324,7 +326,9 @@ class FaultProxy:
                     return
                 method, path, headers, body = request
                 auth = [v for k, v in headers.items() if k.lower() == "authorization"]
-                rec = Record(method, path, authorization=auth[0] if auth else None)
+                rec = Record(
+                    method, path, authorization=auth[0] if auth else None, headers=dict(headers)
+                )
                 status, retry_after, blob_fault = self._take_fault(rec)
                 if status is not None:
                     rec.status = status

@@ -94,10 +94,14 @@ def start_registry(
     password: str | None = None,
     auth: list[str] | None = None,
     delete: bool = True,
+    proxy: str | None = None,
 ) -> RegistryServer:
     """Start a registry; with ``user``/``password`` and no ``auth``, behind htpasswd.
 
     ``delete=False`` refuses manifest deletes (405), distribution's own default.
+
+    ``proxy`` (``HOST:PORT``) makes it a pull-through cache of that registry
+    (``proxy: remoteurl:``): the mirror of the mirror tests.
 
     ``auth`` replaces the config's ``auth:`` section (its YAML lines), e.g. for
     a token-auth registry; ``user``/``password`` are then only recorded.
@@ -121,6 +125,8 @@ def start_registry(
         "http:",
         f"  addr: 127.0.0.1:{port}",
     ]
+    if proxy is not None:
+        lines += ["proxy:", f"  remoteurl: http://{proxy}"]
     if auth is not None:
         lines += auth
     elif user and password:

@@ -48,6 +48,7 @@ COMMANDS = {
     "matrix cells",
     "matrix shapes",
     "merge",
+    "mirrors",
     "node-features",
     "predict",
     "prefetch",

@@ -131,6 +131,13 @@ LINES: dict[str, list[str | Slot]] = {
         T("driver.version=1"),
         "--require",
     ],
+    "mirrors": [
+        T("reg.example/team/caches"),
+        "--hosts-dir",
+        P(lambda w: w.root / "certs.d"),
+        "--registries-conf",
+        P(lambda w: w.root / "registries.conf"),
+    ],
     "prune": ["--store", S(lambda w: w.store)],
     "du": ["--store", S(lambda w: w.store)],
     "copy": [S(lambda w: w.store), S(lambda w: w.root / "copy")],

@@ -48,6 +48,7 @@ SAME_NAME_DIFFERS: dict[str, str] = {
 NO_STORE: dict[str, str] = {
     "copy": "two stores: SOURCE and DESTINATION, positional as in cp",
     "inspect": "REF names one artifact, store and tag together",
+    "mirrors": "REF names a registry repository; it reads mirror configuration, never the store",
     "predict": "--from REF names one artifact, store and tag together (only its config is read)",
     "sign": "REF names one artifact, store and tag together",
     "diff": "A and B are operands: local, a file or an artifact reference",

@@ -522,20 +522,14 @@ def test_registry_killed_mid_pull_leaves_the_target_untouched(
             harvest(st, newer, environ=env, families=["generic"])
 
         class KillOnFirstRead(RegistryStore):
-            def open_blob(self, digest: str, size: int) -> Any:
-                ctx = super().open_blob(digest, size)
+            # Every blob read goes through consume_blob (the pull transport's one entry).
+            def consume_blob(self, digest: str, size: int, consume: Any) -> Any:
+                def killing(reader: Any) -> Any:
+                    first = reader.read(1 << 16)
+                    server.kill()
+                    return consume(_Prefixed(first, reader))
 
-                class Wrapped:
-                    def __enter__(self) -> Any:
-                        reader = ctx.__enter__()
-                        first = reader.read(1 << 16)
-                        server.kill()
-                        return _Prefixed(first, reader)
-
-                    def __exit__(self, *exc: Any) -> Any:
-                        return ctx.__exit__(*exc)
-
-                return Wrapped()
+                return super().consume_blob(digest, size, killing)
 
         st2 = KillOnFirstRead(parse_registry_ref(ref))
         plan = plan_restore(

@@ -395,6 +395,10 @@ def test_refusal_comes_before_any_of_the_artifacts_blobs_is_read(
             opened.append(digest)
             return super().open_blob(digest, size)
 
+        def consume_blob(self, digest: str, size: int, consume: Any) -> Any:
+            opened.append(digest)  # every read of a registry's blob comes here
+            return super().consume_blob(digest, size, consume)
+
     local = from_raw(probe_request(gpu_arch="sm_90a"))
     with Recording(parse_registry_ref(ref)) as store:
         found = store.get_manifest(pub["digest"])

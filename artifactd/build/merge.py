@@ -26,11 +26,12 @@ The format is unchanged (``registry-schema/FORMAT.md``).
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from artifactd import __version__
 from artifactd.build.matrix import expand, load_matrix
@@ -264,7 +265,13 @@ def unpack_record(store: Store, fam: Family, rec: LayerRecord, stage: Path) -> d
 
     known = frozenset(c.name for c in fam.components)
     bound = check_layer(rec, known, prefix=fam.name)
-    with store.open_blob(rec.digest, rec.size) as blob:
+    tries = 0
+
+    def consume(blob: BinaryIO) -> None:
+        nonlocal tries
+        tries += 1
+        if tries > 1:  # a mirror failed: the next source starts from an empty stage
+            shutil.rmtree(stage, ignore_errors=True)
         unpack_layer(
             blob,
             digest=rec.digest,
@@ -278,4 +285,6 @@ def unpack_record(store: Store, fam: Family, rec: LayerRecord, stage: Path) -> d
             record=rec,
             prefix=fam.name,
         )
+
+    store.consume_blob(rec.digest, rec.size, consume)
     return dirs

@@ -19,7 +19,7 @@ Modules:
 * :mod:`~artifactd.cli.builds`: ``harvest``, ``build``, ``demo`` and ``lint``.
 * :mod:`~artifactd.cli.fanout`: ``matrix cells``, ``merge`` and ``verify``.
 * :mod:`~artifactd.cli.restores`: ``restore`` (what it does lives in ``fast``).
-* :mod:`~artifactd.cli.stores`: ``inspect``, ``ls`` and ``copy``.
+* :mod:`~artifactd.cli.stores`: ``inspect``, ``ls``, ``copy`` and ``mirrors``.
 * :mod:`~artifactd.cli.keys`: ``keygen`` and ``sign``.
 * :mod:`~artifactd.cli.schemas`: ``schema``, the JSON Schemas.
 * :mod:`~artifactd.cli.images`: ``image``, runtime images carrying caches.

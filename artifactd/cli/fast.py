@@ -64,7 +64,8 @@ import, at module level and inside functions, to these lists):
   ``artifactd.pod``, ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
-  tag count, checked when it is listed), ``artifactd.stores.reference``,
+  tag count, checked when it is listed), ``artifactd.stores.mirrors`` (a
+  registry's mirror configuration), ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
   ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
@@ -192,6 +193,7 @@ LATER = frozenset(
         "artifactd.stores.artifacts",
         "artifactd.stores.listing",
         "artifactd.stores.reference",
+        "artifactd.stores.mirrors",
         "artifactd.stores.registry",
         "artifactd.trust.policy",
         "artifactd.trust.signatures",
@@ -323,6 +325,9 @@ def restore(
     node_store: str | None,
     from_dir: Path | None,
     insecure: bool,
+    mirrors: Sequence[str],
+    hosts_dir: Path | None,
+    registries_conf: Path | None,
     target: Path,
     families: Sequence[str],
     gpu_arch: str | None,
@@ -361,6 +366,9 @@ def restore(
         require=require,
         dry_run=dry_run,
         insecure=insecure,
+        mirrors=tuple(mirrors),
+        hosts_dir=hosts_dir,
+        registries_conf=registries_conf,
         max_bytes=max_bytes,
         lock_timeout=lock_timeout,
         verify_keys=tuple(verify_keys),

@@ -12,12 +12,14 @@ import click
 from artifactd import bounds as B  # noqa: N812
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
+from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.group import cli
 from artifactd.cli.options import (
     family_option,
     fingerprint_options,
     json_option,
     number_option,
+    options,
     store_option,
     verify_key_option,
 )
@@ -49,11 +51,15 @@ from artifactd.pod.nodefeatures import DEFAULT_MAX_LABELS, LABEL_PREFIX
     "(a PEM file, or env://NAME; repeatable), as restore --verify-key does: unsigned or "
     "wrongly signed exits 14. What the prefetch fetches is verified by each restore."
 )
+@options(S.MIRRORS)
 @json_option
 def prefetch(
     *,
     store: str,
     insecure: bool,
+    mirrors: tuple[str, ...],
+    hosts_dir: Path | None,
+    registries_conf: Path | None,
     node_store: str,
     software_from: str | None,
     verify_keys: tuple[str, ...],
@@ -76,6 +82,11 @@ def prefetch(
     """
     from artifactd.fingerprint.probe import probe_request
     from artifactd.restore.nodefill import prefetch as do_prefetch
+    from artifactd.stores.mirrors import MirrorSettings
+
+    settings = MirrorSettings.from_environ(
+        urls=mirrors, hosts_dir=hosts_dir, registries_conf=registries_conf
+    )
 
     raw = probe_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
@@ -84,7 +95,12 @@ def prefetch(
         from artifactd.stores.artifacts import adopt_software_from
 
         raw = adopt_software_from(
-            raw, software_from, store=store, verify_keys=verify_keys, insecure=insecure
+            raw,
+            software_from,
+            store=store,
+            verify_keys=verify_keys,
+            insecure=insecure,
+            mirrors=settings,
         )
     result = do_prefetch(
         store,
@@ -93,6 +109,7 @@ def prefetch(
         families=family_names(families),
         insecure=insecure,
         on_event=render.event_printer(as_json),
+        mirrors=settings,
     )
     if as_json:
         from artifactd.reports import result_report

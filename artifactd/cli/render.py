@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from artifactd.restore.predict import Prediction
     from artifactd.restore.resolve import RestorePlan
     from artifactd.stores.artifacts import Artifact, CopyResult
+    from artifactd.stores.mirrors import MirrorPlan
     from artifactd.trust.policy import TrustReport
     from artifactd.trust.signatures import SignResult
 
@@ -493,6 +494,29 @@ def shapes(result: Shapes) -> None:
     echo(f"\nengine flag: {result.cuda_graph_flag}")
     echo("serve.requests (prompt_tokens count words, about one token each):")
     echo("\n".join(requests_yaml(result.requests, "  ")))
+
+
+def mirrors(plan: MirrorPlan) -> None:
+    """Print the hosts a pull uses, in order, and why (``artifactd mirrors``)."""
+    echo(f"{plan.host}/{plan.repo}: {plan.source}")
+    if plan.blocked:
+        echo("  blocked: registries.conf refuses every pull from this registry")
+    for i, m in enumerate(plan.mirrors, 1):
+        offers = (("content by digest", m.pull), ("tags if the origin fails", m.resolve))
+        can = [words for words, on in offers if on]
+        extra = []
+        if m.ns:
+            extra.append(f"?ns={m.ns}")
+        if m.headers:
+            extra.append("headers " + ", ".join(sorted({k for k, _ in m.headers})))
+        if m.skip_verify:
+            extra.append("TLS not verified")
+        tail = f" [{'; '.join(extra)}]" if extra else ""
+        echo(f"  {i}. {m.base} ({', '.join(can)}){tail}")
+    last = f"{len(plan.mirrors) + 1}. {plan.host}/{plan.repo}"
+    echo(f"  {last} (the registry: tags, signatures; content last)")
+    for line in plan.why:
+        echo(f"  why: {line}")
 
 
 def prediction(result: Prediction) -> None:

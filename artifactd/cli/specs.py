@@ -122,6 +122,36 @@ VERIFY_KEY = Opt(
     metavar="KEY",
     multiple=True,
 )
+MIRROR = Opt(
+    "--mirror",
+    "mirrors",
+    "Pull content by digest through this mirror first (repeatable, in order; tags and "
+    "signatures still come from the registry). Replaces the hosts.toml and registries.conf "
+    "mirrors; see `artifactd mirrors REF`.",
+    C.ENV_MIRRORS,
+    metavar="URL",
+    multiple=True,
+)
+HOSTS_DIR = Opt(
+    "--hosts-dir",
+    "hosts_dir",
+    "containerd's hosts directory, read for <host>/hosts.toml mirrors "
+    f"[default: {C.DEFAULT_HOSTS_DIR}].",
+    C.ENV_HOSTS_DIR,
+    metavar="DIR",
+    kind="path",
+)
+REGISTRIES_CONF = Opt(
+    "--registries-conf",
+    "registries_conf",
+    "registries.conf v2 file (its registries.conf.d beside it), read for mirrors when "
+    f"no hosts.toml matches [default: {C.DEFAULT_REGISTRIES_CONF}].",
+    C.ENV_REGISTRIES_CONF,
+    metavar="PATH",
+    kind="path",
+)
+#: Where a pull finds its mirrors (:mod:`artifactd.stores.mirrors`).
+MIRRORS = (MIRROR, HOSTS_DIR, REGISTRIES_CONF)
 SIGN_KEY = Opt(
     "--sign-key",
     "sign_key",
@@ -236,6 +266,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
         NODE_STORE,
         FROM_DIR,
         INSECURE,
+        *MIRRORS,
         TARGET,
         FAMILY,
         *FINGERPRINT,

@@ -1,16 +1,20 @@
-"""``inspect``, ``ls`` and ``copy``: what a store holds, and moving it."""
+"""``inspect``, ``ls``, ``copy`` and ``mirrors``: what a store holds, moving it, and by where."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
+from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.group import cli
 from artifactd.cli.options import (
     insecure_option,
     json_option,
     load_sign_key,
+    options,
     positional_or_option,
     sign_key_option,
     sign_unverified_option,
@@ -139,3 +143,35 @@ def copy(
         render.emit_json(result_report(result))
     else:
         render.copy(result)
+
+
+@cli.command()
+@click.argument("ref")
+@options(S.MIRRORS)
+@json_option
+def mirrors(
+    *,
+    ref: str,
+    mirrors: tuple[str, ...],
+    hosts_dir: Path | None,
+    registries_conf: Path | None,
+    as_json: bool,
+) -> None:
+    """Show the hosts a pull of REF would use, in order, and why.
+
+    REF is HOST[:PORT]/REPO (a tag or digest may follow). Tags and signatures
+    always come from the registry itself; manifests and blobs by digest come
+    from each mirror in turn, verified, and last from the registry. The first
+    configuration that matches wins: --mirror (ARTIFACTD_MIRRORS), then
+    containerd's hosts.toml (--hosts-dir), then registries.conf.
+    """
+    from artifactd.stores.mirrors import MirrorSettings, explain
+
+    settings = MirrorSettings.from_environ(
+        urls=mirrors, hosts_dir=hosts_dir, registries_conf=registries_conf
+    )
+    plan = explain(ref, settings)
+    if as_json:
+        render.emit_json(plan.describe())
+        return
+    render.mirrors(plan)

@@ -41,7 +41,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Literal
+from typing import IO, Any, BinaryIO, Literal
 
 import zstandard
 
@@ -444,14 +444,18 @@ class _Append:
                 f"{self.src.ref}: config {desc['digest']} claims {desc['size']} bytes "
                 f"(over {MAX_CONFIG >> 20} MiB): not an image config"
             )
-        hasher = Hasher()
-        chunks = []
-        with self.src.open_blob(desc["digest"], desc["size"]) as reader:
+
+        def consume(reader: BinaryIO) -> tuple[Hasher, list[bytes]]:
+            hasher = Hasher()
+            chunks = []
             while chunk := reader.read(CHUNK):
                 hasher.update(chunk)
                 chunks.append(chunk)
                 if hasher.size > desc["size"]:
                     break
+            return hasher, chunks
+
+        hasher, chunks = self.src.consume_blob(desc["digest"], desc["size"], consume)
         if not hasher.matches(desc["digest"], desc["size"]):
             raise IntegrityError(f"{self.src.ref}: config {desc['digest']} does not match")
         cfg = read_config(b"".join(chunks), f"{where}: config {desc['digest'][:19]}...", layers)

@@ -25,6 +25,11 @@ these). The names:
 ``artifactd_restore_status{status}``                   1 for the last restore's status
 ``artifactd_restore_failures_total{kind}``             1 when it failed, by its error's kind
                                                        (``untrusted``: no key verified it)
+``artifactd_mirror_failures_total{mirror,reason}``    times a mirror could not serve (the run's:
+                                                       :mod:`artifactd.stores.pull`): ``not_found``,
+                                                       ``server_error``, ``unreachable``,
+                                                       ``timeout``, ``short_read``, ``digest``
+                                                       (a wrong digest: dropped for the run)
 ``artifactd_family_compiled_files{family}``            files written since the restore (status;
                                                        what counts: :mod:`artifactd.pod.verdict`)
 ``artifactd_family_used{family}``                      1 when the family's verdict is ``used``
@@ -76,6 +81,7 @@ from prometheus_client.registry import Collector
 
 from artifactd.errors import UsageError
 from artifactd.fsutil import InputFileError, replace_regular
+from artifactd.stores.pull import HEALTH
 
 if TYPE_CHECKING:
     from artifactd.pod.phases import PhaseTime
@@ -146,6 +152,15 @@ def restore_registry(outcome: RestoreOutcome) -> CollectorRegistry:
     )
     if outcome.failure is not None:
         failures.labels(outcome.failure.kind).inc()
+    mirror_failures = Counter(
+        "mirror_failures",
+        "Times a mirror could not serve what was asked, by mirror and reason",
+        ["mirror", "reason"],
+        namespace=NAMESPACE,
+        registry=reg,
+    )
+    for (mirror, reason), count in sorted(HEALTH.failures().items()):
+        mirror_failures.labels(mirror, reason).inc(count)
     result = outcome.result
     for phase in ("lookup", "verify", "fetch", "install"):
         duration.labels(phase).set(result.phases.get(phase, 0.0) if result else 0.0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -46,6 +46,7 @@ from artifactd.stores.nodestore import (
 if TYPE_CHECKING:
     from artifactd.stores import Store
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.mirrors import MirrorSettings
 
 
 class Lookup(NamedTuple):
@@ -187,6 +188,59 @@ def restore_tags(lookup: Lookup) -> list[str]:
     return [w.tag for w in wants(*lookup)]
 
 
+class VerifiedPins(Mapping[str, str]):
+    """The digests the node store last verified for a restore's tags, and their signatures'.
+
+    What a fill wrote was checked on the way in; these pin the tags for a
+    registry that cannot answer (:class:`~artifactd.stores.pull.Puller`), so a
+    damaged copy is fetched again, by digest, from a mirror while the
+    registry is down. Read on first use (a no-op restore reads none), or
+    when :meth:`snapshot` says (before a damaged copy is set aside); a tag
+    found re-pointed (``unbound``) is not pinned. A signature's or
+    attestation's tag (``sha256-<hex>.sig``) of a pinned digest is looked up
+    in the node store when asked.
+    """
+
+    def __init__(self, node: LayoutStore, lookup: Lookup, *, unbound: Sequence[str] = ()) -> None:
+        self._node = node
+        self._lookup = lookup
+        self._unbound = tuple(unbound)
+        self._read: dict[str, str] | None = None
+
+    @property
+    def _tags(self) -> dict[str, str]:
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, str]:
+        """Read the node store's tags now (once); later reads return the same."""
+        if self._read is None:
+            self._read = {}
+            for tag in restore_tags(self._lookup):
+                digest = self._node.tag_digest(tag)
+                if digest is not None and tag not in self._unbound:
+                    self._read[tag] = digest
+        return self._read
+
+    def __getitem__(self, tag: str) -> str:
+        if tag in self._tags:
+            return self._tags[tag]
+        # lazy: asked only while the registry is down; a no-op restore never loads signatures
+        from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
+
+        subject = parse_attached_tag(tag)
+        if subject is not None and subject[0] in self._tags.values():
+            found = self._node.tag_digest(tag)
+            if found is not None:
+                return found
+        raise KeyError(tag)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tags)
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+
 def _wanted(node: LayoutStore, lookup: Lookup) -> list[str]:
     """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
     return [w.tag for w in picks(StoreSource(node), *lookup)]
@@ -262,6 +316,7 @@ def prefetch(
     insecure: bool = False,
     timeout: float = LOCK_TIMEOUT,
     on_event: EventSink = discard,
+    mirrors: MirrorSettings | None = None,
 ) -> FillResult:
     """Fill the node store for a fingerprint ahead of the pods (a new release's DaemonSet).
 
@@ -275,7 +330,7 @@ def prefetch(
     lookup = Lookup.of(raw_fingerprint, families)
     with node_lock(root, timeout=timeout):
         node = LayoutStore(root, create=True)
-        with open_store(remote_ref, insecure=insecure) as remote:
+        with open_store(remote_ref, insecure=insecure, mirrors=mirrors) as remote:
             result = fill(node, remote, lookup, on_event=on_event, signatures=True)
     if result.outcome == "offline":
         raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")

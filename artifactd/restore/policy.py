@@ -46,12 +46,13 @@ from artifactd.stores import default_store, open_store
 from artifactd.stores.layout import LayoutStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.nodefill import FillResult, Lookup
     from artifactd.restore.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
+    from artifactd.stores.mirrors import MirrorSettings
 
 
 class RestoreRequest(NamedTuple):
@@ -77,6 +78,11 @@ class RestoreRequest(NamedTuple):
     require: bool = False
     dry_run: bool = False
     insecure: bool = False
+    #: ``--mirror`` URLs, ``--hosts-dir``, ``--registries-conf``: where pulls find mirrors
+    #: (:mod:`artifactd.stores.mirrors`; unset: their ``ARTIFACTD_*`` variables, else defaults).
+    mirrors: Sequence[str] = ()
+    hosts_dir: Path | None = None
+    registries_conf: Path | None = None
     max_bytes: int | None = None
     lock_timeout: float | None = None
     #: Key specs (``--verify-key``): install only manifests one of these keys signed.
@@ -179,7 +185,7 @@ def _via_node_store(
     the next pod on the node reads the repaired copy.
     """
     # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
-    from artifactd.restore.nodefill import Lookup  # noqa: PLC0415
+    from artifactd.restore.nodefill import Lookup, VerifiedPins  # noqa: PLC0415
     from artifactd.stores.layout import LayoutStore  # noqa: PLC0415
     from artifactd.stores.nodestore import (  # noqa: PLC0415
         LOCK_TIMEOUT,
@@ -200,10 +206,21 @@ def _via_node_store(
     def fill_node(damaged: RestoreOutcome | None = None) -> FillResult:
         with node_lock(root, timeout=timeout):
             node = LayoutStore(root, create=True)
+            # Read before a damaged copy is set aside: they answer if the registry cannot.
+            unbound = list(damaged.plan.unbound) if damaged is not None else []
+            pins = VerifiedPins(node, lookup, unbound=unbound)
             dropped = []
             if damaged is not None:
+                pins.snapshot()
                 dropped = _set_aside(node, damaged, lookup, on_event)
-            result = _fill(node, request, lookup, on_event=on_event, refresh=damaged is not None)
+            result = _fill(
+                node,
+                request,
+                lookup,
+                on_event=on_event,
+                refresh=damaged is not None,
+                pins=pins,
+            )
             result.set_aside = dropped
             return result
 
@@ -269,6 +286,7 @@ def _fill(
     *,
     on_event: EventSink,
     refresh: bool = False,
+    pins: Mapping[str, str] | None = None,
 ) -> FillResult:
     """Fill the node store from the request's registry (nothing when it cannot be opened)."""
     # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
@@ -276,7 +294,12 @@ def _fill(
 
     assert request.store is not None  # noqa: S101 - _via_node_store set it
     try:
-        remote = open_store(request.store, insecure=request.insecure)
+        remote = open_store(
+            request.store,
+            insecure=request.insecure,
+            mirrors=_mirror_settings(request, request.store),
+            pins=pins,
+        )
     except (UsageError, ConfigError):
         raise
     except ArtifactdError:
@@ -381,6 +404,21 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     return RestoreOutcome(status, plan, result, None, 0)
 
 
+def _mirror_settings(request: RestoreRequest, ref: str | None = None) -> MirrorSettings | None:
+    """Where every pull of this restore finds its mirrors (None for a local layout ``ref``).
+
+    A layout has no mirrors: the no-op restore from one loads nothing of them.
+    """
+    if ref is not None and ref.startswith("oci:"):
+        return None
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.stores.mirrors import MirrorSettings  # noqa: PLC0415
+
+    return MirrorSettings.from_environ(
+        urls=request.mirrors, hosts_dir=request.hosts_dir, registries_conf=request.registries_conf
+    )
+
+
 def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, Any]:
     """Return ``raw`` with the software fields of the artifact ``software_from`` names."""
     # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
@@ -393,6 +431,7 @@ def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, A
         store=request.store,
         verify_keys=request.verify_keys,
         insecure=request.insecure,
+        mirrors=_mirror_settings(request, request.software_from),
     )
 
 
@@ -441,7 +480,19 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
             return found
         ref = found
     assert ref is not None  # noqa: S101 - run_restore set the default
-    return StoreSource(open_store(ref, insecure=request.insecure), refused=request.refused)
+    pins: dict[str, str] = {}
+    if "@sha256:" in ref and not ref.startswith("oci:"):
+        # A pinned artifact: its tag is still asked of the registry; the pin answers
+        # only when the registry cannot (down), and is bound like any artifact.
+        # lazy: only a pinned registry store reads it (format.oci is LIGHT anyway)
+        from artifactd.format.oci import check_digest, full_tag  # noqa: PLC0415
+
+        ref, _, digest = ref.partition("@")
+        pins[full_tag(fp_hash)] = check_digest(digest)
+    store = open_store(
+        ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
+    )
+    return StoreSource(store, refused=request.refused)
 
 
 def _unresolved(

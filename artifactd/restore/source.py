@@ -207,7 +207,17 @@ class StoreSource:
         layer = plan.layer
         if layer is None:  # pragma: no cover - hits always carry a layer
             raise IntegrityError(f"no record for {plan.family}")
-        with self.store.open_blob(layer.digest, layer.size) as blob:
+        tries = 0
+
+        def consume(blob: Readable) -> UnpackResult:
+            # Rerun from the next source when a mirror fails: start from an empty staging dir.
+            nonlocal tries
+            tries += 1
+            if tries > 1 and staging.exists():
+                # lazy: only a rerun (a mirror failed mid-layer) empties staging
+                from artifactd.restore.destination import remove_tree  # noqa: PLC0415
+
+                remove_tree(staging)
             return unpack_layer(
                 _Progress(blob, plan.family, layer.size, on_event),
                 digest=layer.digest,
@@ -221,6 +231,8 @@ class StoreSource:
                 record=layer,
                 prefix=plan.member_prefix,
             )
+
+        return self.store.consume_blob(layer.digest, layer.size, consume)
 
 
 class _Progress:

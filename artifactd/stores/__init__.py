@@ -17,6 +17,10 @@ Modules:
   or the Docker config, each bound to its host.
 * :mod:`~artifactd.stores.transport`: HTTP to a registry: authentication, deadlines, retries.
 * :mod:`~artifactd.stores.listing`: the one bounded reader of a registry's tag list.
+* :mod:`~artifactd.stores.mirrors`: which mirrors a reference is pulled through, and why
+  (``--mirror``, containerd's ``hosts.toml``, ``registries.conf``).
+* :mod:`~artifactd.stores.pull`: the one pull transport: tags at the origin, content by
+  digest from each mirror, verified, then the origin.
 * :mod:`~artifactd.stores.registry`: an OCI registry repository as a store.
 * :mod:`~artifactd.stores.artifacts`: publish, read and copy artifacts over any store.
 * :mod:`~artifactd.stores.retention`: which artifacts ``prune`` keeps and deletes, and ``du``.
@@ -28,12 +32,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
 from artifactd.errors import UsageError
 from artifactd.stores.base import ManifestRef, Store
 from artifactd.stores.layout import LayoutStore
+
+if TYPE_CHECKING:
+    from artifactd.stores.mirrors import MirrorSettings
 
 __all__ = [
     "ArtifactRef",
@@ -47,11 +54,21 @@ __all__ = [
 ]
 
 
-def open_store(ref: str, *, create: bool = False, insecure: bool = False) -> Store:
+def open_store(
+    ref: str,
+    *,
+    create: bool = False,
+    insecure: bool = False,
+    mirrors: MirrorSettings | None = None,
+    pins: Mapping[str, str] | None = None,
+) -> Store:
     """Open the store named by ``ref``.
 
     ``create`` makes a missing local layout; ``insecure`` allows plain HTTP to a
-    registry that is not on a loopback address.
+    registry that is not on a loopback address. A registry's pulls go through
+    the mirrors ``mirrors`` configures (default: the ``ARTIFACTD_*`` variables,
+    else containerd's and the containers' files; :mod:`~artifactd.stores.mirrors`);
+    ``pins`` maps a tag to the digest used when the registry cannot resolve it.
     """
     ref = ref.strip()
     if ref.startswith("oci:"):
@@ -71,7 +88,9 @@ def open_store(ref: str, *, create: bool = False, insecure: bool = False) -> Sto
                 f"{ref!r} names an artifact, not a store",
                 hint=f"drop the tag or digest: {parsed.store}",
             )
-        return RegistryStore(RegistryRef(parsed.host, parsed.repo), insecure=insecure)
+        return RegistryStore(
+            RegistryRef(parsed.host, parsed.repo), insecure=insecure, mirrors=mirrors, pins=pins
+        )
     raise UsageError(
         f"unsupported store reference {ref!r}",
         hint="use oci:PATH for a local OCI layout directory (e.g. oci:.artifactd/store), "

@@ -52,6 +52,7 @@ from artifactd.trust.signatures import copy_attached, parse_attached_tag, sign_a
 
 if TYPE_CHECKING:
     from artifactd.format.archive import PackedLayer
+    from artifactd.stores.mirrors import MirrorSettings
     from artifactd.trust.keys import PrivateKey, PublicKey
     from artifactd.trust.policy import Basis
     from artifactd.trust.signatures import SignResult
@@ -392,7 +393,11 @@ def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyR
 
 
 def open_artifact(
-    ref: str, *, insecure: bool = False, trust: TrustPolicy | None = None
+    ref: str,
+    *,
+    insecure: bool = False,
+    trust: TrustPolicy | None = None,
+    mirrors: MirrorSettings | None = None,
 ) -> Artifact:
     """Read the artifact ``ref`` names (``STORE:TAG`` or ``STORE@sha256:...``).
 
@@ -402,7 +407,7 @@ def open_artifact(
     :class:`NotFoundError` when the store has no such artifact.
     """
     store, reference = parse_manifest_ref(ref)
-    with open_store(store, insecure=insecure) as st:
+    with open_store(store, insecure=insecure, mirrors=mirrors) as st:
         art = read_artifact(st, reference, trust=trust)
     if art is None:
         raise NotFoundError(f"{store} has no artifact {reference}")
@@ -416,6 +421,7 @@ def adopt_software_from(
     store: str | None = None,
     verify_keys: Sequence[str] = (),
     insecure: bool = False,
+    mirrors: MirrorSettings | None = None,
 ) -> dict[str, Any]:
     """Return ``raw`` with the software fields of the artifact ``ref`` names (``--software-from``).
 
@@ -432,7 +438,7 @@ def adopt_software_from(
     trust = None
     if verify_keys:
         trust = TrustPolicy.from_specs(verify_keys)
-    art = open_artifact(ref, insecure=insecure, trust=trust)
+    art = open_artifact(ref, insecure=insecure, trust=trust, mirrors=mirrors)
     return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
 
 

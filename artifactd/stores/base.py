@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple, TypeVar
 
 from artifactd.errors import IntegrityError, StoreError
 from artifactd.events import EventSink
-from artifactd.hashing import copy_hashed
+from artifactd.hashing import Hasher, copy_hashed
+
+T = TypeVar("T")
 
 #: Called with the bytes transferred so far.
 Progress = Callable[[int], None]
@@ -86,6 +88,16 @@ class Store(abc.ABC):
     def open_blob(self, digest: str, size: int) -> AbstractContextManager[BinaryIO]:
         """Open a blob for streaming reads. Callers verify digest and size while reading."""
 
+    def consume_blob(self, digest: str, size: int, consume: Callable[[BinaryIO], T]) -> T:
+        """Run ``consume`` on the blob's stream and return what it returns.
+
+        A registry reruns ``consume`` from its next source (a mirror, then the
+        origin) when one fails (:mod:`artifactd.stores.pull`), so ``consume``
+        must start from scratch each time it is called.
+        """
+        with self.open_blob(digest, size) as f:
+            return consume(f)
+
     @abc.abstractmethod
     def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
         """Store a manifest and point each tag at it; return its digest."""
@@ -138,9 +150,12 @@ class Store(abc.ABC):
         """Fetch a small blob whole and verify it against its digest and size."""
         if size > max_size:
             raise IntegrityError(f"{what} {digest} is implausibly large ({size} B)")
-        buf = _Chunks()
-        with self.open_blob(digest, size) as f:
-            read = copy_hashed(f, buf, limit=size)
+
+        def consume(f: BinaryIO) -> tuple[_Chunks, Hasher]:
+            buf = _Chunks()
+            return buf, copy_hashed(f, buf, limit=size)
+
+        buf, read = self.consume_blob(digest, size, consume)
         if read.size > size:
             raise IntegrityError(f"{what} {digest} is longer than its descriptor")
         if not read.matches(digest, size):
@@ -150,8 +165,12 @@ class Store(abc.ABC):
     def copy_blob(self, dst: Store, digest: str, size: int, tmp_dir: Path) -> int:
         """Stream one blob to ``dst`` through a temp file, verifying it; return bytes uploaded."""
         path = tmp_dir / digest.replace(":", "-")
-        with self.open_blob(digest, size) as reader, path.open("wb") as out:
-            copied = copy_hashed(reader, out)
+
+        def consume(reader: BinaryIO) -> Hasher:
+            with path.open("wb") as out:
+                return copy_hashed(reader, out)
+
+        copied = self.consume_blob(digest, size, consume)
         if not copied.matches(digest, size):
             path.unlink(missing_ok=True)
             raise IntegrityError(f"{self.ref}: blob {digest} does not match its digest or size")

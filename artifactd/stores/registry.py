@@ -15,10 +15,10 @@ Plain HTTP is used automatically for loopback registries (as Docker treats
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urljoin
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
@@ -35,13 +35,15 @@ from artifactd.hashing import digest_of
 from artifactd.stores.base import ManifestRef, Progress, Store
 from artifactd.stores.credentials import Credentials, find_credentials
 from artifactd.stores.listing import PAGE_SIZE, Page, read_tag_pages
+from artifactd.stores.mirrors import MirrorSettings, plan_mirrors
+from artifactd.stores.pull import Puller
 from artifactd.stores.reference import (
     RegistryRef,
     is_loopback,
     looks_like_registry,
     parse_registry_ref,
 )
-from artifactd.stores.transport import ATTEMPTS, BlobReader, Transport
+from artifactd.stores.transport import ATTEMPTS, Transport
 
 # Re-exported: callers that open registries import these names from here.
 __all__ = [
@@ -54,6 +56,8 @@ __all__ = [
     "looks_like_registry",
     "parse_registry_ref",
 ]
+
+T = TypeVar("T")
 
 _ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, INDEX_MEDIA_TYPE])
 #: What an image manifest lookup accepts: OCI and Docker schema 2 manifests and indexes.
@@ -76,7 +80,15 @@ class RegistryStore(Store):
         *,
         insecure: bool = False,
         environ: Mapping[str, str] | None = None,
+        mirrors: MirrorSettings | None = None,
+        pins: Mapping[str, str] | None = None,
     ) -> None:
+        """Open ``ref``; ``mirrors`` and ``pins`` shape its pulls.
+
+        ``mirrors`` says where mirror configuration comes from (default: the
+        ``ARTIFACTD_*`` variables, else containerd's and the containers' files);
+        ``pins`` maps tags to digests used when the origin cannot resolve them.
+        """
         self.target = ref
         self.ref = ref.store
         self.plain_http = insecure or is_loopback(ref.host)
@@ -86,6 +98,14 @@ class RegistryStore(Store):
             plain_http=self.plain_http,
             credentials=find_credentials(ref.host, environ),
             name=self.ref,
+        )
+        settings = mirrors if mirrors is not None else MirrorSettings.from_environ(environ)
+        self.puller = Puller(
+            self._send,
+            self.base,
+            self.ref,
+            lambda: plan_mirrors(ref.host, ref.repo, settings),
+            pins,
         )
 
     def _send(self, method: str, url: str, **kwargs: Any) -> Any:
@@ -161,19 +181,15 @@ class RegistryStore(Store):
 
     @contextmanager
     def open_blob(self, digest: str, size: int) -> Iterator[BinaryIO]:
-        """Stream a blob; the caller verifies digest and size while reading."""
+        """Stream a blob through the mirrors, then the origin; its end is verified."""
         check_digest(digest)
-        resp = self._send(
-            "GET", f"{self.base}/blobs/{digest}", stream=True, missing=(404,), what="blob download"
-        )
-        if resp.status_code == 404:
-            resp.close()
-            raise NotFoundError(f"{self.ref} has no blob {digest}")
-        reader = BlobReader(resp, f"blob {digest[:19]}")
-        try:
-            yield reader  # type: ignore[misc]
-        finally:
-            reader.close()
+        with self.puller.open_blob(digest, size) as reader:
+            yield reader
+
+    def consume_blob(self, digest: str, size: int, consume: Callable[[BinaryIO], T]) -> T:
+        """Run ``consume`` on the blob, rerun from the next source when one fails."""
+        check_digest(digest)
+        return self.puller.consume_blob(digest, size, consume)
 
     # -- manifests ----------------------------------------------------------
     def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
@@ -188,7 +204,7 @@ class RegistryStore(Store):
         digest = digest_of(data)
         for ref in [check_tag(t) for t in tags] or [digest]:
             if ref != digest:
-                old = self.tag_digest(ref)
+                old = self._origin_tag(ref)  # a push asks the registry itself
                 if old is not None and old != digest:
                     self._supersede(old)
             resp = self._send(
@@ -236,8 +252,24 @@ class RegistryStore(Store):
         ``accept`` widens the media types asked for (:data:`IMAGE_ACCEPT`: any
         runnable image, Docker's formats included).
         """
-        if not DIGEST_RE.match(reference):
-            check_tag(reference)
+        if DIGEST_RE.match(reference):
+            return self.puller.manifest(reference, accept)
+        check_tag(reference)
+        if self.puller.has_mirrors():
+            # The origin names the digest (a HEAD); its bytes come by digest, mirrors first.
+            digest = self.tag_digest(reference)
+            return None if digest is None else self.puller.manifest(digest, accept)
+        try:
+            return self._origin_manifest(reference, accept)
+        except (NotFoundError, IntegrityError):
+            raise
+        except StoreError as exc:
+            # The origin cannot answer: a resolving mirror or a pin may name the digest.
+            self.puller.plan()  # a blocked registry is refused before anything else
+            digest = self.puller.fallback_tag(reference, exc, accept)
+            return None if digest is None else self.puller.manifest(digest, accept)
+
+    def _origin_manifest(self, reference: str, accept: str) -> ManifestRef | None:
         resp = self._send(
             "GET",
             f"{self.base}/manifests/{reference}",
@@ -257,7 +289,11 @@ class RegistryStore(Store):
         return ManifestRef(data=data, digest=digest, media_type=media_type)
 
     def tag_digest(self, tag: str) -> str | None:
-        """HEAD a tag and return the digest it points at (no body transferred)."""
+        """Return the digest a tag points at: the origin's answer (see :meth:`Puller.resolve`)."""
+        return self.puller.resolve(tag, lambda: self._origin_tag(tag), _ACCEPT)
+
+    def _origin_tag(self, tag: str) -> str | None:
+        """HEAD a tag at the origin and return the digest it points at (no body transferred)."""
         resp = self._send(
             "HEAD",
             f"{self.base}/manifests/{check_tag(tag)}",
@@ -271,7 +307,7 @@ class RegistryStore(Store):
         digest = resp.headers.get("Docker-Content-Digest")
         if digest and DIGEST_RE.match(digest):
             return str(digest)
-        ref = self.get_manifest(tag)
+        ref = self._origin_manifest(tag, _ACCEPT)
         return ref.digest if ref else None
 
     def delete_manifest(self, digest: str) -> bool:
@@ -316,3 +352,4 @@ class RegistryStore(Store):
     def close(self) -> None:
         """Close the sessions of every thread that used this store."""
         self._transport.close()
+        self.puller.close()

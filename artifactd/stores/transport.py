@@ -94,10 +94,13 @@ def _default_timeout(session: Any) -> None:
     session.request = request
 
 
-def _too_slow(done: int, start: float) -> float | None:
-    """Seconds elapsed if ``done`` bytes since ``start`` is below :data:`MIN_RATE`, else None."""
+def _too_slow(done: int, start: float, grace: float | None = None) -> float | None:
+    """Seconds elapsed if ``done`` bytes since ``start`` is below :data:`MIN_RATE`, else None.
+
+    ``grace`` defaults to the read timeout of :data:`TIMEOUT`.
+    """
     elapsed = time.monotonic() - start
-    grace = TIMEOUT[1]
+    grace = TIMEOUT[1] if grace is None else grace
     return elapsed if elapsed > grace and done < MIN_RATE * (elapsed - grace) else None
 
 
@@ -127,7 +130,8 @@ class BlobReader:
     average rate falls below it is aborted.
     """
 
-    def __init__(self, response: Any, what: str) -> None:
+    def __init__(self, response: Any, what: str, *, grace: float | None = None) -> None:
+        self._grace = grace
         self._raw = response.raw
         self._raw.decode_content = True
         self._what = what
@@ -144,7 +148,7 @@ class BlobReader:
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise StoreError(f"transfer of {self._what} failed: {type(exc).__name__}") from None
         self._done += len(data)
-        if (elapsed := _too_slow(self._done, self._start)) is not None:
+        if (elapsed := _too_slow(self._done, self._start, self._grace)) is not None:
             raise StoreError(
                 f"transfer of {self._what} stalled: {self._done} bytes in {elapsed:.0f} s "
                 f"(slower than {MIN_RATE} B/s)",
@@ -157,7 +161,7 @@ class BlobReader:
         self._response.close()
 
 
-def read_document(resp: Any, what: str) -> None:
+def read_document(resp: Any, what: str, *, grace: float | None = None) -> None:
     """Read a non-blob answer's body whole, as requests would, bounded in time and size.
 
     requests' own read has only the per-read timeout: a registry that drips a
@@ -173,7 +177,7 @@ def read_document(resp: Any, what: str) -> None:
         total += len(chunk)
         if total > MAX_DOCUMENT:
             raise StoreError(f"{what}: answer larger than {MAX_DOCUMENT} bytes")
-        if (elapsed := _too_slow(total, start)) is not None:
+        if (elapsed := _too_slow(total, start, grace)) is not None:
             raise StoreError(
                 f"{what}: answer stalled: {total} bytes in {elapsed:.0f} s "
                 f"(slower than {MIN_RATE} B/s)"
@@ -201,12 +205,26 @@ class Transport:
     """
 
     def __init__(
-        self, host: str, *, plain_http: bool, credentials: Credentials | None, name: str
+        self,
+        host: str,
+        *,
+        plain_http: bool,
+        credentials: Credentials | None,
+        name: str,
+        attempts: int | None = None,
+        timeout: tuple[float, float] | None = None,
+        verify: bool | str = True,
+        cert: tuple[str, str | None] | None = None,
     ) -> None:
         self.host = host
         self.plain_http = plain_http
         self.credentials = credentials
         self._name = name  # the store reference, for messages
+        #: None: :data:`ATTEMPTS` and :data:`TIMEOUT`, read when used (a mirror passes its own).
+        self.attempts = attempts
+        self.timeout = timeout
+        self._verify = verify
+        self._cert = cert
         self._lock = threading.Lock()
         self._sessions: dict[int, _Session] = {}
         _quiet_oras()
@@ -223,6 +241,10 @@ class Transport:
             hostname=self.host, insecure=self.plain_http, auth_backend="token"
         )
         _default_timeout(client.session)
+        if self._verify is not True:
+            client.session.verify = self._verify
+        if self._cert is not None:
+            client.session.cert = self._cert[0] if self._cert[1] is None else self._cert
         if self.credentials is not None:
             client.auth.set_basic_auth(self.credentials.username, self.credentials.password)
         session = _Session(client)
@@ -303,7 +325,8 @@ class Transport:
         last_error = ""
         authed = False
         attempt = 0
-        while attempt < ATTEMPTS:
+        attempts = ATTEMPTS if self.attempts is None else self.attempts
+        while attempt < attempts:
             resp, last_error = _attempt(
                 session.client,
                 method,
@@ -312,6 +335,7 @@ class Transport:
                 body=body,
                 stream=stream,
                 progress=progress,
+                timeout=self.timeout or TIMEOUT,
             )
             if resp is not None and resp.status_code in (401, 403) and not authed:
                 authed = True  # one challenge answered per call; not counted as an attempt
@@ -328,12 +352,12 @@ class Transport:
                 asked = retry_after(resp.headers.get("Retry-After"))
                 resp.close()
             attempt += 1
-            if attempt < ATTEMPTS:
+            if attempt < attempts:
                 time.sleep(delay if asked is None else max(delay, asked))
                 delay *= 2
         raise StoreError(
             f"cannot reach registry {self.host} ({what or method}): {last_error} "
-            f"after {ATTEMPTS} attempts",
+            f"after {attempts} attempt{'s' if attempts > 1 else ''}",
             hint="check that the registry is up and reachable from here"
             + ("" if self.plain_http else "; for a plain-HTTP registry pass --insecure"),
         )
@@ -395,6 +419,7 @@ def _attempt(
     body: Path | bytes | None,
     stream: bool,
     progress: Progress | None = None,
+    timeout: tuple[float, float] = TIMEOUT,
 ) -> tuple[Any, str]:
     """One HTTP exchange; a file body is reopened each time so a retry resends it all."""
     handle = body.open("rb") if isinstance(body, Path) else None
@@ -409,11 +434,11 @@ def _attempt(
             headers=headers,
             data=data,
             stream=True,  # small bodies too: read below, under MIN_RATE and a size cap
-            timeout=TIMEOUT,
+            timeout=timeout,
             allow_redirects=True,
         )
         if not stream:
-            read_document(resp, f"{method} {url.rsplit('/', 2)[-2]}")
+            read_document(resp, f"{method} {url.rsplit('/', 2)[-2]}", grace=timeout[1])
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         if resp is not None:
             resp.close()
