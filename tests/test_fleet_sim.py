@@ -270,6 +270,7 @@ def test_plot_draws_one_png_per_scenario(tmp_path: Path) -> None:
         assert (tmp_path / f"fleet-{s}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_calibration_restores_through_the_library() -> None:
     """--calibrate restores real artifacts from a local layout: figures the model accepts."""
     figures = fleet.calibrate(runs=1)

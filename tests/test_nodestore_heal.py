@@ -140,6 +140,7 @@ def test_a_damaged_node_copy_is_fetched_again_and_the_pod_starts_warm(
     assert again["node_store"]["bytes_fetched"] == 0
 
 
+@pytest.mark.slow
 def test_registry_down_and_a_damaged_node_copy_fail_cleanly_then_heal(
     tmp_path: Path, registry: RegistryServer, repo: str, env: dict[str, str]
 ) -> None:

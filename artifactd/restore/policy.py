@@ -40,7 +40,7 @@ from artifactd.restore.destination import (
     no_hook,
     os_error,
 )
-from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore
+from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore, whole_want
 from artifactd.restore.source import StoreSource
 from artifactd.stores import default_store, open_store
 from artifactd.stores.layout import LayoutStore
@@ -485,10 +485,10 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
         # A pinned artifact: its tag is still asked of the registry; the pin answers
         # only when the registry cannot (down), and is bound like any artifact.
         # lazy: only a pinned registry store reads it (format.oci is LIGHT anyway)
-        from artifactd.format.oci import check_digest, full_tag  # noqa: PLC0415
+        from artifactd.format.oci import check_digest  # noqa: PLC0415
 
         ref, _, digest = ref.partition("@")
-        pins[full_tag(fp_hash)] = check_digest(digest)
+        pins[whole_want(fp_hash).tag] = check_digest(digest)
     store = open_store(
         ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
     )
