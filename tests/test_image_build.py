@@ -516,7 +516,8 @@ def test_a_failing_build_is_an_artifactd_error_with_the_engines_message(
         env=engine_env(engine, tmp_path), timeout=300,
     )  # fmt: skip
     assert proc.returncode == 7, proc.stderr  # BuildError: the CLI's table
-    lines = proc.stderr.splitlines()
+    # The stage lines a long command prints ("[image] context ...") come before the error.
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("[")]
     assert lines[0].startswith("artifactd: error: the engine failed to build the init image:")
     assert "manifest unknown" in lines[0]
     assert any(line.startswith("  | ") and "Trying to pull" in line for line in lines)
