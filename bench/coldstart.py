@@ -12,7 +12,7 @@ imports and exit, outside the command's own clock; lookup: probe, resolve
 and plan; fetch: download, verify and unpack; install). Then the start-up
 table: `python -c pass`, `artifactd fingerprint --hash` and a no-op restore
 (the target already holds the matching restore and its marker) in every form
-the README and the deploy/k8s manifests use (--env-file, --gpu-arch,
+the docs and the deploy/k8s manifests use (--env-file, --gpu-arch,
 --workload, --node-store on a local layout, --verify-key; each also given as
 ARTIFACTD_* variables, and the plain one with an empty probe cache), run in
 turn, each the median of --runs, with each command's ratio to the bare
@@ -83,7 +83,7 @@ def bytecode_env(base: dict[str, str], cache: Path) -> dict[str, str]:
     return env
 
 
-#: The no-op restore forms the README and the deploy/k8s manifests use, each
+#: The no-op restore forms the docs and the deploy/k8s manifests use, each
 #: timed with its flags and again with the same settings as ``ARTIFACTD_*``
 #: variables: (row name, the options beyond --store, --target and --gpu-arch).
 NOOP_FORMS: dict[str, list[str]] = {

@@ -2,7 +2,7 @@
 
 The rule is :mod:`artifactd.cli.fast`'s (its docstring; ``tests/test_fastpath.py``
 holds the code to it): a real ``artifactd restore`` no-op, in every form the
-README and the manifests use, with flags or ``ARTIFACTD_*`` variables, loads
+docs and the manifests use, with flags or ``ARTIFACTD_*`` variables, loads
 artifactd modules of :data:`~artifactd.cli.fast.LIGHT` only, nothing of
 :data:`~artifactd.cli.fast.LATER`, and none of the heavy dependencies. Two
 library-level tests (the calls the commands make, in a fresh Python) keep
@@ -106,7 +106,7 @@ LOADED = (
     "atexit.register(lambda: sys.stderr.write("
     "'\\nLOADED ' + ' '.join(sorted(set(sys.modules) - _before))))"
 )
-#: The no-op forms of the README and the deploy/k8s manifests: the options beyond
+#: The no-op forms of the docs and the deploy/k8s manifests: the options beyond
 #: ``--store`` and ``--target`` (``{tmp}``: the test's directory; ``{pub}``: a public key).
 NOOP_FORMS = {
     "plain": [],

@@ -15,7 +15,7 @@ click prints it), ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
 given as ``--name VALUE``, ``--name=VALUE`` or an ``ARTIFACTD_*`` variable. A
 restore whose target already holds what resolving would pick (the no-op: a
 restarted pod, a warm volume) answers here with nothing but the modules named
-below, including the forms the README and the manifests use: ``--env-file``,
+below, including the forms the docs and the manifests use: ``--env-file``,
 ``--gpu-arch``, ``--workload``, ``--node-store`` (a local layout),
 ``--verify-key`` (key ids read from the PEM, no crypto library). The parser's
 rules are click's: long options as ``--name VALUE`` or ``--name=VALUE``; a flag
@@ -40,7 +40,8 @@ import, at module level and inside functions, to these lists):
   and libcuda);
 * the artifactd modules of :data:`LIGHT`, which import at module level only
   what these lists allow: ``artifactd``, ``artifactd.bounds``, ``artifactd.cli``,
-  ``artifactd.cli.main``, ``artifactd.cli.render``, ``artifactd.cli.specs``,
+  ``artifactd.cli.main``, ``artifactd.cli.progress``, ``artifactd.cli.render``,
+  ``artifactd.cli.specs``,
   ``artifactd.constants``, ``artifactd.errors``, ``artifactd.events``,
   ``artifactd.families``, ``artifactd.fingerprint``,
   ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
@@ -143,6 +144,7 @@ LIGHT = frozenset(
         "artifactd.bounds",
         "artifactd.cli",
         "artifactd.cli.main",
+        "artifactd.cli.progress",
         "artifactd.cli.render",
         "artifactd.cli.specs",
         "artifactd.constants",
