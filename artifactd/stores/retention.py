@@ -55,6 +55,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from artifactd.errors import IntegrityError, TrustError, UsageError
 from artifactd.events import EventSink, discard
@@ -76,7 +77,9 @@ from artifactd.format.oci import (
 )
 from artifactd.stores.base import Store
 from artifactd.stores.layout import LayoutStore
-from artifactd.trust.policy import Basis, TrustPolicy, checked_basis
+
+if TYPE_CHECKING:
+    from artifactd.trust.policy import Basis
 
 #: How long a just-pushed artifact is safe from a prune (``--grace``).
 DEFAULT_GRACE_S = 600
@@ -322,6 +325,10 @@ class Rules:
 
     def check(self) -> Rules:
         """Return the rules, or raise :class:`UsageError` for a negative one."""
+        # lazy: `artifactd prune --help` loads this module for its defaults, and
+        # --help loads no trust code (tests/test_startup.py)
+        from artifactd.trust.policy import checked_basis  # noqa: PLC0415
+
         checked_basis(self.trust, "Rules")
         for name, value in (
             ("--keep-last", self.keep_last),
@@ -375,6 +382,9 @@ def _ranked(store: Store, members: Sequence[Manifest], trust: Basis) -> list[Man
     An unknown age (none stamped, unreadable, or in the future) ranks after
     every known one: it is never "the newest".
     """
+    # lazy: as in Rules.check
+    from artifactd.trust.policy import TrustPolicy  # noqa: PLC0415
+
     vouched: set[str] = set()
     if isinstance(trust, TrustPolicy):
         for m in members:
