@@ -166,6 +166,23 @@ CACHE_ENV_VARS = (
 )
 
 
+#: pydantic's own switch for its plugin scan (at the first model build it reads
+#: the entry points of every installed distribution, and imports each plugin).
+PYDANTIC_DISABLE_PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
+
+
 def current_environ() -> Mapping[str, str]:
     """Return the process environment (the one place that reads ``os.environ``)."""
     return os.environ
+
+
+def without_pydantic_plugins() -> None:
+    """Turn pydantic's plugin scan off for this process, unless its variable is already set.
+
+    A restore's documents are validated by artifactd's own models, which no
+    plugin is meant to observe, and the scan (the entry points of every
+    installed distribution) is part of a restore's fixed cost. The variable is
+    pydantic's (read at each model build), so the process's children inherit
+    it: only a command that starts no engine calls this.
+    """
+    os.environ.setdefault(PYDANTIC_DISABLE_PLUGINS, "__all__")

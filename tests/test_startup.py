@@ -187,6 +187,38 @@ def test_fingerprint_hash_loads_nothing_heavy() -> None:
     assert "select" in loaded  # the probe did wait for its tools
 
 
+#: Also says, at exit, whether pydantic scanned for plugins: its cache of them stays
+#: None when the scan was off (``PYDANTIC_DISABLE_PLUGINS``), a dict once it ran.
+PLUGINS = (
+    LOADED + "\natexit.register(lambda: sys.stderr.write('\\nPLUGINS ' + repr(getattr("
+    "sys.modules.get('pydantic.plugin._loader'), '_plugins', 'not loaded'))))"
+)
+#: What a restore that installs from one store, verifying nothing, has no use for:
+#: signatures (and the crypto library), a second registry's credentials, subprocesses.
+NOT_INSTALLING = {
+    "artifactd.trust.signatures",
+    "artifactd.stores.credentials",
+    "cryptography",
+    "subprocess",
+}
+
+
+def test_a_restore_that_installs_scans_no_plugins_and_loads_no_signing(
+    store: str, tmp_path: Path
+) -> None:
+    args = ["restore", "--json", "--store", store, "--target", str(tmp_path / "t")]
+    proc = run_artifactd(*args, env=clean_env(), prelude=PLUGINS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "restored"
+    loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+    # It did validate the artifact's documents with the models...
+    assert {"artifactd.format.config", "pydantic.plugin._loader"} <= loaded
+    # ...without pydantic's scan of every installed distribution for plugins,
+    assert proc.stderr.rsplit("\nPLUGINS ", 1)[1].split("\n", 1)[0] == "None"
+    # and without the modules only signing, verifying or a second registry use.
+    assert loaded & NOT_INSTALLING == set()
+
+
 def _fp_tags(store: str) -> list[str]:
     with open_store(store) as st:
         return [t for t in st.list_tags() if t.startswith("fp-")]

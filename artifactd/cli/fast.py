@@ -350,6 +350,10 @@ def restore(
     """Restore the matching caches into ``target``; exit with the outcome's code."""
     from artifactd.fingerprint.probe import start_request
 
+    # A restore that installs builds a few models; pydantic's plugin scan is not
+    # part of that work (a restore starts no engine, so no engine inherits it).
+    C.without_pydantic_plugins()
+
     # The probe's subprocesses and NVML run while the restore modules import.
     pending = start_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
