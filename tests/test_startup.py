@@ -27,6 +27,7 @@ from conftest import clean_env, run_artifactd
 
 from artifactd.cli.fast import LATER, LIGHT
 from artifactd.cli.specs import COMMANDS
+from artifactd.constants import PYDANTIC_DISABLE_PLUGINS
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, get_family, select_families, select_names
 from artifactd.stores import open_store
@@ -207,7 +208,9 @@ def test_a_restore_that_installs_scans_no_plugins_and_loads_no_signing(
     store: str, tmp_path: Path
 ) -> None:
     args = ["restore", "--json", "--store", store, "--target", str(tmp_path / "t")]
-    proc = run_artifactd(*args, env=clean_env(), prelude=PLUGINS)
+    env = clean_env()
+    env.pop(PYDANTIC_DISABLE_PLUGINS, None)  # the switch is the restore's own doing
+    proc = run_artifactd(*args, env=env, prelude=PLUGINS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "restored"
     loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
@@ -217,6 +220,23 @@ def test_a_restore_that_installs_scans_no_plugins_and_loads_no_signing(
     assert proc.stderr.rsplit("\nPLUGINS ", 1)[1].split("\n", 1)[0] == "None"
     # and without the modules only signing, verifying or a second registry use.
     assert loaded & NOT_INSTALLING == set()
+
+
+def test_the_plugin_switch_ends_with_the_restore(store: str, tmp_path: Path) -> None:
+    """``exec --restore``: the engine it becomes gets the environment it was given."""
+    seen = tmp_path / "seen"
+    engine = (
+        "import os, pathlib\n"
+        f"pathlib.Path({str(seen)!r}).write_text(repr(os.environ.get({PYDANTIC_DISABLE_PLUGINS!r})))"
+    )
+    target = tmp_path / "t"
+    env = clean_env()
+    env.pop(PYDANTIC_DISABLE_PLUGINS, None)
+    argv = ["exec", "--restore", "--store", store, "--target", str(target), "--"]
+    proc = run_artifactd(*argv, sys.executable, "-c", engine, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (target / "artifactd.env").is_file()  # it restored: it built and used the models
+    assert seen.read_text() == "None"
 
 
 def _fp_tags(store: str) -> list[str]:

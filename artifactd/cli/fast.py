@@ -350,10 +350,6 @@ def restore(
     """Restore the matching caches into ``target``; exit with the outcome's code."""
     from artifactd.fingerprint.probe import start_request
 
-    # A restore that installs builds a few models; pydantic's plugin scan is not
-    # part of that work (a restore starts no engine, so no engine inherits it).
-    C.without_pydantic_plugins()
-
     # The probe's subprocesses and NVML run while the restore modules import.
     pending = start_request(
         gpu_arch=gpu_arch, image_digest=image_digest, workload=workload, overrides=overrides
@@ -380,19 +376,21 @@ def restore(
         verify_keys=tuple(verify_keys),
     )
     # Plain data again: a no-op restore (warm volume, marker matches) answers
-    # without building a single pydantic model.
-    outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
-    failure = outcome.failure
-    if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
-        render.traceback(failure.error)
-    if metrics_file is not None:
-        _write_metrics(metrics_file, outcome)
-    if as_json:
-        from artifactd.reports import restore_report
+    # without building a single pydantic model. One that installs builds a few
+    # (reading the artifact, reporting it), without pydantic's plugin scan.
+    with C.pydantic_plugins_off():
+        outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
+        failure = outcome.failure
+        if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
+            render.traceback(failure.error)
+        if metrics_file is not None:
+            _write_metrics(metrics_file, outcome)
+        if as_json:
+            from artifactd.reports import restore_report
 
-        render.emit_json(restore_report(outcome))
-    else:
-        render.restore(outcome)
+            render.emit_json(restore_report(outcome))
+        else:
+            render.restore(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
 
