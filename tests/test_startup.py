@@ -27,7 +27,7 @@ from conftest import clean_env, run_artifactd
 
 from artifactd.cli.fast import LATER, LIGHT
 from artifactd.cli.specs import COMMANDS
-from artifactd.constants import PYDANTIC_DISABLE_PLUGINS
+from artifactd.constants import PYDANTIC_DISABLE_PLUGINS, current_environ, pydantic_plugins_off
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, get_family, select_families, select_names
 from artifactd.stores import open_store
@@ -237,6 +237,18 @@ def test_the_plugin_switch_ends_with_the_restore(store: str, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (target / "artifactd.env").is_file()  # it restored: it built and used the models
     assert seen.read_text() == "None"
+
+
+def test_the_plugin_switch_keeps_a_value_already_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PYDANTIC_DISABLE_PLUGINS, "logfire")
+    with pydantic_plugins_off():
+        assert current_environ()[PYDANTIC_DISABLE_PLUGINS] == "logfire"
+    assert current_environ()[PYDANTIC_DISABLE_PLUGINS] == "logfire"
+    monkeypatch.delenv(PYDANTIC_DISABLE_PLUGINS)
+    with pytest.raises(RuntimeError), pydantic_plugins_off():
+        assert current_environ()[PYDANTIC_DISABLE_PLUGINS] == "__all__"
+        raise RuntimeError  # a restore that fails still ends the switch
+    assert PYDANTIC_DISABLE_PLUGINS not in current_environ()
 
 
 def _fp_tags(store: str) -> list[str]:
