@@ -222,6 +222,24 @@ def _promtool_setup(ws: Workspace) -> dict[str, str]:
     return {}
 
 
+def _fixedcost_setup(ws: Workspace) -> dict[str, str]:
+    # The block restores from a local layout holding one generic cache built for sm_90a.
+    tree = make_generic_tree(ws.root / "caches" / "fixedcost")
+    env = {**ws.env, "ARTIFACTD_GENERIC_DIR": str(tree)}
+    store = f"oci:{ws.root}/fixedcost-store"
+    subprocess.run(
+        [sys.executable, "-m", "artifactd", "harvest", "--store", store, "--family", "generic",
+         "--gpu-arch", "sm_90a"],
+        env=env, cwd=ws.root, check=True, capture_output=True,
+    )  # fmt: skip
+    return {"oci:/cache/store": store, "/cache/pod": f"{ws.root}/fixedcost-pod"}
+
+
+def _fixedcost_check(ws: Workspace) -> None:
+    assert (ws.root / "fixedcost-pod" / "artifactd.env").is_file(), "the restore installed nothing"
+    assert "pydantic" in (ws.root / "importtime.txt").read_text(), "it validated no document"
+
+
 def _nothing(ws: Workspace) -> None:
     del ws
 
@@ -234,6 +252,7 @@ RUNNERS: dict[str, Runner] = {
     "promote": (_promote_setup, _promote_check),
     "enforce": (_enforce_setup, _enforce_check),
     "promtool": (_promtool_setup, _nothing),
+    "fixedcost": (_fixedcost_setup, _fixedcost_check),
 }
 
 

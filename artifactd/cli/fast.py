@@ -376,19 +376,21 @@ def restore(
         verify_keys=tuple(verify_keys),
     )
     # Plain data again: a no-op restore (warm volume, marker matches) answers
-    # without building a single pydantic model.
-    outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
-    failure = outcome.failure
-    if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
-        render.traceback(failure.error)
-    if metrics_file is not None:
-        _write_metrics(metrics_file, outcome)
-    if as_json:
-        from artifactd.reports import restore_report
+    # without building a single pydantic model. One that installs builds a few
+    # (reading the artifact, reporting it), without pydantic's plugin scan.
+    with C.pydantic_plugins_off():
+        outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
+        failure = outcome.failure
+        if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
+            render.traceback(failure.error)
+        if metrics_file is not None:
+            _write_metrics(metrics_file, outcome)
+        if as_json:
+            from artifactd.reports import restore_report
 
-        render.emit_json(restore_report(outcome))
-    else:
-        render.restore(outcome)
+            render.emit_json(restore_report(outcome))
+        else:
+            render.restore(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
 

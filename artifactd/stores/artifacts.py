@@ -46,7 +46,6 @@ from artifactd.format.oci import (
 from artifactd.hashing import canonical_json, digest_of
 from artifactd.stores import Store, open_store, parse_manifest_ref
 from artifactd.stores.base import ManifestRef, progress_events
-from artifactd.stores.credentials import check_unbound_pair
 from artifactd.trust.policy import (
     UNSAFE_NO_VERIFICATION,
     Basis,
@@ -57,7 +56,6 @@ from artifactd.trust.policy import (
     verification,
     vouch,
 )
-from artifactd.trust.signatures import copy_attached, parse_attached_tag, sign_all
 
 if TYPE_CHECKING:
     from artifactd.format.archive import PackedLayer
@@ -355,6 +353,9 @@ def choose_artifacts(src: Store, tags: list[str] | None, *, trust: Basis) -> Cho
     verify (:func:`artifactd.trust.policy.vouch`) or
     :class:`~artifactd.errors.TrustError` is raised before the copy begins.
     """
+    # lazy: copying is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
+
     trust = checked_basis(trust, "choose_artifacts")
     wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
     # A full copy leaves signatures to copy_attached and superseded manifests behind.
@@ -379,6 +380,9 @@ def choose_artifacts(src: Store, tags: list[str] | None, *, trust: Basis) -> Cho
 
 
 def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyResult:
+    # lazy: copying is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.trust.signatures import copy_attached  # noqa: PLC0415
+
     result = CopyResult(source=src.ref, destination=dst.ref, tags=[], verified=chosen.verified)
     done: set[str] = set()
     carried: set[str] = set()
@@ -446,6 +450,9 @@ def adopt_software_from(
     an environment credential pair must say which of the two it belongs to
     (:func:`~artifactd.stores.credentials.check_unbound_pair`).
     """
+    # lazy: credentials matter to a second registry; a restore from one store never loads them
+    from artifactd.stores.credentials import check_unbound_pair  # noqa: PLC0415
+
     check_unbound_pair([ref, store])
     art = open_artifact(ref, insecure=insecure, trust=verification(verify_keys), mirrors=mirrors)
     return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
@@ -472,6 +479,10 @@ def copy_between(
     :class:`~artifactd.trust.policy.UnsafeNoVerification`): without one it is a
     :class:`~artifactd.errors.UsageError`, before any store is opened.
     """
+    # lazy: copying is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.stores.credentials import check_unbound_pair  # noqa: PLC0415
+    from artifactd.trust.signatures import sign_all  # noqa: PLC0415
+
     check_unbound_pair([source, destination])
     if sign_key is not None and trust is None:
         raise UsageError(
@@ -511,6 +522,9 @@ def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False)
     it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
     vouching for whoever put it there.
     """
+    # lazy: signing is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.trust.signatures import sign_all  # noqa: PLC0415
+
     store, reference = parse_manifest_ref(ref)
     with open_store(store, insecure=insecure) as st:
         found = st.get_manifest(reference)
