@@ -24,10 +24,16 @@ from typing import Any
 
 import pytest
 from conftest import clean_env, run_artifactd
+from faultproxy import FaultProxy
+from registry_server import RegistryServer
 from test_drift_guards import release_dir
 
+from artifactd.build.harvest import harvest
+from artifactd.errors import UsageError
 from artifactd.families import vllmkey
 from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.reports import restore_report
 from artifactd.restore import engineside as P  # noqa: N812
 from artifactd.restore.engineside import (
     PodInputs,
@@ -36,7 +42,17 @@ from artifactd.restore.engineside import (
     pod_factors,
     read_traced,
 )
-from artifactd.restore.predict import predict, predict_entry, recorded_from_root, run_predict
+from artifactd.restore.policy import RestoreRequest, run_restore
+from artifactd.restore.predict import (
+    MAX_ENGINE_ARGS,
+    PredictOptions,
+    engine_argv,
+    predict,
+    predict_entry,
+    recorded_from_root,
+    run_predict,
+)
+from artifactd.stores import open_store
 
 VLLM = "vllm-0.33.0"
 GPU = "NVIDIA H100 80GB HBM3"
@@ -523,3 +539,157 @@ def test_the_engine_python_is_the_one_asked(static_env: dict[str, Any], tmp_path
     pod = pod_factors(PodInputs(environ={}, gpu_name=GPU, python=engine), torch=False)
     name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
     assert _named(predict_entry(name, doc, pod))[0] == f"env.{ENV_VAR}: false -> true"
+
+
+# --------------------------------------------------------------------------
+# restore --predict: said before any layer is fetched
+# --------------------------------------------------------------------------
+
+
+def _published(registry: RegistryServer, repo: str, root: Path, fp: Fingerprint) -> dict[str, str]:
+    """Harvest the vLLM root straight into the registry; return its layer digests by family."""
+    with open_store(registry.ref(repo)) as st:
+        result = harvest(st, fp, families=["vllm"], environ={"VLLM_CACHE_ROOT": str(root)})
+    return {f.family: f.layer_digest for f in result.families if f.layer_digest}
+
+
+def _raw(fp: Fingerprint) -> dict[str, Any]:
+    raw: dict[str, Any] = fp.model_dump(mode="json")
+    return raw
+
+
+def _pod_inputs(env: Mapping[str, Any], **kw: Any) -> PodInputs:
+    """The pod's side, the engine's image answer given (no vLLM here): env, groups, GPU."""
+    groups = {"config": _config(), "compiler": _compiler()}
+    return PodInputs(environ={}, engine={"env": dict(env)}, gpu_name=GPU, groups=groups, **kw)
+
+
+@pytest.mark.slow
+def test_restore_predicts_before_any_layer_is_fetched(
+    static_env: dict[str, Any],
+    registry: RegistryServer,
+    repo: str,
+    local_fp: Fingerprint,
+    tmp_path: Path,
+) -> None:
+    """The prediction (an event, then the outcome) comes from the config; layers come after."""
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    root = _write_root(tmp_path / "vllm", name, doc)
+    layers = _published(registry, repo, root, local_fp)
+    seen: list[tuple[dict[str, Any], int]] = []
+    with FaultProxy(registry.host) as proxy:
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("stage") == "predict":
+                seen.append((event, len(proxy.blob_gets(layers.values()))))
+
+        pod = _pod_inputs({**static_env, ENV_VAR: True})
+        request = RestoreRequest(
+            store=proxy.ref(repo),
+            target=tmp_path / "t",
+            families=["vllm"],
+            predict=PredictOptions(pod),
+        )
+        out = run_restore(request, _raw(local_fp), on_event=on_event)
+        assert out.status == "restored", out.failure
+        assert len(proxy.blob_gets(layers.values())) == 1  # the vLLM layer, after
+    ((event, fetched_then),) = seen
+    assert fetched_then == 0  # the prediction was made before any layer GET
+    assert event["outcome"] == "miss"
+    assert event["lines"] == {name: f"will miss: env.{ENV_VAR}: false -> true"}
+    assert out.prediction is not None and out.prediction.outcome == "miss"
+    report = restore_report(out)
+    assert report["prediction"]["entries"][0]["line"] == event["lines"][name]
+
+
+@pytest.mark.slow
+def test_restore_require_hit_installs_nothing_and_exits_17(
+    static_env: dict[str, Any],
+    registry: RegistryServer,
+    repo: str,
+    local_fp: Fingerprint,
+    tmp_path: Path,
+) -> None:
+    """--require-hit: a predicted miss fetches no layer, installs nothing and exits 17."""
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    layers = _published(registry, repo, _write_root(tmp_path / "vllm", name, doc), local_fp)
+    with FaultProxy(registry.host) as proxy:
+        miss = PredictOptions(_pod_inputs({**static_env, ENV_VAR: True}), require_hit=True)
+        target = tmp_path / "t"
+        request = RestoreRequest(
+            store=proxy.ref(repo), target=target, families=["vllm"], predict=miss
+        )
+        out = run_restore(request, _raw(local_fp))
+        assert proxy.blob_gets(layers.values()) == []
+        assert (out.status, out.exit_code) == ("failed", 17)
+        assert out.failure is not None and out.failure.kind == "predicted_miss"
+        assert f"env.{ENV_VAR}: false -> true" in out.failure.message
+        assert not (target / "vllm").exists()
+        # The same pod as the build: it will hit, so the restore installs.
+        same = request._replace(predict=PredictOptions(_pod_inputs(static_env), require_hit=True))
+        done = run_restore(same, _raw(local_fp))
+        assert (done.status, done.exit_code) == ("restored", 0), done.failure
+        assert done.prediction is not None and done.prediction.outcome == "hit"
+        # A restarted pod (a no-op): predicted from the caches now in the target.
+        again = run_restore(same, _raw(local_fp))
+        assert again.status == "noop" and again.prediction is not None
+        assert again.prediction.outcome == "hit"
+        assert again.prediction.source == str(target / "vllm")
+
+
+def test_restore_predict_without_a_vllm_layer_is_unknown(
+    registry: RegistryServer, repo: str, local_fp: Fingerprint, tmp_path: Path
+) -> None:
+    empty = tmp_path / "store"
+    request = RestoreRequest(
+        store=f"oci:{empty}",
+        target=tmp_path / "t",
+        families=["vllm"],
+        predict=PredictOptions(PodInputs(environ={}, engine={"env": {}}), require_hit=True),
+    )
+    open_store(f"oci:{empty}", create=True).close()
+    out = run_restore(request, _raw(local_fp))
+    assert out.prediction is not None and out.prediction.outcome == "unknown"
+    assert "this restore installs no vLLM cache" in out.prediction.entries[0].reason
+    assert out.exit_code == 17
+
+
+def test_engine_args_split_as_a_shell_would_and_are_bounded() -> None:
+    line = "vllm serve '/models/my model' --max-num-batched-tokens 4096"
+    argv = engine_argv((), line)
+    assert argv == ("vllm", "serve", "/models/my model", "--max-num-batched-tokens", "4096")
+    assert engine_argv(("a",), line) == ("a",)  # the arguments after -- win
+    with pytest.raises(UsageError, match="cannot be split"):
+        engine_argv((), "vllm serve 'open")
+    with pytest.raises(UsageError, match="at most"):
+        engine_argv((), "x " * (MAX_ENGINE_ARGS + 1))
+
+
+@pytest.mark.slow
+def test_cli_restore_predict_prints_before_the_plan_and_require_hit_exits_17(
+    static_env: dict[str, Any], local_fp: Fingerprint, tmp_path: Path
+) -> None:
+    """The command line: --predict's lines, --json's prediction, --require-hit's exit 17."""
+    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    root = _write_root(tmp_path / "vllm", name, doc)
+    layout = tmp_path / "store"
+    env = clean_env({"HOME": str(tmp_path), "VLLM_CACHE_ROOT": str(root)})
+    harvested = run_artifactd("harvest", "--store", f"oci:{layout}", "--family", "vllm", env=env)
+    assert harvested.returncode == 0, harvested.stderr[-2000:]
+    # The engine's image answers with the build's env (no vLLM here to ask).
+    engine = _fake_python(tmp_path, f"echo '{json.dumps({'env': static_env})}'")
+    args = ("restore", "--store", f"oci:{layout}", "--engine-python", engine)
+    target = ("--target", str(tmp_path / "t"))
+    proc = run_artifactd(*args, *target, "--predict", "--gpu-name", "NVIDIA L4", env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"predict: oci:{layout}" in proc.stderr and "the engine will miss" in proc.stderr
+    assert f"will miss: compiler.system.device.name: {GPU} -> NVIDIA L4" in proc.stderr
+    assert "the engine will miss" in proc.stdout  # and again under the plan
+    pod = {"ARTIFACTD_REQUIRE_HIT": "1", "ARTIFACTD_GPU_NAME": "NVIDIA L4"}
+    refused = run_artifactd(*args, "--target", str(tmp_path / "t2"), "--json", env=clean_env(pod))
+    assert refused.returncode == 17, refused.stderr[-2000:]
+    report = json.loads(refused.stdout)
+    assert report["status"] == "failed" and report["failure"]["kind"] == "predicted_miss"
+    assert report["prediction"]["outcome"] == "miss"
+    assert not (tmp_path / "t2" / "vllm").exists()
+    assert "Traceback" not in refused.stderr

@@ -116,6 +116,7 @@ from artifactd.families.layouts import (
     deepgemm_excluded,
     deepgemm_partial_entries,
 )
+from artifactd.families.vllmkey import traced_lists
 from artifactd.fsutil import read_regular
 
 if TYPE_CHECKING:
@@ -666,4 +667,7 @@ class VLLMFamily(Family):
         if component != "cache":
             return {}
         factors = read_factors(root)
-        return {"cache_key_factors": factors} if factors else {}
+        if not factors:
+            return {}
+        traced = traced_lists({n: root / COMPILE_DIR / n for n in factors}, factors)
+        return {"cache_key_factors": factors, **({"traced_files": traced} if traced else {})}
