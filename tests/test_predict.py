@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +32,7 @@ from test_drift_guards import release_dir
 
 from artifactd.build.harvest import harvest
 from artifactd.errors import UsageError
-from artifactd.families import vllmkey
+from artifactd.families import FAMILIES, vllmkey
 from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.reports import restore_report
@@ -49,6 +51,7 @@ from artifactd.restore.predict import (
     engine_argv,
     predict,
     predict_entry,
+    recorded_from_facts,
     recorded_from_root,
     run_predict,
 )
@@ -693,3 +696,141 @@ def test_cli_restore_predict_prints_before_the_plan_and_require_hit_exits_17(
     assert report["prediction"]["outcome"] == "miss"
     assert not (tmp_path / "t2" / "vllm").exists()
     assert "Traceback" not in refused.stderr
+
+
+# --------------------------------------------------------------------------
+# vLLM 0.33: the build recovers the traced-file list its code_hash covered
+# --------------------------------------------------------------------------
+
+
+def _release_code_hash(files: list[str]) -> str:
+    """0.33's own traced-file loop, executed from its source, over ``files``."""
+
+    class _Log:
+        def warning(self, *args: object) -> None:
+            del args
+
+    ns: dict[str, Any] = {"hashlib": hashlib, "forward_code_files": sorted(files), "logger": _Log()}
+    exec(_block(_backends(), "hash_content = []", "code_hash = hashlib"), ns)  # noqa: S102 - the pinned release's own loop
+    return str(ns["code_hash"])
+
+
+def _graph_line(path: Path, line: int = 3, fn: str = "forward") -> str:
+    """A ``# File:`` line as torch's FX ``print_readable`` writes it (see the torch test below)."""
+    return f"        # File: {path}:{line} in {fn}, code: return x * 2\n"
+
+
+def _root_033(
+    tmp_path: Path, env: Mapping[str, Any], traced: list[Path], named: list[Path]
+) -> tuple[Path, str]:
+    """A 0.33 cache root: code_hash over ``traced``; its graph file names ``named``."""
+    doc = {
+        "env": dict(env),
+        "config_hash": "a" * 64,
+        "code_hash": _release_code_hash([str(p) for p in traced]),
+        "compiler_hash": "c" * 10,
+    }
+    name = vllmkey.dir_key(doc, RECIPE_033)
+    root = _write_root(tmp_path / "vllm", name, doc)
+    graph = root / "torch_compile_cache" / name / "rank_0_0" / "backbone" / vllmkey.GRAPH_FILE
+    graph.write_text("class GraphModule(torch.nn.Module):\n" + "".join(map(_graph_line, named)))
+    return root, name
+
+
+def _recorded_033(root: Path) -> dict[str, dict[str, Any]]:
+    """What an artifact's config carries for the root: the vLLM family's facts, as harvested."""
+    return recorded_from_facts({"cache": FAMILIES["vllm"].facts("cache", root)})
+
+
+def test_033_traced_files_are_recorded_and_each_change_is_named(
+    static_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """The list is kept only as 0.33's own code_hash confirms it; then a change is named."""
+    model = _traced(tmp_path, "venv-build")
+    layer = model.with_name("layers.py")
+    layer.write_text("def rms(x):\n    return x\n")
+    root, name = _root_033(tmp_path, static_env, [model, layer], [model, layer])
+    recorded = _recorded_033(root)
+    traced = recorded[name][vllmkey.TRACED_KEY]
+    assert traced["schema_version"] == vllmkey.TRACED_SCHEMA_VERSION
+    assert [f["path"] for f in traced["files"]] == sorted([str(model), str(layer)])
+
+    def code(**kw: Any) -> Any:
+        pod = PodFactors(env=static_env, read_file=read_traced, **kw)
+        entry = predict_entry(name, recorded[name], pod)
+        return next(c for c in entry.checks if c.group == "code"), entry
+
+    same, _ = code()
+    assert same.status == "match"
+    layer.write_text("def rms(x):\n    return x * 2\n")
+    changed, entry = code()
+    assert entry.outcome == "miss"
+    ((diff),) = changed.differences
+    assert diff.key == f"code[{layer}].sha256" and diff.category == "changed"
+    layer.write_text("def rms(x):\n    return x\n")
+    moved = _traced(tmp_path, "venv-pod")
+    model.unlink()
+    reloc = ((str(tmp_path / "venv-build"), str(tmp_path / "venv-pod")),)
+    where, _ = code(relocations=reloc)
+    assert [d.describe() for d in where.differences] == [
+        f"code[{model}].path: {model} -> {moved} (moved)"
+    ]
+    gone, _ = code()
+    assert [d.describe() for d in gone.differences] == [
+        f"code[{model}]: present -> missing (missing)"
+    ]
+
+
+def test_033_a_graph_that_names_too_few_files_records_no_list(
+    static_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """vLLM traced a file the graph does not name: no list is kept, and code stays unknown."""
+    model = _traced(tmp_path, "venv")
+    helper = model.with_name("utils.py")
+    helper.write_text("def helper():\n    pass\n")
+    root, name = _root_033(tmp_path, static_env, [model, helper], [model])
+    recorded = _recorded_033(root)
+    assert "files" not in recorded[name][vllmkey.TRACED_KEY]
+    entry = predict_entry(name, recorded[name], PodFactors(env=static_env, read_file=read_traced))
+    code = next(c for c in entry.checks if c.group == "code")
+    assert code.status == "unknown"
+    assert "do not give vLLM's code_hash" in code.reason
+
+
+def test_033_a_recorded_list_is_bounded(static_env: dict[str, Any]) -> None:
+    many = {"schema_version": 1, "files": [{"path": f"/x/{i}.py"} for i in range(5000)]}
+    doc = {"env": static_env, "config_hash": "a", "code_hash": "b", "compiler_hash": "c"}
+    doc[vllmkey.TRACED_KEY] = many
+    pod = PodFactors(env=static_env, read_file=read_traced)
+    (code,) = [c for c in vllmkey.compare(doc, RECIPE_033, pod) if c.group == "code"]
+    assert code.status == "unknown" and "over 4096" in code.reason
+    paths = [f"/x/{i}.py" for i in range(vllmkey.MAX_TRACED_FILES + 1)]
+    assert "more than" in vllmkey.traced_033(doc, paths, lambda p: None)["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_graph_file_lines_are_what_torch_writes(tmp_path: Path) -> None:
+    """torch's own FX ``print_readable`` (what vLLM 0.33 saves) names the traced source files."""
+    src = tmp_path / "model_src.py"
+    src.write_text(
+        "def helper(x):\n    return x.sin() * 2\n\ndef f(x):\n    return helper(x) + 1\n"
+    )
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys, torch
+        spec = importlib.util.spec_from_file_location("model_src", {str(src)!r})
+        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+        out = []
+        def backend(gm, example):
+            out.append(gm.print_readable(print_output=False))
+            return gm.forward
+        torch.compile(mod.f, backend=backend)(torch.randn(3))
+        sys.stdout.write(out[0])
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert vllmkey.graph_paths(proc.stdout) == [str(src)]
