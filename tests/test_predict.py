@@ -33,7 +33,7 @@ from test_drift_guards import release_dir
 from artifactd.build.harvest import harvest
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, vllmkey
-from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
+from artifactd.families.vllmkey import RECIPE_033, RECIPE_034, PodFactors
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.reports import restore_report
 from artifactd.restore import engineside as P  # noqa: N812
@@ -58,6 +58,7 @@ from artifactd.restore.predict import (
 from artifactd.stores import open_store
 
 VLLM = "vllm-0.33.0"
+VLLM_034 = "vllm-0.34.0"
 GPU = "NVIDIA H100 80GB HBM3"
 TORCH_KEY = "9f" * 32
 #: A variable of vLLM 0.33's list that compile_factors hashes (not ignored).
@@ -138,10 +139,10 @@ def _compiler(gpu: str = GPU, torch_key: str = TORCH_KEY) -> dict[str, Any]:
     }
 
 
-def _main_doc(
+def _doc_034(
     env: Mapping[str, Any], traced: Path, torch_key: str = TORCH_KEY
 ) -> tuple[str, dict[str, Any]]:
-    """A main-branch record and its dir name (the recipe as written in vLLM's backends.py)."""
+    """A vLLM 0.34 record and its dir name (the recipe as 0.34's backends.py writes it)."""
     code = [
         {"path": str(traced), "hash": vllmkey.content_hash(traced.read_text())},
         {"path": "<string>"},
@@ -152,10 +153,10 @@ def _main_doc(
         "config_hash": "c" * 64,
         "compiler": _compiler(torch_key=torch_key),
         "compiler_hash": "d" * 64,
-        "code": code,
+        "code": {"files": code},
         "code_hash": "e" * 64,
     }
-    everything = {"env": doc["env"], "config": doc["config"], "code": {"files": code}}
+    everything = {"env": doc["env"], "config": doc["config"], "code": doc["code"]}
     everything["compiler"] = doc["compiler"]
     name = hashlib.sha256(json.dumps(everything, sort_keys=True).encode()).hexdigest()[:10]
     return name, doc
@@ -241,8 +242,41 @@ def test_033_code_hash_is_the_release_own_code(tmp_path: Path) -> None:
     assert ours == ns["code_hash"]
 
 
+def _source_034(rel: str) -> str:
+    return (release_dir(VLLM_034) / rel).read_text()
+
+
+def test_034_dir_name_recipe_is_the_release_own_code(tmp_path: Path) -> None:
+    """0.34's own hash_factors, get_code_factors and dir-name lines, executed, agree."""
+    ns: dict[str, Any] = {"hashlib": hashlib, "json": json, "Mapping": Mapping, "Path": Path}
+    utils = _source_034("vllm/config/utils.py")
+    exec(_block(utils, "def hash_factors(", "return hashlib.sha256(json.dumps(items"), ns)  # noqa: S102 - the pinned release's own function
+    caching = _source_034("vllm/compilation/caching.py")
+    exec(_block(caching, "def get_code_factors(", "return code_factors"), ns)  # noqa: S102 - as above
+    traced = _traced(tmp_path, "venv")
+    contents = {traced: traced.read_text(), Path("<string>"): None}
+    ns["code_factors"] = ns["get_code_factors"](contents)
+    ns.update(env_factors={"VLLM_X": True}, config_factors=_config(), compiler_factors=_compiler())
+    backends = _source_034("vllm/compilation/backends.py")
+    exec(_block(backends, "all_factors: dict[str, object] = {", "}"), ns)  # noqa: S102 - as above
+    line = "hash_key = hash_factors(all_factors)[:10]"
+    exec(_block(backends, line, line), ns)  # noqa: S102 - as above
+    # What 0.34 writes to cache_key_factors.json, as JSON holds it.
+    doc = json.loads(json.dumps({**ns["all_factors"], "config_hash": "a", "code_hash": "b"}))
+    doc["compiler_hash"] = "c"
+    assert vllmkey.recipe_of(doc) == RECIPE_034
+    assert vllmkey.self_check(ns["hash_key"], doc) == RECIPE_034
+    assert ns["code_factors"] == [
+        {"path": str(traced), "hash": vllmkey.content_hash(traced.read_text())},
+        {"path": "<string>"},
+    ]
+    assert ns["hash_factors"]({"a": [1]}) == vllmkey.hash_factors({"a": [1]})
+    # The 0.33 record shape is never read as 0.34's, nor 0.34's as 0.33's.
+    assert vllmkey.self_check(ns["hash_key"], {**doc, "code": [doc["code"]]}) is None
+
+
 def test_unknown_recipe_is_said_never_guessed(static_env: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     pod = _pod(static_env)
     assert predict_entry(name, doc, pod).outcome == "hit"
     # Another release's recipe (here: one more factor hashed) gives another name.
@@ -265,7 +299,7 @@ def test_env_variable_is_named(
     vllm_pkg: Path, build_env_factors: dict[str, Any], tmp_path: Path
 ) -> None:
     """The pod's env goes through vLLM's own compile_factors; the changed variable is named."""
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(build_env_factors, _traced(tmp_path, "venv"))
     root = _write_root(tmp_path / "vllm", name, doc)
     recorded = vllmkey_read(root)
     same = engine_factors(_engine_env(vllm_pkg), torch=False)
@@ -285,7 +319,7 @@ def vllmkey_read(root: Path) -> dict[str, dict[str, Any]]:
 
 def test_traced_file_content_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(static_env, traced)
+    name, doc = _doc_034(static_env, traced)
     traced.write_text("def forward(x):\n    return x * 2\n")
     pred = predict_entry(name, doc, _pod(static_env))
     assert pred.outcome == "miss"
@@ -298,7 +332,7 @@ def test_traced_file_path_in_another_venv_is_named(
 ) -> None:
     """Built under one venv path, the pod's at another: the file is named as moved."""
     built = _traced(tmp_path, "venv-build")
-    name, doc = _main_doc(static_env, built)
+    name, doc = _doc_034(static_env, built)
     moved = _traced(tmp_path, "venv-pod")
     built.unlink()
     reloc = ((str(tmp_path / "venv-build"), str(tmp_path / "venv-pod")),)
@@ -317,7 +351,7 @@ def test_traced_file_path_in_another_venv_is_named(
 def test_max_num_batched_tokens_from_the_pod_args(
     static_env: dict[str, Any], tmp_path: Path
 ) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     inputs = PodInputs(
         environ={},
         argv=("vllm", "serve", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "4096"),
@@ -336,7 +370,7 @@ def test_max_num_batched_tokens_from_the_pod_args(
 
 
 def test_torch_build_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     inputs = PodInputs(
         environ={},
         gpu_name=GPU,
@@ -348,7 +382,7 @@ def test_torch_build_is_named(static_env: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_gpu_name_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     pod = _pod(static_env, compiler=_compiler(gpu="NVIDIA A100-SXM4-80GB"))
     pred = predict_entry(name, doc, pod)
     assert _named(pred) == [f"compiler.system.device.name: {GPU} -> NVIDIA A100-SXM4-80GB"]
@@ -378,7 +412,7 @@ def test_033_record_names_env_and_says_what_it_cannot(
 
 
 def test_recipe_names_are_distinct() -> None:
-    assert set(vllmkey.RECIPES) == {RECIPE_MAIN, RECIPE_033}
+    assert set(vllmkey.RECIPES) == {RECIPE_034, RECIPE_033}
 
 
 # --------------------------------------------------------------------------
@@ -399,7 +433,7 @@ def test_cli_predicts_and_require_hit_exits_17(
     """This image's own torch_key (torch imported in a child, CPU only) is the recorded one."""
     image = engine_factors(clean_env(), torch=True)
     assert isinstance(image.get("torch_key"), str), image
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"), image["torch_key"])
+    name, doc = _doc_034(build_env_factors, _traced(tmp_path, "venv"), image["torch_key"])
     root = _write_root(tmp_path / "vllm", name, doc)
     groups = _engine_groups(tmp_path, image["torch_key"])
     args = ("predict", "--cache-root", str(root), "--engine-factors", str(groups))
@@ -452,7 +486,7 @@ def test_cli_from_an_artifact_reads_only_its_config(
     build_env_factors: dict[str, Any], tmp_path: Path
 ) -> None:
     """``--from REF``: the harvested vLLM facts in the config; no layer blob is needed."""
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(build_env_factors, _traced(tmp_path, "venv"))
     root = _write_root(tmp_path / "vllm", name, doc)
     (root / "torch_compile_cache" / name / "rank_0_0" / "backbone" / "graph.py").write_text("g\n")
     layout = tmp_path / "store"
@@ -494,7 +528,7 @@ def test_a_traced_path_that_is_a_fifo_is_missing_never_waited_on(
     static_env: dict[str, Any], tmp_path: Path
 ) -> None:
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(static_env, traced)
+    name, doc = _doc_034(static_env, traced)
     traced.unlink()
     os.mkfifo(traced)
     pred = predict_entry(name, doc, _pod(static_env))
@@ -528,9 +562,9 @@ def test_a_file_vllm_could_not_read_at_build_and_can_here_is_named(
 ) -> None:
     """vLLM records no hash for a file it could not read; a pod that can read it hashes it."""
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(static_env, traced)
-    doc["code"][0].pop("hash")
-    name = vllmkey.dir_key(doc, RECIPE_MAIN)
+    name, doc = _doc_034(static_env, traced)
+    doc["code"]["files"][0].pop("hash")
+    name = vllmkey.dir_key(doc, RECIPE_034)
     (only,) = _named(predict_entry(name, doc, _pod(static_env)))
     assert only.startswith(f"code[{traced}].hash: null -> ") and only.endswith("(readable)")
 
@@ -540,7 +574,7 @@ def test_the_engine_python_is_the_one_asked(static_env: dict[str, Any], tmp_path
     answer = json.dumps({"env": {**static_env, ENV_VAR: True}})
     engine = _fake_python(tmp_path, f"echo '{answer}'")
     pod = pod_factors(PodInputs(environ={}, gpu_name=GPU, python=engine), torch=False)
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     assert _named(predict_entry(name, doc, pod))[0] == f"env.{ENV_VAR}: false -> true"
 
 
@@ -576,7 +610,7 @@ def test_restore_predicts_before_any_layer_is_fetched(
     tmp_path: Path,
 ) -> None:
     """The prediction (an event, then the outcome) comes from the config; layers come after."""
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     root = _write_root(tmp_path / "vllm", name, doc)
     layers = _published(registry, repo, root, local_fp)
     seen: list[tuple[dict[str, Any], int]] = []
@@ -614,7 +648,7 @@ def test_restore_require_hit_installs_nothing_and_exits_17(
     tmp_path: Path,
 ) -> None:
     """--require-hit: a predicted miss fetches no layer, installs nothing and exits 17."""
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     layers = _published(registry, repo, _write_root(tmp_path / "vllm", name, doc), local_fp)
     with FaultProxy(registry.host) as proxy:
         miss = PredictOptions(_pod_inputs({**static_env, ENV_VAR: True}), require_hit=True)
@@ -673,7 +707,7 @@ def test_cli_restore_predict_prints_before_the_plan_and_require_hit_exits_17(
     static_env: dict[str, Any], local_fp: Fingerprint, tmp_path: Path
 ) -> None:
     """The command line: --predict's lines, --json's prediction, --require-hit's exit 17."""
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     root = _write_root(tmp_path / "vllm", name, doc)
     layout = tmp_path / "store"
     env = clean_env({"HOME": str(tmp_path), "VLLM_CACHE_ROOT": str(root)})

@@ -10,8 +10,8 @@ Facts, read from source, never run here (no GPU): the **vllm 0.33.0** release
 ``vllm/distributed/device_communicators/all_reduce_utils.py``) and
 flashinfer-python 0.7.2 (``flashinfer/jit/env.py``,
 ``flashinfer/autotuner/autotuner.py``, ``flashinfer/autotune_cache.py``) for the
-FlashInfer side; the compile-cache hashing was first read at
-vllm-project/vllm main of mid-2026.
+FlashInfer side; the compile-cache key's recipes (0.33.0's and the vllm
+0.34.0 release's) live in :mod:`artifactd.families.vllmkey`.
 ``tests/test_drift_guards.py`` holds each fact below to the released source;
 ``docs/families.md`` sums them up.
 

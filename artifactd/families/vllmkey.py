@@ -15,10 +15,12 @@ known, each held to its release's source by ``tests/test_drift_guards.py``:
   others as hashes only (no per-file code hashes); ``code_hash`` is the
   sha256 of the sorted traced paths, each followed by its text, joined by
   newlines (``<string>`` skipped).
-* :data:`RECIPE_MAIN` (vLLM's main branch of late 2026): ``sha256(json.dumps(
-  {"env", "config", "code": {"files": code}, "compiler"}, sort_keys=True))``;
-  the file records all four raw, ``code`` as ``[{"path", "hash"}]`` where
-  ``hash`` is the sha256 of ``json.dumps({"content": text}, sort_keys=True)``.
+* :data:`RECIPE_034` (the vllm 0.34.0 release): ``sha256(json.dumps({"env",
+  "config", "code": {"files": [...]}, "compiler"}, sort_keys=True))``; the
+  file records all four raw (``code`` as ``{"files": [{"path", "hash"}]}``,
+  where ``hash`` is the sha256 of ``json.dumps({"content": text},
+  sort_keys=True)`` and a path starting with ``<``, such as ``<string>``, has
+  none) beside the three group hashes.
 
 :func:`self_check` recomputes a dir name from its recorded factors: a file
 that no known recipe reproduces says ``unknown recipe``, and nothing is
@@ -34,7 +36,7 @@ recipe gives the recorded ``code_hash`` (else nothing is kept, with the
 reason). The list (path and sha256 of each file's text, at most
 :data:`MAX_TRACED_FILES`) travels in the artifact's config under
 :data:`TRACED_KEY`, and :func:`compare` then names each traced file missing,
-moved or changed for a 0.33 cache as it does for main's.
+moved or changed for a 0.33 cache as it does for 0.34's.
 
 Volatility is not judged here: :func:`artifactd.families.vllm.classify_factor`
 is its one owner; the pod's side passes it in (:attr:`PodFactors.classify`),
@@ -54,9 +56,9 @@ from typing import Any, Literal
 from artifactd.fsutil import InputFileError, read_regular
 
 RECIPE_033 = "vllm-0.33"
-RECIPE_MAIN = "vllm-main"
+RECIPE_034 = "vllm-0.34"
 #: Every recipe :func:`self_check` knows, in the order tried.
-RECIPES = (RECIPE_MAIN, RECIPE_033)
+RECIPES = (RECIPE_034, RECIPE_033)
 #: The factor groups, in the order reported.
 GROUPS = ("env", "config", "code", "compiler")
 #: Length of a cache dir name (hex digits of the sha256).
@@ -96,7 +98,7 @@ def hash_factors(items: Any) -> str:
 
 
 def content_hash(text: str) -> str:
-    """Return the per-file ``hash`` of :data:`RECIPE_MAIN`'s code factors."""
+    """Return the per-file ``hash`` of :data:`RECIPE_034`'s code factors."""
     return hash_factors({"content": text})
 
 
@@ -188,8 +190,9 @@ def traced_lists(
 
 def recipe_of(doc: Mapping[str, Any]) -> str | None:
     """Which recipe's record ``doc`` looks like (by its keys); None when neither."""
-    if all(k in doc for k in GROUPS) and isinstance(doc.get("code"), list):
-        return RECIPE_MAIN
+    code = doc.get("code")
+    if all(k in doc for k in GROUPS) and isinstance(code, Mapping):
+        return RECIPE_034 if isinstance(code.get("files"), list) else None
     if "env" in doc and all(
         isinstance(doc.get(k), str) for k in ("config_hash", "code_hash", "compiler_hash")
     ):
@@ -199,11 +202,11 @@ def recipe_of(doc: Mapping[str, Any]) -> str | None:
 
 def dir_key(doc: Mapping[str, Any], recipe: str) -> str:
     """Return the cache dir name ``recipe`` gives for the recorded factors ``doc``."""
-    if recipe == RECIPE_MAIN:
+    if recipe == RECIPE_034:
         everything = {
             "env": doc["env"],
             "config": doc["config"],
-            "code": {"files": doc["code"]},
+            "code": doc["code"],
             "compiler": doc["compiler"],
         }
         return hash_factors(everything)[:KEY_HEX]
@@ -390,18 +393,20 @@ def _hash_only(group: str, recorded: str, pod: str | None, why: str) -> FactorCh
     return _check(group, [Difference(f"{group}_hash", recorded, pod)])
 
 
-def _code_main(code: Any, pod: PodFactors) -> FactorCheck:
+def _code_034(code: Any, pod: PodFactors) -> FactorCheck:
     if pod.read_file is None:
         return FactorCheck("code", "unknown", reason=pod.why.get("code", "no file reader"))
     if not isinstance(code, list):
-        return FactorCheck("code", "unknown", reason="the recorded code factors are not a list")
+        return FactorCheck("code", "unknown", reason="the recorded code files are not a list")
+    if len(code) > MAX_TRACED_FILES:
+        return FactorCheck("code", "unknown", reason=f"over {MAX_TRACED_FILES} traced files")
     diffs: list[Difference] = []
     for entry in code:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
             return FactorCheck("code", "unknown", reason="a recorded code entry has no path")
         path, want = entry["path"], entry.get("hash")
-        if path == NO_FILE:
-            continue
+        if path.startswith("<"):
+            continue  # generated code (<string>, <frozen ...>): vLLM hashes its path only
         text = pod.read_file(path)
         if text is None:
             moved = _relocated(path, want, pod, pod.read_file)
@@ -501,7 +506,7 @@ def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[Factor
         checks.append(FactorCheck("env", "unknown", reason=pod.why.get("env", "not computed")))
     else:
         checks.append(_check("env", _dict_diff("env", doc.get("env", {}), pod.env, pod.classify)))
-    if recipe == RECIPE_MAIN:
+    if recipe == RECIPE_034:
         checks.append(
             _whole_or_leaves(
                 "config",
@@ -512,7 +517,7 @@ def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[Factor
                 classify=pod.classify,
             )
         )
-        checks.append(_code_main(doc["code"], pod))
+        checks.append(_code_034(doc["code"].get("files"), pod))
         checks.append(
             _whole_or_leaves(
                 "compiler",

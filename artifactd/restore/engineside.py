@@ -236,7 +236,7 @@ def pod_factors(inputs: PodInputs, *, torch: bool = True) -> PodFactors:
     """Gather the pod's side of every factor group (see the module doc for what needs the image).
 
     ``torch``: import torch in the child for ``torch_key`` (seconds); only
-    records that keep the compiler group raw (main's) can use it.
+    records that keep the compiler group raw (0.34's) can use it.
     """
     engine = inputs.engine
     if engine is None:
