@@ -273,6 +273,7 @@ def test_034_dir_name_recipe_is_the_release_own_code(tmp_path: Path) -> None:
     assert ns["hash_factors"]({"a": [1]}) == vllmkey.hash_factors({"a": [1]})
     # The 0.33 record shape is never read as 0.34's, nor 0.34's as 0.33's.
     assert vllmkey.self_check(ns["hash_key"], {**doc, "code": [doc["code"]]}) is None
+    assert vllmkey.recipe_of({**doc, "code": doc["code"]["files"]}) is None  # nor as 0.33's
 
 
 def test_unknown_recipe_is_said_never_guessed(static_env: dict[str, Any], tmp_path: Path) -> None:

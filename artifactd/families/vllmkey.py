@@ -191,8 +191,9 @@ def traced_lists(
 def recipe_of(doc: Mapping[str, Any]) -> str | None:
     """Which recipe's record ``doc`` looks like (by its keys); None when neither."""
     code = doc.get("code")
-    if all(k in doc for k in GROUPS) and isinstance(code, Mapping):
-        return RECIPE_034 if isinstance(code.get("files"), list) else None
+    if all(k in doc for k in GROUPS):  # all four raw: 0.34's shape, or an unknown one
+        files = code.get("files") if isinstance(code, Mapping) else None
+        return RECIPE_034 if isinstance(files, list) else None
     if "env" in doc and all(
         isinstance(doc.get(k), str) for k in ("config_hash", "code_hash", "compiler_hash")
     ):
