@@ -173,6 +173,8 @@ def restore(outcome: RestoreOutcome) -> None:
     """Print the plan table and a verdict line; a failure as one line (and hint) on stderr."""
     plan, failure = outcome.plan, outcome.failure
     _plan(plan, outcome.result, outcome.status == "dry_run")
+    if outcome.prediction is not None:
+        prediction(outcome.prediction)
     if failure is None:
         return
     message = failure.message
@@ -515,6 +517,15 @@ def prediction(result: Prediction) -> None:
             echo(f"    {c.group}: {c.status}{tail}")
     for note in result.notes:
         echo(f"  note: {note}")
+
+
+def prediction_event(event: Mapping[str, Any]) -> None:
+    """``restore --predict``: the prediction's lines on stderr the moment it is made."""
+    outcome = _OUTCOME.get(str(event.get("outcome")), "unknown")
+    echo(f"predict: {event.get('source')}: the engine {outcome}", err=True)
+    lines = event.get("lines")
+    for entry, line in lines.items() if isinstance(lines, Mapping) else ():
+        echo(f"  vllm {entry}: {line}", err=True)
 
 
 _OUTCOME = {"hit": "will hit", "miss": "will miss", "unknown": "may or may not hit (unknown)"}
