@@ -48,6 +48,10 @@ include flag; deep_jit hashes the included sources by content, not by path,
 ``utils/parser.hpp``, and adds ``--include-path`` after the hashed flags).
 ``DG_JIT_CPP_STANDARD``, ``DG_JIT_WITH_LINEINFO`` and ``DG_JIT_PTXAS_*`` also
 change the flags: warm-up and pods must agree on them (not fingerprinted).
+deep_jit runs ``$CUDA_HOME/bin/nvcc`` (else ``$CUDA_PATH``'s, else the one on
+``PATH``, else ``/usr/local/cuda``'s), the nvcc ``cuda.nvcc`` is probed from
+(:func:`artifactd.fingerprint.tools.nvcc_path`); ``DG_JIT_NVCC_COMPILER`` (or
+``DJ_``) names another one, which warm-up and pods must agree on too.
 The drift guards (``tests/test_drift_guards.py``) hold these facts to the
 released source.
 """

@@ -33,7 +33,8 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 def relabel(tensor: torch.Tensor, device_type: int) -> torch.Tensor:
     """The same memory as a tensor of the other device type (DLTensor.device at offset 8)."""
-    capsule = tensor.__dlpack__()
+    # Not Tensor.__dlpack__: for a CUDA tensor it asks torch.cuda for the current device.
+    capsule = torch.utils.dlpack.to_dlpack(tensor)  # type: ignore[attr-defined]
     ctypes.c_int32.from_address(_capsule_pointer(capsule, b"dltensor") + 8).value = device_type
     return torch.utils.dlpack.from_dlpack(capsule)
 
