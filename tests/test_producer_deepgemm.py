@@ -37,6 +37,7 @@ from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 from fakecuda import build_fake_cuda
 
 from artifactd.families.deepgemm import DeepGEMMFamily
+from artifactd.pod.verdict import wait_past, written_after
 from artifactd.restore.destination import parse_env_file
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
@@ -158,13 +159,14 @@ def test_deepgemm_kernels_restored_under_another_root_are_not_compiled_again(
     marker = root_b / ".artifactd" / "restored.json"
     since = max(json.loads(marker.read_text())["restored_at"], marker.stat().st_mtime)
     ran_before = len(nvcc_log.read_text().splitlines())
+    wait_past(cache_b, since)  # what the GEMM writes gets a later mtime than the restore's
 
     warm = produce({**env_b, **restored})
     assert nvcc_log.read_text().splitlines()[ran_before:] == ["--version"]
     written = sorted(
         p.relative_to(cache_b).as_posix()
         for p in cache_b.rglob("*")
-        if p.is_file() and p.stat().st_mtime >= since
+        if p.is_file() and written_after(p.stat(), since)
     )
     assert [Path(p).name for p in written] == [".committed", ".committed"], written
     assert not (cache_b / "tmp").exists(), "a hit stages nothing"
