@@ -36,7 +36,7 @@ import pytest
 from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 from fakecuda import build_fake_cuda
 
-from artifactd.families.deepgemm import DeepGEMMFamily
+from artifactd.families.layouts import DEEPGEMM_META_COST
 from artifactd.pod.verdict import wait_past, written_after
 from artifactd.restore.destination import parse_env_file
 
@@ -133,9 +133,7 @@ def test_deepgemm_kernels_restored_under_another_root_are_not_compiled_again(
     assert findings and {(f["severity"], Path(f["file"]).name) for f in findings} == {
         ("warning", "meta.json")
     }, findings
-    assert {f["cost"] for f in findings if f["kind"] == "absolute-path"} == {
-        DeepGEMMFamily.informational_cost
-    }
+    assert {f["cost"] for f in findings if f["kind"] == "absolute-path"} == {DEEPGEMM_META_COST}
 
     store = f"oci:{tmp_path / 'store'}"
     harvested = run_artifactd_json(

@@ -24,7 +24,7 @@ it). Files ``deep_gemm/include/deep_jit/cache/disk.hpp``,
   site-packages), the nvcc path and the library root. deep_jit writes it after
   compiling and never reads it (a hit is ``.committed``, a load reads
   ``kernel.cubin``): a build path in it is information, not a relocation error
-  (:attr:`DeepGEMMFamily.informational_files`). Proven by
+  (:func:`artifactd.families.layouts.deepgemm_meta`). Proven by
   ``tests/test_producer_deepgemm.py``: restored under another root and user,
   the same GEMM ran nvcc only for ``--version`` and wrote only ``.committed``.
 
@@ -68,8 +68,10 @@ from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import (
     DEEPGEMM_COMMIT_FILE,
     DEEPGEMM_ENTRY_FILES,
+    DEEPGEMM_META_COST,
     DEEPGEMM_PARTIAL_REASON,
     deepgemm_excluded,
+    deepgemm_meta,
     deepgemm_partial_entries,
 )
 
@@ -130,11 +132,7 @@ class DeepGEMMFamily(Family):
         "marker on every hit: a load rewrite."
     )
     load_rewrites = frozenset({DEEPGEMM_COMMIT_FILE})
-    informational_files = ("meta.json",)
-    informational_cost = (
-        "deep_jit records the build in meta.json (nvcc's command line, its staging dir)"
-        " and never reads it back: not keyed on, nor followed at load"
-    )
+    informational_cost = DEEPGEMM_META_COST
     library = "DeepGEMM"
     path_cost = (
         "DeepGEMM keys each kernel on its flags and code: a pod where this path differs"
@@ -154,6 +152,10 @@ class DeepGEMMFamily(Family):
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip the top-level ``tmp/`` staging dir, plus the base exclusions (locks)."""
         return deepgemm_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
+
+    def informational(self, rel: PurePosixPath) -> bool:
+        """deep_jit's ``meta.json``: written after compiling, never read (:func:`deepgemm_meta`)."""
+        return deepgemm_meta(rel) or super().informational(rel)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Entry dirs under ``cache/`` that neither DeepGEMM JIT would load."""
