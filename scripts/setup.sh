@@ -73,6 +73,10 @@ echo "setup: installing into .venv (log: $LOG)" >&2
         # tomllib from 3.11; before, tomli (the dev extra installs it there).
         .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
             xargs .venv/bin/python -m pip install -q --no-deps
+        # DeepGEMM as SGLang pins it (the deepgemm-jit extra): a 4.7 MB wheel, 31 MB
+        # installed, a few seconds; --no-deps keeps a later release from pulling CUDA torch.
+        .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["deepgemm-jit"]))' |
+            xargs .venv/bin/python -m pip install -q --no-deps
     fi
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
 ((FOR_TESTS)) || exit 0

@@ -79,9 +79,11 @@ from artifactd.families.base import Component, Family, Located, expanduser
 from artifactd.families.layouts import (
     DEEP_GEMM_DIR,
     DEEPGEMM_COMMIT_FILE,
+    DEEPGEMM_META_COST,
     FLASHINFER_SUBDIR,
     TRITON_DIR,
     deepgemm_excluded,
+    deepgemm_meta,
     deepgemm_partial_entries,
     flashinfer_excluded,
     triton_partial_entries,
@@ -130,6 +132,12 @@ def _tenant_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
         return deepgemm_excluded(inner, is_dir)
     inner = _under(rel, FLASHINFER_SUBDIR)
     return inner is not None and flashinfer_excluded(inner, is_dir)
+
+
+def _hosted_deepgemm_meta(rel: PurePosixPath) -> bool:
+    """Whether ``rel`` is an entry's ``meta.json`` in the DeepGEMM tree inside the cache dir."""
+    inner = _under(rel, DEEP_GEMM_DIR)
+    return inner is not None and deepgemm_meta(inner)
 
 
 def _jit_leaves(root: Path) -> Iterable[tuple[PurePosixPath, Path, str]]:
@@ -224,6 +232,16 @@ class SGLangFamily(Family):
                 or _tenant_excluded(rel, is_dir)
             )
         return own or super().excluded(component, rel, is_dir)
+
+    def informational(self, rel: PurePosixPath) -> bool:
+        """DeepGEMM's ``meta.json`` in the hosted ``deep_gemm/`` dir: written, never read back."""
+        return _hosted_deepgemm_meta(rel) or super().informational(rel)
+
+    def informational_reason(self, rel: PurePosixPath) -> str:
+        """DeepGEMM's reason for its ``meta.json`` (:func:`deepgemm_meta`)."""
+        if _hosted_deepgemm_meta(rel):
+            return DEEPGEMM_META_COST
+        return super().informational_reason(rel)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Report partial Triton/DeepGEMM entries, modules ninja would rebuild, bad JIT leaves."""

@@ -113,7 +113,9 @@ from artifactd.families.layouts import (
 )
 from artifactd.families.layouts import (
     DEEPGEMM_COMMIT_FILE,
+    DEEPGEMM_META_COST,
     deepgemm_excluded,
+    deepgemm_meta,
     deepgemm_partial_entries,
 )
 from artifactd.families.vllmkey import traced_lists
@@ -618,6 +620,14 @@ class VLLMFamily(Family):
         if component == "deep_gemm" and deepgemm_excluded(rel, is_dir):
             return True
         return super().excluded(component, rel, is_dir)
+
+    def informational(self, rel: PurePosixPath) -> bool:
+        """DeepGEMM's ``meta.json`` in the ``deep_gemm`` dir: written, never read back."""
+        return deepgemm_meta(rel) or super().informational(rel)
+
+    def informational_reason(self, rel: PurePosixPath) -> str:
+        """DeepGEMM's reason for its ``meta.json`` (:func:`deepgemm_meta`)."""
+        return DEEPGEMM_META_COST if deepgemm_meta(rel) else super().informational_reason(rel)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """DeepGEMM entries neither JIT would load; autotune tables that are not JSON objects."""
