@@ -105,7 +105,10 @@ TRITON_HOME = "TRITON_HOME"
 TORCHINDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 TMPDIR = "TMPDIR"
 HOME = "HOME"
+#: The CUDA toolkit the JIT libraries compile with (tvm-ffi, TileLang, SGLang, FlashInfer,
+#: DeepGEMM, torch's cpp_extension): ``$CUDA_HOME/bin/nvcc``, else ``$CUDA_PATH/bin/nvcc``.
 CUDA_HOME = "CUDA_HOME"
+CUDA_PATH = "CUDA_PATH"
 DOCKER_CONFIG = "DOCKER_CONFIG"
 #: The container engine's address, as the docker CLI and SDK read it (``image build``).
 DOCKER_HOST = "DOCKER_HOST"
