@@ -1,8 +1,9 @@
 """The toolchains a fingerprint names: ``nvcc``, Triton's ``ptxas`` and the C compiler.
 
-Each answers ``--version``; :class:`Tool` starts one now and reads it later, so
-several run side by side while the probe does the rest, without the
-:mod:`subprocess` module (it costs part of every pod start).
+The ``nvcc`` asked is the one the JIT libraries run (:func:`nvcc_path`), not
+merely the first on ``PATH``. Each answers ``--version``; :class:`Tool` starts
+one now and reads it later, so several run side by side while the probe does
+the rest, without the :mod:`subprocess` module (it costs part of every pod start).
 """
 
 from __future__ import annotations
