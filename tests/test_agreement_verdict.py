@@ -386,19 +386,27 @@ AOTAUTOGRAD = "aotautograd/a3e7ap6kotbio54xsgde572pvzp6z6cn45f2vlxl3wwdgmqnddjs/
 KERNEL = "ce/cceloqc3oxen2r3vmnvhb73irgnpoetp2byx5iftyhbip7sxnrdn.py"
 
 
-def _restored_inductor(tmp_path: Path) -> Path:
-    """An Inductor cache harvested and restored into ``tmp_path/cache``; returns the target."""
-    build = tmp_path / "build" / "inductor"
+@pytest.fixture(scope="module")
+def inductor_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
+    """An Inductor cache harvested once into a local layout: (store, env)."""
+    base = tmp_path_factory.mktemp("inductor")
+    build = base / "build" / "inductor"
     for rel, data in ((FXGRAPH, b"\x80\x04graph" * 40), (AOTAUTOGRAD, b"\x80\x04aot" * 30),
                       (KERNEL, b"# kernel\n" * 20)):  # fmt: skip
         (build / rel).parent.mkdir(parents=True, exist_ok=True)
         (build / rel).write_bytes(data)
-    env = clean_env({"TORCHINDUCTOR_CACHE_DIR": str(build), "HOME": str(tmp_path),
-                     "TMPDIR": str(tmp_path / "build")})  # fmt: skip
-    store = f"oci:{tmp_path / 'store'}"
+    env = clean_env({"TORCHINDUCTOR_CACHE_DIR": str(build), "HOME": str(base),
+                     "TMPDIR": str(base / "build")})  # fmt: skip
+    store = f"oci:{base / 'store'}"
     run_artifactd_json(
         "harvest", "--store", store, "--family", "inductor", "--gpu-arch", "sm_90a", env=env
     )
+    return store, env
+
+
+def _restored_inductor(tmp_path: Path, inductor_store: tuple[str, dict[str, str]]) -> Path:
+    """The harvested Inductor cache restored into ``tmp_path/cache``; returns the target."""
+    store, env = inductor_store
     target = tmp_path / "cache"
     done = run_artifactd_json(
         "restore", "--store", store, "--target", str(target), "--gpu-arch", "sm_90a", env=env
@@ -407,6 +415,7 @@ def _restored_inductor(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "verdict", "counted"),
     [
@@ -417,7 +426,11 @@ def _restored_inductor(tmp_path: Path) -> Path:
     ],
 )
 def test_an_entry_rewritten_at_load_with_the_restored_bytes_is_not_a_compile(
-    tmp_path: Path, case: str, verdict: str, counted: int
+    tmp_path: Path,
+    inductor_store: tuple[str, dict[str, str]],
+    case: str,
+    verdict: str,
+    counted: int,
 ) -> None:
     """torch's Mega-Cache load writes restored entries again (same name, same bytes): ``used``.
 
@@ -425,7 +438,7 @@ def test_an_entry_rewritten_at_load_with_the_restored_bytes_is_not_a_compile(
     ``aotautograd/``) and only with exactly the bytes the restore installed;
     ``status``, the gate and the metrics agree.
     """
-    target = _restored_inductor(tmp_path)
+    target = _restored_inductor(tmp_path, inductor_store)
     cache = target / "inductor"
     entry = cache / FXGRAPH
     data = entry.read_bytes()
@@ -454,9 +467,12 @@ def test_an_entry_rewritten_at_load_with_the_restored_bytes_is_not_a_compile(
     assert _metric(text, "artifactd_family_used", "inductor") == (1.0 if verdict == "used" else 0.0)
 
 
-def test_a_record_naming_another_layer_is_not_trusted(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_record_naming_another_layer_is_not_trusted(
+    tmp_path: Path, inductor_store: tuple[str, dict[str, str]]
+) -> None:
     """The record is written before the marker: one naming another layer counts every rewrite."""
-    target = _restored_inductor(tmp_path)
+    target = _restored_inductor(tmp_path, inductor_store)
     record = target / ".artifactd" / "installed.json"
     doc = json.loads(record.read_text())
     assert set(doc["families"]["inductor"]["files"]) == {f"cache/{FXGRAPH}", f"cache/{AOTAUTOGRAD}"}
