@@ -3,6 +3,10 @@
 * :func:`restored_at`: when the restore finished, as ``artifactd status`` reads it;
 * :func:`written_since`: every file written under a restored dir after that,
   nothing left out (the family's own exclusions are ``status``'s business);
+* :func:`beyond_lookups`: the processes a run started, less the shared-library
+  lookups (``ldconfig -p``, which ``ctypes.util.find_library`` runs when a
+  library loads a CUDA or system library by name: it reads the linker's cache and
+  compiles nothing); what is left is what a restore must have made unneeded;
 * :func:`fake_toolkit`: a CUDA toolkit dir whose ``bin/nvcc --version`` names a
   release (it compiles nothing): a pod image with another nvcc.
 """
@@ -16,6 +20,15 @@ NVCC_VERSION = """#!/bin/sh
 echo 'nvcc: NVIDIA (R) Cuda compiler driver'
 echo 'Cuda compilation tools, release {release}, V{version}'
 """
+
+
+#: The program names of a shared-library lookup (:func:`beyond_lookups`).
+LOOKUPS = frozenset({"ldconfig", "ldconfig.real"})
+
+
+def beyond_lookups(started: list[list[str]]) -> list[list[str]]:
+    """``started`` without ``ldconfig -p`` (a library lookup, whichever package runs it)."""
+    return [argv for argv in started if not (Path(argv[0]).name in LOOKUPS and argv[1:] == ["-p"])]
 
 
 def restored_at(target: Path) -> float:

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from conftest import PYTHON, REPO, clean_env, run_artifactd
-from producer_checks import restored_at, written_since
+from producer_checks import beyond_lookups, restored_at, written_since
 
 from artifactd.restore.destination import parse_env_file
 
@@ -146,7 +146,7 @@ def test_a_tilelang_kernel_restored_under_another_root_compiles_nothing(
     assert cache_b.is_relative_to(root_b)
 
     warm = _produce(warm_env, tmp_path / "b" / "cwd")
-    assert warm["started"] == [], "TileLang compiled again under the pod's root"
+    assert beyond_lookups(warm["started"]) == [], "TileLang compiled again under the pod's root"
     assert warm["source"] == cold["source"]
     assert written_since(cache_b, restored_at(root_b)) == []
     status = _cli("status", "--target", str(root_b), env=warm_env)
