@@ -65,7 +65,8 @@ import, at module level and inside functions, to these lists):
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
   tag count, checked when it is listed), ``artifactd.stores.mirrors`` (a
-  registry's mirror configuration), ``artifactd.stores.reference``,
+  registry's mirror configuration), ``artifactd.stores.nodetree`` (a restore
+  from the node store's unpacked layers), ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
   ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
@@ -194,6 +195,7 @@ LATER = frozenset(
         "artifactd.stores.listing",
         "artifactd.stores.reference",
         "artifactd.stores.mirrors",
+        "artifactd.stores.nodetree",
         "artifactd.stores.registry",
         "artifactd.trust.policy",
         "artifactd.trust.signatures",

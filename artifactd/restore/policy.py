@@ -89,6 +89,12 @@ class RestoreRequest(NamedTuple):
     verify_keys: Sequence[str] = ()
     #: Manifest and layer digests never installed (a node store's quarantine).
     refused: frozenset[str] = frozenset()
+    #: How files come from the node store's unpacked layers (``--node-link``):
+    #: ``auto`` (reflink, else hard link where the family allows, else copy) or
+    #: ``copy`` (reflink, else copy: a pod never shares the node store's inode).
+    node_link: str = "auto"
+    #: Set by the node store's own restore: ``store`` is the node store, read by tree.
+    from_node_trees: bool = False
 
 
 class Failure(NamedTuple):
@@ -227,7 +233,9 @@ def _via_node_store(
     def from_node() -> RestoreOutcome:
         with node_lock(root, shared=True, timeout=timeout):
             # What failed a canary on this node is never served to its pods again.
-            direct = request._replace(store=f"oci:{root}", refused=refused_digests(root))
+            direct = request._replace(
+                store=f"oci:{root}", refused=refused_digests(root), from_node_trees=True
+            )
             return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
 
     try:
@@ -492,6 +500,11 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
     store = open_store(
         ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
     )
+    if request.from_node_trees and isinstance(store, LayoutStore):
+        # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
+        from artifactd.restore.nodefill import NodeSource  # noqa: PLC0415
+
+        return NodeSource(store, refused=request.refused, linking=request.node_link)
     return StoreSource(store, refused=request.refused)
 
 
