@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from cachetrees import make_triton_tree
+from conftest import clean_env, run_artifactd
 from diskfaults import mount_tmpfs, unmount
 
 from artifactd.families import FAMILIES
@@ -179,6 +180,8 @@ def test_every_family_states_which_files_it_writes_in_place() -> None:
     assert triton.shares_inode("cache", "AAAA/add.cubin")
     assert not triton.shares_inode("cache", "AAAA/__grp__add.json", rewrite=True)
     assert not FAMILIES["cuda-jit"].shares_inode("cache", "index")
+    # The CPU demo's precompiled header: a link, not a 156 MB copy.
+    assert FAMILIES["inductor"].shares_inode("pch", "precompiled_headers/c10.h.gch")
 
 
 # --------------------------------------------------------------------------
@@ -397,3 +400,14 @@ def _layer(node: Path, family: str) -> str:
         art = read_artifact(st, next(t for t in st.list_tags() if t.startswith("fp-")))
     assert art is not None
     return next(r.digest for r in art.config.layers if r.family == family)
+
+
+def test_an_unknown_node_link_is_a_usage_error(tmp_path: Path) -> None:
+    env = clean_env({"HOME": str(tmp_path), "ARTIFACTD_NODE_LINK": "hardlink"})
+    proc = run_artifactd(
+        "restore", "--node-store", f"oci:{tmp_path / 'node'}", "--target", str(tmp_path / "t"),
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--node-link 'hardlink'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "t").exists()

@@ -194,6 +194,7 @@ def _via_node_store(
     from artifactd.restore.nodefill import Lookup, VerifiedPins  # noqa: PLC0415
     from artifactd.stores.layout import LayoutStore  # noqa: PLC0415
     from artifactd.stores.nodestore import (  # noqa: PLC0415
+        LINKINGS,
         LOCK_TIMEOUT,
         node_lock,
         node_root,
@@ -204,6 +205,11 @@ def _via_node_store(
     if request.from_dir is not None:
         raise UsageError("--from-dir and --node-store name two sources", hint="pass one of them")
     root = node_root(request.node_store)
+    if request.node_link not in LINKINGS:
+        raise UsageError(
+            f"--node-link {request.node_link!r} is not a way to take the node store's files",
+            hint="auto (reflink, else hard link where the family allows, else copy) or copy",
+        )
     lookup = Lookup.of(raw_fingerprint, request.families)
     request = _with_source(request, lookup.fingerprint_hash)._replace(node_store=None)
     assert request.store is not None  # noqa: S101 - _with_source set the default

@@ -81,6 +81,9 @@ LOCK_TIMEOUT = 600.0
 TMP_PREFIX = ".tmp-"
 #: Where the node store keeps each layer unpacked (:mod:`artifactd.stores.nodetree`).
 TREES_DIR = "unpacked"
+#: How a restore may take files from them (``--node-link``): ``auto`` (reflink, else a hard
+#: link where the family allows, else a copy) or ``copy`` (reflink, else a copy).
+LINKINGS = ("auto", "copy")
 #: The artifacts this node refuses to serve (a failed canary), with their layers and why.
 QUARANTINE_NAME = ".artifactd-quarantine.json"
 #: Most artifacts a node keeps quarantined (the oldest are released past it).

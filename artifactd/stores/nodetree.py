@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from artifactd.errors import ArtifactdError
 from artifactd.format.unpack import check_member_name, current_umask
 from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
-from artifactd.stores.nodestore import TREES_DIR
+from artifactd.stores.nodestore import LINKINGS, TREES_DIR
 
 if TYPE_CHECKING:
     from artifactd.format.config import LayerRecord
@@ -67,11 +67,9 @@ TMP_PREFIX = ".tmp-"
 FICLONE = 0x40049409
 
 #: Reflink, else hard link where the family allows, else copy (the default).
-AUTO = "auto"
+AUTO = LINKINGS[0]
 #: Reflink, else copy: a pod never gets the node store's own inode.
-COPY = "copy"
-#: The ways a restore may take files from a tree.
-LINKINGS = (AUTO, COPY)
+COPY = LINKINGS[1]
 
 #: Errors that say "this filesystem (or pair of them) cannot do that", not "it failed".
 _UNSUPPORTED = frozenset(
