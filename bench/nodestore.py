@@ -12,7 +12,9 @@ round by round:
   cp -a     `cp -a` of the same tree
 
 and prints the medians, the median of the per-round ratios restore / cp -al
-(target: at most 1.3) and restore / cp -a, with their ranges, and how the
+(target: at most 1.3) and restore / cp -a, with their ranges, the restore's
+phases (from its --json: lookup, verify, fetch, install), the ratio of its
+fetch phase (here: checking and linking every file) to cp -al, and how the
 restore took its files (linked, reflinked, copied, from its events). With
 --header, the same for one file of 156 MB (the CPU demo's precompiled header):
 linked, it costs what `cp -al` costs, whatever its size.
@@ -76,14 +78,14 @@ def artifactd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
     )
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
-    """Run ``argv``; return its wall seconds and its stderr (it must succeed)."""
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str, str]:
+    """Run ``argv``; return its wall seconds, its stderr and its stdout (it must succeed)."""
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed: {proc.stderr[-2000:]}")
-    return seconds, proc.stderr
+    return seconds, proc.stderr, proc.stdout
 
 
 def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
@@ -110,6 +112,7 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
     print(f"[{name}] node store filled (fetch, unpack, serve) in {time.perf_counter() - t0:.1f} s")
     unpacked = next((work / "node" / "unpacked").iterdir()) / "cache"
     times: dict[str, list[float]] = {"restore": [], "cp -al": [], "cp -a": []}
+    phases: dict[str, list[float]] = {}
     how = ""
     for r in range(rounds):
         ways = ["restore", "cp -al", "cp -a"]
@@ -117,13 +120,15 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
         for way in order:
             dest = work / f"round-{r}-{way.replace(' ', '')}"
             if way == "restore":
-                seconds, err = timed([*restore, "--target", str(dest)], env)
+                seconds, err, out = timed([*restore, "--target", str(dest)], env)
+                for phase, value in json.loads(out)["phases"].items():
+                    phases.setdefault(phase, []).append(value)
                 served = [json.loads(x) for x in err.splitlines() if '"served"' in x]
                 if served:
                     s = served[0]
                     how = f"linked {s['linked']}, reflinked {s['reflinked']}, copied {s['copied']}"
             else:
-                seconds, _ = timed(["cp", way.split()[1], str(unpacked), str(dest)])
+                seconds, _, _ = timed(["cp", way.split()[1], str(unpacked), str(dest)])
             times[way].append(seconds)
         for way in ways:
             shutil.rmtree(work / f"round-{r}-{way.replace(' ', '')}", ignore_errors=True)
@@ -132,6 +137,13 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
     for way, values in times.items():
         print(f"[{name}] {way:8} median {statistics.median(values):.3f} s  "
               f"[{min(values):.3f}-{max(values):.3f}]")  # fmt: skip
+    parts = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in phases.items())
+    print(f"[{name}] the restore's phases (median s): {parts}")
+    serve = [f / c for f, c in zip(phases["fetch"], times["cp -al"], strict=True)]
+    print(
+        f"[{name}] its serve (the fetch phase: check and link every file) / cp -al "
+        f"{statistics.median(serve):.2f} [{min(serve):.2f}-{max(serve):.2f}]"
+    )
     ok = statistics.median(al) <= TARGET
     print(
         f"[{name}] restore / cp -al {statistics.median(al):.2f} [{min(al):.2f}-{max(al):.2f}] "

@@ -400,8 +400,8 @@ class NodeSource(StoreSource):
             blob_file,
             blob_identity,
             read_stamp,
+            retire,
             serve,
-            set_aside,
             tree_path,
         )
 
@@ -434,7 +434,7 @@ class NodeSource(StoreSource):
                             "why": str(exc)[:200],
                         }
                     )
-                    set_aside(tree)
+                    retire(tree)
                 if attempt == 2 or not self._make(plan, keep_mtimes, max_tar_bytes, on_event):
                     break
                 continue

@@ -223,7 +223,7 @@ def discard(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def set_aside(tree: Path) -> None:
+def retire(tree: Path) -> None:
     """Take a stale tree out of service at once (renamed aside), then remove it."""
     aside = tree.parent / f"{TMP_PREFIX}stale-{os.urandom(6).hex()}"
     try:
