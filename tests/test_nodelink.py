@@ -313,6 +313,54 @@ def test_a_target_on_another_filesystem_gets_copies(
     assert path.stat().st_mode & 0o777 == 0o644
 
 
+@pytest.fixture
+def reflink_fs(tmp_path: Path) -> Iterator[Path]:
+    """An XFS with reflinks on a loop device: a filesystem where FICLONE works."""
+    mkfs = shutil.which("mkfs.xfs")
+    if mkfs is None:
+        pytest.skip("no mkfs.xfs (xfsprogs) on this machine: no reflink filesystem to make")
+    image, mount = tmp_path / "xfs.img", tmp_path / "xfs"
+    with image.open("wb") as f:
+        f.truncate(320 << 20)  # sparse; XFS wants 300 MB at least
+    made = subprocess.run([mkfs, "-q", "-m", "reflink=1", str(image)], capture_output=True)
+    mount.mkdir()
+    mounted = (
+        made.returncode == 0
+        and (
+            subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True)
+        ).returncode
+        == 0
+    )
+    if not mounted:
+        pytest.skip("a loop-mounted XFS is not permitted here (needs root and a loop device)")
+    try:
+        yield mount
+    finally:
+        unmount(mount)
+
+
+@pytest.mark.slow
+def test_where_the_filesystem_reflinks_every_file_is_the_pods_own(
+    origin: tuple[str, Path, dict[str, Any]], reflink_fs: Path
+) -> None:
+    node = reflink_fs / "node"
+    _restore(origin, node, reflink_fs / "a")
+    _, events = _restore(origin, node, reflink_fs / "b")
+    served = _served(events, "generic")
+    assert served["reflinked"] == 13 and served["linked"] == 0, served
+    path = reflink_fs / "b" / "generic" / "sub" / "k6.cubin"
+    good = (origin[1] / "sub" / "k6.cubin").read_bytes()
+    assert path.read_bytes() == good
+    assert path.stat().st_nlink == 1 and path.stat().st_mode & 0o777 == 0o644
+    # The pod's own copy-on-write copy: a write in place leaves the node store as it was.
+    assert _engine("write", path).returncode == 0 and path.read_bytes() != good
+    _, again = _restore(origin, node, reflink_fs / "c")
+    assert (
+        _stale(again) == []
+        and (reflink_fs / "c" / "generic" / "sub" / "k6.cubin").read_bytes() == good
+    )
+
+
 @pytest.mark.parametrize(
     "damage",
     [
