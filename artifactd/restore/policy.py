@@ -93,8 +93,9 @@ class RestoreRequest(NamedTuple):
     #: ``auto`` (reflink, else hard link where the family allows, else copy) or
     #: ``copy`` (reflink, else copy: a pod never shares the node store's inode).
     node_link: str = "auto"
-    #: Set by the node store's own restore: ``store`` is the node store, read by tree.
-    from_node_trees: bool = False
+    #: Set by the node store's own restore: the node store's root, read through its
+    #: unpacked layers (:class:`~artifactd.restore.nodefill.NodeSource`).
+    node_trees: Path | None = None
 
 
 class Failure(NamedTuple):
@@ -240,7 +241,7 @@ def _via_node_store(
         with node_lock(root, shared=True, timeout=timeout):
             # What failed a canary on this node is never served to its pods again.
             direct = request._replace(
-                store=f"oci:{root}", refused=refused_digests(root), from_node_trees=True
+                store=f"oci:{root}", refused=refused_digests(root), node_trees=root
             )
             return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
 
@@ -503,14 +504,15 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
 
         ref, _, digest = ref.partition("@")
         pins[whole_want(fp_hash).tag] = check_digest(digest)
-    store = open_store(
-        ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
-    )
-    if request.from_node_trees and isinstance(store, LayoutStore):
+    if request.node_trees is not None:
         # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
         from artifactd.restore.nodefill import NodeSource  # noqa: PLC0415
 
-        return NodeSource(store, refused=request.refused, linking=request.node_link)
+        node = LayoutStore(request.node_trees, ref=ref)
+        return NodeSource(node, refused=request.refused, linking=request.node_link)
+    store = open_store(
+        ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
+    )
     return StoreSource(store, refused=request.refused)
 
 
