@@ -17,7 +17,7 @@ through it:
   fields take their bounds from :meth:`Range.field` (so the JSON Schema in
   ``registry-schema/`` shows them, and NaN and infinities are refused).
 
-The README's table "Bounds of every input" lists these with the size and
+The docs' table "Bounds of every input" (docs/reference/bounds.md) lists these with the size and
 count caps of the files and documents artifactd reads. Light on purpose: the
 fast path imports this module at every pod start (the standard library's
 ``collections.abc`` and ``typing`` only; not even ``math``).

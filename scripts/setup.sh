@@ -48,6 +48,22 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get "${LOCK_WAIT[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The requirements of one extra of pyproject.toml, one a line (tomllib from 3.11;
+# before, tomli: the dev extra installs it there).
+extra() {
+    .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]]))' "$1"
+}
+# Install requirements --no-deps into .artifactd/producers/NAME (a producer that
+# cannot share the venv), once: a dir already holding them is kept.
+producer_dir() {
+    local dir=.artifactd/producers/$1
+    shift
+    [[ -d $dir/${1%%==*}-${1##*==}.dist-info ]] && return 0
+    rm -rf "$dir"
+    .venv/bin/python -m pip install -q --no-deps --target "$dir" "$@"
+}
+export -f producer_dir
+
 PY=${PYTHON:-python3}
 mkdir -p .artifactd
 LOG=.artifactd/setup.log
@@ -70,9 +86,21 @@ echo "setup: installing into .venv (log: $LOG)" >&2
         # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
         # CUDA wheels (see pyproject.toml).
         .venv/bin/python -m pip install -q -e ".[producers]"
-        # tomllib from 3.11; before, tomli (the dev extra installs it there).
-        .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
-            xargs .venv/bin/python -m pip install -q --no-deps
+        extra flashinfer-jit | xargs .venv/bin/python -m pip install -q --no-deps
+        # TileLang 0.1.15's JIT (the tilelang-jit extra, about 240 MB with z3), also
+        # --no-deps: tilelang declares torch and CUDA wheels. The three tvm-ffi pins agree
+        # (0.1.11, pyproject.toml). TileLang 0.1.12, the older cache layout and SGLang's
+        # pin, cannot sit beside it: its own dir (about 210 MB), put on PYTHONPATH by
+        # tests/test_producer_tilelang.py.
+        extra tilelang-jit | xargs .venv/bin/python -m pip install -q --no-deps
+        producer_dir tilelang-0.1.12 "tilelang==0.1.12"
+        # SGLang 0.5.23's JIT kernels (the sglang-jit extra: sglang and what its JIT
+        # path imports, about 260 MB) in their own dir, out of the venv: sglang pins
+        # torch 2.14.1 and tilelang 0.1.12 (tests/test_producer_sglang.py).
+        extra sglang-jit | xargs bash -c 'producer_dir sglang-0.5.23 "$@"' _
+        # DeepGEMM as SGLang pins it (the deepgemm-jit extra): a 4.7 MB wheel, 31 MB
+        # installed, a few seconds; --no-deps keeps a later release from pulling CUDA torch.
+        extra deepgemm-jit | xargs .venv/bin/python -m pip install -q --no-deps
     fi
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
 ((FOR_TESTS)) || exit 0

@@ -120,8 +120,13 @@ def verify_candidate(
     jobs: int = 1,
     promote: str | None = None,
     sign_key: PrivateKey | None = None,
+    keep_roots: Path | None = None,
 ) -> CandidateVerified:
     """Prove, gate and (with ``promote``) promote the candidate ``candidate`` (module doc).
+
+    The work happens in a temporary directory, removed at the end, or in
+    ``keep_roots`` (kept: ``submitted/``, ``proof/``, ``pack/``, ``gate/`` and
+    the scratch ``gate-store/``, to read after a failed gate).
 
     Raises :class:`~artifactd.errors.TrustError` under a
     :class:`~artifactd.trust.policy.TrustPolicy` when the
@@ -134,7 +139,7 @@ def verify_candidate(
     matrix, cells, fingerprint = pre.matrix, pre.cells, pre.fingerprint
     cand, base = _read_pair(store, candidate, fingerprint.hash, pre.trust)
     check_candidate(candidate, cand.config, base.config)
-    roots = Path(tempfile.mkdtemp(prefix=f"artifactd-candidate-{matrix.name}-"))
+    roots = keep_roots or Path(tempfile.mkdtemp(prefix=f"artifactd-candidate-{matrix.name}-"))
     try:
         # The restore's checks on what was submitted, before any cell runs.
         submitted = _unpack_contributed(store, cand.config, roots / "submitted")
@@ -188,7 +193,8 @@ def verify_candidate(
             dropped=dropped,
         )
     finally:
-        shutil.rmtree(roots, ignore_errors=True)
+        if keep_roots is None:
+            shutil.rmtree(roots, ignore_errors=True)
     gate.seconds = round(time.monotonic() - pre.started, 3)
     return CandidateVerified(
         candidate,

@@ -126,6 +126,15 @@ class Family(ABC):
             return False
         return any(fnmatch.fnmatchcase(rel.name, p) for p in self.informational_files)
 
+    def informational_reason(self, rel: PurePosixPath) -> str:
+        """Return the cost of a build path in ``rel`` that :meth:`informational` calls information.
+
+        :attr:`informational_cost` by default; a family hosting another library's tree
+        (SGLang's and vLLM's DeepGEMM dirs) gives that library's reason for its files.
+        """
+        del rel
+        return self.informational_cost
+
     @abstractmethod
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Return the component directories that exist on this machine."""

@@ -294,6 +294,7 @@ def _fetch(
         import tempfile  # noqa: PLC0415
 
         from artifactd.stores.artifacts import copy_artifacts  # noqa: PLC0415
+        from artifactd.trust.policy import UNSAFE_NO_VERIFICATION  # noqa: PLC0415
         from artifactd.trust.signatures import copy_attached  # noqa: PLC0415
 
         fetched: list[str] = []
@@ -301,7 +302,11 @@ def _fetch(
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
             with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
-                    copied = copy_artifacts(remote, node, tags, Path(tmp))
+                    # Unverified here, with its signatures: every pod's restore reads
+                    # the node store under its own policy, as it would the registry.
+                    copied = copy_artifacts(
+                        remote, node, tags, Path(tmp), trust=UNSAFE_NO_VERIFICATION
+                    )
                     fetched += copied.tags + copied.attached
                     result.bytes_fetched = copied.bytes_uploaded
                 for tag in unsigned:

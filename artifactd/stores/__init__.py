@@ -1,6 +1,6 @@
 """Open a store from a reference string.
 
-Store references (documented in the README):
+Store references (documented in docs/guide/using.md):
 
 * ``oci:PATH``: a local OCI image layout directory (skopeo's spelling).
   The embedded default is ``oci:.artifactd/store``.
