@@ -325,6 +325,14 @@ def _sources() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if p != OWNER)
 
 
+#: Functions that read ``load_rewrites`` for a rule that is not the verdict, each with its reason.
+OTHER_RULES = {
+    # The node store's linking rule: a file the library rewrites when it loads is
+    # never a pod's hard link to the node store's copy (it is copied instead).
+    ("artifactd/families/base.py", "shares_inode"),
+}
+
+
 def test_the_rule_is_decided_in_one_module() -> None:
     """Only ``artifactd/pod/verdict.py`` compares an mtime with the restore or reads load rewrites.
 
@@ -336,7 +344,15 @@ def test_the_rule_is_decided_in_one_module() -> None:
     for path in _sources():
         tree = ast.parse(path.read_text(), str(path))
         rel = path.relative_to(PACKAGE.parent)
+        exempt = {
+            id(n)
+            for f in ast.walk(tree)
+            if (str(rel), getattr(f, "name", None)) in OTHER_RULES
+            for n in ast.walk(f)
+        }
         for node in ast.walk(tree):
+            if id(node) in exempt:
+                continue
             if isinstance(node, ast.Compare):
                 names = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)} | {
                     n.id for n in ast.walk(node) if isinstance(n, ast.Name)

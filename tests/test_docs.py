@@ -222,6 +222,28 @@ def _promtool_setup(ws: Workspace) -> dict[str, str]:
     return {}
 
 
+def _nodelink_setup(ws: Workspace) -> dict[str, str]:
+    tree = make_generic_tree(ws.root / "caches" / "nodelink")
+    env = {**ws.env, "ARTIFACTD_GENERIC_DIR": str(tree)}
+    subprocess.run(
+        [sys.executable, "-m", "artifactd", "harvest", "--store", ws.ref("node-caches"),
+         "--family", "generic"],
+        env=env, cwd=ws.root, check=True, capture_output=True,
+    )  # fmt: skip
+    return {
+        "registry.example.com/ml/caches": ws.ref("node-caches"),
+        "/var/lib/artifactd": str(ws.root / "node-host"),
+    }
+
+
+def _nodelink_check(ws: Workspace) -> None:
+    pods = ws.root / "node-host" / "pods"
+    linked = pods / "a" / "generic" / "axpy.sm_90a.cubin"
+    copied = pods / "b" / "generic" / "axpy.sm_90a.cubin"
+    assert linked.stat().st_nlink >= 2, "the first pod did not get a link"
+    assert copied.stat().st_nlink == 1 and copied.read_bytes() == linked.read_bytes()
+
+
 def _fixedcost_setup(ws: Workspace) -> dict[str, str]:
     # The block restores from a local layout holding one generic cache built for sm_90a.
     tree = make_generic_tree(ws.root / "caches" / "fixedcost")
@@ -252,6 +274,7 @@ RUNNERS: dict[str, Runner] = {
     "promote": (_promote_setup, _promote_check),
     "enforce": (_enforce_setup, _enforce_check),
     "promtool": (_promtool_setup, _nothing),
+    "nodelink": (_nodelink_setup, _nodelink_check),
     "fixedcost": (_fixedcost_setup, _fixedcost_check),
 }
 

@@ -67,7 +67,8 @@ import, at module level and inside functions, to these lists):
   ``artifactd.restore.predict`` (``restore --predict``),
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
   tag count, checked when it is listed), ``artifactd.stores.mirrors`` (a
-  registry's mirror configuration), ``artifactd.stores.reference``,
+  registry's mirror configuration), ``artifactd.stores.nodetree`` (a restore
+  from the node store's unpacked layers), ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
   ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
@@ -200,6 +201,7 @@ LATER = frozenset(
         "artifactd.stores.listing",
         "artifactd.stores.reference",
         "artifactd.stores.mirrors",
+        "artifactd.stores.nodetree",
         "artifactd.stores.registry",
         "artifactd.trust.policy",
         "artifactd.trust.signatures",
@@ -329,6 +331,7 @@ def restore(
     *,
     store: str | None,
     node_store: str | None,
+    node_link: str,
     from_dir: Path | None,
     insecure: bool,
     mirrors: Sequence[str],
@@ -371,6 +374,7 @@ def restore(
         store=store,
         from_dir=from_dir,
         node_store=node_store,
+        node_link=node_link,
         software_from=software_from,
         target=target,
         families=family_names(families),

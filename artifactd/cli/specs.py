@@ -94,6 +94,17 @@ NODE_STORE = Opt(
     C.ENV_NODE_STORE,
     metavar="oci:PATH",
 )
+NODE_LINK = Opt(
+    "--node-link",
+    "node_link",
+    "How a pod gets the node store's files: auto (a reflink where the filesystem can, else "
+    "a hard link to the node store's read-only copy for files the family never writes, else "
+    "a copy) or copy (a reflink or a copy: never the node store's own inode).",
+    C.ENV_NODE_LINK,
+    metavar="auto|copy",
+    default="auto",
+    show_default=True,
+)
 METRICS_FILE = Opt(
     "--metrics-file",
     "metrics_file",
@@ -340,6 +351,7 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
     "restore": (
         RESTORE_STORE,
         NODE_STORE,
+        NODE_LINK,
         FROM_DIR,
         INSECURE,
         *MIRRORS,

@@ -115,6 +115,8 @@ class DeepGEMMFamily(Family):
     """DeepGEMM JIT cubins with their generated sources."""
 
     name = "deepgemm"
+    #: Kernels are written to a temp dir and renamed; ``.committed`` is a load rewrite.
+    written_in_place = ()
     description = "DeepGEMM JIT kernels (DG_JIT_CACHE_DIR)"
     scope = (
         "gpu.arch",

@@ -39,6 +39,8 @@ class InductorFamily(Family):
     """torch.compile graphs and kernels, plus the CPU precompiled header."""
 
     name = "inductor"
+    #: Inductor writes every entry with ``write_atomic`` (a temp file, then a rename).
+    written_in_place = ()
     description = "torch.compile / Inductor (TORCHINDUCTOR_CACHE_DIR + precompiled header)"
     scope = (
         "libraries.torch",

@@ -177,6 +177,8 @@ class SGLangFamily(Family):
     """SGLang's unified kernel cache dir and its own JIT build cache."""
 
     name = "sglang"
+    #: Ninja appends to its log and deps records when it runs.
+    written_in_place = (".ninja_log", ".ninja_deps")
     description = "SGLang kernel caches (SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR)"
     scope = (
         "workload",

@@ -146,6 +146,8 @@ class TileLangFamily(Family):
     """TileLang compiled kernels (sources, host libraries, params) and device binaries."""
 
     name = "tilelang"
+    #: Kernels are written in a ``.staging/`` dir and renamed into place.
+    written_in_place = ()
     description = "TileLang kernels (TILELANG_CACHE_DIR)"
     scope = (
         "gpu.arch",

@@ -542,6 +542,8 @@ class VLLMFamily(Family):
     """vLLM torch.compile graphs and artifacts (JIT and AOT), its DeepGEMM dir, autotune tables."""
 
     name = "vllm"
+    #: vLLM's and Inductor's writers rename; the handles file is a load rewrite.
+    written_in_place = ()
     description = (
         "vLLM caches (VLLM_CACHE_ROOT: torch_compile_cache, startup_plan, deep_gemm,"
         " flashinfer_autotune_cache)"

@@ -90,6 +90,13 @@ class RestoreRequest(NamedTuple):
     verify_keys: Sequence[str] = ()
     #: Manifest and layer digests never installed (a node store's quarantine).
     refused: frozenset[str] = frozenset()
+    #: How files come from the node store's unpacked layers (``--node-link``):
+    #: ``auto`` (reflink, else hard link where the family allows, else copy) or
+    #: ``copy`` (reflink, else copy: a pod never shares the node store's inode).
+    node_link: str = "auto"
+    #: Set by the node store's own restore: the node store's root, read through its
+    #: unpacked layers (:class:`~artifactd.restore.nodefill.NodeSource`).
+    node_trees: Path | None = None
     #: ``--predict``: predict the engine's own hit from the plan before any layer is fetched.
     predict: PredictOptions | None = None
 
@@ -193,6 +200,7 @@ def _via_node_store(
     from artifactd.restore.nodefill import Lookup, VerifiedPins  # noqa: PLC0415
     from artifactd.stores.layout import LayoutStore  # noqa: PLC0415
     from artifactd.stores.nodestore import (  # noqa: PLC0415
+        LINKINGS,
         LOCK_TIMEOUT,
         node_lock,
         node_root,
@@ -203,6 +211,11 @@ def _via_node_store(
     if request.from_dir is not None:
         raise UsageError("--from-dir and --node-store name two sources", hint="pass one of them")
     root = node_root(request.node_store)
+    if request.node_link not in LINKINGS:
+        raise UsageError(
+            f"--node-link {request.node_link!r} is not a way to take the node store's files",
+            hint="auto (reflink, else hard link where the family allows, else copy) or copy",
+        )
     lookup = Lookup.of(raw_fingerprint, request.families)
     request = _with_source(request, lookup.fingerprint_hash)._replace(node_store=None)
     assert request.store is not None  # noqa: S101 - _with_source set the default
@@ -232,7 +245,9 @@ def _via_node_store(
     def from_node() -> RestoreOutcome:
         with node_lock(root, shared=True, timeout=timeout):
             # What failed a canary on this node is never served to its pods again.
-            direct = request._replace(store=f"oci:{root}", refused=refused_digests(root))
+            direct = request._replace(
+                store=f"oci:{root}", refused=refused_digests(root), node_trees=root
+            )
             return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
 
     try:
@@ -536,6 +551,12 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
 
         ref, _, digest = ref.partition("@")
         pins[whole_want(fp_hash).tag] = check_digest(digest)
+    if request.node_trees is not None:
+        # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
+        from artifactd.restore.nodefill import NodeSource  # noqa: PLC0415
+
+        node = LayoutStore(request.node_trees, ref=ref)
+        return NodeSource(node, refused=request.refused, linking=request.node_link)
     store = open_store(
         ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
     )

@@ -25,6 +25,8 @@ Modules:
 * :mod:`~artifactd.stores.artifacts`: publish, read and copy artifacts over any store.
 * :mod:`~artifactd.stores.retention`: which artifacts ``prune`` keeps and deletes, and ``du``.
 * :mod:`~artifactd.stores.nodestore`: the node-local tier: its lock, usage records and gc.
+* :mod:`~artifactd.stores.nodetree`: the node store's unpacked layers, checked and served to
+  pods by reflink, hard link or copy.
 """
 
 from __future__ import annotations
