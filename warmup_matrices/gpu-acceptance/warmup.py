@@ -37,8 +37,8 @@ kernels, the nvcc cubin and its ptxas record):
   vLLM's own counter of Inductor and AOT compiles, ``output`` the token ids
   (the driver compares the restored run's with the cold run's).
 
-The parts that import an optional library record every process the run
-starts first (``tests/engines/spawns.py``, the producer tests' hook).
+The tilelang and sglang parts record every process the run starts before
+importing the library (``tests/engines/spawns.py``, the producer tests' hook).
 
 The last line on stdout is one JSON object: ``compiled`` and ``hits`` where
 the library reports them (else only what ran), ``seconds``, or ``skipped``
