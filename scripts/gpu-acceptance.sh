@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU acceptance on one Hopper node (H200, H100), offline, in under 10 minutes:
 # real warm-ups for Inductor, Triton, the driver's PTX JIT, nvcc (generic),
-# FlashInfer and CuTe DSL; the GPU probe against the real driver; harvest,
+# FlashInfer, CuTe DSL, TileLang, SGLang's JIT, DeepGEMM and vLLM; the GPU probe against the real driver; harvest,
 # restore into a fresh root, run again: 0 compiled per family; a canary recorded
 # at build and replayed in a pod (status --canary), exactly. One summary
 # line at the end; OUT/report.json holds every step. Without a GPU (or with
@@ -13,7 +13,8 @@
 # --python PATH   the Python to run with (default: python3 when its torch is a
 #                 CUDA build, else this checkout's .venv, else python3)
 # --wheels DIR    extra wheels installed offline into OUT/site (pip --no-index
-#                 --no-deps): flashinfer-python, nvidia-cutlass-dsl, artifactd's
+#                 --no-deps): flashinfer-python, nvidia-cutlass-dsl, tilelang,
+#                 sglang, sgl-deep-gemm, vllm, artifactd's
 #                 own wheel and every dependency the node lacks
 # --out DIR       output folder (default ./gpu-acceptance)
 # --dry-run       skip the GPU steps even where a GPU is found

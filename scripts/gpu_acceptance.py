@@ -8,7 +8,8 @@ a CUDA torch) on an H200 or any Hopper node, offline (its budget: 10 minutes)::
 Steps, each ``ok``, ``failed`` or ``skipped: <why>``, with its seconds:
 
 1. ``wheels``: install the extra wheels of ``--wheels DIR`` (FlashInfer, CuTe
-   DSL, artifactd's own and the dependencies the node lacks) into
+   DSL, TileLang, SGLang, sgl-deep-gemm, vLLM, artifactd's own and the
+   dependencies the node lacks) into
    ``OUT/site``, with pip, offline; a failure here stops the run;
 2. ``environment``: nvidia-smi, torch and its CUDA, Triton, nvcc, the
    optional packages, which artifactd runs, and whether a Hopper GPU is here;
@@ -20,6 +21,8 @@ Steps, each ``ok``, ``failed`` or ``skipped: <why>``, with its seconds:
    ``compute_90``, the module the driver JIT warm-up loads;
 5. ``cold <family>``: one warm-up per family (``warmup_matrices/gpu-acceptance``)
    with fresh cache roots at ``OUT/cache``, in the layout a restore produces;
+   all ten families (:data:`FAMILIES`); each kernel is launched and its result
+   checked against torch, vLLM's generate keeps its token ids;
 6. ``harvest``: ``artifactd harvest`` of the families that warmed up into the
    local OCI layout ``OUT/store``; the cold roots then move to ``OUT/cache-cold``;
 7. ``restore``: ``artifactd restore --require`` into a fresh ``OUT/cache``,
@@ -29,8 +32,10 @@ Steps, each ``ok``, ``failed`` or ``skipped: <why>``, with its seconds:
    roots, and shows which families then compile again;
 8. ``restored <family>``: the same warm-up with only the env file's variables;
    it must compile nothing: the library's own counter where it has one
-   (Inductor's fxgraph misses, Triton's listener, ptxas's record) and no file
-   written under any restored family's dirs (``artifactd.pod.verdict``);
+   (Inductor's fxgraph misses, Triton's listener, ptxas's record, the nvcc or
+   ninja runs TileLang and SGLang start, vLLM's compile counter), no file
+   written under any restored family's dirs (``artifactd.pod.verdict``), and
+   vLLM's token ids those of the cold run;
 9. ``status``: ``artifactd status --target <restore root> --json``: every
    restored family ``used``;
 10. ``canary``: the tiny engine (``tests/engines/tiny_engine.py``) built with a
@@ -79,11 +84,32 @@ AXPY = REPO / "warmup_matrices" / "cpu-demo" / "axpy.cu"
 RECORDER = REPO / "scripts" / "record_gpu_fixtures.py"
 FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 #: The families the acceptance warms up, in the order it runs them.
-FAMILIES = ("generic", "triton", "cuda-jit", "inductor", "flashinfer", "cutedsl")
+FAMILIES = (
+    "generic",
+    "triton",
+    "cuda-jit",
+    "inductor",
+    "flashinfer",
+    "cutedsl",
+    "tilelang",
+    "sglang",
+    "deepgemm",
+    "vllm",
+)
+#: The families whose warm-up needs an optional library: (its module, its distribution).
+OPTIONAL = {
+    "flashinfer": ("flashinfer", "flashinfer-python"),
+    "cutedsl": ("cutlass", "nvidia-cutlass-dsl"),
+    "tilelang": ("tilelang", "tilelang"),
+    "sglang": ("sglang", "sglang"),
+    "deepgemm": ("deep_gemm", "sgl-deep-gemm"),
+    "vllm": ("vllm", "vllm"),
+}
 #: The virtual arch of the PTX the driver JIT-compiles, and the cubins' real one.
 PTX_ARCH = "compute_90"
 ARCH = 90
-#: One warm-up's limit: FlashInfer's first JIT build of an op is the slowest.
+#: One warm-up's limit: FlashInfer's first JIT build of an op, or vLLM's start and
+#: compile of its tiny model, is the slowest.
 WARMUP_TIMEOUT_S = 420
 #: What the issue promises on one H200: the run's time is compared with it.
 BUDGET_S = 600
@@ -152,6 +178,7 @@ class Acceptance:
         self.dry: str | None = None  # why the GPU steps are skipped
         self.ptx: Path | None = None
         self.harvested: list[str] = []
+        self.outputs: dict[str, Any] = {}  # a cold warm-up's "output", the restored run's check
         self.installed = False  # whether OUT/site holds this run's wheels
         self.site_paths: list[str] = []  # OUT/site and what its .pth files add
 
@@ -377,11 +404,11 @@ class Acceptance:
 
     def skip_reason(self, family: str) -> str | None:
         """Why a family's warm-up cannot run here, naming what is missing; None if it can."""
-        packages = {"flashinfer": "flashinfer", "cutedsl": "cutlass"}
         missing = []
-        if family in packages and importlib.util.find_spec(packages[family]) is None:
-            dist = {"flashinfer": "flashinfer-python", "cutedsl": "nvidia-cutlass-dsl"}[family]
-            missing.append(f"{dist} is not installed")
+        if family in OPTIONAL:
+            module, dist = OPTIONAL[family]
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{dist} is not installed")
         if family == "cuda-jit" and self.ptx is None:
             missing.append("no PTX (nvcc-ptx did not run)")
         if self.warmup_argv(family) is None or missing:
@@ -412,6 +439,11 @@ class Acceptance:
         compiled = doc.get("compiled")
         own = counts.get(family, 0)
         if restored:
+            if family in self.outputs and doc.get("output") != self.outputs[family]:
+                raise StepError(
+                    f"the restored run computed {doc.get('output')!r}, "
+                    f"the cold run {self.outputs[family]!r}"
+                )
             problems = []
             if compiled:
                 problems.append(f"the library reports {compiled} compiled")
@@ -424,6 +456,8 @@ class Acceptance:
             return
         if own == 0:
             raise StepError(f"wrote nothing into the {family} cache: nothing to restore")
+        if "output" in doc:
+            self.outputs[family] = doc["output"]
         counter = f"{compiled} compiled, " if compiled is not None else ""
         st.reason = f"{counter}{own} file(s), {proc.seconds:.1f} s"
 
@@ -639,7 +673,8 @@ class Acceptance:
 VERSIONS = """
 import json, importlib.metadata as md
 out = {}
-for dist in ("torch", "triton", "flashinfer-python", "nvidia-cutlass-dsl", "nvidia-ml-py"):
+for dist in ("torch", "triton", "flashinfer-python", "nvidia-cutlass-dsl", "nvidia-ml-py",
+             "tilelang", "sglang", "sgl-deep-gemm", "vllm", "apache-tvm-ffi"):
     try:
         out[dist] = md.version(dist)
     except md.PackageNotFoundError:
@@ -717,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         "--wheels",
         type=Path,
         help="a folder of extra wheels to install offline (flashinfer-python, "
-        "nvidia-cutlass-dsl, artifactd's own and its dependencies the node lacks)",
+        "nvidia-cutlass-dsl, tilelang, sglang, sgl-deep-gemm, vllm, artifactd's own "
+        "and its dependencies the node lacks)",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("gpu-acceptance"), help="output folder (reused)"

@@ -13,9 +13,11 @@ machine has no driver. On a GPU host the dry run is forced by ``--dry-run``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,25 @@ SUMMARY = re.compile(
     r"(?P<skipped>\d+) skipped(?: \((?P<why>.*)\))? in \d+ s$"
 )
 #: Steps that need a GPU (or a package a GPU node gets through --wheels).
-GPU_FAMILIES = ("cuda-jit", "inductor", "flashinfer", "cutedsl")
+GPU_FAMILIES = (
+    "cuda-jit",
+    "inductor",
+    "flashinfer",
+    "cutedsl",
+    "tilelang",
+    "sglang",
+    "deepgemm",
+    "vllm",
+)
+#: The families whose warm-up needs an optional library: its distribution and module.
+OPTIONAL = (
+    ("flashinfer", "flashinfer-python", "flashinfer"),
+    ("cutedsl", "nvidia-cutlass-dsl", "cutlass"),
+    ("tilelang", "tilelang", "tilelang"),
+    ("sglang", "sglang", "sglang"),
+    ("deepgemm", "sgl-deep-gemm", "deep_gemm"),
+    ("vllm", "vllm", "vllm"),
+)
 GPU_STEPS = (
     "gpu-probe",
     *(f"{w} {f}" for w in ("cold", "restored") for f in GPU_FAMILIES),
@@ -124,17 +144,17 @@ def test_dry_run_runs_what_needs_no_gpu_and_says_why_it_skipped_the_rest(
     else:
         dry = "dry run (--dry-run)"
     assert dry in summary["why"]
+    # Every step is one of these: the ten families' cold and restored runs, no more.
+    assert set(steps) == {*GPU_STEPS, *HERE_STEPS}
     for name in GPU_STEPS:
         assert steps[name]["status"] == "skipped", name
         assert steps[name]["reason"].startswith(dry), (name, steps[name]["reason"])
-    for family, dist, module in (
-        ("flashinfer", "flashinfer-python", "flashinfer"),
-        ("cutedsl", "nvidia-cutlass-dsl", "cutlass"),
-    ):
-        try:
-            __import__(module)
-        except ImportError:
-            assert f"{dist} is not installed" in steps[f"cold {family}"]["reason"]
+    # A missing optional library is named, by its distribution, where this Python lacks it.
+    for family, dist, module in OPTIONAL:
+        lacking = importlib.util.find_spec(module) is None
+        named = f"{dist} is not installed"
+        assert (named in steps[f"cold {family}"]["reason"]) == lacking, (family, lacking)
+        assert (named in summary["why"]) == lacking, (family, lacking)
 
     # The cold runs compiled (the libraries say so, and wrote their caches) ...
     ptx = out / "work" / "axpy.compute_90.ptx"
@@ -311,3 +331,59 @@ def test_the_driver_api_warmups_pass_their_arguments_as_the_driver_reads_them(
     bad = warmup("cuda-jit", "--ptx", str(tmp_path / "other.ptx"))
     assert bad.returncode == 1
     assert bad.stderr.strip() == "cuda-jit: cuModuleLoadData failed: 200 (CUDA_ERROR_INVALID_IMAGE)"
+
+
+def load_driver() -> Any:
+    """Import scripts/gpu_acceptance.py (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_acceptance", REPO / "scripts" / "gpu_acceptance.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+#: A stand-in for a GPU warm-up (the one part this machine cannot run): it writes
+#: one cache file when WRITE names it and prints OUTPUT as the warm-up's output.
+FAKE_WARMUP = """
+import json, os, pathlib, sys
+if os.environ.get("WRITE"):
+    path = pathlib.Path(os.environ["WRITE"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("kernel")
+report = {"compiled": int(os.environ["COMPILED"]), "output": json.loads(os.environ["OUTPUT"])}
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_a_restored_warmup_must_compute_what_the_cold_one_did(tmp_path: Path) -> None:
+    """The driver keeps a cold warm-up's output and fails a restored run that differs."""
+    driver = load_driver()
+    acc = driver.Acceptance(tmp_path / "acc", None, dry_run=True)
+    acc.work.mkdir(parents=True)
+    script = tmp_path / "fake_warmup.py"
+    script.write_text(FAKE_WARMUP)
+    acc.warmup_argv = lambda family: [PYTHON, str(script)]
+    entry = acc.cache / "vllm" / "torch_compile_cache" / "abc" / "rank_0_0" / "backbone" / "x"
+
+    def run(restored: bool, output: list[int], write: Path | None = None) -> Any:
+        step = driver.Step("restored vllm" if restored else "cold vllm")
+        env = clean_env({"COMPILED": "0" if restored else "2", "OUTPUT": json.dumps(output)})
+        if write:
+            env["WRITE"] = str(write)
+        acc.warm(step, family="vllm", env=env, restored=restored)
+        return step
+
+    cold = run(False, [11, 12, 13, 14], write=entry)
+    assert cold.reason.startswith("2 compiled, 1 file(s)"), cold.reason
+    assert acc.outputs == {"vllm": [11, 12, 13, 14]}
+    acc.harvested = ["vllm"]
+    assert run(True, [11, 12, 13, 14]).reason.startswith("0 compiled")
+    with pytest.raises(driver.StepError) as err:
+        run(True, [11, 12, 99, 14])
+    assert str(err.value) == (
+        "the restored run computed [11, 12, 99, 14], the cold run [11, 12, 13, 14]"
+    )

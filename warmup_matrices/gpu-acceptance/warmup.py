@@ -19,7 +19,26 @@ kernels, the nvcc cubin and its ptxas record):
 * ``generic``: the demo's ``nvcc -cubin -arch=sm_90a`` kernel into
   ``ARTIFACTD_GENERIC_DIR``; with a GPU the cubin is loaded and launched too;
 * ``flashinfer``: one FlashInfer op (SiLU-and-mul), JIT-built on first use;
-* ``cutedsl``: one CuTe DSL kernel (an element-wise add), compiled and run.
+* ``cutedsl``: one CuTe DSL kernel (an element-wise add), compiled and run;
+* ``tilelang``: the TileLang kernel the producer test compiles on the CPU
+  (``tests/engines/tilelang_op.py``: a vector add for ``sm_90a``, ``tvm_ffi``),
+  compiled or loaded from ``TILELANG_CACHE_DIR``, launched and checked;
+  ``compiled`` is the nvcc runs TileLang started;
+* ``sglang``: SGLang's JIT activation module for bfloat16 (as in
+  ``tests/engines/sglang_jit_op.py``), built or loaded from
+  ``SGLANG_JIT_CACHE_DIR``, its SiLU-and-mul run and checked; ``compiled``
+  is the ninja builds SGLang started;
+* ``deepgemm``: DeepGEMM's ``fp8_gemm_nt`` at the producer test's shape
+  (``tests/engines/deepgemm_op.py``), on real CUDA tensors, checked against
+  the dequantized GEMM in torch; DeepGEMM starts nvcc from C++, which no
+  Python hook sees: only the files written count;
+* ``vllm``: ``vllm.LLM`` on a tiny 2-layer Llama (``load_format="dummy"``,
+  torch.compile on, CUDA graphs on), one greedy generate; ``compiled`` is
+  vLLM's own counter of Inductor and AOT compiles, ``output`` the token ids
+  (the driver compares the restored run's with the cold run's).
+
+The tilelang and sglang parts record every process the run starts before
+importing the library (``tests/engines/spawns.py``, the producer tests' hook).
 
 The last line on stdout is one JSON object: ``compiled`` and ``hits`` where
 the library reports them (else only what ran), ``seconds``, or ``skipped``
@@ -44,6 +63,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "cpu-demo" / "warmup.py"
+#: The producer tests' engines: ``spawns`` (the process-start hook) is reused.
+ENGINES = HERE.parent.parent / "tests" / "engines"
 #: Elements the driver-API kernels (axpy) run over, and threads per block.
 N = 4096
 THREADS = 256
@@ -285,6 +306,169 @@ def run_cutedsl() -> dict[str, Any]:
     return {"kernels": 1, "seconds": _since(t0)}
 
 
+def record_spawns() -> list[list[str]]:
+    """Start recording every process this run starts (before the library is imported)."""
+    sys.path.insert(0, str(ENGINES))
+    import spawns
+
+    started: list[list[str]] = spawns.record()
+    return started
+
+
+def compiler_runs(started: list[list[str]], program: str) -> int:
+    """Count the runs of ``program`` in ``started`` that were not a ``--version`` query."""
+    words = [" ".join(argv).split() for argv in started]  # a shell line is one string
+    return sum(1 for w in words if w and Path(w[0]).name == program and "--version" not in w)
+
+
+def missing(module: str, dist: str) -> dict[str, Any] | None:
+    """A ``skipped`` report naming what is missing for a part, or None when it can run."""
+    why = no_torch_cuda()
+    if why:
+        return {"skipped": why}
+    if importlib.util.find_spec(module) is None:
+        return {"skipped": f"{dist} is not installed (pass it in --wheels)"}
+    return None
+
+
+def run_tilelang() -> dict[str, Any]:
+    """The producer test's TileLang kernel, compiled or loaded, launched and checked."""
+    t0 = time.perf_counter()
+    skipped = missing("tilelang", "tilelang")
+    if skipped:
+        return skipped
+    started = record_spawns()
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import tilelang_add
+
+    kernel = tilelang_add.compile_add()
+    a = torch.randn(tilelang_add.N, device="cuda", dtype=torch.float32)
+    b = torch.randn(tilelang_add.N, device="cuda", dtype=torch.float32)
+    c = kernel(a, b)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(c, a + b)
+    return {
+        "kernels": 1,
+        "compiled": compiler_runs(started, "nvcc"),
+        "version": tilelang_add.tilelang.__version__,
+        "seconds": _since(t0),
+    }
+
+
+def run_sglang() -> dict[str, Any]:
+    """SGLang's JIT activation module (bfloat16), built or loaded; SiLU-and-mul checked."""
+    t0 = time.perf_counter()
+    skipped = missing("sglang", "sglang")
+    if skipped:
+        return skipped
+    started = record_spawns()
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from sglang.kernels.ops.activation.activation import activation_module
+
+    module = activation_module(torch.bfloat16)
+    torch.manual_seed(0)
+    hidden = 4096
+    x = torch.randn(16, 2 * hidden, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(16, hidden, device="cuda", dtype=torch.bfloat16)
+    module.run_activation(x, out, "silu")
+    torch.cuda.synchronize()
+    ref = F.silu(x[:, :hidden].float()) * x[:, hidden:].float()
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+    return {"modules": 1, "compiled": compiler_runs(started, "ninja"), "seconds": _since(t0)}
+
+
+def run_deepgemm() -> dict[str, Any]:
+    """DeepGEMM's FP8 GEMM at the producer test's shape, checked against torch."""
+    t0 = time.perf_counter()
+    skipped = missing("deep_gemm", "sgl-deep-gemm")
+    if skipped:
+        return skipped
+    import deep_gemm
+    import torch
+
+    torch.manual_seed(0)
+    m, n, k = 128, 4096, 7168
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    # Per token per 128 columns (a), per 128x128 block (b): DeepGEMM's SM90 recipe.
+    a_sf = torch.rand(m, k // 128, device="cuda") + 0.5
+    b_sf = torch.rand(n // 128, k // 128, device="cuda") + 0.5
+    d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    deep_gemm.fp8_gemm_nt((a, a_sf), (b, b_sf), d)
+    torch.cuda.synchronize()
+    a_ref = (a.float().view(m, k // 128, 128) * a_sf[:, :, None]).view(m, k)
+    b_ref = b.float().view(n // 128, 128, k // 128, 128) * b_sf[:, None, :, None]
+    ref = a_ref @ b_ref.view(n, k).t()
+    # DeepGEMM's own test measure: 1 - cosine-like similarity, over the whole output.
+    out = d.double()
+    diff = 1 - 2 * (out * ref.double()).sum() / (out * out + ref.double() ** 2).sum()
+    if not float(diff) < 1e-3:
+        sys.exit(f"deepgemm: fp8_gemm_nt differs from torch (diff {float(diff):.2e})")
+    return {"kernels": 1, "diff": float(diff), "seconds": _since(t0)}
+
+
+#: The tiny model of the vllm part: a 2-layer Llama, random ("dummy") weights.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def run_vllm() -> dict[str, Any]:
+    """vLLM's compile of a tiny Llama, one greedy generate; vLLM's counter says what compiled."""
+    t0 = time.perf_counter()
+    skipped = missing("vllm", "vllm")
+    if skipped:
+        return skipped
+    # The model dir is part of vLLM's cache key: the same path (the acceptance's
+    # work dir) in the cold and the restored run.
+    model = Path.cwd() / "tiny-llama"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA), encoding="utf-8")
+    # The engine core in this process, so vLLM's compile counter is readable here.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.compilation.counter import compilation_counter
+
+    llm = LLM(
+        model=str(model),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=False,
+        max_model_len=128,
+        max_num_seqs=1,
+        gpu_memory_utilization=0.2,
+        seed=0,
+    )
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
+    out = llm.generate([{"prompt_token_ids": [1, 5, 7, 9]}], params)
+    tokens = list(out[0].outputs[0].token_ids)
+    if len(tokens) != 4:
+        sys.exit(f"vllm: generated {len(tokens)} token(s), not 4")
+    compiled = sum(
+        getattr(compilation_counter, name, 0)
+        for name in ("num_inductor_compiles", "num_aot_compiles")
+    )
+    return {"models": 1, "compiled": compiled, "output": tokens, "seconds": _since(t0)}
+
+
 def _since(t0: float) -> float:
     return round(time.perf_counter() - t0, 3)
 
@@ -302,6 +486,10 @@ def main() -> None:
             "generic",
             "flashinfer",
             "cutedsl",
+            "tilelang",
+            "sglang",
+            "deepgemm",
+            "vllm",
         ],
     )
     parser.add_argument("--arch", type=int, default=90)
@@ -331,8 +519,15 @@ def run_part(args: argparse.Namespace) -> dict[str, Any]:
         report = run_generic(args.arch, args.gpu)
     elif args.part == "flashinfer":
         report = run_flashinfer()
-    else:
+    elif args.part == "cutedsl":
         report = run_cutedsl()
+    else:
+        report = {
+            "tilelang": run_tilelang,
+            "sglang": run_sglang,
+            "deepgemm": run_deepgemm,
+            "vllm": run_vllm,
+        }[args.part]()
     return report
 
 
