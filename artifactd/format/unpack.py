@@ -162,7 +162,11 @@ def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePos
 
 def tree_doc_limit(record: LayerRecord) -> int:
     """Return the most bytes a format-2 layer's tree document may take (2x canonical)."""
-    return 2 * len(record.tree().canonical()) + (64 << 10)
+    return _doc_limit(record.tree().canonical())
+
+
+def _doc_limit(canonical: bytes) -> int:
+    return 2 * len(canonical) + (64 << 10)
 
 
 def _tree_doc_bound(record: LayerRecord, prefix: str) -> int:
@@ -451,12 +455,14 @@ class _Extractor:
         components: frozenset[str],
         tree: FamilyTree | None = None,
         tree_limit: int = 0,
+        tree_doc: bytes = b"",
     ) -> None:
         self.staging = staging
         self.root = os.fspath(staging)
         #: Format 2: the tree document the layer must carry, and its size limit.
         self.tree = tree
         self.tree_limit = tree_limit
+        self.tree_doc = tree_doc
         self.tree_seen = False
         self.expected = {e.path: e for e in entries}
         #: Entries whose name passed the member-name rules: regular files by
@@ -640,7 +646,13 @@ class _Extractor:
         src = tar.extractfile(member)
         if src is None:  # pragma: no cover - a regular member always has a data stream
             raise IntegrityError(f"member {name!r} has no data")
-        found = FamilyTree.from_json(src.read(), source=name)
+        data = src.read()
+        # The packer writes the canonical form: equal bytes need no parse (a
+        # tenth of a second per 10,000 files); any other bytes are parsed and compared.
+        if data == self.tree_doc:
+            self.tree_seen = True
+            return
+        found = FamilyTree.from_json(data, source=name)
         if found != self.tree:
             raise IntegrityError(
                 f"{name} differs from the artifact config's record of the layer",
@@ -772,10 +784,13 @@ def unpack_layer(
     """
     tree: FamilyTree | None = None
     limit = 0
+    doc = b""
     if prefix is not None:
         if record is None:
             raise ValueError("a format-2 layer (prefix) needs its record")
-        tree, limit = record.tree(), tree_doc_limit(record)
+        tree = record.tree()
+        doc = tree.canonical()
+        limit = _doc_limit(doc)
     extractor = _Extractor(
         staging,
         entries,
@@ -784,6 +799,7 @@ def unpack_layer(
         components=components,
         tree=tree,
         tree_limit=limit,
+        tree_doc=doc,
     )
     if max_tar_bytes is None:
         max_tar_bytes = tar_bound(entries, components, prefix=prefix)
