@@ -17,7 +17,7 @@ through it:
   fields take their bounds from :meth:`Range.field` (so the JSON Schema in
   ``registry-schema/`` shows them, and NaN and infinities are refused).
 
-The README's table "Bounds of every input" lists these with the size and
+The docs' table "Bounds of every input" (docs/reference/bounds.md) lists these with the size and
 count caps of the files and documents artifactd reads. Light on purpose: the
 fast path imports this module at every pod start (the standard library's
 ``collections.abc`` and ``typing`` only; not even ``math``).
@@ -227,3 +227,8 @@ MAX_CANARY_PROMPT_CHARS = 2048
 MAX_CANARY_PROMPT_IDS = 4096
 #: Largest canary document read (the restored ``canary.json``: a few KiB per serve cell), in bytes.
 MAX_CANARY_BYTES = 16 << 20
+#: Most files of one family the restore's record of load-rewritten files
+#: (``TARGET/.artifactd/installed.json``, :mod:`artifactd.restore.installed`) holds.
+MAX_INSTALLED_RECORD = 100_000
+#: Largest such record read, in bytes.
+MAX_INSTALLED_BYTES = 64 << 20

@@ -8,7 +8,8 @@ Library code never calls ``os.environ`` directly for settings: it takes an
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 # --- artifactd's own settings (each CLI flag of the init-container commands
 # also takes one of these, so Kubernetes users configure through env) ---------
@@ -17,6 +18,7 @@ ENV_TARGET = "ARTIFACTD_TARGET"
 ENV_FROM_DIR = "ARTIFACTD_FROM_DIR"
 ENV_SOFTWARE_FROM = "ARTIFACTD_SOFTWARE_FROM"
 ENV_NODE_STORE = "ARTIFACTD_NODE_STORE"
+ENV_NODE_LINK = "ARTIFACTD_NODE_LINK"
 ENV_METRICS_FILE = "ARTIFACTD_METRICS_FILE"
 ENV_ENV_FILE = "ARTIFACTD_ENV_FILE"
 ENV_REQUIRE = "ARTIFACTD_REQUIRE"
@@ -47,6 +49,9 @@ ENV_RELOCATE = "ARTIFACTD_RELOCATE"
 ENV_REQUIRE_HIT = "ARTIFACTD_REQUIRE_HIT"
 ENV_ENGINE_FACTORS = "ARTIFACTD_ENGINE_FACTORS"
 ENV_ENGINE_PYTHON = "ARTIFACTD_ENGINE_PYTHON"
+#: ``restore --predict`` and ``predict --engine-args``: the engine's command line, one string.
+ENV_PREDICT = "ARTIFACTD_PREDICT"
+ENV_ENGINE_ARGS = "ARTIFACTD_ENGINE_ARGS"
 ENV_MEGACACHE_DIR = "ARTIFACTD_MEGACACHE_DIR"
 ENV_EXEC_RESTORE = "ARTIFACTD_EXEC_RESTORE"
 ENV_ENGINE_LOG = "ARTIFACTD_ENGINE_LOG"
@@ -105,7 +110,10 @@ TRITON_HOME = "TRITON_HOME"
 TORCHINDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 TMPDIR = "TMPDIR"
 HOME = "HOME"
+#: The CUDA toolkit the JIT libraries compile with (tvm-ffi, TileLang, SGLang, FlashInfer,
+#: DeepGEMM, torch's cpp_extension): ``$CUDA_HOME/bin/nvcc``, else ``$CUDA_PATH/bin/nvcc``.
 CUDA_HOME = "CUDA_HOME"
+CUDA_PATH = "CUDA_PATH"
 DOCKER_CONFIG = "DOCKER_CONFIG"
 #: The container engine's address, as the docker CLI and SDK read it (``image build``).
 DOCKER_HOST = "DOCKER_HOST"
@@ -166,6 +174,32 @@ CACHE_ENV_VARS = (
 )
 
 
+#: pydantic's own switch for its plugin scan (at the first model build it reads
+#: the entry points of every installed distribution, and imports each plugin).
+PYDANTIC_DISABLE_PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
+
+
 def current_environ() -> Mapping[str, str]:
     """Return the process environment (the one place that reads ``os.environ``)."""
     return os.environ
+
+
+@contextmanager
+def pydantic_plugins_off() -> Iterator[None]:
+    """Turn pydantic's plugin scan off while the block runs, unless its variable is set already.
+
+    A restore's documents are validated by artifactd's own models, which no
+    plugin is meant to observe, and the scan (the entry points of every
+    installed distribution) is part of a restore's fixed cost. The variable
+    is pydantic's own switch, read at each model build; it is removed again
+    when the block ends, so what runs next (``exec``'s engine, which may use
+    pydantic and its plugins) inherits the environment it was given.
+    """
+    if PYDANTIC_DISABLE_PLUGINS in os.environ:
+        yield
+        return
+    os.environ[PYDANTIC_DISABLE_PLUGINS] = "__all__"
+    try:
+        yield
+    finally:
+        os.environ.pop(PYDANTIC_DISABLE_PLUGINS, None)

@@ -2,7 +2,7 @@
 
 Every error says what went wrong (``str(err)``) and what to do about it
 (``err.hint``). The CLI maps each class to one line on stderr and a documented
-exit code (the table in :mod:`artifactd.cli` and the README); the library
+exit code (the table in :mod:`artifactd.cli` and docs/reference/exit-codes.md); the library
 itself never prints and never exits. ``kind`` names the failure class that
 ``--json`` reports (``"unreachable"``, ``"corrupt"``, ``"no_space"``...).
 """

@@ -82,7 +82,8 @@ def restore_report(outcome: RestoreOutcome) -> dict[str, Any]:
 
     ``restored``, ``files``, ``bytes``, ``elapsed_ms``, ``recovered``, ``phases``
     (seconds per phase) and ``bytes_fetched`` are present only when an install
-    ran; ``node_store`` (what the node store held and fetched) only with one.
+    ran; ``node_store`` (what the node store held and fetched) only with one;
+    ``prediction`` (:func:`predict_report`) only with ``--predict``.
     """
     plan, result, failure = outcome.plan, outcome.result, outcome.failure
     doc: dict[str, Any] = {
@@ -119,6 +120,8 @@ def restore_report(outcome: RestoreOutcome) -> dict[str, Any]:
         )
     if outcome.node is not None:
         doc["node_store"] = outcome.node
+    if outcome.prediction is not None:
+        doc["prediction"] = predict_report(outcome.prediction)
     return versioned(doc)
 
 

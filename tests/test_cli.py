@@ -100,7 +100,7 @@ def test_diff_local_against_saved_fingerprint(tmp_path: Path) -> None:
     assert doc["fields"] == [{"path": "workload.model", "a": "a", "b": "b"}]
     verdicts = {f["family"]: f["verdict"] for f in doc["families"]}
     # A model change invalidates the engines' caches (vLLM and SGLang key them on
-    # the model) and none of the kernel caches: the README's scope table, by hand.
+    # the model) and none of the kernel caches: the docs' scope table, by hand.
     misses = {"sglang", "vllm"}
     kernels = {"cuda-jit", "cutedsl", "deepgemm", "flashinfer", "generic", "inductor"}
     assert verdicts == dict.fromkeys(misses, "miss") | dict.fromkeys(

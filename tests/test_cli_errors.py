@@ -2,7 +2,7 @@
 
 An operator mistypes a path, points ``--out`` at a file, passes a store
 directory they may not read, or a file name that is not UTF-8. None of that
-is a bug, so none of it may end in exit 1 (the README's "a bug in artifactd")
+is a bug, so none of it may end in exit 1 (docs/reference/exit-codes.md: "a bug in artifactd")
 or print a traceback. The cases are generated: every path and text slot of
 a valid command line of every command (:data:`LINES`), times every everyday
 bad input (:data:`BAD_PATHS`, :data:`BAD_TEXT`); a new command fails
@@ -30,7 +30,7 @@ from test_hostile_inputs import UNREADABLE_WRAPPER
 
 from artifactd.cli import cli
 
-#: The README's exit-code table: 1 (a bug) is not among them.
+#: The exit-code table (docs/reference/exit-codes.md): 1 (a bug) is not among them.
 DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 126, 127}
 #: Bytes no UTF-8 text holds, as a command line passes them (Python decodes them as surrogates).
 NOT_UTF8 = os.fsdecode(b"\xff\xfe")

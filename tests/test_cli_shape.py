@@ -13,7 +13,7 @@ A new command or option that breaks the shape fails here, naming it:
   :data:`artifactd.bounds.SIZE` range;
 * every command that deletes is a dry run unless ``--apply``;
 * every environment variable an init-container command reads is in the
-  README's list.
+  list in docs/guide/using.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from artifactd.cli.app import cli
 from artifactd.cli.options import Number
 from artifactd.stores import open_store
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+#: The page that lists every variable the init-container commands read.
+VARIABLES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "using.md"
 
 #: Options whose name is shared by commands that mean different things by it.
 SAME_NAME_DIFFERS: dict[str, str] = {
@@ -66,7 +67,7 @@ NO_STORE: dict[str, str] = {
 TARGET_COMMANDS = ("restore", "exec", "status", "contribute", "lint")
 #: Commands that delete what they select: each is a dry run unless ``--apply``.
 DELETING = ("prune", "gc")
-#: The init-container commands, whose variables the README lists.
+#: The init-container commands, whose variables docs/guide/using.md lists.
 INIT_COMMANDS = ("restore", "exec", "status", "fingerprint", "prefetch")
 
 
@@ -143,8 +144,8 @@ def test_every_deleting_command_is_a_dry_run_unless_apply() -> None:
         assert apply.get_default(click.Context(commands[name])) is False, name
 
 
-def test_every_variable_an_init_command_reads_is_in_the_readme() -> None:
-    text = README.read_text()
+def test_every_variable_an_init_command_reads_is_listed() -> None:
+    text = VARIABLES_PAGE.read_text()
     listed = set(re.findall(r"`(ARTIFACTD_[A-Z_]+)`", text))
     commands = _commands()
     read = {
@@ -154,7 +155,7 @@ def test_every_variable_an_init_command_reads_is_in_the_readme() -> None:
         for var in ([option.envvar] if isinstance(option.envvar, str) else option.envvar or [])
     }
     missing = {var: name for var, name in read.items() if var not in listed}
-    assert missing == {}, f"variables the README does not list: {missing}"
+    assert missing == {}, f"variables docs/guide/using.md does not list: {missing}"
 
 
 @pytest.mark.parametrize(

@@ -171,7 +171,7 @@ def test_files_that_grow_past_the_cap_while_copied_stop_the_copy(pod: Path, tmp_
     volume = CacheVolume(pod)
     marker = volume.installed()
     assert marker is not None
-    written = _written(marker, restore_time(volume.marker_path, marker["restored_at"]))
+    written = _written(marker, restore_time(volume.marker_path, marker["restored_at"]), {})
     assert sum(w.st.st_size for w in written) <= 4096
     with grows.open("ab") as f:  # the engine keeps writing after the walk
         f.write(b"y" * (8 * MiB))

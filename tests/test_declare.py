@@ -76,3 +76,13 @@ def test_libraries_are_never_declared_and_extra_workload_is_left_out(base: Finge
 def test_identical_sides_need_nothing(base: Fingerprint, same: bool) -> None:
     settle = to_match(base, base if same else base.model_copy())
     assert settle.flags == [] and settle.probed == [] and settle.undeclare == []
+
+
+def test_a_flag_the_artifact_was_built_without_is_to_be_left_out(base: Fingerprint) -> None:
+    """Built on a machine without a GPU and no target declared: drop ``--gpu-arch`` here."""
+    built = _cpu(base)
+    settle = to_match(built, _declared(_cpu(base)))
+    assert settle.omit == ["--gpu-arch"]
+    assert settle.flags == [] and settle.probed == []
+    here = _cpu(base).model_copy(update={"image": ImageInfo(digest="sha256:" + "3" * 64)})
+    assert to_match(built, here).omit == ["--image-digest"]

@@ -153,8 +153,12 @@ def test_the_loop_a_pods_compile_reaches_the_next_artifact_through_the_gate(
     with open_store(store) as st:
         assert st.tag_digest(full_tag(first["fingerprint_hash"])) == base.digest
 
-    gated = cli("verify", str(m2), "--store", store, "--candidate", candidate, "--promote", "rel")
+    kept = tmp_path / "kept"
+    gated = cli("verify", str(m2), "--store", store, "--candidate", candidate, "--promote", "rel",
+                "--keep-roots", str(kept))  # fmt: skip
     assert gated["gate"]["passed"] and gated["gate"]["promoted"] == "rel", gated
+    # --keep-roots keeps the candidate's work to read: the proof run and the gate's run.
+    assert {"proof", "gate", "submitted"} <= {p.name for p in kept.iterdir()}
     assert gated["vouched"] == {"generic": ["cache/k-B.cubin"]}
     assert gated["dropped"] == {"generic": ["cache/stray/x.cubin"]}
     with open_store(store) as st:

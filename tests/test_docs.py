@@ -133,11 +133,33 @@ def _registry_setup(ws: Workspace) -> dict[str, str]:
     return {"registry.example.com/ml/caches": ws.ref("ml-caches"), " /cache": f" {ws.root}/cache"}
 
 
+#: The demo's declared target, which the tour's restore names.
+DEMO_TARGET = ["--gpu-arch", "sm_90a", "--workload", "dtype=float32", "--workload",
+               "model=artifactd/cpu-demo"]  # fmt: skip
+
+
 def _registry_check(ws: Workspace) -> None:
     assert (ws.root / "cache" / "artifactd.env").is_file(), "the restore installed nothing"
-    assert "restored" in ws.artifactd("restore", "--store", ws.ref("ml-caches"), "--target",
-                                      str(ws.root / "again"), "--gpu-arch", "sm_90a", "--workload",
-                                      "model=artifactd/cpu-demo,dtype=float32")  # fmt: skip
+    again = str(ws.root / "again")
+    ws.artifactd("restore", "--store", ws.ref("ml-caches"), "--target", again, *DEMO_TARGET)
+    assert (ws.root / "again" / "artifactd.env").is_file(), "the second restore installed nothing"
+
+
+def _tour_setup(ws: Workspace) -> dict[str, str]:
+    # The tour reads what the demo left in the default store: a cache published
+    # there for the demo's declared target stands in for the demo's build.
+    tree = make_generic_tree(ws.root / "caches" / "tour")
+    env = {**ws.env, "ARTIFACTD_GENERIC_DIR": str(tree)}
+    subprocess.run(
+        [sys.executable, "-m", "artifactd", "harvest", "--family", "generic", *DEMO_TARGET],
+        env=env, cwd=ws.root, check=True, capture_output=True,
+    )  # fmt: skip
+    return {"/tmp/warm": str(ws.root / "warm")}
+
+
+def _tour_check(ws: Workspace) -> None:
+    env = (ws.root / "warm" / "artifactd.env").read_text()
+    assert "ARTIFACTD_GENERIC_DIR=" in env, env
 
 
 def _gc_setup(ws: Workspace) -> dict[str, str]:
@@ -200,17 +222,60 @@ def _promtool_setup(ws: Workspace) -> dict[str, str]:
     return {}
 
 
+def _nodelink_setup(ws: Workspace) -> dict[str, str]:
+    tree = make_generic_tree(ws.root / "caches" / "nodelink")
+    env = {**ws.env, "ARTIFACTD_GENERIC_DIR": str(tree)}
+    subprocess.run(
+        [sys.executable, "-m", "artifactd", "harvest", "--store", ws.ref("node-caches"),
+         "--family", "generic"],
+        env=env, cwd=ws.root, check=True, capture_output=True,
+    )  # fmt: skip
+    return {
+        "registry.example.com/ml/caches": ws.ref("node-caches"),
+        "/var/lib/artifactd": str(ws.root / "node-host"),
+    }
+
+
+def _nodelink_check(ws: Workspace) -> None:
+    pods = ws.root / "node-host" / "pods"
+    linked = pods / "a" / "generic" / "axpy.sm_90a.cubin"
+    copied = pods / "b" / "generic" / "axpy.sm_90a.cubin"
+    assert linked.stat().st_nlink >= 2, "the first pod did not get a link"
+    assert copied.stat().st_nlink == 1 and copied.read_bytes() == linked.read_bytes()
+
+
+def _fixedcost_setup(ws: Workspace) -> dict[str, str]:
+    # The block restores from a local layout holding one generic cache built for sm_90a.
+    tree = make_generic_tree(ws.root / "caches" / "fixedcost")
+    env = {**ws.env, "ARTIFACTD_GENERIC_DIR": str(tree)}
+    store = f"oci:{ws.root}/fixedcost-store"
+    subprocess.run(
+        [sys.executable, "-m", "artifactd", "harvest", "--store", store, "--family", "generic",
+         "--gpu-arch", "sm_90a"],
+        env=env, cwd=ws.root, check=True, capture_output=True,
+    )  # fmt: skip
+    return {"oci:/cache/store": store, "/cache/pod": f"{ws.root}/fixedcost-pod"}
+
+
+def _fixedcost_check(ws: Workspace) -> None:
+    assert (ws.root / "fixedcost-pod" / "artifactd.env").is_file(), "the restore installed nothing"
+    assert "pydantic" in (ws.root / "importtime.txt").read_text(), "it validated no document"
+
+
 def _nothing(ws: Workspace) -> None:
     del ws
 
 
 RUNNERS: dict[str, Runner] = {
+    "tour": (_tour_setup, _tour_check),
     "registry": (_registry_setup, _registry_check),
     "gc": (_gc_setup, _nothing),
     "keygen": (lambda ws: {}, _keygen_check),
     "promote": (_promote_setup, _promote_check),
     "enforce": (_enforce_setup, _enforce_check),
     "promtool": (_promtool_setup, _nothing),
+    "nodelink": (_nodelink_setup, _nodelink_check),
+    "fixedcost": (_fixedcost_setup, _fixedcost_check),
 }
 
 
@@ -222,6 +287,26 @@ def test_every_shell_block_runs_or_says_why_not() -> None:
     named = [b.name for b in found if b.kind == "run"]
     assert sorted(n for n in named if n) == sorted(RUNNERS), (named, sorted(RUNNERS))
     assert all(named), "a run block without a name"
+
+
+#: The front page's length: what it is, the two commands, the tour, links.
+FRONT_PAGE_LINES = 200
+
+
+def test_the_readme_is_a_front_page_and_every_page_is_in_the_site() -> None:
+    """The guide and the reference live in the site; the README links to them."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= FRONT_PAGE_LINES, "the README grew a guide again"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert [link for link in local if not (REPO / link).is_file()] == []
+    site = REPO / "docs"
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    pages = sorted(str(p.relative_to(site)) for p in site.rglob("*.md"))
+    assert [p for p in pages if f": {p}\n" not in nav] == [], "a page the site's nav omits"
+    linked = {str(Path(link).relative_to("docs")) for link in local if link.startswith("docs/")}
+    guide = [p for p in pages if p.startswith(("guide/", "reference/"))]
+    assert [p for p in guide if p not in linked] == [], "a guide page the README omits"
 
 
 def test_the_command_reference_is_generated_from_the_commands() -> None:

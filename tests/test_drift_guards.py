@@ -80,6 +80,8 @@ class Fact:
 
 
 VLLM_R = "vllm-0.33.0"
+#: The release whose cache-key recipe is vllmkey.RECIPE_034 (all four groups recorded raw).
+VLLM_34 = "vllm-0.34.0"
 FI_R = "flashinfer-python-0.7.2"
 SGL_R = "sglang-0.5.23"
 DG_R = "sgl-deep-gemm-0.2.3.post2"
@@ -155,6 +157,52 @@ FACTS = (
         "vllmkey.RECIPE_033: the record holds env raw and three hashes",
         '"env": env_factors, # raw factors used for env_hash "config_hash": config_hash,'
         ' "code_hash": code_hash, "compiler_hash": compiler_hash,',
+    ),
+    Fact(
+        "vllm",
+        VLLM_34,
+        "vllm/compilation/backends.py",
+        "vllmkey.RECIPE_034: the dir name hashes the four raw groups, code under files",
+        'all_factors: dict[str, object] = { "env": env_factors, "config": config_factors,'
+        ' "code": {"files": code_factors}, "compiler": compiler_factors, }',
+    ),
+    Fact(
+        "vllm",
+        VLLM_34,
+        "vllm/compilation/backends.py",
+        "vllmkey.RECIPE_034: hash_factors of them, first 10 hex",
+        "hash_key = hash_factors(all_factors)[:10]",
+    ),
+    Fact(
+        "vllm",
+        VLLM_34,
+        "vllm/compilation/backends.py",
+        "vllmkey.RECIPE_034: the record holds the four groups raw and three hashes",
+        '**all_factors, "config_hash": config_hash, "code_hash": code_hash,'
+        ' "compiler_hash": compiler_hash,',
+    ),
+    Fact(
+        "vllm",
+        VLLM_34,
+        "vllm/config/utils.py",
+        "vllmkey.hash_factors: sha256 of json.dumps(sort_keys=True)",
+        "return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()",
+    ),
+    Fact(
+        "vllm",
+        VLLM_34,
+        "vllm/compilation/caching.py",
+        "vllmkey.content_hash: a traced file's hash; none for a path starting with <",
+        'entry = {"path": str(path)} # Dynamically generated code (e.g. <string> from exec)'
+        ' can\'t be checked. if content is not None and not str(path).startswith("<"):'
+        ' entry["hash"] = hash_factors({"content": content})',
+    ),
+    Fact(
+        "vllm",
+        VLLM_34,
+        "vllm/compilation/caching.py",
+        "predict: env factors are vLLM's own compile_factors(), as in 0.33",
+        "env_factors = envs.compile_factors() env_hash = hash_factors(env_factors)",
     ),
     Fact(
         "vllm",

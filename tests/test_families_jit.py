@@ -432,10 +432,10 @@ def test_select_families_none_is_all_and_empty_is_none() -> None:
 def test_families_import_only_the_shared_modules() -> None:
     """A family module imports the base and the shared layouts, never another family.
 
-    A module that defines no family (``vllmkey``, vLLM's cache-key recipe) may
-    import the family it serves.
+    ``vllmkey`` (vLLM's cache-key recipe) is shared too: it imports no family
+    (the vLLM family calls it at harvest, the restore stage at prediction).
     """
-    shared = {"base", "layouts", "ninja", "ninjarecords", "tree"}
+    shared = {"base", "layouts", "ninja", "ninjarecords", "tree", "vllmkey"}
     families_dir = Path(pkg.__file__).parent
     for module in sorted(families_dir.glob("*.py")):
         if module.stem in shared | {"__init__"}:
@@ -446,7 +446,7 @@ def test_families_import_only_the_shared_modules() -> None:
             and any(getattr(b, "id", "").endswith("Family") for b in node.bases)
             for node in tree.body
         ):
-            continue  # not a family: a family's companion (vllmkey: vLLM's key recipe)
+            continue  # not a family
         imported = {
             node.module.rsplit(".", 1)[-1]
             for node in ast.walk(tree)
@@ -456,6 +456,12 @@ def test_families_import_only_the_shared_modules() -> None:
         }
         assert imported <= shared, (module.name, imported - shared)
         assert "base" in imported, module.name
+    recipe = ast.parse((families_dir / "vllmkey.py").read_text())
+    assert not [
+        n.module
+        for n in ast.walk(recipe)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("artifactd.families")
+    ], "vllmkey is shared by importing no family"
 
 
 @pytest.mark.parametrize("name", ["triton", "inductor", "sglang", "vllm"])

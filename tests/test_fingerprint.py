@@ -190,9 +190,9 @@ def test_hash_is_stable_across_probes() -> None:
 # Scope keys: each family depends on only some fields
 # --------------------------------------------------------------------------
 
-# The documented scope facts (README, "Fingerprint and scopes"): for each change,
+# The documented scope facts (docs/reference/fingerprint.md): for each change,
 # families whose key MUST change and families whose key MUST stay. Families not
-# named either way are free (and covered by the README table test).
+# named either way are free (and covered by the docs' table test).
 _GPU_FAMILIES = {
     "triton",
     "inductor",

@@ -161,7 +161,7 @@ def test_doubling_the_registry_egress_never_slows_a_rollout(p: Params) -> None:
 
 
 def test_the_tiers_warm_a_large_rollout_sooner() -> None:
-    """The README's rollout: each tier beats the one before it, and P2P fetches little."""
+    """The rollout of docs/guide/fleet.md: each tier beats the one before, P2P fetches little."""
     p = Params(nodes=1_000)
     out = {o.scenario: o for o in fleet.simulate_all(p)}
     assert out["node-store"].at(100) < out["direct"].at(100) / 4

@@ -151,6 +151,32 @@ def test_append_twice_writes_the_same_image_and_uploads_nothing(
     assert again["bytes_uploaded"] == 0
 
 
+def test_verify_key_bakes_only_a_signed_artifact_and_refuses_before_writing(
+    tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
+) -> None:
+    """--verify-key: an unsigned artifact is refused (exit 14) and TO is never written."""
+    art_ref, env = artifact
+    base = push_base(make_base(tmp_path), registry, repo, docker=False)
+    to = registry.ref(f"{repo}-app:checked")
+    key = run_artifactd("keygen", "--out", str(tmp_path / "ci"), env=env)
+    assert key.returncode == 0, key.stderr
+    pub = str(tmp_path / "ci.pub")
+    refused = run_artifactd(
+        "image", "append", "--base", base, "--artifact", art_ref, "--to", to,
+        "--verify-key", pub, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 14, refused.stderr
+    assert "Traceback" not in refused.stderr
+    with open_store(registry.ref(f"{repo}-app")) as st:
+        assert st.get_manifest("checked") is None, "an unverified artifact was baked"
+    signed = run_artifactd(
+        "sign", art_ref, "--sign-key", str(tmp_path / "ci.key"), "--sign-unverified", env=env
+    )
+    assert signed.returncode == 0, signed.stderr
+    doc = append("--base", base, "--artifact", art_ref, "--to", to, "--verify-key", pub, env=env)
+    assert doc["digest"].startswith("sha256:")
+
+
 def test_zstd_needs_an_oci_base(
     tmp_path: Path, registry: RegistryServer, repo: str, artifact: tuple[str, dict[str, str]]
 ) -> None:

@@ -15,6 +15,7 @@ from conftest import WARMUP, clean_env, run_artifactd
 
 from artifactd.build.run import lint_roots
 from artifactd.errors import UsageError
+from artifactd.families.layouts import DEEPGEMM_META_COST
 from artifactd.families.vllm import classify_factor, volatile_factors
 from artifactd.lint import (
     KIND_HOST,
@@ -507,3 +508,54 @@ def test_lint_with_no_cache_says_there_was_nothing_to_lint(tmp_path: Path) -> No
     proc = run_artifactd("lint", "--family", "triton", env=env)
     assert proc.returncode == 0
     assert "nothing to lint" in proc.stdout and "clean" not in proc.stdout
+
+
+def deepgemm_tree(root: Path, build: Path) -> Path:
+    """deep_jit's layout: one committed entry whose ``meta.json`` names the build's paths."""
+    entry = root / "cache" / "sm90_fp8_gemm_1d2d.0123456789abcdef0123456789abcdef"
+    entry.mkdir(parents=True)
+    (entry / "kernel.cu").write_text("#include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>\n")
+    (entry / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(60))
+    (entry / ".committed").write_bytes(b"")
+    command = f"nvcc {build}/dg/tmp/1-2/kernel.cu --include-path {SITE}/deep_gemm/include"
+    (entry / "meta.json").write_text(json.dumps({"command": command}))
+    return root
+
+
+def test_deepgemm_meta_json_is_information_in_every_family_that_ships_a_deepgemm_tree(
+    tmp_path: Path,
+) -> None:
+    """deep_jit writes ``meta.json`` after compiling and never reads it back.
+
+    Its build paths are warnings with DeepGEMM's reason in the ``deepgemm`` family and
+    in the DeepGEMM dirs SGLang and vLLM host (one rule, ``layouts.deepgemm_meta``);
+    the same path in the kernel source, which deep_jit hashes into its key, is an error.
+    """
+    build = tmp_path / "build"
+    sglang = build / "sglang"
+    deepgemm_tree(sglang / "deep_gemm", build)
+    trees = {
+        "deepgemm": deepgemm_tree(build / "dg", build),
+        "sglang:cache": sglang,
+        "vllm:deep_gemm": deepgemm_tree(build / "vllm-dg", build),
+    }
+    report = lint(trees, hazards=hazards_for(build))
+    meta = [f for f in report.findings if f.kind == KIND_PATH]
+    assert {(f.family, f.file) for f in meta} == {
+        ("deepgemm", "cache/sm90_fp8_gemm_1d2d.0123456789abcdef0123456789abcdef/meta.json"),
+        ("sglang", "deep_gemm/cache/sm90_fp8_gemm_1d2d.0123456789abcdef0123456789abcdef/meta.json"),
+        ("vllm", "cache/sm90_fp8_gemm_1d2d.0123456789abcdef0123456789abcdef/meta.json"),
+    }
+    assert {(f.severity, f.cost) for f in meta} == {("warning", DEEPGEMM_META_COST)}
+    assert not report.errors
+
+    source = next((build / "dg" / "cache").iterdir()) / "kernel.cu"
+    source.write_text(f"// built in {BUILD_HOME}/src\n")
+    (error,) = [
+        f for f in lint(trees, hazards=hazards_for(build)).findings if f.severity == "error"
+    ]
+    assert (error.family, Path(error.file).name, error.value) == (
+        "deepgemm",
+        "kernel.cu",
+        BUILD_HOME,
+    )

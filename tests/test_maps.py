@@ -4,7 +4,7 @@
   ``Modules:`` list: one bullet per module of the package, ``* :mod:`~artifactd.
   <package>.<module>`: a few words``, and nothing else. Read from the files,
   not imported: a module added, moved or removed fails here, naming the package.
-* The README's module map (the table under "Development") has a row per
+* The module map (the table of ``docs/dev/index.md``, "Development") has a row per
   package whose cell names each of its modules as ```name` (what it is)``,
   and a last row naming the top-level modules; every name there is a module.
 * Each ``scope_revision`` the docs state (README, ``docs/``,
@@ -24,13 +24,15 @@ from artifactd.families import FAMILIES
 
 ROOT = PACKAGE.parent
 BULLET = re.compile(r"\* :mod:`~(artifactd\.\w+\.\w+)`: (\S.*)")
-#: A module named in a cell of the README's map: ```name` (what it is)``.
+#: A module named in a cell of the module map: ```name` (what it is)``.
 CELL_MODULE = re.compile(r"`([a-z_][a-z0-9_]*)` \(")
 #: A revision stated with the family it belongs to: ```vllm` and `sglang` scope_revision 3``.
 STATED = re.compile(r"((?:`[a-z][a-z0-9-]*`(?:,\s+|\s+and\s+)?)+)\s+scope_revision\s+(\d+)")
 #: Any number stated as a scope revision, in whatever words.
 ANY_NUMBER = re.compile(r"scope[_\s]revision`?(?:\s+(?:is|of|to)|:)?\s+(\d+)", re.IGNORECASE)
 DOCS = ["README.md", "docs/**/*.md", "registry-schema/*.md"]
+#: The page whose table is the module map.
+MAP_PAGE = "docs/dev/index.md"
 
 
 def packages() -> dict[str, Path]:
@@ -115,9 +117,8 @@ def test_the_docstring_map_check_sees_what_it_must_refuse() -> None:
 
 
 def readme_map() -> list[tuple[str, str]]:
-    """The rows (where, what) of the README's module map."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Development") :]
+    """The rows (where, what) of the module map (``docs/dev/index.md``)."""
+    section = (ROOT / MAP_PAGE).read_text()
     table = section[section.index("| where | what |") :].split("\n\n", 1)[0]
     rows = []
     for line in table.splitlines()[2:]:
@@ -145,16 +146,16 @@ def map_problems(rows: list[tuple[str, str]]) -> list[str]:
         else:
             problems.append(f"one package per row: {where}")
             continue
-        problems += [f"{label}: {m} is not in the README's map" for m in sorted(modules - named)]
+        problems += [f"{label}: {m} is not in the module map" for m in sorted(modules - named)]
         problems += [
-            f"{label}: the README's map names {m}, which is no module"
+            f"{label}: the module map names {m}, which is no module"
             for m in sorted(named - modules)
         ]
         if not dirs:
             seen.add("top")
-    problems += [f"{p}: no row in the README's module map" for p in sorted(set(packages()) - seen)]
+    problems += [f"{p}: no row in the module map" for p in sorted(set(packages()) - seen)]
     if "top" not in seen:
-        problems.append("no row for the top-level modules in the README's module map")
+        problems.append("no row for the top-level modules in the module map")
     return problems
 
 
@@ -179,15 +180,15 @@ def test_the_readme_map_check_sees_what_it_must_refuse() -> None:
                 *rows[i + 1 :],
             ]
             assert map_problems(stale) == [
-                "artifactd.restore: the README's map names gone, which is no module"
+                "artifactd.restore: the module map names gone, which is no module"
             ]
-            assert map_problems(missing) == ["artifactd.restore: marker is not in the README's map"]
+            assert map_problems(missing) == ["artifactd.restore: marker is not in the module map"]
             assert map_problems([*rows[:i], *rows[i + 1 :]]) == [
-                "artifactd.restore: no row in the README's module map"
+                "artifactd.restore: no row in the module map"
             ]
             break
     else:
-        raise AssertionError("no restore row in the README's map")
+        raise AssertionError("no restore row in the module map")
 
 
 def stated_revisions(text: str) -> tuple[dict[str, set[int]], list[str]]:

@@ -13,6 +13,7 @@ is a recorder around ``plan_restore`` that passes every call through.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from conftest import clean_env, run_artifactd_json
 from test_trust import RECORDER
 
 import artifactd.restore.policy as restore_policy
+from artifactd.build.absorb import absorb
 from artifactd.build.harvest import harvest
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.restore.destination import MARKER_NAME, STATE_DIR
@@ -28,7 +30,9 @@ from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.restore.resolve import plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
+from artifactd.stores.artifacts import choose_artifacts, copy_artifacts, open_artifact
 from artifactd.stores.layout import LayoutStore
+from artifactd.stores.retention import Rules, plan
 from artifactd.trust.keys import generate, load_public_keys
 from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy, verification
 
@@ -133,3 +137,31 @@ def test_the_gate_restores_every_cell_under_its_policy(tmp_path: Path) -> None:
     assert len(markers) == 1
     families = json.loads(markers[0].read_text())["families"]
     assert {name: fam.get("signed_by") for name, fam in families.items()} == {"generic": key.id}
+
+
+def test_the_store_side_says_which_basis_too(tmp_path: Path, store: LayoutStore) -> None:
+    """Copy, open, prune and absorb: a policy or the named opt-out, never a forgotten None.
+
+    A copy into the node store, an image bake, a prune's ranking and an absorb's
+    screening each act on a store's content; each takes the basis it acts on.
+    """
+
+    tag = next(t for t in store.list_tags() if t.startswith("fp-"))
+    dst = open_store(f"oci:{tmp_path / 'dst'}", create=True)
+    refusals: list[Callable[[], object]] = [
+        lambda: choose_artifacts(store, [tag], trust=None),  # type: ignore[arg-type]
+        lambda: copy_artifacts(store, dst, [tag], tmp_path, trust=None),  # type: ignore[arg-type]
+        lambda: open_artifact(f"{store.ref}:{tag}", trust=None),  # type: ignore[arg-type]
+        lambda: plan(store, Rules(trust=None)),  # type: ignore[arg-type]
+        lambda: absorb(tmp_path / "m.yaml", store, store, trust=None),  # type: ignore[arg-type]
+    ]
+    for call in refusals:
+        with pytest.raises(TypeError, match="UNSAFE_NO_VERIFICATION"):
+            call()
+    assert dst.list_tags() == [], "a refused copy wrote to its destination"
+    with pytest.raises(TypeError):
+        Rules()  # type: ignore[call-arg]
+    # Said out loud, each acts: the copy lands, unverified.
+    copied = copy_artifacts(store, dst, [tag], tmp_path, trust=UNSAFE_NO_VERIFICATION)
+    assert copied.tags == [tag] and copied.verified == {}
+    assert open_artifact(f"{dst.ref}:{tag}", trust=UNSAFE_NO_VERIFICATION).config.kind == "full"

@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,10 +26,16 @@ from typing import Any
 
 import pytest
 from conftest import clean_env, run_artifactd
+from faultproxy import FaultProxy
+from registry_server import RegistryServer
 from test_drift_guards import release_dir
 
-from artifactd.families import vllmkey
-from artifactd.families.vllmkey import RECIPE_033, RECIPE_MAIN, PodFactors
+from artifactd.build.harvest import harvest
+from artifactd.errors import UsageError
+from artifactd.families import FAMILIES, vllmkey
+from artifactd.families.vllmkey import RECIPE_033, RECIPE_034, PodFactors
+from artifactd.fingerprint.model import Fingerprint
+from artifactd.reports import restore_report
 from artifactd.restore import engineside as P  # noqa: N812
 from artifactd.restore.engineside import (
     PodInputs,
@@ -36,9 +44,21 @@ from artifactd.restore.engineside import (
     pod_factors,
     read_traced,
 )
-from artifactd.restore.predict import predict, predict_entry, recorded_from_root, run_predict
+from artifactd.restore.policy import RestoreRequest, run_restore
+from artifactd.restore.predict import (
+    MAX_ENGINE_ARGS,
+    PredictOptions,
+    engine_argv,
+    predict,
+    predict_entry,
+    recorded_from_facts,
+    recorded_from_root,
+    run_predict,
+)
+from artifactd.stores import open_store
 
 VLLM = "vllm-0.33.0"
+VLLM_034 = "vllm-0.34.0"
 GPU = "NVIDIA H100 80GB HBM3"
 TORCH_KEY = "9f" * 32
 #: A variable of vLLM 0.33's list that compile_factors hashes (not ignored).
@@ -119,10 +139,10 @@ def _compiler(gpu: str = GPU, torch_key: str = TORCH_KEY) -> dict[str, Any]:
     }
 
 
-def _main_doc(
+def _doc_034(
     env: Mapping[str, Any], traced: Path, torch_key: str = TORCH_KEY
 ) -> tuple[str, dict[str, Any]]:
-    """A main-branch record and its dir name (the recipe as written in vLLM's backends.py)."""
+    """A vLLM 0.34 record and its dir name (the recipe as 0.34's backends.py writes it)."""
     code = [
         {"path": str(traced), "hash": vllmkey.content_hash(traced.read_text())},
         {"path": "<string>"},
@@ -133,10 +153,10 @@ def _main_doc(
         "config_hash": "c" * 64,
         "compiler": _compiler(torch_key=torch_key),
         "compiler_hash": "d" * 64,
-        "code": code,
+        "code": {"files": code},
         "code_hash": "e" * 64,
     }
-    everything = {"env": doc["env"], "config": doc["config"], "code": {"files": code}}
+    everything = {"env": doc["env"], "config": doc["config"], "code": doc["code"]}
     everything["compiler"] = doc["compiler"]
     name = hashlib.sha256(json.dumps(everything, sort_keys=True).encode()).hexdigest()[:10]
     return name, doc
@@ -222,8 +242,42 @@ def test_033_code_hash_is_the_release_own_code(tmp_path: Path) -> None:
     assert ours == ns["code_hash"]
 
 
+def _source_034(rel: str) -> str:
+    return (release_dir(VLLM_034) / rel).read_text()
+
+
+def test_034_dir_name_recipe_is_the_release_own_code(tmp_path: Path) -> None:
+    """0.34's own hash_factors, get_code_factors and dir-name lines, executed, agree."""
+    ns: dict[str, Any] = {"hashlib": hashlib, "json": json, "Mapping": Mapping, "Path": Path}
+    utils = _source_034("vllm/config/utils.py")
+    exec(_block(utils, "def hash_factors(", "return hashlib.sha256(json.dumps(items"), ns)  # noqa: S102 - the pinned release's own function
+    caching = _source_034("vllm/compilation/caching.py")
+    exec(_block(caching, "def get_code_factors(", "return code_factors"), ns)  # noqa: S102 - as above
+    traced = _traced(tmp_path, "venv")
+    contents = {traced: traced.read_text(), Path("<string>"): None}
+    ns["code_factors"] = ns["get_code_factors"](contents)
+    ns.update(env_factors={"VLLM_X": True}, config_factors=_config(), compiler_factors=_compiler())
+    backends = _source_034("vllm/compilation/backends.py")
+    exec(_block(backends, "all_factors: dict[str, object] = {", "}"), ns)  # noqa: S102 - as above
+    line = "hash_key = hash_factors(all_factors)[:10]"
+    exec(_block(backends, line, line), ns)  # noqa: S102 - as above
+    # What 0.34 writes to cache_key_factors.json, as JSON holds it.
+    doc = json.loads(json.dumps({**ns["all_factors"], "config_hash": "a", "code_hash": "b"}))
+    doc["compiler_hash"] = "c"
+    assert vllmkey.recipe_of(doc) == RECIPE_034
+    assert vllmkey.self_check(ns["hash_key"], doc) == RECIPE_034
+    assert ns["code_factors"] == [
+        {"path": str(traced), "hash": vllmkey.content_hash(traced.read_text())},
+        {"path": "<string>"},
+    ]
+    assert ns["hash_factors"]({"a": [1]}) == vllmkey.hash_factors({"a": [1]})
+    # The 0.33 record shape is never read as 0.34's, nor 0.34's as 0.33's.
+    assert vllmkey.self_check(ns["hash_key"], {**doc, "code": [doc["code"]]}) is None
+    assert vllmkey.recipe_of({**doc, "code": doc["code"]["files"]}) is None  # nor as 0.33's
+
+
 def test_unknown_recipe_is_said_never_guessed(static_env: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     pod = _pod(static_env)
     assert predict_entry(name, doc, pod).outcome == "hit"
     # Another release's recipe (here: one more factor hashed) gives another name.
@@ -246,7 +300,7 @@ def test_env_variable_is_named(
     vllm_pkg: Path, build_env_factors: dict[str, Any], tmp_path: Path
 ) -> None:
     """The pod's env goes through vLLM's own compile_factors; the changed variable is named."""
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(build_env_factors, _traced(tmp_path, "venv"))
     root = _write_root(tmp_path / "vllm", name, doc)
     recorded = vllmkey_read(root)
     same = engine_factors(_engine_env(vllm_pkg), torch=False)
@@ -266,7 +320,7 @@ def vllmkey_read(root: Path) -> dict[str, dict[str, Any]]:
 
 def test_traced_file_content_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(static_env, traced)
+    name, doc = _doc_034(static_env, traced)
     traced.write_text("def forward(x):\n    return x * 2\n")
     pred = predict_entry(name, doc, _pod(static_env))
     assert pred.outcome == "miss"
@@ -279,7 +333,7 @@ def test_traced_file_path_in_another_venv_is_named(
 ) -> None:
     """Built under one venv path, the pod's at another: the file is named as moved."""
     built = _traced(tmp_path, "venv-build")
-    name, doc = _main_doc(static_env, built)
+    name, doc = _doc_034(static_env, built)
     moved = _traced(tmp_path, "venv-pod")
     built.unlink()
     reloc = ((str(tmp_path / "venv-build"), str(tmp_path / "venv-pod")),)
@@ -298,7 +352,7 @@ def test_traced_file_path_in_another_venv_is_named(
 def test_max_num_batched_tokens_from_the_pod_args(
     static_env: dict[str, Any], tmp_path: Path
 ) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     inputs = PodInputs(
         environ={},
         argv=("vllm", "serve", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "4096"),
@@ -317,7 +371,7 @@ def test_max_num_batched_tokens_from_the_pod_args(
 
 
 def test_torch_build_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     inputs = PodInputs(
         environ={},
         gpu_name=GPU,
@@ -329,7 +383,7 @@ def test_torch_build_is_named(static_env: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_gpu_name_is_named(static_env: dict[str, Any], tmp_path: Path) -> None:
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     pod = _pod(static_env, compiler=_compiler(gpu="NVIDIA A100-SXM4-80GB"))
     pred = predict_entry(name, doc, pod)
     assert _named(pred) == [f"compiler.system.device.name: {GPU} -> NVIDIA A100-SXM4-80GB"]
@@ -359,7 +413,7 @@ def test_033_record_names_env_and_says_what_it_cannot(
 
 
 def test_recipe_names_are_distinct() -> None:
-    assert set(vllmkey.RECIPES) == {RECIPE_MAIN, RECIPE_033}
+    assert set(vllmkey.RECIPES) == {RECIPE_034, RECIPE_033}
 
 
 # --------------------------------------------------------------------------
@@ -380,7 +434,7 @@ def test_cli_predicts_and_require_hit_exits_17(
     """This image's own torch_key (torch imported in a child, CPU only) is the recorded one."""
     image = engine_factors(clean_env(), torch=True)
     assert isinstance(image.get("torch_key"), str), image
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"), image["torch_key"])
+    name, doc = _doc_034(build_env_factors, _traced(tmp_path, "venv"), image["torch_key"])
     root = _write_root(tmp_path / "vllm", name, doc)
     groups = _engine_groups(tmp_path, image["torch_key"])
     args = ("predict", "--cache-root", str(root), "--engine-factors", str(groups))
@@ -433,7 +487,7 @@ def test_cli_from_an_artifact_reads_only_its_config(
     build_env_factors: dict[str, Any], tmp_path: Path
 ) -> None:
     """``--from REF``: the harvested vLLM facts in the config; no layer blob is needed."""
-    name, doc = _main_doc(build_env_factors, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(build_env_factors, _traced(tmp_path, "venv"))
     root = _write_root(tmp_path / "vllm", name, doc)
     (root / "torch_compile_cache" / name / "rank_0_0" / "backbone" / "graph.py").write_text("g\n")
     layout = tmp_path / "store"
@@ -475,7 +529,7 @@ def test_a_traced_path_that_is_a_fifo_is_missing_never_waited_on(
     static_env: dict[str, Any], tmp_path: Path
 ) -> None:
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(static_env, traced)
+    name, doc = _doc_034(static_env, traced)
     traced.unlink()
     os.mkfifo(traced)
     pred = predict_entry(name, doc, _pod(static_env))
@@ -509,9 +563,9 @@ def test_a_file_vllm_could_not_read_at_build_and_can_here_is_named(
 ) -> None:
     """vLLM records no hash for a file it could not read; a pod that can read it hashes it."""
     traced = _traced(tmp_path, "venv")
-    name, doc = _main_doc(static_env, traced)
-    doc["code"][0].pop("hash")
-    name = vllmkey.dir_key(doc, RECIPE_MAIN)
+    name, doc = _doc_034(static_env, traced)
+    doc["code"]["files"][0].pop("hash")
+    name = vllmkey.dir_key(doc, RECIPE_034)
     (only,) = _named(predict_entry(name, doc, _pod(static_env)))
     assert only.startswith(f"code[{traced}].hash: null -> ") and only.endswith("(readable)")
 
@@ -521,5 +575,297 @@ def test_the_engine_python_is_the_one_asked(static_env: dict[str, Any], tmp_path
     answer = json.dumps({"env": {**static_env, ENV_VAR: True}})
     engine = _fake_python(tmp_path, f"echo '{answer}'")
     pod = pod_factors(PodInputs(environ={}, gpu_name=GPU, python=engine), torch=False)
-    name, doc = _main_doc(static_env, _traced(tmp_path, "venv"))
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
     assert _named(predict_entry(name, doc, pod))[0] == f"env.{ENV_VAR}: false -> true"
+
+
+# --------------------------------------------------------------------------
+# restore --predict: said before any layer is fetched
+# --------------------------------------------------------------------------
+
+
+def _published(registry: RegistryServer, repo: str, root: Path, fp: Fingerprint) -> dict[str, str]:
+    """Harvest the vLLM root straight into the registry; return its layer digests by family."""
+    with open_store(registry.ref(repo)) as st:
+        result = harvest(st, fp, families=["vllm"], environ={"VLLM_CACHE_ROOT": str(root)})
+    return {f.family: f.layer_digest for f in result.families if f.layer_digest}
+
+
+def _raw(fp: Fingerprint) -> dict[str, Any]:
+    raw: dict[str, Any] = fp.model_dump(mode="json")
+    return raw
+
+
+def _pod_inputs(env: Mapping[str, Any], **kw: Any) -> PodInputs:
+    """The pod's side, the engine's image answer given (no vLLM here): env, groups, GPU."""
+    groups = {"config": _config(), "compiler": _compiler()}
+    return PodInputs(environ={}, engine={"env": dict(env)}, gpu_name=GPU, groups=groups, **kw)
+
+
+@pytest.mark.slow
+def test_restore_predicts_before_any_layer_is_fetched(
+    static_env: dict[str, Any],
+    registry: RegistryServer,
+    repo: str,
+    local_fp: Fingerprint,
+    tmp_path: Path,
+) -> None:
+    """The prediction (an event, then the outcome) comes from the config; layers come after."""
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
+    root = _write_root(tmp_path / "vllm", name, doc)
+    layers = _published(registry, repo, root, local_fp)
+    seen: list[tuple[dict[str, Any], int]] = []
+    with FaultProxy(registry.host) as proxy:
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("stage") == "predict":
+                seen.append((event, len(proxy.blob_gets(layers.values()))))
+
+        pod = _pod_inputs({**static_env, ENV_VAR: True})
+        request = RestoreRequest(
+            store=proxy.ref(repo),
+            target=tmp_path / "t",
+            families=["vllm"],
+            predict=PredictOptions(pod),
+        )
+        out = run_restore(request, _raw(local_fp), on_event=on_event)
+        assert out.status == "restored", out.failure
+        assert len(proxy.blob_gets(layers.values())) == 1  # the vLLM layer, after
+    ((event, fetched_then),) = seen
+    assert fetched_then == 0  # the prediction was made before any layer GET
+    assert event["outcome"] == "miss"
+    assert event["lines"] == {name: f"will miss: env.{ENV_VAR}: false -> true"}
+    assert out.prediction is not None and out.prediction.outcome == "miss"
+    report = restore_report(out)
+    assert report["prediction"]["entries"][0]["line"] == event["lines"][name]
+
+
+@pytest.mark.slow
+def test_restore_require_hit_installs_nothing_and_exits_17(
+    static_env: dict[str, Any],
+    registry: RegistryServer,
+    repo: str,
+    local_fp: Fingerprint,
+    tmp_path: Path,
+) -> None:
+    """--require-hit: a predicted miss fetches no layer, installs nothing and exits 17."""
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
+    layers = _published(registry, repo, _write_root(tmp_path / "vllm", name, doc), local_fp)
+    with FaultProxy(registry.host) as proxy:
+        miss = PredictOptions(_pod_inputs({**static_env, ENV_VAR: True}), require_hit=True)
+        target = tmp_path / "t"
+        request = RestoreRequest(
+            store=proxy.ref(repo), target=target, families=["vllm"], predict=miss
+        )
+        out = run_restore(request, _raw(local_fp))
+        assert proxy.blob_gets(layers.values()) == []
+        assert (out.status, out.exit_code) == ("failed", 17)
+        assert out.failure is not None and out.failure.kind == "predicted_miss"
+        assert f"env.{ENV_VAR}: false -> true" in out.failure.message
+        assert not (target / "vllm").exists()
+        # The same pod as the build: it will hit, so the restore installs.
+        same = request._replace(predict=PredictOptions(_pod_inputs(static_env), require_hit=True))
+        done = run_restore(same, _raw(local_fp))
+        assert (done.status, done.exit_code) == ("restored", 0), done.failure
+        assert done.prediction is not None and done.prediction.outcome == "hit"
+        # A restarted pod (a no-op): predicted from the caches now in the target.
+        again = run_restore(same, _raw(local_fp))
+        assert again.status == "noop" and again.prediction is not None
+        assert again.prediction.outcome == "hit"
+        assert again.prediction.source == str(target / "vllm")
+
+
+def test_restore_predict_without_a_vllm_layer_is_unknown(
+    registry: RegistryServer, repo: str, local_fp: Fingerprint, tmp_path: Path
+) -> None:
+    empty = tmp_path / "store"
+    request = RestoreRequest(
+        store=f"oci:{empty}",
+        target=tmp_path / "t",
+        families=["vllm"],
+        predict=PredictOptions(PodInputs(environ={}, engine={"env": {}}), require_hit=True),
+    )
+    open_store(f"oci:{empty}", create=True).close()
+    out = run_restore(request, _raw(local_fp))
+    assert out.prediction is not None and out.prediction.outcome == "unknown"
+    assert "this restore installs no vLLM cache" in out.prediction.entries[0].reason
+    assert out.exit_code == 17
+
+
+def test_engine_args_split_as_a_shell_would_and_are_bounded() -> None:
+    line = "vllm serve '/models/my model' --max-num-batched-tokens 4096"
+    argv = engine_argv((), line)
+    assert argv == ("vllm", "serve", "/models/my model", "--max-num-batched-tokens", "4096")
+    assert engine_argv(("a",), line) == ("a",)  # the arguments after -- win
+    with pytest.raises(UsageError, match="cannot be split"):
+        engine_argv((), "vllm serve 'open")
+    with pytest.raises(UsageError, match="at most"):
+        engine_argv((), "x " * (MAX_ENGINE_ARGS + 1))
+
+
+@pytest.mark.slow
+def test_cli_restore_predict_prints_before_the_plan_and_require_hit_exits_17(
+    static_env: dict[str, Any], local_fp: Fingerprint, tmp_path: Path
+) -> None:
+    """The command line: --predict's lines, --json's prediction, --require-hit's exit 17."""
+    name, doc = _doc_034(static_env, _traced(tmp_path, "venv"))
+    root = _write_root(tmp_path / "vllm", name, doc)
+    layout = tmp_path / "store"
+    env = clean_env({"HOME": str(tmp_path), "VLLM_CACHE_ROOT": str(root)})
+    harvested = run_artifactd("harvest", "--store", f"oci:{layout}", "--family", "vllm", env=env)
+    assert harvested.returncode == 0, harvested.stderr[-2000:]
+    # The engine's image answers with the build's env (no vLLM here to ask).
+    engine = _fake_python(tmp_path, f"echo '{json.dumps({'env': static_env})}'")
+    args = ("restore", "--store", f"oci:{layout}", "--engine-python", engine)
+    target = ("--target", str(tmp_path / "t"))
+    proc = run_artifactd(*args, *target, "--predict", "--gpu-name", "NVIDIA L4", env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"predict: oci:{layout}" in proc.stderr and "the engine will miss" in proc.stderr
+    assert f"will miss: compiler.system.device.name: {GPU} -> NVIDIA L4" in proc.stderr
+    assert "the engine will miss" in proc.stdout  # and again under the plan
+    pod = {"ARTIFACTD_REQUIRE_HIT": "1", "ARTIFACTD_GPU_NAME": "NVIDIA L4"}
+    refused = run_artifactd(*args, "--target", str(tmp_path / "t2"), "--json", env=clean_env(pod))
+    assert refused.returncode == 17, refused.stderr[-2000:]
+    report = json.loads(refused.stdout)
+    assert report["status"] == "failed" and report["failure"]["kind"] == "predicted_miss"
+    assert report["prediction"]["outcome"] == "miss"
+    assert not (tmp_path / "t2" / "vllm").exists()
+    assert "Traceback" not in refused.stderr
+
+
+# --------------------------------------------------------------------------
+# vLLM 0.33: the build recovers the traced-file list its code_hash covered
+# --------------------------------------------------------------------------
+
+
+def _release_code_hash(files: list[str]) -> str:
+    """0.33's own traced-file loop, executed from its source, over ``files``."""
+
+    class _Log:
+        def warning(self, *args: object) -> None:
+            del args
+
+    ns: dict[str, Any] = {"hashlib": hashlib, "forward_code_files": sorted(files), "logger": _Log()}
+    exec(_block(_backends(), "hash_content = []", "code_hash = hashlib"), ns)  # noqa: S102 - the pinned release's own loop
+    return str(ns["code_hash"])
+
+
+def _graph_line(path: Path, line: int = 3, fn: str = "forward") -> str:
+    """A ``# File:`` line as torch's FX ``print_readable`` writes it (see the torch test below)."""
+    return f"        # File: {path}:{line} in {fn}, code: return x * 2\n"
+
+
+def _root_033(
+    tmp_path: Path, env: Mapping[str, Any], traced: list[Path], named: list[Path]
+) -> tuple[Path, str]:
+    """A 0.33 cache root: code_hash over ``traced``; its graph file names ``named``."""
+    doc = {
+        "env": dict(env),
+        "config_hash": "a" * 64,
+        "code_hash": _release_code_hash([str(p) for p in traced]),
+        "compiler_hash": "c" * 10,
+    }
+    name = vllmkey.dir_key(doc, RECIPE_033)
+    root = _write_root(tmp_path / "vllm", name, doc)
+    graph = root / "torch_compile_cache" / name / "rank_0_0" / "backbone" / vllmkey.GRAPH_FILE
+    graph.write_text("class GraphModule(torch.nn.Module):\n" + "".join(map(_graph_line, named)))
+    return root, name
+
+
+def _recorded_033(root: Path) -> dict[str, dict[str, Any]]:
+    """What an artifact's config carries for the root: the vLLM family's facts, as harvested."""
+    return recorded_from_facts({"cache": FAMILIES["vllm"].facts("cache", root)})
+
+
+def test_033_traced_files_are_recorded_and_each_change_is_named(
+    static_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """The list is kept only as 0.33's own code_hash confirms it; then a change is named."""
+    model = _traced(tmp_path, "venv-build")
+    layer = model.with_name("layers.py")
+    layer.write_text("def rms(x):\n    return x\n")
+    root, name = _root_033(tmp_path, static_env, [model, layer], [model, layer])
+    recorded = _recorded_033(root)
+    traced = recorded[name][vllmkey.TRACED_KEY]
+    assert traced["schema_version"] == vllmkey.TRACED_SCHEMA_VERSION
+    assert [f["path"] for f in traced["files"]] == sorted([str(model), str(layer)])
+
+    def code(**kw: Any) -> Any:
+        pod = PodFactors(env=static_env, read_file=read_traced, **kw)
+        entry = predict_entry(name, recorded[name], pod)
+        return next(c for c in entry.checks if c.group == "code"), entry
+
+    same, _ = code()
+    assert same.status == "match"
+    layer.write_text("def rms(x):\n    return x * 2\n")
+    changed, entry = code()
+    assert entry.outcome == "miss"
+    ((diff),) = changed.differences
+    assert diff.key == f"code[{layer}].sha256" and diff.category == "changed"
+    layer.write_text("def rms(x):\n    return x\n")
+    moved = _traced(tmp_path, "venv-pod")
+    model.unlink()
+    reloc = ((str(tmp_path / "venv-build"), str(tmp_path / "venv-pod")),)
+    where, _ = code(relocations=reloc)
+    assert [d.describe() for d in where.differences] == [
+        f"code[{model}].path: {model} -> {moved} (moved)"
+    ]
+    gone, _ = code()
+    assert [d.describe() for d in gone.differences] == [
+        f"code[{model}]: present -> missing (missing)"
+    ]
+
+
+def test_033_a_graph_that_names_too_few_files_records_no_list(
+    static_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """vLLM traced a file the graph does not name: no list is kept, and code stays unknown."""
+    model = _traced(tmp_path, "venv")
+    helper = model.with_name("utils.py")
+    helper.write_text("def helper():\n    pass\n")
+    root, name = _root_033(tmp_path, static_env, [model, helper], [model])
+    recorded = _recorded_033(root)
+    assert "files" not in recorded[name][vllmkey.TRACED_KEY]
+    entry = predict_entry(name, recorded[name], PodFactors(env=static_env, read_file=read_traced))
+    code = next(c for c in entry.checks if c.group == "code")
+    assert code.status == "unknown"
+    assert "do not give vLLM's code_hash" in code.reason
+
+
+def test_033_a_recorded_list_is_bounded(static_env: dict[str, Any]) -> None:
+    many = {"schema_version": 1, "files": [{"path": f"/x/{i}.py"} for i in range(5000)]}
+    doc = {"env": static_env, "config_hash": "a", "code_hash": "b", "compiler_hash": "c"}
+    doc[vllmkey.TRACED_KEY] = many
+    pod = PodFactors(env=static_env, read_file=read_traced)
+    (code,) = [c for c in vllmkey.compare(doc, RECIPE_033, pod) if c.group == "code"]
+    assert code.status == "unknown" and "over 4096" in code.reason
+    paths = [f"/x/{i}.py" for i in range(vllmkey.MAX_TRACED_FILES + 1)]
+    assert "more than" in vllmkey.traced_033(doc, paths, lambda p: None)["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_graph_file_lines_are_what_torch_writes(tmp_path: Path) -> None:
+    """torch's own FX ``print_readable`` (what vLLM 0.33 saves) names the traced source files."""
+    src = tmp_path / "model_src.py"
+    src.write_text(
+        "def helper(x):\n    return x.sin() * 2\n\ndef f(x):\n    return helper(x) + 1\n"
+    )
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys, torch
+        spec = importlib.util.spec_from_file_location("model_src", {str(src)!r})
+        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+        out = []
+        def backend(gm, example):
+            out.append(gm.print_readable(print_output=False))
+            return gm.forward
+        torch.compile(mod.f, backend=backend)(torch.randn(3))
+        sys.stdout.write(out[0])
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert vllmkey.graph_paths(proc.stdout) == [str(src)]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from producer_checks import fake_toolkit
 
 from artifactd.fingerprint import probe as probing
 from artifactd.fingerprint import tools
@@ -125,3 +126,32 @@ def test_cc_and_gcc_probe_to_the_same_key_when_they_are_one_binary() -> None:
         raw = probing.PendingProbe(use_nvml=False, environ=env, cache=ProbeCache(None)).result()
         seen[cc] = raw["compilers"]["cc"]
     assert seen["cc"] == seen["gcc"] and seen["cc"] is not None, seen
+
+
+def test_the_probe_asks_the_nvcc_the_jit_libraries_run(tmp_path: Path) -> None:
+    """``$CUDA_HOME/bin/nvcc`` first, as SGLang, TileLang and DeepGEMM find it; ``PATH`` after.
+
+    A pod image whose ``CUDA_HOME`` names another toolkit than the ``nvcc`` on its
+    ``PATH`` compiles (and keys its SGLang and DeepGEMM JIT caches) with the former.
+    """
+    on_path = fake_toolkit(tmp_path / "path-cuda", "13.0.88")
+    home = fake_toolkit(tmp_path / "cuda-12.8", "12.8.93")
+    cuda_path = fake_toolkit(tmp_path / "cuda-path", "12.9.41")
+    path = os.pathsep.join([str(on_path / "bin"), os.environ.get("PATH", "")])
+
+    def nvcc(**env: str) -> str | None:
+        environ = {"PATH": path, **env}
+        assert tools.nvcc_path(environ).endswith("/bin/nvcc")
+        raw = probing.PendingProbe(use_nvml=False, environ=environ, cache=ProbeCache(None))
+        release: str | None = raw.result()["cuda"]["nvcc"]
+        return release
+
+    assert nvcc() == "13.0.88"
+    assert nvcc(CUDA_HOME=str(home)) == "12.8.93"
+    assert nvcc(CUDA_PATH=str(cuda_path)) == "12.9.41"
+    assert nvcc(CUDA_HOME=str(home), CUDA_PATH=str(cuda_path)) == "12.8.93"
+    assert nvcc(CUDA_HOME="", CUDA_PATH=str(cuda_path)) == "12.9.41"  # empty is unset
+    # A CUDA_HOME without nvcc: the JIT finds none either (no falling back to PATH).
+    assert nvcc(CUDA_HOME=str(tmp_path / "empty")) is None
+    assert tools.nvcc_path({"PATH": str(tmp_path / "nothing")}) == "/usr/local/cuda/bin/nvcc"
+    assert probing.PROBED_ENV["CUDA_HOME"] == probing.PROBED_ENV["CUDA_PATH"] == "cuda.nvcc"

@@ -33,10 +33,14 @@ from artifactd.stores.artifacts import publish, read_artifact
 from artifactd.stores.layout import LayoutStore
 from artifactd.stores.retention import REGISTRY_CONFIG, Rules, apply, plan
 from artifactd.trust.keys import generate, load_private_key
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
 from artifactd.trust.signatures import attached_tag, sign
 
 DAY = 86400
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
+
+#: Rules that keep nothing: every age, no grace, ranked by age alone.
+DELETE_ALL_NOW = Rules(keep_last=0, older_than_days=0, grace_s=0, trust=UNSAFE_NO_VERIFICATION)
 
 
 def _fp(base: Fingerprint, arch: str) -> Fingerprint:
@@ -167,7 +171,7 @@ def test_registry_push_racing_a_prune_survives(
                 raced.extend(harvest(st, racer, environ=trees).tags)
 
     with open_store(ref) as st:
-        pruned = plan(st, Rules(keep_last=0, older_than_days=0))
+        pruned = plan(st, Rules(keep_last=0, older_than_days=0, trust=UNSAFE_NO_VERIFICATION))
         assert {t for d in pruned.decisions for t in d.tags if d.decision == "keep"} == set()
         apply(st, pruned, on_event=push_now)
     assert raced, "the racing push did not run"
@@ -332,7 +336,7 @@ def test_the_gc_line_leaves_out_delete_untagged_where_an_index_has_untagged_chil
             ],
         }
         st.put_manifest(json.dumps(index).encode(), INDEX_MEDIA_TYPE, ["image"])
-        hints = plan(st).gc_hints
+        hints = plan(st, Rules(trust=UNSAFE_NO_VERIFICATION)).gc_hints
     assert hints and not [h for h in hints if "--delete-untagged" in h]
     assert hints[0] == "docker-registry garbage-collect /etc/docker/registry/config.yml"
 
@@ -491,7 +495,9 @@ def test_layout_push_racing_a_prune_survives(
             raced.extend(json.loads(proc.stdout)["tags"])
 
     with open_store(ref) as st:
-        pruned = plan(st, Rules(keep_last=0, older_than_days=0, grace_s=0))
+        pruned = plan(
+            st, Rules(keep_last=0, older_than_days=0, grace_s=0, trust=UNSAFE_NO_VERIFICATION)
+        )
         apply(st, pruned, on_event=push_now)
     assert raced and _index_tags(root) == set(raced)
     assert pruned.blobs_removed > 0
@@ -546,7 +552,9 @@ def test_a_manifest_promoted_during_the_prune_is_left(
     ref = f"oci:{root}"
     pushed = _fill(ref, local_fp, tmp_path, monkeypatch)
     with open_store(ref) as st:
-        pruned = plan(st, Rules(keep_last=0, older_than_days=0, grace_s=0))
+        pruned = plan(
+            st, Rules(keep_last=0, older_than_days=0, grace_s=0, trust=UNSAFE_NO_VERIFICATION)
+        )
         target = _tag(pushed["sm_90a"], "fp-")
         found = st.get_manifest(target)
         assert found is not None and target in pruned.delete_tags
@@ -602,7 +610,7 @@ def test_junk_stamped_in_the_future_does_not_get_legitimate_artifacts_deleted(
     with open_store(ref) as st:
         ahead = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
         (soon,) = _junk(st, _tag(pushed["sm_90a"], "fp-"), ahead, 1)
-        pruned = plan(st)
+        pruned = plan(st, Rules(trust=UNSAFE_NO_VERIFICATION))
     soon_reason = next(d.reason for d in pruned.decisions if soon in d.tags)
     assert "newest" in soon_reason or "grace" in soon_reason, soon_reason
     assert _restored(ref, _fp(local_fp, "sm_90a"), tmp_path / "r") == "restored"

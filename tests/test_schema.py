@@ -38,6 +38,6 @@ def test_probed_fingerprint_validates_against_the_committed_schema() -> None:
         jsonschema.validate(doc, schema)
 
 
-def test_readme_scope_table_is_the_codes() -> None:
-    readme = (SCHEMA_DIR.parent / "README.md").read_text()
-    assert scope_table() in readme, "README scope table is stale: paste scope_table()"
+def test_the_docs_scope_table_is_the_codes() -> None:
+    page = (SCHEMA_DIR.parent / "docs" / "reference" / "fingerprint.md").read_text()
+    assert scope_table() in page, "the docs' scope table is stale: paste scope_table()"

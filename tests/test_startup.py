@@ -2,7 +2,7 @@
 
 The rule is :mod:`artifactd.cli.fast`'s (its docstring; ``tests/test_fastpath.py``
 holds the code to it): a real ``artifactd restore`` no-op, in every form the
-README and the manifests use, with flags or ``ARTIFACTD_*`` variables, loads
+docs and the manifests use, with flags or ``ARTIFACTD_*`` variables, loads
 artifactd modules of :data:`~artifactd.cli.fast.LIGHT` only, nothing of
 :data:`~artifactd.cli.fast.LATER`, and none of the heavy dependencies. Two
 library-level tests (the calls the commands make, in a fresh Python) keep
@@ -27,6 +27,7 @@ from conftest import clean_env, run_artifactd
 
 from artifactd.cli.fast import LATER, LIGHT
 from artifactd.cli.specs import COMMANDS
+from artifactd.constants import PYDANTIC_DISABLE_PLUGINS, current_environ, pydantic_plugins_off
 from artifactd.errors import UsageError
 from artifactd.families import FAMILIES, get_family, select_families, select_names
 from artifactd.stores import open_store
@@ -106,7 +107,7 @@ LOADED = (
     "atexit.register(lambda: sys.stderr.write("
     "'\\nLOADED ' + ' '.join(sorted(set(sys.modules) - _before))))"
 )
-#: The no-op forms of the README and the deploy/k8s manifests: the options beyond
+#: The no-op forms of the docs and the deploy/k8s manifests: the options beyond
 #: ``--store`` and ``--target`` (``{tmp}``: the test's directory; ``{pub}``: a public key).
 NOOP_FORMS = {
     "plain": [],
@@ -185,6 +186,69 @@ def test_fingerprint_hash_loads_nothing_heavy() -> None:
     # OpenSSL (a fingerprint is small: CPython's own sha256 hashes it).
     assert loaded & {"inspect", "ast", "subprocess", "_hashlib"} == set()
     assert "select" in loaded  # the probe did wait for its tools
+
+
+#: Also says, at exit, whether pydantic scanned for plugins: its cache of them stays
+#: None when the scan was off (``PYDANTIC_DISABLE_PLUGINS``), a dict once it ran.
+PLUGINS = (
+    LOADED + "\natexit.register(lambda: sys.stderr.write('\\nPLUGINS ' + repr(getattr("
+    "sys.modules.get('pydantic.plugin._loader'), '_plugins', 'not loaded'))))"
+)
+#: What a restore that installs from one store, verifying nothing, has no use for:
+#: signatures (and the crypto library), a second registry's credentials, subprocesses.
+NOT_INSTALLING = {
+    "artifactd.trust.signatures",
+    "artifactd.stores.credentials",
+    "cryptography",
+    "subprocess",
+}
+
+
+def test_a_restore_that_installs_scans_no_plugins_and_loads_no_signing(
+    store: str, tmp_path: Path
+) -> None:
+    args = ["restore", "--json", "--store", store, "--target", str(tmp_path / "t")]
+    env = clean_env()
+    env.pop(PYDANTIC_DISABLE_PLUGINS, None)  # the switch is the restore's own doing
+    proc = run_artifactd(*args, env=env, prelude=PLUGINS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "restored"
+    loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+    # It did validate the artifact's documents with the models...
+    assert {"artifactd.format.config", "pydantic.plugin._loader"} <= loaded
+    # ...without pydantic's scan of every installed distribution for plugins,
+    assert proc.stderr.rsplit("\nPLUGINS ", 1)[1].split("\n", 1)[0] == "None"
+    # and without the modules only signing, verifying or a second registry use.
+    assert loaded & NOT_INSTALLING == set()
+
+
+def test_the_plugin_switch_ends_with_the_restore(store: str, tmp_path: Path) -> None:
+    """``exec --restore``: the engine it becomes gets the environment it was given."""
+    seen = tmp_path / "seen"
+    engine = (
+        "import os, pathlib\n"
+        f"pathlib.Path({str(seen)!r}).write_text(repr(os.environ.get({PYDANTIC_DISABLE_PLUGINS!r})))"
+    )
+    target = tmp_path / "t"
+    env = clean_env()
+    env.pop(PYDANTIC_DISABLE_PLUGINS, None)
+    argv = ["exec", "--restore", "--store", store, "--target", str(target), "--"]
+    proc = run_artifactd(*argv, sys.executable, "-c", engine, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (target / "artifactd.env").is_file()  # it restored: it built and used the models
+    assert seen.read_text() == "None"
+
+
+def test_the_plugin_switch_keeps_a_value_already_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PYDANTIC_DISABLE_PLUGINS, "logfire")
+    with pydantic_plugins_off():
+        assert current_environ()[PYDANTIC_DISABLE_PLUGINS] == "logfire"
+    assert current_environ()[PYDANTIC_DISABLE_PLUGINS] == "logfire"
+    monkeypatch.delenv(PYDANTIC_DISABLE_PLUGINS)
+    with pytest.raises(RuntimeError), pydantic_plugins_off():
+        assert current_environ()[PYDANTIC_DISABLE_PLUGINS] == "__all__"
+        raise RuntimeError  # a restore that fails still ends the switch
+    assert PYDANTIC_DISABLE_PLUGINS not in current_environ()
 
 
 def _fp_tags(store: str) -> list[str]:

@@ -47,7 +47,7 @@ from artifactd.stores.layout import LayoutStore
 from artifactd.stores.nodestore import gc
 from artifactd.stores.registry import RegistryStore, parse_registry_ref
 from artifactd.trust.keys import KeyFileError, generate, load_private_key, load_public_keys
-from artifactd.trust.policy import TrustPolicy, examine
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy, examine
 from artifactd.trust.signatures import (
     ANN_PREDICATE_TYPE,
     ANN_SIGNATURE,
@@ -752,7 +752,7 @@ def test_the_baked_store_of_a_derived_image_keeps_signatures(
     ref = registry.ref(repo)
     pub = harvest(ref, caches, "--sign-key", keys.one.private)
     art_ref = f"{ref}:fp-{pub['fingerprint_hash']}"
-    art = open_artifact(art_ref)
+    art = open_artifact(art_ref, trust=UNSAFE_NO_VERIFICATION)
     baked = tmp_path / "root" / "opt" / "prebuilt-cache" / pub["fingerprint_hash"]
     work = tmp_path / "work"
     work.mkdir()

@@ -59,6 +59,7 @@ from artifactd.format.oci import CANDIDATE_TAG_PREFIX
 from artifactd.pod.contribute import DELTA_TAG_PREFIX
 from artifactd.restore.resolve import unbound, whole_want
 from artifactd.stores.artifacts import publish, read_artifact
+from artifactd.trust.policy import checked_basis
 from artifactd.trust.signatures import sign_all
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     from artifactd.stores import Store
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.keys import PrivateKey
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
     from artifactd.trust.signatures import SignResult
 
 
@@ -117,7 +118,7 @@ def absorb(
     store: Store,
     deltas: Store,
     *,
-    trust: TrustPolicy | None = None,
+    trust: Basis,
     max_bytes: int = DELTA_MAX_BYTES,
     gpu_arch: str | None = None,
     image_digest: str | None = None,
@@ -130,6 +131,7 @@ def absorb(
 
     With ``sign_key``, the candidate's manifest is signed once it is published.
     """
+    trust = checked_basis(trust, "absorb")
     matrix = load_matrix(matrix_path)
     fingerprint = published_fingerprint(
         matrix,
@@ -191,7 +193,7 @@ def _screen(  # noqa: PLR0911 - one return per refusal
     *,
     base: Artifact,
     wanted: str,
-    trust: TrustPolicy | None,
+    trust: Basis,
     max_bytes: int,
     work: Path,
 ) -> tuple[DeltaJudged, dict[str, dict[str, Path]]]:

@@ -73,6 +73,7 @@ from artifactd.format.archive import pack_family
 from artifactd.format.config import RootFS
 from artifactd.format.oci import full_tag
 from artifactd.pod.verdict import restore_time, written_since
+from artifactd.restore import installed
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.resolve import unbound
 from artifactd.stores import open_store
@@ -120,8 +121,13 @@ def verify_candidate(
     jobs: int = 1,
     promote: str | None = None,
     sign_key: PrivateKey | None = None,
+    keep_roots: Path | None = None,
 ) -> CandidateVerified:
     """Prove, gate and (with ``promote``) promote the candidate ``candidate`` (module doc).
+
+    The work happens in a temporary directory, removed at the end, or in
+    ``keep_roots`` (kept: ``submitted/``, ``proof/``, ``pack/``, ``gate/`` and
+    the scratch ``gate-store/``, to read after a failed gate).
 
     Raises :class:`~artifactd.errors.TrustError` under a
     :class:`~artifactd.trust.policy.TrustPolicy` when the
@@ -134,7 +140,7 @@ def verify_candidate(
     matrix, cells, fingerprint = pre.matrix, pre.cells, pre.fingerprint
     cand, base = _read_pair(store, candidate, fingerprint.hash, pre.trust)
     check_candidate(candidate, cand.config, base.config)
-    roots = Path(tempfile.mkdtemp(prefix=f"artifactd-candidate-{matrix.name}-"))
+    roots = keep_roots or Path(tempfile.mkdtemp(prefix=f"artifactd-candidate-{matrix.name}-"))
     try:
         # The restore's checks on what was submitted, before any cell runs.
         submitted = _unpack_contributed(store, cand.config, roots / "submitted")
@@ -188,7 +194,8 @@ def verify_candidate(
             dropped=dropped,
         )
     finally:
-        shutil.rmtree(roots, ignore_errors=True)
+        if keep_roots is None:
+            shutil.rmtree(roots, ignore_errors=True)
     gate.seconds = round(time.monotonic() - pre.started, 3)
     return CandidateVerified(
         candidate,
@@ -372,11 +379,12 @@ def _evidence(proof_roots: Path, cand: ArtifactConfig) -> dict[str, set[str]]:
         if marker is None:
             continue
         cutoff = restore_time(volume.marker_path, marker["restored_at"])
+        recorded = installed.read(volume.state, marker)
         for name in cand.provenance.contributed:
             fam = get_family(name)
             seen = found.setdefault(name, set())
             for component, root in fam.restore_dirs(target).items():
-                for path in written_since(fam, component, root, cutoff):
+                for path in written_since(fam, component, root, cutoff, recorded.get(name, {})):
                     rel = PurePosixPath(Path(path).relative_to(root).as_posix())
                     data = Path(path).read_bytes()
                     if fam.path_bearing(component, rel):

@@ -2,7 +2,7 @@
 
 Commands import the library inside each command, so that a command loads only
 what it uses; each package of the library lists its own modules (and the
-README's module map, all of them).
+module map in docs/dev/index.md, all of them).
 
 Modules:
 
@@ -15,6 +15,8 @@ Modules:
   parsed and run without click (its docstring lists what it may import).
 * :mod:`~artifactd.cli.render`: how results look to people (``--json`` documents are
   built in :mod:`artifactd.reports`).
+* :mod:`~artifactd.cli.progress`: progress on a terminal: a bar per transfer, a status
+  line while cells run.
 * :mod:`~artifactd.cli.fingerprints`: ``fingerprint`` and ``diff``.
 * :mod:`~artifactd.cli.builds`: ``harvest``, ``build``, ``demo`` and ``lint``.
 * :mod:`~artifactd.cli.fanout`: ``matrix cells``, ``merge`` and ``verify``.

@@ -150,10 +150,10 @@ def absorb(
     """
     from artifactd.build.absorb import absorb as do_absorb
     from artifactd.stores import open_store
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import verification
 
     key = load_sign_key(sign_key)  # before any delta is read: a bad key fails at once
-    trust = TrustPolicy.from_specs(verify_keys) if verify_keys else None
+    trust = verification(verify_keys)
     with (
         open_store(store, insecure=insecure) as st,
         open_store(deltas_ref, insecure=insecure) as dst,

@@ -228,7 +228,15 @@ def verify(
             )
         else:
             result = verify_candidate(
-                file, st, candidate, setup, gpus=devices, jobs=jobs, promote=promote, sign_key=key
+                file,
+                st,
+                candidate,
+                setup,
+                gpus=devices,
+                jobs=jobs,
+                promote=promote,
+                sign_key=key,
+                keep_roots=keep_roots,
             )
     gate = result.gate if isinstance(result, CandidateVerified) else result
     if as_json:

@@ -15,7 +15,7 @@ click prints it), ``fingerprint`` (``--hash``, ``--json``, ``--workload``,
 given as ``--name VALUE``, ``--name=VALUE`` or an ``ARTIFACTD_*`` variable. A
 restore whose target already holds what resolving would pick (the no-op: a
 restarted pod, a warm volume) answers here with nothing but the modules named
-below, including the forms the README and the manifests use: ``--env-file``,
+below, including the forms the docs and the manifests use: ``--env-file``,
 ``--gpu-arch``, ``--workload``, ``--node-store`` (a local layout),
 ``--verify-key`` (key ids read from the PEM, no crypto library). The parser's
 rules are click's: long options as ``--name VALUE`` or ``--name=VALUE``; a flag
@@ -40,7 +40,8 @@ import, at module level and inside functions, to these lists):
   and libcuda);
 * the artifactd modules of :data:`LIGHT`, which import at module level only
   what these lists allow: ``artifactd``, ``artifactd.bounds``, ``artifactd.cli``,
-  ``artifactd.cli.main``, ``artifactd.cli.render``, ``artifactd.cli.specs``,
+  ``artifactd.cli.main``, ``artifactd.cli.progress``, ``artifactd.cli.render``,
+  ``artifactd.cli.specs``,
   ``artifactd.constants``, ``artifactd.errors``, ``artifactd.events``,
   ``artifactd.families``, ``artifactd.fingerprint``,
   ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
@@ -63,9 +64,11 @@ import, at module level and inside functions, to these lists):
   ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
   ``artifactd.pod``, ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
+  ``artifactd.restore.predict`` (``restore --predict``),
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
   tag count, checked when it is listed), ``artifactd.stores.mirrors`` (a
-  registry's mirror configuration), ``artifactd.stores.reference``,
+  registry's mirror configuration), ``artifactd.stores.nodetree`` (a restore
+  from the node store's unpacked layers), ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
   ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
@@ -100,7 +103,9 @@ from artifactd.cli.specs import (
 )
 
 if TYPE_CHECKING:
+    from artifactd.events import EventSink
     from artifactd.restore.policy import RestoreOutcome
+    from artifactd.restore.predict import PredictOptions
 
 #: Standard library modules the fast path may import, anywhere (top-level names).
 STDLIB = frozenset(
@@ -143,6 +148,7 @@ LIGHT = frozenset(
         "artifactd.bounds",
         "artifactd.cli",
         "artifactd.cli.main",
+        "artifactd.cli.progress",
         "artifactd.cli.render",
         "artifactd.cli.specs",
         "artifactd.constants",
@@ -190,10 +196,12 @@ LATER = frozenset(
         "artifactd.restore.install",
         "artifactd.restore.journal",
         "artifactd.restore.mounted",
+        "artifactd.restore.predict",
         "artifactd.stores.artifacts",
         "artifactd.stores.listing",
         "artifactd.stores.reference",
         "artifactd.stores.mirrors",
+        "artifactd.stores.nodetree",
         "artifactd.stores.registry",
         "artifactd.trust.policy",
         "artifactd.trust.signatures",
@@ -323,6 +331,7 @@ def restore(
     *,
     store: str | None,
     node_store: str | None,
+    node_link: str,
     from_dir: Path | None,
     insecure: bool,
     mirrors: Sequence[str],
@@ -344,8 +353,15 @@ def restore(
     lock_timeout: float | None,
     metrics_file: Path | None,
     as_json: bool,
+    predict: bool = False,
+    require_hit: bool = False,
+    **pod: Any,
 ) -> None:
-    """Restore the matching caches into ``target``; exit with the outcome's code."""
+    """Restore the matching caches into ``target``; exit with the outcome's code.
+
+    ``pod``: what ``--predict`` (or ``--require-hit``, which implies it) is
+    given of the pod (:func:`artifactd.restore.predict.pod_inputs`).
+    """
     from artifactd.fingerprint.probe import start_request
 
     # The probe's subprocesses and NVML run while the restore modules import.
@@ -358,6 +374,7 @@ def restore(
         store=store,
         from_dir=from_dir,
         node_store=node_store,
+        node_link=node_link,
         software_from=software_from,
         target=target,
         families=family_names(families),
@@ -372,23 +389,47 @@ def restore(
         max_bytes=max_bytes,
         lock_timeout=lock_timeout,
         verify_keys=tuple(verify_keys),
+        predict=_predict_options(pod, require_hit) if predict or require_hit else None,
     )
     # Plain data again: a no-op restore (warm volume, marker matches) answers
-    # without building a single pydantic model.
-    outcome = run_restore(request, pending.result(), on_event=render.event_printer(as_json))
-    failure = outcome.failure
-    if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
-        render.traceback(failure.error)
-    if metrics_file is not None:
-        _write_metrics(metrics_file, outcome)
-    if as_json:
-        from artifactd.reports import restore_report
+    # without building a single pydantic model. One that installs builds a few
+    # (reading the artifact, reporting it), without pydantic's plugin scan.
+    events = render.event_printer(as_json)
+    if request.predict is not None and not as_json:
+        events = _printing_predictions(events)
+    with C.pydantic_plugins_off():
+        outcome = run_restore(request, pending.result(), on_event=events)
+        failure = outcome.failure
+        if failure is not None and failure.kind == "internal" and env_flag(C.ENV_TRACEBACK):
+            render.traceback(failure.error)
+        if metrics_file is not None:
+            _write_metrics(metrics_file, outcome)
+        if as_json:
+            from artifactd.reports import restore_report
 
-        render.emit_json(restore_report(outcome))
-    else:
-        render.restore(outcome)
+            render.emit_json(restore_report(outcome))
+        else:
+            render.restore(outcome)
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
+
+
+def _predict_options(pod: Mapping[str, Any], require_hit: bool) -> PredictOptions:
+    """``restore --predict``'s inputs, read as ``predict`` reads them (one reader)."""
+    from artifactd.restore.predict import PredictOptions, pod_inputs
+
+    return PredictOptions(pod_inputs(environ=C.current_environ(), **pod), require_hit=require_hit)
+
+
+def _printing_predictions(events: EventSink) -> EventSink:
+    """Print the prediction the moment it is made (before any download), then pass events on."""
+
+    def show(event: dict[str, Any]) -> None:
+        if event.get("stage") == "predict" and event.get("event") == "predicted":
+            render.prediction_event(event)
+        events(event)
+
+    return show
 
 
 def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:

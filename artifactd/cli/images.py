@@ -8,7 +8,7 @@ import click
 
 from artifactd.cli import render
 from artifactd.cli.group import cli
-from artifactd.cli.options import insecure_option, json_option
+from artifactd.cli.options import insecure_option, json_option, verify_key_option
 
 
 @cli.group()
@@ -18,6 +18,14 @@ def image() -> None:
     `image append` writes a runtime image straight in the registry, no engine;
     `image build` builds a runtime or init image with a container engine.
     """
+
+
+#: What --verify-key means where an artifact is baked into an image.
+BAKE_VERIFY_HELP = (
+    "Bake only an artifact signed by one of these public keys (repeatable); checked before "
+    "anything is written, exit 14 otherwise. Pods verify again at restore (the baked store "
+    "carries the signatures); without a key the artifact is baked unverified."
+)
 
 
 @image.command()
@@ -42,10 +50,18 @@ def image() -> None:
     show_default=True,
     help="Of the new layer: gzip every runtime reads; zstd for OCI bases only.",
 )
+@verify_key_option(BAKE_VERIFY_HELP)
 @insecure_option
 @json_option
 def append(
-    *, base: str, artifact: str, to: str, compression: str, insecure: bool, as_json: bool
+    *,
+    base: str,
+    artifact: str,
+    to: str,
+    compression: str,
+    verify_keys: tuple[str, ...],
+    insecure: bool,
+    as_json: bool,
 ) -> None:
     """Write TO: BASE plus one layer holding ARTIFACT at /opt/prebuilt-cache/<hash>/.
 
@@ -57,11 +73,13 @@ def append(
     (ARTIFACTD_PREBUILT). Appending the same artifact again uploads nothing.
     """
     from artifactd.images.append import append_image
+    from artifactd.trust.policy import verification
 
     result = append_image(
         base,
         artifact,
         to,
+        trust=verification(verify_keys),
         compression="zstd" if compression == "zstd" else "gzip",
         insecure=insecure,
         on_event=render.event_printer(as_json, lines=True),
@@ -129,6 +147,7 @@ def append(
     "Default: as the docker CLI finds it: DOCKER_HOST (with DOCKER_TLS_VERIFY and "
     "DOCKER_CERT_PATH for TLS), else unix:///var/run/docker.sock.",
 )
+@verify_key_option(BAKE_VERIFY_HELP)
 @insecure_option
 @json_option
 def build(
@@ -141,6 +160,7 @@ def build(
     source: Path | None,
     wheels: Path | None,
     docker_host: str | None,
+    verify_keys: tuple[str, ...],
     insecure: bool,
     as_json: bool,
 ) -> None:
@@ -172,6 +192,7 @@ def build(
     unreachable engine exits 3.
     """
     from artifactd.images.build import build_image
+    from artifactd.trust.policy import verification
 
     result = build_image(
         kind,
@@ -183,6 +204,7 @@ def build(
         wheels=wheels,
         host=docker_host,
         insecure=insecure,
+        trust=verification(verify_keys) if kind == "runtime" else None,
         on_event=render.event_printer(as_json, lines=True),
     )
     if as_json:

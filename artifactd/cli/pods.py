@@ -163,7 +163,7 @@ def exec_(
 
         check_engine_url(engine_url)
     if restore:
-        _restore_first(opts)
+        _restore_first(opts, command)
     else:
         _refuse_restore_flags()
     plan = exec_plan(
@@ -194,12 +194,18 @@ def exec_(
     run(plan)
 
 
-def _restore_first(opts: dict[str, Any]) -> None:
-    """Run ``restore`` with exec's options; its output goes to stderr (stdout is CMD's)."""
+def _restore_first(opts: dict[str, Any], command: Sequence[str]) -> None:
+    """Run ``restore`` with exec's options; its output goes to stderr (stdout is CMD's).
+
+    ``--predict`` reads CMD as the engine's command line (unless --engine-args says).
+    """
+    import shlex
     from contextlib import redirect_stdout
 
     from artifactd.cli import fast
 
+    if not opts.get("engine_args_text"):
+        opts = {**opts, "engine_args_text": shlex.join(command)}
     with redirect_stdout(sys.stderr):
         fast.restore(**{spec.dest: opts[spec.dest] for spec in _RESTORE_SPECS})
 

@@ -16,7 +16,6 @@ from artifactd.cli import specs as S  # noqa: N812
 from artifactd.cli.group import cli
 from artifactd.cli.options import options
 from artifactd.cli.specs import Opt
-from artifactd.errors import UsageError
 
 _SPECS = (
     Opt(
@@ -34,80 +33,11 @@ _SPECS = (
         C.ENV_PREDICT_FROM,
         metavar="REF",
     ),
-    Opt(
-        "--gpu-name",
-        "gpu_name",
-        "The GPU's name (a node label such as nvidia.com/gpu.product); else NVML.",
-        C.ENV_GPU_NAME,
-        metavar="NAME",
-    ),
-    Opt(
-        "--model-dir",
-        "model_dir",
-        "The model's local dir: its config.json gives the dtype when --dtype is auto.",
-        C.ENV_MODEL_DIR,
-        metavar="DIR",
-        kind="path",
-    ),
-    Opt(
-        "--relocate",
-        "relocate",
-        "OLD=NEW: where a build path (a venv, site-packages) lives in this image; a traced"
-        " file found there is reported as moved.",
-        C.ENV_RELOCATE,
-        metavar="OLD=NEW",
-        multiple=True,
-    ),
-    Opt(
-        "--engine-factors",
-        "engine_factors",
-        "A JSON file of whole factor groups the engine's image computed (config, compiler,"
-        " or 0.33's config_hash, compiler_hash): compared whole instead of by leaf.",
-        C.ENV_ENGINE_FACTORS,
-        metavar="FILE",
-        kind="path",
-    ),
-    Opt(
-        "--engine-python",
-        "engine_python",
-        "The engine's Python, where vLLM and torch are installed (default: the one running"
-        " artifactd).",
-        C.ENV_ENGINE_PYTHON,
-        metavar="PATH",
-    ),
-    Opt(
-        "--require-hit",
-        "require_hit",
-        "Exit 17 unless the engine will hit (a predicted miss or an unknown).",
-        C.ENV_REQUIRE_HIT,
-        is_flag=True,
-    ),
+    *S.PREDICT_INPUTS,
     S.METRICS_FILE,
     S.INSECURE,
     S.JSON,
 )
-
-
-#: Most --relocate pairs (each is tried for every traced file missing at its path).
-MAX_RELOCATIONS = 64
-
-
-def _relocations(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    if len(values) > MAX_RELOCATIONS:
-        raise UsageError(
-            f"{len(values)} --relocate pairs: at most {MAX_RELOCATIONS}",
-            hint="name the venv or site-packages roots, not each file",
-        )
-    out = []
-    for value in values:
-        old, eq, new = value.partition("=")
-        if not eq or not old.startswith("/") or not new.startswith("/"):
-            raise UsageError(
-                f"--relocate {value!r} is not OLD=NEW with two absolute paths",
-                hint="e.g. --relocate /opt/venv-build=/opt/venv",
-            )
-        out.append((old, new))
-    return tuple(out)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -122,6 +52,7 @@ def predict(
     relocate: tuple[str, ...],
     engine_factors: Path | None,
     engine_python: str | None,
+    engine_args_text: str | None,
     require_hit: bool,
     metrics_file: Any,
     insecure: bool,
@@ -144,21 +75,24 @@ def predict(
     and config (the engine's arguments): `will hit`, `will miss: <factor>:
     <recorded> -> <pod>`, or `unknown` with the reason.
 
+    The engine's command line may instead come as one string in
+    --engine-args (ARTIFACTD_ENGINE_ARGS), as a pod's env gives it.
+    `restore --predict` asks the same before it downloads anything.
+
     Exit 0 whatever it predicts, unless --require-hit and the engine will
     not hit: 17.
     """
-    from artifactd.errors import PredictedMissError
-    from artifactd.restore.engineside import PodInputs
-    from artifactd.restore.predict import read_groups, run_predict
+    from artifactd.restore.predict import miss_error, pod_inputs, run_predict
 
-    inputs = PodInputs(
+    inputs = pod_inputs(
         environ=C.current_environ(),
-        argv=engine_args,
-        model_dir=model_dir,
+        args=engine_args,
+        engine_args_text=engine_args_text,
         gpu_name=gpu_name,
-        relocations=_relocations(relocate),
-        groups=read_groups(engine_factors) if engine_factors is not None else {},
-        python=engine_python,
+        model_dir=model_dir,
+        relocate=relocate,
+        engine_factors=engine_factors,
+        engine_python=engine_python,
     )
     result = run_predict(
         cache_root=cache_root,
@@ -180,10 +114,4 @@ def predict(
     else:
         render.prediction(result)
     if require_hit and result.outcome != "hit":
-        misses = [e.line() for e in result.entries]
-        raise PredictedMissError(
-            f"the engine will not hit its compile cache ({result.outcome}): "
-            + " | ".join(misses)[:2000],
-            hint="fix the factor named (or rebuild the artifact for this pod); "
-            "drop --require-hit to start anyway",
-        )
+        raise miss_error(result)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from artifactd import __version__
+from artifactd.cli import progress
 
 if TYPE_CHECKING:
     from artifactd.build.demo import DemoResult
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 #: What ``artifactd --version`` prints, click's message and the fast path's alike.
 VERSION_LINE = f"artifactd, version {__version__}"
+#: Byte counts for people: one owner, the progress display's.
+human_bytes = progress.human_bytes
 
 
 def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
@@ -49,15 +52,6 @@ def emit_json(document: Mapping[str, Any]) -> None:
     echo(json.dumps(document, sort_keys=True))
 
 
-def human_bytes(n: float) -> str:
-    """Format a byte count for people."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def table(rows: Sequence[Sequence[str]]) -> str:
     """Format rows as left-aligned columns, two spaces apart, indented by two."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -70,36 +64,24 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 def event_printer(as_json: bool, *, lines: bool = False) -> Callable[[dict[str, Any]], None]:
     """Show library events: JSON lines on stderr with --json, progress on a terminal.
 
-    Progress events are for people: they appear only on a TTY and never in JSON.
-    With ``lines`` (the long-running commands: build, verify, merge, demo,
-    images), every other event is a line on stderr when it is not a terminal
-    too (a CI log), so a three-minute cell is seen starting, not a silence.
+    On a terminal, :class:`~artifactd.cli.progress.Display` draws transfers as a
+    bar (rate, time left) and running cells as a status line, with every other
+    event a line above it. Progress events are for people: never in JSON, never
+    in a log. With ``lines`` (the long-running commands: build, verify, merge,
+    demo, images), every other event is a line on stderr when it is not a
+    terminal too (a CI log), so a three-minute cell is seen starting, not a silence.
     """
-    tty = sys.stderr.isatty() or lines
+    if not as_json and sys.stderr.isatty():
+        return progress.Display(sys.stderr)
 
     def show(event: dict[str, Any]) -> None:
-        progress = event.get("event") == "progress"
+        if event.get("event") == "progress":
+            return
         if as_json:
-            if not progress:
-                echo(json.dumps(event, sort_keys=True), err=True)
-            return
-        if not tty:
-            return
-        if progress:
-            if not sys.stderr.isatty():
-                return  # a ticking line is for a terminal; a log gets the stage lines
-            done, total = event.get("bytes", 0), event.get("total", 0)
-            pct = f" {100 * done / total:3.0f}%" if total else ""
-            echo(
-                f"\r[{event.get('stage')}] {event.get('family', '')} "
-                f"{human_bytes(done)} / {human_bytes(total)}{pct}   ",
-                err=True,
-                nl=False,
-            )
-            return
-        detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
-        back = "\r" if sys.stderr.isatty() else ""  # over a progress line, on a terminal
-        echo(f"{back}[{event.get('stage')}] {event.get('event')} {detail}", err=True)
+            echo(json.dumps(event, sort_keys=True), err=True)
+        elif lines:
+            detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
+            echo(f"[{event.get('stage')}] {event.get('event')} {detail}", err=True)
 
     return show
 
@@ -191,6 +173,8 @@ def restore(outcome: RestoreOutcome) -> None:
     """Print the plan table and a verdict line; a failure as one line (and hint) on stderr."""
     plan, failure = outcome.plan, outcome.failure
     _plan(plan, outcome.result, outcome.status == "dry_run")
+    if outcome.prediction is not None:
+        prediction(outcome.prediction)
     if failure is None:
         return
     message = failure.message
@@ -213,6 +197,8 @@ def _to_match(settle: ToMatch | None) -> None:
         echo(f"    to match it, add {flag.flag} (declares {', '.join(flag.fields)})")
     if settle.undeclare:
         echo(f"    and leave {', '.join(settle.undeclare)} out of --workload")
+    if settle.omit:
+        echo(f"    and leave out {', '.join(settle.omit)}: the artifact was built without it")
     for field in settle.probed[:8]:
         echo(
             f"    probed here, no flag changes it: {field.path}: "
@@ -531,6 +517,15 @@ def prediction(result: Prediction) -> None:
             echo(f"    {c.group}: {c.status}{tail}")
     for note in result.notes:
         echo(f"  note: {note}")
+
+
+def prediction_event(event: Mapping[str, Any]) -> None:
+    """``restore --predict``: the prediction's lines on stderr the moment it is made."""
+    outcome = _OUTCOME.get(str(event.get("outcome")), "unknown")
+    echo(f"predict: {event.get('source')}: the engine {outcome}", err=True)
+    lines = event.get("lines")
+    for entry, line in lines.items() if isinstance(lines, Mapping) else ():
+        echo(f"  vllm {entry}: {line}", err=True)
 
 
 _OUTCOME = {"hit": "will hit", "miss": "will miss", "unknown": "may or may not hit (unknown)"}

@@ -25,7 +25,10 @@ def restore(**options: Any) -> None:
     --node-store oci:PATH (a hostPath on the node) is a node-local tier:
     restore from it, fetching into it first what it lacks, so N pods starting
     on one node fetch once; with the registry down it still serves what it
-    holds. --metrics-file writes Prometheus metrics (node-exporter textfile).
+    holds. The node store keeps each layer unpacked once and gives the pod its
+    files by reflink, else by hard link for files the family never writes,
+    else by copy (--node-link copy: never a hard link). --metrics-file writes
+    Prometheus metrics (node-exporter textfile).
 
     --from-dir restores from a directory instead: an artifact mounted as a
     Kubernetes image volume (one directory per family), or a derived image's

@@ -86,9 +86,9 @@ def prune(
     """
     from artifactd.stores import open_store
     from artifactd.stores.retention import Rules, apply, plan
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import verification
 
-    rules = Rules(keep_last, older_than, grace, keep_tags, TrustPolicy.from_specs(verify_keys))
+    rules = Rules(keep_last, older_than, grace, keep_tags, trust=verification(verify_keys))
     with open_store(store, insecure=insecure) as st:
         pruned = plan(st, rules)
         if do_apply:

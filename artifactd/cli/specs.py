@@ -94,6 +94,17 @@ NODE_STORE = Opt(
     C.ENV_NODE_STORE,
     metavar="oci:PATH",
 )
+NODE_LINK = Opt(
+    "--node-link",
+    "node_link",
+    "How a pod gets the node store's files: auto (a reflink where the filesystem can, else "
+    "a hard link to the node store's read-only copy for files the family never writes, else "
+    "a copy) or copy (a reflink or a copy: never the node store's own inode).",
+    C.ENV_NODE_LINK,
+    metavar="auto|copy",
+    default="auto",
+    show_default=True,
+)
 METRICS_FILE = Opt(
     "--metrics-file",
     "metrics_file",
@@ -258,12 +269,89 @@ LOCK_TIMEOUT = Opt(
     bound=B.LOCK_TIMEOUT_S,
 )
 
+# The pod's side of ``predict`` and ``restore --predict`` (:mod:`artifactd.restore.predict`).
+PREDICT = Opt(
+    "--predict",
+    "predict",
+    "Before downloading, predict the engine's own compile-cache hit (vLLM) from the "
+    "artifact's config and this pod (see `artifactd predict`): printed, in --json, an event.",
+    C.ENV_PREDICT,
+    is_flag=True,
+)
+GPU_NAME = Opt(
+    "--gpu-name",
+    "gpu_name",
+    "The GPU's name (a node label such as nvidia.com/gpu.product); else NVML.",
+    C.ENV_GPU_NAME,
+    metavar="NAME",
+)
+MODEL_DIR = Opt(
+    "--model-dir",
+    "model_dir",
+    "The model's local dir: its config.json gives the dtype when --dtype is auto.",
+    C.ENV_MODEL_DIR,
+    metavar="DIR",
+    kind="path",
+)
+RELOCATE = Opt(
+    "--relocate",
+    "relocate",
+    "OLD=NEW: where a build path (a venv, site-packages) lives in this image; a traced"
+    " file found there is reported as moved.",
+    C.ENV_RELOCATE,
+    metavar="OLD=NEW",
+    multiple=True,
+)
+ENGINE_FACTORS = Opt(
+    "--engine-factors",
+    "engine_factors",
+    "A JSON file of whole factor groups the engine's image computed (config, compiler,"
+    " or 0.33's config_hash, compiler_hash): compared whole instead of by leaf.",
+    C.ENV_ENGINE_FACTORS,
+    metavar="FILE",
+    kind="path",
+)
+ENGINE_PYTHON = Opt(
+    "--engine-python",
+    "engine_python",
+    "The engine's Python, where vLLM and torch are installed (default: the one running artifactd).",
+    C.ENV_ENGINE_PYTHON,
+    metavar="PATH",
+)
+ENGINE_ARGS = Opt(
+    "--engine-args",
+    "engine_args_text",
+    "The engine's command line as one string, split as a shell would (for a pod's env:"
+    " 'vllm serve /models/m --max-num-batched-tokens 8192').",
+    C.ENV_ENGINE_ARGS,
+    metavar="ARGS",
+)
+REQUIRE_HIT = Opt(
+    "--require-hit",
+    "require_hit",
+    "Exit 17 unless the engine will hit (a predicted miss or an unknown); restore then"
+    " installs nothing (there it implies --predict).",
+    C.ENV_REQUIRE_HIT,
+    is_flag=True,
+)
+#: What the pod gives a prediction, in ``--help`` order (``predict`` and ``restore``).
+PREDICT_INPUTS = (
+    GPU_NAME,
+    MODEL_DIR,
+    RELOCATE,
+    ENGINE_FACTORS,
+    ENGINE_PYTHON,
+    ENGINE_ARGS,
+    REQUIRE_HIT,
+)
+
 #: Every option of each pod-start command, in ``--help`` order.
 COMMANDS: dict[str, tuple[Opt, ...]] = {
     "fingerprint": (*FINGERPRINT, JSON, HASH),
     "restore": (
         RESTORE_STORE,
         NODE_STORE,
+        NODE_LINK,
         FROM_DIR,
         INSECURE,
         *MIRRORS,
@@ -278,6 +366,8 @@ COMMANDS: dict[str, tuple[Opt, ...]] = {
         DRY_RUN,
         MAX_BYTES,
         LOCK_TIMEOUT,
+        PREDICT,
+        *PREDICT_INPUTS,
         METRICS_FILE,
         JSON,
     ),

@@ -144,9 +144,9 @@ def select_families(names: Iterable[str] | None) -> list[Family]:
 
 
 def scope_table() -> str:
-    """Return the family x dimension table (markdown) that the README documents.
+    """Return the family x dimension table (markdown) that docs/reference/fingerprint.md documents.
 
-    A test keeps the README's copy equal to this, so the documented scopes are
+    A test keeps that copy equal to this, so the documented scopes are
     the ones the code hashes.
     """
     rows = ["| family | restored to (env) | fingerprint scope |", "| --- | --- | --- |"]

@@ -99,6 +99,19 @@ class Family(ABC):
     #: never counted as written since the restore (a real compile also writes
     #: files that do count).
     load_rewrites: ClassVar[frozenset[str]] = frozenset()
+    #: Name patterns (``fnmatch``, on ``<component>/<relative path>``) of files the
+    #: library may write again, same name and same bytes, when it loads them: the
+    #: restore records their size and sha256 (:mod:`artifactd.restore.installed`),
+    #: and such a rewrite with exactly the restored bytes never counts as written
+    #: since the restore (other bytes do).
+    rewritten_at_load: ClassVar[tuple[str, ...]] = ()
+    #: Name patterns (``fnmatch``, on the file's name) of files the library opens
+    #: for writing in place (appends to, truncates and rewrites), beyond
+    #: :attr:`load_rewrites`. A file it only ever replaces by a rename, or never
+    #: writes, is not one. Every family states it (an empty tuple says: in place,
+    #: never), because a restore from the node store hands a pod the node's own
+    #: inode of every other file (:meth:`shares_inode`).
+    written_in_place: ClassVar[tuple[str, ...]] = ()
     library: ClassVar[str] = "The library"
     path_cost: ClassVar[str | None] = None
     python_path_cost: ClassVar[str | None] = None
@@ -118,6 +131,19 @@ class Family(ABC):
         if is_group_file(rel):
             return False
         return any(fnmatch.fnmatchcase(rel.name, p) for p in self.informational_files)
+
+    def informational_reason(self, rel: PurePosixPath) -> str:
+        """Return the cost of a build path in ``rel`` that :meth:`informational` calls information.
+
+        :attr:`informational_cost` by default; a family hosting another library's tree
+        (SGLang's and vLLM's DeepGEMM dirs) gives that library's reason for its files.
+        """
+        del rel
+        return self.informational_cost
+
+    def records_at_restore(self, path: str) -> bool:
+        """Whether the restore records ``<component>/<rel>`` (:attr:`rewritten_at_load`)."""
+        return any(fnmatch.fnmatchcase(path, p) for p in self.rewritten_at_load)
 
     @abstractmethod
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
@@ -185,6 +211,25 @@ class Family(ABC):
         if is_group_json(data):
             return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)
         return data.decode("utf-8").replace(ROOT_PLACEHOLDER, root.rstrip("/")).encode("utf-8")
+
+    def shares_inode(self, component: str, rel: str, rewrite: bool = False) -> bool:
+        """Whether a pod may be given the node store's own copy of a file (a hard link).
+
+        The one rule of which files a restore from the node store links rather
+        than copies (:func:`artifactd.stores.nodetree.serve`). Never a file
+        restore rewrites for its target (``rewrite``: the record marks it
+        path-bearing, its bytes are the target's), one the library rewrites when
+        it loads an entry (:attr:`load_rewrites`), or one it opens for writing in
+        place (:attr:`written_in_place`). ``rel`` is the POSIX path under
+        ``component``: a string, as this runs once per file of a restore.
+        """
+        del component
+        if rewrite:
+            return False
+        name = rel.rpartition("/")[2]
+        if name in self.load_rewrites:
+            return False
+        return not any(fnmatch.fnmatchcase(name, p) for p in self.written_in_place)
 
     def keyed(self, component: str, rel: PurePosixPath) -> bool:
         """Whether ``rel`` is a key: a path the library derives from what it compiled.

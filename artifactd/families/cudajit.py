@@ -33,6 +33,8 @@ class CudaJitFamily(Family):
     """The driver's cache of PTX compiled to SASS."""
 
     name = "cuda-jit"
+    #: The driver's cache is closed source and rewrites its index: nothing is shared.
+    written_in_place = ("*",)
     description = "CUDA driver PTX JIT cache (CUDA_CACHE_PATH)"
     scope = ("driver.version", "gpu.arch", "gpu.name", "platform.machine")
     components = (Component("cache", "cuda-jit", {CUDA_CACHE_PATH: "{dir}"}),)

@@ -154,6 +154,8 @@ class CuteDSLFamily(Family):
     """CuTe DSL compiled modules and FlashAttention-4 objects."""
 
     name = "cutedsl"
+    #: Entries are written to a temp file and renamed into place: none in place.
+    written_in_place = ()
     description = "CuTe DSL file cache (CUTE_DSL_CACHE_DIR) and FA4 objects"
     scope = (
         "gpu.arch",

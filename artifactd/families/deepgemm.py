@@ -19,6 +19,14 @@ it). Files ``deep_gemm/include/deep_jit/cache/disk.hpp``,
   renamed whole. A hit is ``.committed`` existing, and a hit TOUCHES its mtime
   (``try_update_mtime``): a load rewrite, not a compile. A committed entry
   without ``kernel.cubin`` is a hard "missing CUDA CUBIN" panic.
+* ``meta.json`` records how the entry was built: nvcc's command line (the
+  ``tmp/<uuid>/`` staging path, the absolute ``--include-path`` into
+  site-packages), the nvcc path and the library root. deep_jit writes it after
+  compiling and never reads it (a hit is ``.committed``, a load reads
+  ``kernel.cubin``): a build path in it is information, not a relocation error
+  (:func:`artifactd.families.layouts.deepgemm_meta`). Proven by
+  ``tests/test_producer_deepgemm.py``: restored under another root and user,
+  the same GEMM ran nvcc only for ``--version`` and wrote only ``.committed``.
 
 DeepGEMM 2.x (deepseek-ai/DeepGEMM main 54e2261, June 2026, 2.6.1:
 ``csrc/jit/compiler.hpp``, ``csrc/jit/kernel_runtime.hpp``): default
@@ -31,12 +39,19 @@ assertion. Key: ``name $$ signature $$ flags $$ code`` with the NVCC version,
 What ships: the first root of ``DG_JIT_CACHE_DIR``, else the first of
 ``~/.dj`` and ``~/.deep_gemm`` that exists; never ``tmp/``; an entry only
 when one of the JITs accepts it (:func:`artifactd.families.layouts.deepgemm_entry_problem`).
-Entries hold no absolute paths: the dir relocates freely. Scope: the arch,
-the SM count (generated code bakes it), nvcc, DeepGEMM itself, and its
-install path (site-packages: 2.x keys on the absolute include flag; deep_jit
-hashes the included sources, unverified whether their paths too).
+Entries hold no absolute path that is read at load (deep_jit's ``meta.json``
+holds some, never read): the dir relocates freely. Scope: the arch, the SM
+count (generated code bakes it), nvcc (deep_jit hashes its whole ``--version``
+output, run at every start: a pod without the builder's nvcc never hits),
+DeepGEMM itself, and its install path (site-packages: 2.x keys on the absolute
+include flag; deep_jit hashes the included sources by content, not by path,
+``utils/parser.hpp``, and adds ``--include-path`` after the hashed flags).
 ``DG_JIT_CPP_STANDARD``, ``DG_JIT_WITH_LINEINFO`` and ``DG_JIT_PTXAS_*`` also
 change the flags: warm-up and pods must agree on them (not fingerprinted).
+deep_jit runs ``$CUDA_HOME/bin/nvcc`` (else ``$CUDA_PATH``'s, else the one on
+``PATH``, else ``/usr/local/cuda``'s), the nvcc ``cuda.nvcc`` is probed from
+(:func:`artifactd.fingerprint.tools.nvcc_path`); ``DG_JIT_NVCC_COMPILER`` (or
+``DJ_``) names another one, which warm-up and pods must agree on too.
 The drift guards (``tests/test_drift_guards.py``) hold these facts to the
 released source.
 """
@@ -53,8 +68,10 @@ from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import (
     DEEPGEMM_COMMIT_FILE,
     DEEPGEMM_ENTRY_FILES,
+    DEEPGEMM_META_COST,
     DEEPGEMM_PARTIAL_REASON,
     deepgemm_excluded,
+    deepgemm_meta,
     deepgemm_partial_entries,
 )
 
@@ -98,6 +115,8 @@ class DeepGEMMFamily(Family):
     """DeepGEMM JIT cubins with their generated sources."""
 
     name = "deepgemm"
+    #: Kernels are written to a temp dir and renamed; ``.committed`` is a load rewrite.
+    written_in_place = ()
     description = "DeepGEMM JIT kernels (DG_JIT_CACHE_DIR)"
     scope = (
         "gpu.arch",
@@ -115,6 +134,7 @@ class DeepGEMMFamily(Family):
         "marker on every hit: a load rewrite."
     )
     load_rewrites = frozenset({DEEPGEMM_COMMIT_FILE})
+    informational_cost = DEEPGEMM_META_COST
     library = "DeepGEMM"
     path_cost = (
         "DeepGEMM keys each kernel on its flags and code: a pod where this path differs"
@@ -134,6 +154,10 @@ class DeepGEMMFamily(Family):
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip the top-level ``tmp/`` staging dir, plus the base exclusions (locks)."""
         return deepgemm_excluded(rel, is_dir) or super().excluded(component, rel, is_dir)
+
+    def informational(self, rel: PurePosixPath) -> bool:
+        """deep_jit's ``meta.json``: written after compiling, never read (:func:`deepgemm_meta`)."""
+        return deepgemm_meta(rel) or super().informational(rel)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Entry dirs under ``cache/`` that neither DeepGEMM JIT would load."""

@@ -94,6 +94,8 @@ class FlashInferFamily(Family):
     """FlashInfer JIT modules (ninja builds), generated sources, cubins, autotune configs."""
 
     name = "flashinfer"
+    #: Ninja appends to its log and deps records when it runs.
+    written_in_place = (".ninja_log", ".ninja_deps")
     description = "FlashInfer JIT workspace (FLASHINFER_WORKSPACE_BASE/.cache/flashinfer)"
     scope = (
         "gpu.arch",

@@ -19,6 +19,8 @@ class GenericFamily(Family):
     """A plain tree of compiled objects, restored byte for byte."""
 
     name = "generic"
+    #: Opaque files a build ships as they are, never written by a loader.
+    written_in_place = ()
     description = "loose .cubin/.so trees (ARTIFACTD_GENERIC_DIR)"
     scope = ("gpu.arch", "cuda.nvcc", "platform.machine", "platform.glibc")
     components = (Component("cache", "generic", {ENV_GENERIC_DIR: "{dir}"}),)

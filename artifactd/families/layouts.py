@@ -33,6 +33,12 @@ DEEPGEMM_COMMIT_FILE = ".committed"
 #: The one file deep_jit loads from a committed entry (missing: a hard "missing CUDA CUBIN").
 DEEPGEMM_CUBIN = "kernel.cubin"
 DEEPGEMM_NO_CUBIN_REASON = "partial DeepGEMM entry: committed without kernel.cubin (a hard error)"
+#: What deep_jit writes into an entry after compiling it, and never reads back.
+DEEPGEMM_META_FILE = "meta.json"
+DEEPGEMM_META_COST = (
+    "deep_jit records the build in meta.json (nvcc's command line, its staging dir)"
+    " and never reads it back: not keyed on, nor followed at load"
+)
 _FLASHINFER_JIT_LOG = "flashinfer_jit.log"
 
 
@@ -63,6 +69,18 @@ def triton_partial_entries(root: Path) -> dict[PurePosixPath, str]:
 def deepgemm_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
     """DeepGEMM's own exclusion: the top-level ``tmp/`` staging dir (nvcc's working dir)."""
     return is_dir and rel == PurePosixPath("tmp")
+
+
+def deepgemm_meta(rel: PurePosixPath) -> bool:
+    """Whether ``rel`` (under a DeepGEMM root) is an entry's ``meta.json``.
+
+    deep_jit writes it after compiling (nvcc's command line with the ``tmp/<uuid>/``
+    staging path and the absolute ``--include-path``, the nvcc path, the library
+    root) and never reads it: a hit is ``.committed``, a load reads ``kernel.cubin``.
+    A build path in it is information (:data:`DEEPGEMM_META_COST`), wherever the
+    tree lies: the ``deepgemm`` family's root, or the dirs SGLang and vLLM host.
+    """
+    return len(rel.parts) == 3 and rel.parts[0] == "cache" and rel.name == DEEPGEMM_META_FILE
 
 
 def deepgemm_entry_problem(present: set[str]) -> str | None:

@@ -1,6 +1,10 @@
 """SGLang's kernel caches: ``SGLANG_CACHE_DIR`` and its own JIT dir ``SGLANG_JIT_CACHE_DIR``.
 
-Facts, read from source, never run here (no GPU): the **sglang 0.5.23** wheel
+The ``jit`` component is proven on the producer (``tests/test_producer_sglang.py``:
+sglang 0.5.23's ``load_jit`` builds for sm_90a without a GPU; a leaf restored
+under another root is loaded with only ``nvcc --version`` and ``c++ --version``
+started, SGLang's key, and no file written). Facts, read from source: the
+**sglang 0.5.23** wheel
 (``sglang/srt/environ.py``: ``SGLANG_CACHE_DIR``, ``_default_cache_subdir``,
 ``third_party_cache_defaults``, ``redirect_third_party_caches``,
 ``SGLANG_DG_CACHE_DIR``, ``SGLANG_CUTE_AOT_CACHE_DIR``,
@@ -35,6 +39,11 @@ holds the facts below to the released source; ``docs/families.md`` sums them up.
   ``cache_dir()`` ran. Where artifactd's own families set those variables
   (warm-up cells, restore env files), those subtrees stay empty here and the
   kernels ship with the ``triton``, ``inductor``, ``flashinfer``... families.
+* The JIT's key runs ``<toolkit>/bin/nvcc --version`` (``$CUDA_HOME``, else
+  ``$CUDA_PATH``, else the ``nvcc`` on ``PATH``'s, else ``/usr/local/cuda``: the
+  probe's ``cuda.nvcc`` asks the same binary, in the scope) and ``$CXX``
+  (else ``c++``) ``--version`` at every start; the host compiler is not in the
+  scope yet.
 * ``SGLANG_JIT_CACHE_DIR`` defaults to ``~/.cache/sglang/jit`` whatever
   ``SGLANG_CACHE_DIR`` says (the resolver hard-codes it). Layout:
   ``<sm90a>/<module>/build-<key>/deps-<key>/{sgl_deps.json, <module>.so}`` and
@@ -79,9 +88,11 @@ from artifactd.families.base import Component, Family, Located, expanduser
 from artifactd.families.layouts import (
     DEEP_GEMM_DIR,
     DEEPGEMM_COMMIT_FILE,
+    DEEPGEMM_META_COST,
     FLASHINFER_SUBDIR,
     TRITON_DIR,
     deepgemm_excluded,
+    deepgemm_meta,
     deepgemm_partial_entries,
     flashinfer_excluded,
     triton_partial_entries,
@@ -132,6 +143,12 @@ def _tenant_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
     return inner is not None and flashinfer_excluded(inner, is_dir)
 
 
+def _hosted_deepgemm_meta(rel: PurePosixPath) -> bool:
+    """Whether ``rel`` is an entry's ``meta.json`` in the DeepGEMM tree inside the cache dir."""
+    inner = _under(rel, DEEP_GEMM_DIR)
+    return inner is not None and deepgemm_meta(inner)
+
+
 def _jit_leaves(root: Path) -> Iterable[tuple[PurePosixPath, Path, str]]:
     """Yield (rel path, dir, module name) for each ``<target>/<module>/build-*/deps-*`` leaf."""
     for target in _subdirs(root):
@@ -160,6 +177,8 @@ class SGLangFamily(Family):
     """SGLang's unified kernel cache dir and its own JIT build cache."""
 
     name = "sglang"
+    #: Ninja appends to its log and deps records when it runs.
+    written_in_place = (".ninja_log", ".ninja_deps")
     description = "SGLang kernel caches (SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR)"
     scope = (
         "workload",
@@ -195,9 +214,10 @@ class SGLangFamily(Family):
     written_since_restore = (
         "A new Triton, Inductor, DeepGEMM, TileLang or driver-JIT entry under the cache "
         "root, a FlashInfer rebuild (`build.ninja` alone is a load rewrite), or a new JIT "
-        "build leaf; `.staging-*` builds and tmp dirs are left out. Unverified: whether "
-        "SGLang touches a JIT leaf it loads (it orders leaves by mtime). DeepGEMM's "
-        "`.committed` marker is touched on every hit: a load rewrite."
+        "build leaf; `.staging-*` builds and tmp dirs are left out. A JIT leaf SGLang "
+        "loads gets its dir's mtime bumped (it orders leaves by mtime), no file written "
+        "(measured, sglang 0.5.23). DeepGEMM's `.committed` marker is touched on every "
+        "hit: a load rewrite."
     )
     load_rewrites = frozenset({"build.ninja", DEEPGEMM_COMMIT_FILE})
     #: Triton group files under ``triton/``, or ``inductor/`` when Triton went there.
@@ -224,6 +244,16 @@ class SGLangFamily(Family):
                 or _tenant_excluded(rel, is_dir)
             )
         return own or super().excluded(component, rel, is_dir)
+
+    def informational(self, rel: PurePosixPath) -> bool:
+        """DeepGEMM's ``meta.json`` in the hosted ``deep_gemm/`` dir: written, never read back."""
+        return _hosted_deepgemm_meta(rel) or super().informational(rel)
+
+    def informational_reason(self, rel: PurePosixPath) -> str:
+        """DeepGEMM's reason for its ``meta.json`` (:func:`deepgemm_meta`)."""
+        if _hosted_deepgemm_meta(rel):
+            return DEEPGEMM_META_COST
+        return super().informational_reason(rel)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Report partial Triton/DeepGEMM entries, modules ninja would rebuild, bad JIT leaves."""

@@ -1,6 +1,9 @@
 """TileLang's kernel cache (``TILELANG_CACHE_DIR``, default ``~/.tilelang/cache``).
 
-Facts, read from source, never run here (no GPU): the tilelang 0.1.15 wheel
+Proven on the producer, both layouts (``tests/test_producer_tilelang.py``:
+TileLang 0.1.15 and 0.1.12 compile for sm_90a without a GPU; an entry restored
+under another root is loaded with no process started and no file written).
+Facts, read from source: the tilelang 0.1.15 wheel
 (``tilelang/cache/kernel_cache.py``, ``binary_cache.py``,
 ``cuda_binary_cache.py``, ``jit/adapter/*/kernel_cache.py``, ``env.py``), and the
 tilelang 0.1.12 wheel, which SGLang 0.5.23 pins, for the older layout below
@@ -143,6 +146,8 @@ class TileLangFamily(Family):
     """TileLang compiled kernels (sources, host libraries, params) and device binaries."""
 
     name = "tilelang"
+    #: Kernels are written in a ``.staging/`` dir and renamed into place.
+    written_in_place = ()
     description = "TileLang kernels (TILELANG_CACHE_DIR)"
     scope = (
         "gpu.arch",

@@ -23,6 +23,8 @@ class TritonFamily(Family):
     """Triton JIT/AOT kernels: cubins, IR and the launcher .so."""
 
     name = "triton"
+    #: Triton writes a temp dir per entry and renames it (group file last).
+    written_in_place = ()
     description = "Triton kernels (TRITON_CACHE_DIR)"
     scope = (
         "gpu.arch",

@@ -10,8 +10,8 @@ Facts, read from source, never run here (no GPU): the **vllm 0.33.0** release
 ``vllm/distributed/device_communicators/all_reduce_utils.py``) and
 flashinfer-python 0.7.2 (``flashinfer/jit/env.py``,
 ``flashinfer/autotuner/autotuner.py``, ``flashinfer/autotune_cache.py``) for the
-FlashInfer side; the compile-cache hashing was first read at
-vllm-project/vllm main of mid-2026.
+FlashInfer side; the compile-cache key's recipes (0.33.0's and the vllm
+0.34.0 release's) live in :mod:`artifactd.families.vllmkey`.
 ``tests/test_drift_guards.py`` holds each fact below to the released source;
 ``docs/families.md`` sums them up.
 
@@ -113,9 +113,12 @@ from artifactd.families.layouts import (
 )
 from artifactd.families.layouts import (
     DEEPGEMM_COMMIT_FILE,
+    DEEPGEMM_META_COST,
     deepgemm_excluded,
+    deepgemm_meta,
     deepgemm_partial_entries,
 )
+from artifactd.families.vllmkey import traced_lists
 from artifactd.fsutil import read_regular
 
 if TYPE_CHECKING:
@@ -539,6 +542,8 @@ class VLLMFamily(Family):
     """vLLM torch.compile graphs and artifacts (JIT and AOT), its DeepGEMM dir, autotune tables."""
 
     name = "vllm"
+    #: vLLM's and Inductor's writers rename; the handles file is a load rewrite.
+    written_in_place = ()
     description = (
         "vLLM caches (VLLM_CACHE_ROOT: torch_compile_cache, startup_plan, deep_gemm,"
         " flashinfer_autotune_cache)"
@@ -618,6 +623,14 @@ class VLLMFamily(Family):
             return True
         return super().excluded(component, rel, is_dir)
 
+    def informational(self, rel: PurePosixPath) -> bool:
+        """DeepGEMM's ``meta.json`` in the ``deep_gemm`` dir: written, never read back."""
+        return deepgemm_meta(rel) or super().informational(rel)
+
+    def informational_reason(self, rel: PurePosixPath) -> str:
+        """DeepGEMM's reason for its ``meta.json`` (:func:`deepgemm_meta`)."""
+        return DEEPGEMM_META_COST if deepgemm_meta(rel) else super().informational_reason(rel)
+
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """DeepGEMM entries neither JIT would load; autotune tables that are not JSON objects."""
         if component == "deep_gemm":
@@ -666,4 +679,7 @@ class VLLMFamily(Family):
         if component != "cache":
             return {}
         factors = read_factors(root)
-        return {"cache_key_factors": factors} if factors else {}
+        if not factors:
+            return {}
+        traced = traced_lists({n: root / COMPILE_DIR / n for n in factors}, factors)
+        return {"cache_key_factors": factors, **({"traced_files": traced} if traced else {})}

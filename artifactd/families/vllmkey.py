@@ -15,10 +15,12 @@ known, each held to its release's source by ``tests/test_drift_guards.py``:
   others as hashes only (no per-file code hashes); ``code_hash`` is the
   sha256 of the sorted traced paths, each followed by its text, joined by
   newlines (``<string>`` skipped).
-* :data:`RECIPE_MAIN` (vLLM's main branch of late 2026): ``sha256(json.dumps(
-  {"env", "config", "code": {"files": code}, "compiler"}, sort_keys=True))``;
-  the file records all four raw, ``code`` as ``[{"path", "hash"}]`` where
-  ``hash`` is the sha256 of ``json.dumps({"content": text}, sort_keys=True)``.
+* :data:`RECIPE_034` (the vllm 0.34.0 release): ``sha256(json.dumps({"env",
+  "config", "code": {"files": [...]}, "compiler"}, sort_keys=True))``; the
+  file records all four raw (``code`` as ``{"files": [{"path", "hash"}]}``,
+  where ``hash`` is the sha256 of ``json.dumps({"content": text},
+  sort_keys=True)`` and a path starting with ``<``, such as ``<string>``, has
+  none) beside the three group hashes.
 
 :func:`self_check` recomputes a dir name from its recorded factors: a file
 that no known recipe reproduces says ``unknown recipe``, and nothing is
@@ -26,24 +28,37 @@ predicted from it (a guess would be worse than no answer). :func:`compare`
 sets the recorded factors against what a pod gives (:class:`PodFactors`)
 and returns one :class:`FactorCheck` per group: ``match``, ``differs`` (each
 difference named, recorded -> pod) or ``unknown`` (with the reason).
+vLLM 0.33 does not record which files its ``code_hash`` covered, so the
+build recovers the list (:func:`traced_033`): the ``# File:`` lines of the
+``computation_graph.py`` vLLM writes beside the factors name the traced
+files, and the list is kept only when re-hashing those files by 0.33's own
+recipe gives the recorded ``code_hash`` (else nothing is kept, with the
+reason). The list (path and sha256 of each file's text, at most
+:data:`MAX_TRACED_FILES`) travels in the artifact's config under
+:data:`TRACED_KEY`, and :func:`compare` then names each traced file missing,
+moved or changed for a 0.33 cache as it does for 0.34's.
+
 Volatility is not judged here: :func:`artifactd.families.vllm.classify_factor`
-is its one owner, and a difference carries its category.
+is its one owner; the pod's side passes it in (:attr:`PodFactors.classify`),
+so this module imports no family and the vLLM family may call it at harvest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from artifactd.families.vllm import classify_factor
+from artifactd.fsutil import InputFileError, read_regular
 
 RECIPE_033 = "vllm-0.33"
-RECIPE_MAIN = "vllm-main"
+RECIPE_034 = "vllm-0.34"
 #: Every recipe :func:`self_check` knows, in the order tried.
-RECIPES = (RECIPE_MAIN, RECIPE_033)
+RECIPES = (RECIPE_034, RECIPE_033)
 #: The factor groups, in the order reported.
 GROUPS = ("env", "config", "code", "compiler")
 #: Length of a cache dir name (hex digits of the sha256).
@@ -58,6 +73,24 @@ MAX_VALUE_CHARS = 400
 
 FactorStatus = Literal["match", "differs", "unknown"]
 
+#: The key under which an entry's recovered traced-file list rides beside its factors.
+TRACED_KEY = "artifactd_traced_files"
+#: The version of the traced-file list's document.
+TRACED_SCHEMA_VERSION = 1
+#: Most traced files recorded for one entry (a model traces tens; more is not a model).
+MAX_TRACED_FILES = 4096
+#: Longest traced path kept (longer: the list is not recorded).
+MAX_TRACED_PATH = 4096
+#: The largest traced source file read (vLLM's model files are well under this).
+MAX_TRACED_FILE_BYTES = 16 << 20
+#: The largest ``computation_graph.py`` read for the traced paths it names.
+MAX_GRAPH_BYTES = 64 << 20
+#: Most ``computation_graph.py`` files read per hash dir (one per rank and prefix).
+MAX_GRAPHS = 256
+#: The FX graph dump vLLM writes beside the factors (its ``# File:`` lines name traced files).
+GRAPH_FILE = "computation_graph.py"
+_FILE_LINE = re.compile(r"^\s*# File: (/[^\n]*?):\d+ in ", re.MULTILINE)
+
 
 def hash_factors(items: Any) -> str:
     """Return vLLM's ``hash_factors``: sha256 hex of ``json.dumps(items, sort_keys=True)``."""
@@ -65,7 +98,7 @@ def hash_factors(items: Any) -> str:
 
 
 def content_hash(text: str) -> str:
-    """Return the per-file ``hash`` of :data:`RECIPE_MAIN`'s code factors."""
+    """Return the per-file ``hash`` of :data:`RECIPE_034`'s code factors."""
     return hash_factors({"content": text})
 
 
@@ -84,10 +117,83 @@ def code_hash_033(files: Sequence[tuple[str, str | None]]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def read_source(path: str) -> str | None:
+    """Return a traced file's text as vLLM reads it; None: missing, not regular, too big."""
+    try:
+        return read_regular(path, MAX_TRACED_FILE_BYTES, follow=True).decode("utf-8")
+    except (InputFileError, OSError, UnicodeDecodeError):
+        return None
+
+
+def text_sha256(text: str) -> str:
+    """Return the sha256 of a traced file's text, as the recovered list records it."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def graph_paths(text: str) -> list[str]:
+    """Return the absolute paths a ``computation_graph.py`` names in its ``# File:`` lines."""
+    return sorted({m.group(1) for m in _FILE_LINE.finditer(text)})
+
+
+def traced_033(
+    doc: Mapping[str, Any], candidates: Sequence[str], read: FileReader = read_source
+) -> dict[str, Any]:
+    """Recover the traced-file list of a 0.33 record, or say why it cannot be.
+
+    ``candidates`` are the paths the compiled graph names (top-level forward
+    file first or not: order does not matter). The list is kept only when
+    0.33's recipe over exactly those files, read now, gives the recorded
+    ``code_hash``: a list that does not is incomplete, and is never recorded.
+    """
+    out: dict[str, Any] = {"schema_version": TRACED_SCHEMA_VERSION}
+    paths = sorted(set(candidates))
+    if not paths:
+        return {**out, "reason": f"no {GRAPH_FILE} names a traced file"}
+    if len(paths) > MAX_TRACED_FILES or any(len(p) > MAX_TRACED_PATH for p in paths):
+        return {**out, "reason": f"more than {MAX_TRACED_FILES} traced files or a path too long"}
+    texts = [(p, read(p)) for p in paths]
+    if code_hash_033(texts) != doc.get("code_hash"):
+        return {
+            **out,
+            "reason": f"the {len(paths)} files {GRAPH_FILE} names do not give vLLM's code_hash"
+            " (it traced more files than the graph shows)",
+        }
+    files = [{"path": p, "sha256": text_sha256(t) if t is not None else None} for p, t in texts]
+    return {**out, "files": files}
+
+
+def traced_lists(
+    hash_dirs: Mapping[str, Path], factors: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """For each vLLM 0.33 entry (which records no traced files), the list the build recovers.
+
+    ``hash_dirs``: each entry's ``torch_compile_cache/<name>`` dir. The
+    ``computation_graph.py`` files under it (at most :data:`MAX_GRAPHS`) name
+    the candidates; :func:`traced_033` keeps them only when they reproduce the
+    recorded ``code_hash``. Called at harvest, where the traced files still sit
+    at the paths vLLM hashed.
+    """
+    out: dict[str, Any] = {}
+    for name, doc in factors.items():
+        if recipe_of(doc) != RECIPE_033 or name not in hash_dirs:
+            continue
+        paths: set[str] = set()
+        for graph in sorted(hash_dirs[name].rglob(GRAPH_FILE))[:MAX_GRAPHS]:
+            try:
+                text = read_regular(graph, MAX_GRAPH_BYTES).decode("utf-8", "replace")
+            except OSError:
+                continue
+            paths.update(graph_paths(text))
+        out[name] = traced_033(doc, sorted(paths))
+    return out
+
+
 def recipe_of(doc: Mapping[str, Any]) -> str | None:
     """Which recipe's record ``doc`` looks like (by its keys); None when neither."""
-    if all(k in doc for k in GROUPS) and isinstance(doc.get("code"), list):
-        return RECIPE_MAIN
+    code = doc.get("code")
+    if all(k in doc for k in GROUPS):  # all four raw: 0.34's shape, or an unknown one
+        files = code.get("files") if isinstance(code, Mapping) else None
+        return RECIPE_034 if isinstance(files, list) else None
     if "env" in doc and all(
         isinstance(doc.get(k), str) for k in ("config_hash", "code_hash", "compiler_hash")
     ):
@@ -97,11 +203,11 @@ def recipe_of(doc: Mapping[str, Any]) -> str | None:
 
 def dir_key(doc: Mapping[str, Any], recipe: str) -> str:
     """Return the cache dir name ``recipe`` gives for the recorded factors ``doc``."""
-    if recipe == RECIPE_MAIN:
+    if recipe == RECIPE_034:
         everything = {
             "env": doc["env"],
             "config": doc["config"],
-            "code": {"files": doc["code"]},
+            "code": doc["code"],
             "compiler": doc["compiler"],
         }
         return hash_factors(everything)[:KEY_HEX]
@@ -161,6 +267,14 @@ class FactorCheck:
 
 #: Reads a traced file for the code check: its text, or None when missing/unreadable.
 FileReader = Callable[[str], "str | None"]
+#: Names the kind of a volatile factor (``port``, ``model``...) from its dotted key and value.
+Classifier = Callable[[str, Any], "str | None"]
+
+
+def no_category(key: str, value: Any) -> str | None:
+    """Name no category (the classifier of a comparison that judges no volatility)."""
+    del key, value
+    return None
 
 
 @dataclass(frozen=True)
@@ -179,7 +293,9 @@ class PodFactors:
     recorded path (another venv or site-packages), to say it moved;
     ``site_packages``: this image's site-packages dirs, tried the same way for
     a recorded path under a ``site-packages`` dir.
-    ``why``: the reason a group is None, by group.
+    ``why``: the reason a group is None, by group; ``classify``: the one
+    volatility classifier (:func:`~artifactd.families.vllm.classify_factor`),
+    which names each difference's category.
     """
 
     env: Mapping[str, Any] | None = None
@@ -193,6 +309,7 @@ class PodFactors:
     relocations: tuple[tuple[str, str], ...] = ()
     site_packages: tuple[str, ...] = ()
     why: Mapping[str, str] = field(default_factory=dict)
+    classify: Classifier = no_category
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -216,17 +333,19 @@ def _check(group: str, diffs: list[Difference]) -> FactorCheck:
     return FactorCheck(group, "differs", tuple(diffs[:MAX_NAMED]), total=len(diffs))
 
 
-def _dict_diff(group: str, recorded: Any, pod: Any) -> list[Difference]:
+def _dict_diff(
+    group: str, recorded: Any, pod: Any, classify: Classifier = no_category
+) -> list[Difference]:
     mine, theirs = flatten(_canon(recorded)), flatten(_canon(pod))
     return [
-        Difference(f"{group}.{k}", mine.get(k), theirs.get(k), classify_factor(k, theirs.get(k)))
+        Difference(f"{group}.{k}", mine.get(k), theirs.get(k), classify(k, theirs.get(k)))
         for k in sorted(set(mine) | set(theirs))
         if mine.get(k) != theirs.get(k)
     ]
 
 
 def _leaf_diff(
-    group: str, recorded: Any, leaves: Mapping[str, Any]
+    group: str, recorded: Any, leaves: Mapping[str, Any], classify: Classifier = no_category
 ) -> tuple[list[Difference], int]:
     """Compare ``leaves`` with the recorded leaves ending with each name; count the compared."""
     flat = flatten(_canon(recorded))
@@ -237,7 +356,7 @@ def _leaf_diff(
         for key in sorted(k for k in flat if k == name or k.endswith("." + name)):
             compared += 1
             if flat[key] != want:
-                category = classify_factor(key, want)
+                category = classify(key, want)
                 diffs.append(Difference(f"{group}.{key}", flat[key], want, category))
     return diffs, compared
 
@@ -248,14 +367,15 @@ def _whole_or_leaves(
     whole: Mapping[str, Any] | None,
     leaves: Mapping[str, Any],
     why: str,
+    *,
+    classify: Classifier = no_category,
 ) -> FactorCheck:
-    diffs, compared = _leaf_diff(group, recorded, leaves)
+    diffs, compared = _leaf_diff(group, recorded, leaves, classify)
     if whole is not None:
         # The pod's own arguments win over a whole group computed for another command line.
         named = {d.key for d in diffs}
-        return _check(
-            group, diffs + [d for d in _dict_diff(group, recorded, whole) if d.key not in named]
-        )
+        wholly = _dict_diff(group, recorded, whole, classify)
+        return _check(group, diffs + [d for d in wholly if d.key not in named])
     if diffs:
         return _check(group, diffs)
     total = len(flatten(recorded))
@@ -274,18 +394,20 @@ def _hash_only(group: str, recorded: str, pod: str | None, why: str) -> FactorCh
     return _check(group, [Difference(f"{group}_hash", recorded, pod)])
 
 
-def _code_main(code: Any, pod: PodFactors) -> FactorCheck:
+def _code_034(code: Any, pod: PodFactors) -> FactorCheck:
     if pod.read_file is None:
         return FactorCheck("code", "unknown", reason=pod.why.get("code", "no file reader"))
     if not isinstance(code, list):
-        return FactorCheck("code", "unknown", reason="the recorded code factors are not a list")
+        return FactorCheck("code", "unknown", reason="the recorded code files are not a list")
+    if len(code) > MAX_TRACED_FILES:
+        return FactorCheck("code", "unknown", reason=f"over {MAX_TRACED_FILES} traced files")
     diffs: list[Difference] = []
     for entry in code:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
             return FactorCheck("code", "unknown", reason="a recorded code entry has no path")
         path, want = entry["path"], entry.get("hash")
-        if path == NO_FILE:
-            continue
+        if path.startswith("<"):
+            continue  # generated code (<string>, <frozen ...>): vLLM hashes its path only
         text = pod.read_file(path)
         if text is None:
             moved = _relocated(path, want, pod, pod.read_file)
@@ -301,7 +423,13 @@ def _code_main(code: Any, pod: PodFactors) -> FactorCheck:
     return _check("code", diffs)
 
 
-def _relocated(path: str, want: Any, pod: PodFactors, read: FileReader) -> str | None:
+def _relocated(
+    path: str,
+    want: Any,
+    pod: PodFactors,
+    read: FileReader,
+    hasher: Callable[[str], str] = content_hash,
+) -> str | None:
     """Return where a file missing at ``path`` lives in this image, by the pod's relocations."""
     pairs = list(pod.relocations)
     cut = path.find(_SITE)
@@ -312,9 +440,64 @@ def _relocated(path: str, want: Any, pod: PodFactors, read: FileReader) -> str |
         if path.startswith(prefix):
             candidate = new.rstrip("/") + "/" + path[len(prefix) :]
             text = read(candidate)
-            if text is not None and (want is None or content_hash(text) == want):
+            if text is not None and (want is None or hasher(text) == want):
                 return candidate
     return None
+
+
+def _traced_files(doc: Mapping[str, Any]) -> tuple[list[tuple[str, str | None]] | None, str]:
+    """Return the traced-file list riding with a 0.33 record, checked; or None and why not."""
+    rec = doc.get(TRACED_KEY)
+    if not isinstance(rec, Mapping):
+        return None, "vLLM 0.33 records only code_hash, and the build recovered no traced-file list"
+    files = rec.get("files")
+    if rec.get("schema_version") != TRACED_SCHEMA_VERSION or not isinstance(files, list):
+        why = rec.get("reason")
+        text = why[:MAX_VALUE_CHARS] if isinstance(why, str) else "an unknown list format"
+        return None, f"vLLM 0.33 records only code_hash; the build kept no traced-file list: {text}"
+    if len(files) > MAX_TRACED_FILES:
+        return None, f"the recorded traced-file list is over {MAX_TRACED_FILES} files"
+    out: list[tuple[str, str | None]] = []
+    for f in files:
+        path = f.get("path") if isinstance(f, Mapping) else None
+        digest = f.get("sha256") if isinstance(f, Mapping) else None
+        if not isinstance(path, str) or len(path) > MAX_TRACED_PATH:
+            return None, "a recorded traced file has no usable path"
+        out.append((path, digest if isinstance(digest, str) else None))
+    return out, ""
+
+
+def _code_033(doc: Mapping[str, Any], pod: PodFactors) -> FactorCheck:
+    """0.33's code group from the build's recovered list: each file named, then the hash itself."""
+    files, why = _traced_files(doc)
+    if files is None:
+        return FactorCheck("code", "unknown", reason=why)
+    if pod.read_file is None:
+        return FactorCheck("code", "unknown", reason=pod.why.get("code", "no file reader"))
+    diffs: list[Difference] = []
+    texts: list[tuple[str, str | None]] = []
+    for path, want in files:
+        text = pod.read_file(path)
+        texts.append((path, text))
+        if text is None and want is None:
+            continue  # unreadable at build (0.33 hashed its path only) and here: the same
+        if text is None:
+            moved = _relocated(path, want, pod, pod.read_file, text_sha256)
+            if moved is not None:
+                diffs.append(Difference(f"code[{path}].path", path, moved, "moved"))
+            else:
+                diffs.append(Difference(f"code[{path}]", "present", "missing", "missing"))
+        elif want is None:
+            diffs.append(Difference(f"code[{path}].sha256", None, text_sha256(text), "readable"))
+        elif text_sha256(text) != want:
+            diffs.append(Difference(f"code[{path}].sha256", want, text_sha256(text), "changed"))
+    if diffs:
+        return _check("code", diffs)
+    # Every file as recorded: 0.33's own recipe over them must give the recorded hash.
+    ours = code_hash_033(texts)
+    if ours != doc.get("code_hash"):
+        return _check("code", [Difference("code_hash", doc.get("code_hash"), ours)])
+    return FactorCheck("code", "match")
 
 
 def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[FactorCheck]:
@@ -323,8 +506,8 @@ def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[Factor
     if pod.env is None:
         checks.append(FactorCheck("env", "unknown", reason=pod.why.get("env", "not computed")))
     else:
-        checks.append(_check("env", _dict_diff("env", doc.get("env", {}), pod.env)))
-    if recipe == RECIPE_MAIN:
+        checks.append(_check("env", _dict_diff("env", doc.get("env", {}), pod.env, pod.classify)))
+    if recipe == RECIPE_034:
         checks.append(
             _whole_or_leaves(
                 "config",
@@ -332,9 +515,10 @@ def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[Factor
                 pod.config,
                 pod.config_leaves,
                 pod.why.get("config", "not rebuilt without the engine"),
+                classify=pod.classify,
             )
         )
-        checks.append(_code_main(doc["code"], pod))
+        checks.append(_code_034(doc["code"].get("files"), pod))
         checks.append(
             _whole_or_leaves(
                 "compiler",
@@ -342,19 +526,14 @@ def compare(doc: Mapping[str, Any], recipe: str, pod: PodFactors) -> list[Factor
                 pod.compiler,
                 pod.compiler_leaves,
                 pod.why.get("compiler", "not rebuilt without the engine"),
+                classify=pod.classify,
             )
         )
     else:
         checks.append(
             _hash_only("config", doc["config_hash"], pod.config_hash, pod.why.get("config", ""))
         )
-        checks.append(
-            FactorCheck(
-                "code",
-                "unknown",
-                reason="vLLM 0.33 records only code_hash, no traced-file list",
-            )
-        )
+        checks.append(_code_033(doc, pod))
         checks.append(
             _hash_only(
                 "compiler", doc["compiler_hash"], pod.compiler_hash, pod.why.get("compiler", "")

@@ -13,7 +13,7 @@ probed fields that no flag may change. This module is that one rule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from artifactd.fingerprint.diff import FieldDiff, differences
 from artifactd.fingerprint.model import Fingerprint
@@ -47,6 +47,9 @@ class ToMatch:
     undeclare: list[str]
     #: Probed fields that differ: this machine is not what the artifact was built for.
     probed: list[FieldDiff]
+    #: Flags given here that the artifact was built without (``--gpu-arch`` on
+    #: this machine, none at the build): leave them out.
+    omit: list[str] = field(default_factory=list)
 
     @property
     def flags(self) -> list[str]:
@@ -65,9 +68,12 @@ def to_match(artifact: Fingerprint, here: Fingerprint) -> ToMatch:
     differing = differences(artifact.flatten(), here.flatten())
     declare: list[Declaration] = []
     probed: list[FieldDiff] = []
+    omit: list[str] = []
     gpu = [d for d in differing if d.path in GPU_DECLARED]
     if gpu and artifact.gpu.arch and here.gpu.source in _UNPROBED_GPU:
         declare.append(Declaration(f"--gpu-arch {artifact.gpu.arch}", tuple(d.path for d in gpu)))
+    elif gpu and here.gpu.source == "declared" and artifact.gpu.source == "absent":
+        omit.append("--gpu-arch")  # built on a machine without a GPU, and none declared
     else:
         probed += gpu
     workload = [d for d in differing if d.path.startswith(WORKLOAD_PREFIX)]
@@ -79,7 +85,11 @@ def to_match(artifact: Fingerprint, here: Fingerprint) -> ToMatch:
     image = next((d for d in differing if d.path == IMAGE_DIGEST), None)
     if image is not None and image.a:
         declare.append(Declaration(f"--image-digest {image.a}", (IMAGE_DIGEST,)))
+    elif image is not None:
+        omit.append("--image-digest")
     settled = {p for d in declare for p in d.fields} | {d.path for d in probed}
+    settled |= set(GPU_DECLARED) if "--gpu-arch" in omit else set()
+    settled |= {IMAGE_DIGEST} if "--image-digest" in omit else set()
     settled |= {WORKLOAD_PREFIX + k for k in undeclare}
     probed += [d for d in differing if d.path not in settled]
-    return ToMatch(declare, undeclare, probed)
+    return ToMatch(declare, undeclare, probed, omit)

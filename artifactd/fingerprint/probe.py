@@ -20,8 +20,9 @@ Where each fact comes from:
 * Library versions and content hashes: ``<name>-<version>.dist-info`` and the
   sha256 of its ``RECORD`` (torch and Triton hash their own files into keys),
   kept in the :mod:`probe cache <artifactd.fingerprint.probecache>` while the file is unchanged.
-* Toolchains: ``nvcc --version``, Triton's bundled ``ptxas --version``,
-  ``cc --version``, run concurrently.
+* Toolchains: ``nvcc --version`` (the nvcc the JIT libraries run:
+  ``$CUDA_HOME/bin/nvcc`` first, :func:`~artifactd.fingerprint.tools.nvcc_path`),
+  Triton's bundled ``ptxas --version``, ``cc --version``, run concurrently.
 * Python ABI, platform, glibc, CPU ISA level (Inductor compiles with ``-march=native``).
 """
 
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd import __version__
-from artifactd.constants import CC, TRITON_PTXAS_PATH, current_environ
+from artifactd.constants import CC, CUDA_HOME, CUDA_PATH, TRITON_PTXAS_PATH, current_environ
 from artifactd.fingerprint.key import (
     Raw,
     apply_overrides,
@@ -51,6 +52,7 @@ from artifactd.fingerprint.tools import (
     Tool,
     compiler_identity,
     cuda_release,
+    nvcc_path,
 )
 from artifactd.hashing import sha256_hex
 
@@ -75,7 +77,12 @@ TRACKED_LIBRARIES = (
 )
 
 #: The variables the probe reads, and the field each one decides (artifactd.build.published).
-PROBED_ENV = {CC: "compilers.cc", TRITON_PTXAS_PATH: "cuda.ptxas"}
+PROBED_ENV = {
+    CC: "compilers.cc",
+    TRITON_PTXAS_PATH: "cuda.ptxas",
+    CUDA_HOME: "cuda.nvcc",
+    CUDA_PATH: "cuda.nvcc",
+}
 
 #: Present wherever the NVIDIA kernel driver is (hosts, and GPU containers).
 _DRIVER_MARKERS = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
@@ -509,7 +516,7 @@ class PendingProbe:
             if triton
             else None
         )
-        self._tools = {"nvcc": Tool(["nvcc", "--version"])}
+        self._tools = {"nvcc": Tool([nvcc_path(environ), "--version"])}
         if ptxas_path:
             self._tools["ptxas"] = Tool([ptxas_path, "--version"])
         self._cc = environ.get(CC, "cc")

@@ -1,8 +1,9 @@
 """The toolchains a fingerprint names: ``nvcc``, Triton's ``ptxas`` and the C compiler.
 
-Each answers ``--version``; :class:`Tool` starts one now and reads it later, so
-several run side by side while the probe does the rest, without the
-:mod:`subprocess` module (it costs part of every pod start).
+The ``nvcc`` asked is the one the JIT libraries run (:func:`nvcc_path`), not
+merely the first on ``PATH``. Each answers ``--version``; :class:`Tool` starts
+one now and reads it later, so several run side by side while the probe does
+the rest, without the :mod:`subprocess` module (it costs part of every pod start).
 """
 
 from __future__ import annotations
@@ -11,11 +12,35 @@ import os
 import re
 import select
 import time
+from collections.abc import Mapping
 
-from artifactd.constants import PATH, current_environ
+from artifactd.constants import CUDA_HOME, CUDA_PATH, PATH, current_environ
 
 #: Seconds a ``tool --version`` may take before it counts as failed.
 TOOL_TIMEOUT_S = 10.0
+#: Where the JIT libraries look for the CUDA toolkit when nothing names one.
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
+def nvcc_path(environ: Mapping[str, str] | None = None) -> str:
+    """Return the ``nvcc`` the JIT libraries run, found the way they find it.
+
+    tvm-ffi, TileLang 0.1.x, SGLang 0.5.23's JIT (``toolchain.cuda_home``),
+    FlashInfer and DeepGEMM (through torch's ``cpp_extension.CUDA_HOME``) all
+    take ``$CUDA_HOME``, else ``$CUDA_PATH`` (an empty value is unset), else the
+    toolkit of the ``nvcc`` on ``PATH``, else ``/usr/local/cuda``; SGLang and
+    DeepGEMM run ``<that>/bin/nvcc --version`` at every start and key their
+    caches on it. A pod image whose ``CUDA_HOME`` names another toolkit than
+    its ``PATH`` compiles with the former, so the fingerprint's ``cuda.nvcc``
+    asks the same binary. The one owner of that rule: the probe, and any family
+    or tool that needs the JIT's nvcc, call this.
+    """
+    environ = current_environ() if environ is None else environ
+    home = environ.get(CUDA_HOME) or environ.get(CUDA_PATH)
+    if home:
+        return os.path.join(home, "bin", "nvcc")
+    found = _on_path("nvcc", environ.get(PATH, os.defpath))
+    return found or os.path.join(DEFAULT_CUDA_HOME, "bin", "nvcc")
 
 
 def compiler_identity(

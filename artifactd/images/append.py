@@ -68,6 +68,7 @@ from artifactd.stores.artifacts import Artifact, open_artifact, read_artifact
 from artifactd.stores.base import progress_events
 from artifactd.stores.credentials import check_unbound_pair
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryStore, parse_registry_ref
+from artifactd.trust.policy import Basis
 from artifactd.trust.signatures import copy_attached
 
 Compression = Literal["gzip", "zstd"]
@@ -135,6 +136,7 @@ def append_image(
     artifact: str,
     to: str,
     *,
+    trust: Basis,
     compression: Compression = "gzip",
     insecure: bool = False,
     on_event: EventSink = discard,
@@ -155,7 +157,7 @@ def append_image(
             hint="copy the base into the target registry first (skopeo copy)",
         )
     check_unbound_pair([artifact, base, to])
-    art = open_artifact(artifact, insecure=insecure)
+    art = open_artifact(artifact, trust=trust, insecure=insecure)
     src, dst = _registry(base_ref.store, insecure), _registry(to_ref.store, insecure)
     try:
         with tempfile.TemporaryDirectory(prefix="artifactd-append-") as tmp:

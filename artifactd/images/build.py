@@ -50,6 +50,7 @@ from artifactd.stores.artifacts import open_artifact
 from artifactd.stores.credentials import check_unbound_pair
 from artifactd.stores.reference import parse_registry_ref
 from artifactd.stores.registry import IMAGE_ACCEPT, RegistryRef, RegistryStore
+from artifactd.trust.policy import Basis, checked_basis
 
 if TYPE_CHECKING:
     import docker
@@ -202,6 +203,7 @@ def build_image(
     wheels: Path | None = None,
     host: str | None = None,
     insecure: bool = False,
+    trust: Basis | None = None,
     on_event: EventSink = discard,
 ) -> ImageBuildResult:
     """Build (and with ``push``, push) a ``runtime`` or ``init`` image; see the module doc.
@@ -211,7 +213,10 @@ def build_image(
     artifactd runs from) or ``wheels`` (a directory of prebuilt wheels) for
     init only. ``host`` is the engine's address (default :func:`docker_host`);
     ``insecure`` allows plain HTTP to the registries artifactd itself reads
-    (the engine's own pushes follow its configuration).
+    (the engine's own pushes follow its configuration). ``trust`` is what the
+    artifact must verify under before it is baked (runtime only, required there:
+    a :class:`~artifactd.trust.policy.TrustPolicy` or
+    :data:`~artifactd.trust.policy.UNSAFE_NO_VERIFICATION`).
     """
     t0 = time.monotonic()
     _check_args(kind, artifact=artifact, source=source, wheels=wheels, push=push)
@@ -233,6 +238,7 @@ def build_image(
                     ctx=ctx,
                     work=work,
                     insecure=insecure,
+                    trust=checked_basis(trust, "build_image('runtime')"),
                     on_event=on_event,
                 )
             else:
@@ -340,12 +346,19 @@ class _Job:
 
 
 def _runtime_context(
-    *, base: str, artifact: str, ctx: Path, work: Path, insecure: bool, on_event: EventSink
+    *,
+    base: str,
+    artifact: str,
+    ctx: Path,
+    work: Path,
+    insecure: bool,
+    trust: Basis,
+    on_event: EventSink,
 ) -> _Job:
     """Resolve the base to a digest; write the artifact as ``ctx/prebuilt/`` (an OCI layout)."""
     base_ref, base_digest = resolve_base(base, insecure=insecure)
     on_event({"stage": "image", "event": "resolved", "base": base_ref})
-    art = open_artifact(artifact, insecure=insecure)
+    art = open_artifact(artifact, trust=trust, insecure=insecure)
     prebuilt = ctx / "prebuilt"
     write_layout(artifact, art, prebuilt, work, insecure)
     _normalize(prebuilt)

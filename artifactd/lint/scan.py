@@ -152,7 +152,7 @@ def scan_content(
                 component=scope.component,
                 file=rel,
                 value=value,
-                cost=scope.impl.informational_cost
+                cost=scope.impl.informational_reason(PurePosixPath(rel))
                 if informational
                 else path_cost(
                     scope.impl,

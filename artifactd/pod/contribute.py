@@ -56,6 +56,7 @@ from artifactd.format.config import ArtifactConfig, LayerRecord, Provenance, Roo
 from artifactd.format.oci import DELTA_TAG_PREFIX
 from artifactd.fsutil import InputFileError, open_regular
 from artifactd.pod.verdict import restore_time, written_entries
+from artifactd.restore import installed
 from artifactd.restore.destination import CacheVolume
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import publish, read_artifact
@@ -64,6 +65,7 @@ from artifactd.trust.signatures import sign
 if TYPE_CHECKING:
     from artifactd.families.base import Family
     from artifactd.format.archive import PackedLayer
+    from artifactd.restore.installed import Installed
     from artifactd.restore.marker import RestoreMarker
     from artifactd.trust.keys import PrivateKey
 
@@ -140,7 +142,7 @@ def contribute(
         return result
     result.extends = base_digest
     cutoff = restore_time(volume.marker_path, marker["restored_at"])
-    written = _written(marker, cutoff)
+    written = _written(marker, cutoff, installed.read(volume.state, marker))
     if not written:
         result.reason = "nothing was compiled since the restore: no delta to publish"
         return result
@@ -232,13 +234,14 @@ class _Written(NamedTuple):
     st: os.stat_result
 
 
-def _written(marker: RestoreMarker, cutoff: float) -> list[_Written]:
+def _written(marker: RestoreMarker, cutoff: float, recorded: Installed) -> list[_Written]:
     """Walk (``lstat`` only) the files the verdict counts, per restored family."""
     found: list[_Written] = []
     for name, fam_marker in sorted(marker["families"].items()):
         fam = get_family(name)
+        rec = recorded.get(name, {})
         for component, root in sorted(fam_marker["dirs"].items()):
-            for path, st in written_entries(fam, component, Path(root), cutoff):
+            for path, st in written_entries(fam, component, Path(root), cutoff, rec):
                 rel = PurePosixPath(Path(path).relative_to(root).as_posix())
                 found.append(_Written(name, component, Path(root), rel, st))
     return found

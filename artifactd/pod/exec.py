@@ -8,7 +8,7 @@ reads it), overlays it on its own environment and replaces itself with CMD
 (``os.execvpe``, no shell). CMD keeps artifactd's process id, so signals sent
 to the container's main process and CMD's exit status pass through untouched.
 
-Failure policy (the README's): a missing or unreadable env file means the
+Failure policy (docs/reference/exit-codes.md): a missing or unreadable env file means the
 restore did not run or missed, and CMD runs anyway on its own caches, with one
 warning line on stderr; with ``require`` it is a :class:`TargetError` (exit 10)
 and CMD does not run.

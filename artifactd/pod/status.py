@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from artifactd.families import FAMILIES, get_family
 from artifactd.pod.enginelogs import EngineEvidence, LogFacts, evidence, read_log
 from artifactd.pod.phases import PhaseTime, restore_phase
-from artifactd.pod.verdict import FamilyVerdict, judge, not_restored, restore_time
+from artifactd.pod.verdict import FamilyVerdict, Recorded, judge, not_restored, restore_time
 from artifactd.reports import jsonable, versioned
+from artifactd.restore import installed
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.marker import RestoreMarker
 
@@ -131,12 +132,16 @@ def target_status(
             **common,
         )
     cutoff = _cutoff(volume, marker)
+    recorded = installed.read(volume.state, marker)
     return TargetStatus(
         state="restored",
         detail=None,
         fingerprint_hash=marker["fingerprint_hash"],
         restored_at=marker["restored_at"],
-        families=[_family(name, marker, cutoff, facts) for name in marker["selected"]],
+        families=[
+            _family(name, marker, cutoff, facts, recorded.get(name, {}))
+            for name in marker["selected"]
+        ],
         phases=_with_restore(marker, engine_phases),
         **common,
     )
@@ -194,10 +199,14 @@ def _not_restored(name: str, why: str, facts: LogFacts | None) -> FamilyStatus:
 
 
 def _family(
-    name: str, marker: RestoreMarker, cutoff: float, facts: LogFacts | None
+    name: str,
+    marker: RestoreMarker,
+    cutoff: float,
+    facts: LogFacts | None,
+    recorded: Recorded,
 ) -> FamilyStatus:
-    recorded = marker["families"].get(name)
-    if recorded is None:
+    record = marker["families"].get(name)
+    if record is None:
         why = (
             "missed at the restore: no matching artifact"
             if name in marker["missed"]
@@ -205,9 +214,10 @@ def _family(
         )
         return _not_restored(name, why, facts)
 
-    dirs = dict(recorded["dirs"])
+    dirs = dict(record["dirs"])
     engine = evidence(facts, name, dirs=dirs, cutoff=cutoff) if facts is not None else None
-    return _with_record(judge(get_family(name), dirs, cutoff, engine), recorded["files"], dirs)
+    verdict = judge(get_family(name), dirs, cutoff, engine, recorded)
+    return _with_record(verdict, record["files"], dirs)
 
 
 def status_report(status: TargetStatus, ready: Readiness | None = None) -> dict[str, Any]:

@@ -17,7 +17,10 @@ functions below, so they cannot disagree on the same tree:
   restored dirs, so what the family leaves out (locks, temp and staging dirs)
   never counts, and neither do the files the library rewrites when it merely
   loads an entry (:attr:`~artifactd.families.base.Family.load_rewrites`, such
-  as vLLM's ``vllm_compile_cache.py``). An entry the harvest would skip as
+  as vLLM's ``vllm_compile_cache.py``), nor a file the restore installed and
+  recorded (:mod:`artifactd.restore.installed`) that is written again with
+  exactly the bytes it installed (Inductor's entries, which torch's Mega-Cache
+  load rewrites when vLLM loads its artifacts). An entry the harvest would skip as
   invalid (a Triton dir without its group file yet) is entered: a library
   writing it is compiling;
 * the verdict (:func:`judge`): ``used`` (restored, nothing counted since),
@@ -32,6 +35,7 @@ exactly as a pod's ``status`` judges the same tree.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import time
@@ -41,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from artifactd.families.tree import walk_component
+from artifactd.fsutil import read_regular
 
 if TYPE_CHECKING:
     from artifactd.families.base import Family
@@ -48,6 +53,11 @@ if TYPE_CHECKING:
 
 #: Paths of written files kept per family.
 MAX_EXAMPLES = 5
+#: A family's record of what the restore installed of the files its library
+#: rewrites at load: ``"<component>/<relative path>"`` to ``(size, sha256)``
+#: (:func:`artifactd.restore.installed.read`).
+Recorded = Mapping[str, tuple[int, str]]
+_NOTHING: Recorded = {}
 
 Verdict = Literal["used", "compiled anyway", "not restored"]
 
@@ -117,13 +127,15 @@ def judge(
     dirs: Mapping[str, str],
     cutoff: float,
     engine: EngineEvidence | None = None,
+    recorded: Recorded = _NOTHING,
 ) -> FamilyVerdict:
     """Return the verdict of a family the restore at ``cutoff`` installed into ``dirs``.
 
     ``dirs`` maps its components to their restored dirs (the marker's);
-    ``engine`` is what the engine's log said about it, if read.
+    ``engine`` is what the engine's log said about it, if read; ``recorded``
+    the restore's record of its files rewritten at load.
     """
-    written = written_files(family, dirs, cutoff)
+    written = written_files(family, dirs, cutoff, recorded)
     examples = written[:MAX_EXAMPLES]
     if written:
         why = f"{len(written)} file(s) written under the restored dirs since the restore"
@@ -148,27 +160,33 @@ def not_restored(
     )
 
 
-def written_files(family: Family, dirs: Mapping[str, str], cutoff: float) -> list[str]:
+def written_files(
+    family: Family, dirs: Mapping[str, str], cutoff: float, recorded: Recorded = _NOTHING
+) -> list[str]:
     """Return the files that count under every component dir in ``dirs`` (sorted by component)."""
     found: list[str] = []
     for component, root in sorted(dirs.items()):
-        found.extend(written_since(family, component, Path(root), cutoff))
+        found.extend(written_since(family, component, Path(root), cutoff, recorded))
     return found
 
 
-def written_since(family: Family, component: str, root: Path, cutoff: float) -> list[str]:
+def written_since(
+    family: Family, component: str, root: Path, cutoff: float, recorded: Recorded = _NOTHING
+) -> list[str]:
     """Return the files under ``root`` that count as written after ``cutoff`` (walk order).
 
     Walked as the harvest walks (:func:`walk_component`): what the family
     excludes is not entered and never counts, nor are its load rewrites. An
     entry the harvest would skip as invalid (a partial write) is entered, with
-    the same exclusions, since a library writing it is compiling.
+    the same exclusions, since a library writing it is compiling. A file
+    ``recorded`` holds, written again with the recorded size and sha256, is
+    the restored entry reloaded and does not count.
     """
-    return [path for path, _ in written_entries(family, component, root, cutoff)]
+    return [path for path, _ in written_entries(family, component, root, cutoff, recorded)]
 
 
 def written_entries(
-    family: Family, component: str, root: Path, cutoff: float
+    family: Family, component: str, root: Path, cutoff: float, recorded: Recorded = _NOTHING
 ) -> list[tuple[str, os.stat_result]]:
     """:func:`written_since`, each file with the ``lstat`` the walk judged it by (its size)."""
     found: list[tuple[str, os.stat_result]] = []
@@ -176,18 +194,55 @@ def written_entries(
         if entry.skip is not None and family.excluded(component, entry.rel, entry.is_dir):
             continue
         if entry.skip is not None and entry.is_dir:
-            found.extend(_inside(family, component, root, entry.rel, cutoff))
-        elif entry.is_file and _counts(family, entry.rel, entry.st, cutoff):
+            inside = _inside(family, component, root, entry.rel, cutoff=cutoff, recorded=recorded)
+            found.extend(inside)
+        elif entry.is_file and _counts(
+            family,
+            component,
+            path=entry.path,
+            rel=entry.rel,
+            st=entry.st,
+            cutoff=cutoff,
+            recorded=recorded,
+        ):
             found.append((str(entry.path), entry.st))
     return found
 
 
-def _counts(family: Family, rel: PurePosixPath, st: os.stat_result, cutoff: float) -> bool:
-    return written_after(st, cutoff) and rel.name not in family.load_rewrites
+def _counts(
+    family: Family,
+    component: str,
+    *,
+    path: Path,
+    rel: PurePosixPath,
+    st: os.stat_result,
+    cutoff: float,
+    recorded: Recorded,
+) -> bool:
+    if not written_after(st, cutoff) or rel.name in family.load_rewrites:
+        return False
+    return not _reloaded(path, st, recorded.get(f"{component}/{rel}"))
+
+
+def _reloaded(path: Path, st: os.stat_result, installed: tuple[int, str] | None) -> bool:
+    """Whether the file at ``path`` holds exactly the bytes the restore recorded for it."""
+    if installed is None or st.st_size != installed[0]:
+        return False
+    try:
+        data = read_regular(path, installed[0])
+    except OSError:
+        return False
+    return hashlib.sha256(data).hexdigest() == installed[1]
 
 
 def _inside(
-    family: Family, component: str, root: Path, top: PurePosixPath, cutoff: float
+    family: Family,
+    component: str,
+    root: Path,
+    top: PurePosixPath,
+    *,
+    cutoff: float,
+    recorded: Recorded,
 ) -> list[tuple[str, os.stat_result]]:
     """Walk an entry the harvest skipped as invalid: every file the family does not exclude."""
     found: list[tuple[str, os.stat_result]] = []
@@ -205,7 +260,15 @@ def _inside(
             if (
                 stat.S_ISREG(st.st_mode)
                 and not family.excluded(component, rel, False)
-                and _counts(family, rel, st, cutoff)
+                and _counts(
+                    family,
+                    component,
+                    path=root / rel,
+                    rel=rel,
+                    st=st,
+                    cutoff=cutoff,
+                    recorded=recorded,
+                )
             ):
                 found.append((str(root / rel), st))
     return found
@@ -214,6 +277,7 @@ def _inside(
 __all__ = [
     "MAX_EXAMPLES",
     "FamilyVerdict",
+    "Recorded",
     "Verdict",
     "judge",
     "not_restored",

@@ -29,12 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artifactd.families.vllm import MAX_FACTORS_BYTES
-from artifactd.families.vllmkey import PodFactors
+from artifactd.families.vllm import MAX_FACTORS_BYTES, classify_factor
+from artifactd.families.vllmkey import PodFactors, read_source
 from artifactd.fsutil import InputFileError, read_regular
 
-#: The largest traced source file re-hashed (vLLM's model files are well under this).
-MAX_TRACED_FILE_BYTES = 16 << 20
 #: Most bytes read from the engine's helper process.
 MAX_ENGINE_OUTPUT = 4 << 20
 #: Ceiling on the engine's helper process (importing torch takes seconds).
@@ -74,10 +72,7 @@ sys.stdout.write(json.dumps(out, default=str))
 
 def read_traced(path: str) -> str | None:
     """Return a traced file's text as vLLM reads it; None: missing, not regular, too big."""
-    try:
-        return read_regular(path, MAX_TRACED_FILE_BYTES, follow=True).decode("utf-8")
-    except (InputFileError, OSError, UnicodeDecodeError):
-        return None
+    return read_source(path)
 
 
 _DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
@@ -241,7 +236,7 @@ def pod_factors(inputs: PodInputs, *, torch: bool = True) -> PodFactors:
     """Gather the pod's side of every factor group (see the module doc for what needs the image).
 
     ``torch``: import torch in the child for ``torch_key`` (seconds); only
-    records that keep the compiler group raw (main's) can use it.
+    records that keep the compiler group raw (0.34's) can use it.
     """
     engine = inputs.engine
     if engine is None:
@@ -278,6 +273,7 @@ def pod_factors(inputs: PodInputs, *, torch: bool = True) -> PodFactors:
             str(p) for p in engine.get("site_packages", ())[:MAX_SITES] if isinstance(p, str)
         ),
         why=why,
+        classify=classify_factor,
     )
 
 

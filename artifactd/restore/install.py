@@ -28,6 +28,7 @@ from artifactd.families import get_family
 from artifactd.format.canary import RestoredCanaries
 from artifactd.format.unpack import check_layer
 from artifactd.fsutil import sync_filesystem
+from artifactd.restore import installed
 from artifactd.restore.destination import (
     CacheVolume,
     Swap,
@@ -174,6 +175,7 @@ def _restore_locked(
     marker = _marker(plan)
     marker["restore_seconds"] = round(time.monotonic() - t0, 3)
     volume.write_canaries(_canary_doc(plan))
+    installed.write(volume.state, installed.record(hits))
     volume.install(staging, swaps, marker)
     phases["install"] = round(time.monotonic() - t2, 4)
     for fp in hits:

@@ -13,6 +13,12 @@ several pods start at once, one fetches and the others wait, then find the tags
 there and fetch nothing. With the registry down, a warm node store still
 restores; with a cold one, the restore fails open as ever.
 
+A restore then reads the node store through :class:`NodeSource`: each layer
+is unpacked once into the node store (:mod:`artifactd.stores.nodetree`) and
+served from there into the pod's staging by reflink, hard link or copy, as the
+family allows; a tree that fails its check is made again from the verified
+blob before it serves.
+
 A restore from a warm node store is a pod start (:mod:`artifactd.cli.fast`):
 this module loads no more than reading the node store needs. What only a
 fetch does (``tempfile``, the registry, the signatures, the artifact copier)
@@ -22,6 +28,7 @@ is imported in the function that does it.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
 from artifactd.events import EventSink, discard
+from artifactd.families import get_family
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
 from artifactd.restore.resolve import picks, wants, whole_want
 from artifactd.restore.source import StoreSource
@@ -37,6 +45,7 @@ from artifactd.stores.layout import LayoutStore
 from artifactd.stores.nodestore import (
     LOCK_TIMEOUT,
     TMP_PREFIX,
+    TREES_DIR,
     clear_leftovers,
     node_lock,
     node_root,
@@ -44,6 +53,10 @@ from artifactd.stores.nodestore import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from artifactd.format.unpack import UnpackResult
+    from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores import Store
     from artifactd.stores.layout import LayoutStore
     from artifactd.stores.mirrors import MirrorSettings
@@ -281,6 +294,7 @@ def _fetch(
         import tempfile  # noqa: PLC0415
 
         from artifactd.stores.artifacts import copy_artifacts  # noqa: PLC0415
+        from artifactd.trust.policy import UNSAFE_NO_VERIFICATION  # noqa: PLC0415
         from artifactd.trust.signatures import copy_attached  # noqa: PLC0415
 
         fetched: list[str] = []
@@ -288,7 +302,11 @@ def _fetch(
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
             with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
-                    copied = copy_artifacts(remote, node, tags, Path(tmp))
+                    # Unverified here, with its signatures: every pod's restore reads
+                    # the node store under its own policy, as it would the registry.
+                    copied = copy_artifacts(
+                        remote, node, tags, Path(tmp), trust=UNSAFE_NO_VERIFICATION
+                    )
                     fetched += copied.tags + copied.attached
                     result.bytes_fetched = copied.bytes_uploaded
                 for tag in unsigned:
@@ -335,3 +353,179 @@ def prefetch(
     if result.outcome == "offline":
         raise StoreError(f"prefetch from {remote_ref} failed: {result.error}")
     return result
+
+
+class NodeSource(StoreSource):
+    """The node store as a restore reads it: each layer from its unpacked tree.
+
+    A layer's tree (:mod:`artifactd.stores.nodetree`) is made from the blob
+    the first time a pod restores it (unpacked by the format's extractor,
+    every file verified), and from then on served by reflink, hard link
+    (``linking`` ``"auto"``, for the files the
+    family allows: :meth:`~artifactd.families.base.Family.shares_inode`) or
+    copy. A tree that is not what it was made (its blob replaced, a file
+    written, truncated, chmodded or gone) is set aside and made again from the
+    blob, whose digest the extractor checks (a damaged blob then fails the
+    restore as before, and the node store heals it). When no tree can be
+    written (a read-only or full node disk), the blob is unpacked into
+    staging as from any store.
+    """
+
+    def __init__(
+        self, node: LayoutStore, *, refused: frozenset[str] = frozenset(), linking: str = "auto"
+    ) -> None:
+        super().__init__(node, refused=refused)
+        self.node = node
+        self.linking = linking
+
+    def stage_layer(
+        self,
+        plan: FamilyPlan,
+        staging: Path,
+        *,
+        relocate: Callable[[str, bytes], bytes],
+        keep_mtimes: bool,
+        max_tar_bytes: int,
+        on_event: EventSink,
+    ) -> UnpackResult:
+        """Serve the planned layer from its tree into ``staging`` (made or re-made first)."""
+        layer = plan.layer
+        if layer is None:  # pragma: no cover - hits always carry a layer
+            return super().stage_layer(
+                plan,
+                staging,
+                relocate=relocate,
+                keep_mtimes=keep_mtimes,
+                max_tar_bytes=max_tar_bytes,
+                on_event=on_event,
+            )
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.nodetree import (  # noqa: PLC0415
+            Stale,
+            blob_file,
+            blob_identity,
+            read_stamp,
+            retire,
+            serve,
+            tree_path,
+        )
+
+        shares = get_family(plan.family).shares_inode
+        tree = tree_path(self.node.root, layer.digest)
+        blob = blob_file(self.node.root, layer.digest)
+        for attempt in (1, 2):
+            try:
+                stamp = read_stamp(tree, layer)
+                if stamp.blob != blob_identity(blob):
+                    raise Stale("its blob is not the one it was made from")
+                served = serve(
+                    tree,
+                    stamp,
+                    layer,
+                    staging,
+                    shares=shares,
+                    relocate=relocate,
+                    keep_mtimes=keep_mtimes,
+                    linking=self.linking,
+                )
+            except (Stale, FileNotFoundError) as exc:
+                _clear(staging)
+                if attempt == 1 and tree.exists():
+                    on_event(
+                        {
+                            "stage": "node-store",
+                            "event": "tree_stale",
+                            "family": plan.family,
+                            "why": str(exc)[:200],
+                        }
+                    )
+                    retire(tree)
+                if attempt == 2 or not self._make(plan, keep_mtimes, max_tar_bytes, on_event):
+                    break
+                continue
+            on_event(
+                {
+                    "stage": "node-store",
+                    "event": "served",
+                    "family": plan.family,
+                    "reflinked": served.reflinked,
+                    "linked": served.linked,
+                    "copied": served.copied,
+                }
+            )
+            # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+            from artifactd.format.unpack import UnpackResult  # noqa: PLC0415
+
+            return UnpackResult(files=served.files, bytes=served.bytes)
+        return super().stage_layer(
+            plan,
+            staging,
+            relocate=relocate,
+            keep_mtimes=keep_mtimes,
+            max_tar_bytes=max_tar_bytes,
+            on_event=on_event,
+        )
+
+    def _make(
+        self, plan: FamilyPlan, keep_mtimes: bool, max_tar_bytes: int, on_event: EventSink
+    ) -> bool:
+        """Unpack the planned layer's blob into its tree; False when the node store cannot hold it.
+
+        The blob is verified as it is unpacked: a damaged one raises (the
+        caller's restore fails on it, and the node store heals it as ever).
+        """
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.nodetree import (  # noqa: PLC0415
+            blob_file,
+            blob_identity,
+            put_in_place,
+            seal,
+            tree_path,
+        )
+
+        layer = plan.layer
+        assert layer is not None  # noqa: S101 - stage_layer checked
+        root = self.node.root
+        made = root / TREES_DIR / f"{TMP_PREFIX}{os.urandom(6).hex()}"
+        try:
+            identity = blob_identity(blob_file(root, layer.digest))
+            made.parent.mkdir(parents=True, exist_ok=True)
+            super().stage_layer(
+                plan,
+                made,
+                relocate=_as_stored,
+                keep_mtimes=keep_mtimes,
+                max_tar_bytes=max_tar_bytes,
+                on_event=on_event,
+            )
+            seal(made, layer, identity, keep_mtimes=keep_mtimes)
+            put_in_place(made, tree_path(root, layer.digest))
+        except OSError as exc:
+            _clear(made)
+            on_event(
+                {
+                    "stage": "node-store",
+                    "event": "tree_unwritable",
+                    "family": plan.family,
+                    "error": (exc.strerror or str(exc))[:200],
+                }
+            )
+            return False
+        except BaseException:
+            _clear(made)
+            raise
+        return True
+
+
+def _as_stored(member: str, data: bytes) -> bytes:
+    """Return ``data`` as it is: a tree keeps path-bearing files as stored (rewritten per pod)."""
+    del member
+    return data
+
+
+def _clear(path: Path) -> None:
+    """Remove what a serve or a make left at ``path`` (read-only files and all)."""
+    # lazy: only a failed serve or make removes anything
+    from artifactd.restore.destination import remove_tree  # noqa: PLC0415
+
+    remove_tree(path)

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.nodefill import FillResult, Lookup
+    from artifactd.restore.predict import Prediction, PredictOptions
     from artifactd.restore.source import RestoreSource
     from artifactd.stores.layout import LayoutStore
     from artifactd.stores.mirrors import MirrorSettings
@@ -89,6 +90,15 @@ class RestoreRequest(NamedTuple):
     verify_keys: Sequence[str] = ()
     #: Manifest and layer digests never installed (a node store's quarantine).
     refused: frozenset[str] = frozenset()
+    #: How files come from the node store's unpacked layers (``--node-link``):
+    #: ``auto`` (reflink, else hard link where the family allows, else copy) or
+    #: ``copy`` (reflink, else copy: a pod never shares the node store's inode).
+    node_link: str = "auto"
+    #: Set by the node store's own restore: the node store's root, read through its
+    #: unpacked layers (:class:`~artifactd.restore.nodefill.NodeSource`).
+    node_trees: Path | None = None
+    #: ``--predict``: predict the engine's own hit from the plan before any layer is fetched.
+    predict: PredictOptions | None = None
 
 
 class Failure(NamedTuple):
@@ -114,6 +124,8 @@ class RestoreOutcome(NamedTuple):
     exit_code: int
     #: With ``--node-store``: what the node store held, and what was fetched into it.
     node: FillResult | None = None
+    #: With ``--predict``: the engine's own hit, predicted before any layer was fetched.
+    prediction: Prediction | None = None
 
     @property
     def cache_hit(self) -> bool:
@@ -188,6 +200,7 @@ def _via_node_store(
     from artifactd.restore.nodefill import Lookup, VerifiedPins  # noqa: PLC0415
     from artifactd.stores.layout import LayoutStore  # noqa: PLC0415
     from artifactd.stores.nodestore import (  # noqa: PLC0415
+        LINKINGS,
         LOCK_TIMEOUT,
         node_lock,
         node_root,
@@ -198,6 +211,11 @@ def _via_node_store(
     if request.from_dir is not None:
         raise UsageError("--from-dir and --node-store name two sources", hint="pass one of them")
     root = node_root(request.node_store)
+    if request.node_link not in LINKINGS:
+        raise UsageError(
+            f"--node-link {request.node_link!r} is not a way to take the node store's files",
+            hint="auto (reflink, else hard link where the family allows, else copy) or copy",
+        )
     lookup = Lookup.of(raw_fingerprint, request.families)
     request = _with_source(request, lookup.fingerprint_hash)._replace(node_store=None)
     assert request.store is not None  # noqa: S101 - _with_source set the default
@@ -227,7 +245,9 @@ def _via_node_store(
     def from_node() -> RestoreOutcome:
         with node_lock(root, shared=True, timeout=timeout):
             # What failed a canary on this node is never served to its pods again.
-            direct = request._replace(store=f"oci:{root}", refused=refused_digests(root))
+            direct = request._replace(
+                store=f"oci:{root}", refused=refused_digests(root), node_trees=root
+            )
             return _run(direct, raw_fingerprint, on_event=on_event, step_hook=step_hook)
 
     try:
@@ -341,7 +361,7 @@ def _set_aside(
     return dropped
 
 
-def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
+def _run(
     request: RestoreRequest,
     raw_fingerprint: dict[str, Any],
     *,
@@ -358,6 +378,7 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     volume = CacheVolume(request.target, **kwargs)
     fams = list(request.families) if request.families else None
     plan: RestorePlan | None = None
+    prediction: Prediction | None = None
     trusted = None
     if request.verify_keys:
         # lazy: only --verify-key reads keys; a plain no-op restore does not load trust
@@ -380,15 +401,15 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
                     volume.tidy()  # a restore killed after its commit left the old trees
                     on_event({"stage": "restore", "event": "noop", "target": quick.target})
                 status: Status = "dry_run" if request.dry_run else "noop"
-                return RestoreOutcome(status, quick, None, None, 0)
+                return _predicted(RestoreOutcome(status, quick, None, None, 0), request, on_event)
             plan = _plan(store, raw_fingerprint, volume, request)
             lookup = round(time.monotonic() - started, 4)
             if plan.error is not None:  # the store became unreachable while resolving
                 return _failed(plan, StoreError(plan.error), request.require)
-            if request.dry_run:
-                return RestoreOutcome("dry_run", plan, None, None, 0)
-            if not plan.hits or (plan.unbound and request.require):
-                return _miss(plan, request.require)
+            stop = _before_install(plan, request, on_event)
+            prediction = stop.prediction
+            if stop.status != "restored":
+                return stop
             # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
             from artifactd.restore.install import restore  # noqa: PLC0415
 
@@ -399,9 +420,50 @@ def _run(  # noqa: PLR0911 - one return per outcome, each with its policy
     except Exception as exc:  # the fail-open policy: nothing escapes as a crash
         if plan is None:
             plan = _unresolved(request, raw_fingerprint, volume, exc)
-        return _failed(plan, exc, request.require)
+        return _failed(plan, exc, request.require)._replace(prediction=prediction)
     status = "noop" if result.noop else "restored"
-    return RestoreOutcome(status, plan, result, None, 0)
+    return RestoreOutcome(status, plan, result, None, 0, prediction=prediction)
+
+
+def _before_install(
+    plan: RestorePlan, request: RestoreRequest, on_event: EventSink
+) -> RestoreOutcome:
+    """Decide what a resolved plan comes to before any fetch; ``restored``: go on and install.
+
+    With ``--predict`` the prediction is made here, from the plan (the
+    artifact's config), before any layer is fetched; ``--require-hit`` stops
+    a restore whose engine will not hit.
+    """
+    ahead = _predicted(RestoreOutcome("restored", plan, None, None, 0), request, on_event)
+    if ahead.failure is not None:
+        return ahead
+    if request.dry_run:
+        return ahead._replace(status="dry_run")
+    if not plan.hits or (plan.unbound and request.require):
+        return _miss(plan, request.require)._replace(prediction=ahead.prediction)
+    return ahead
+
+
+def _predicted(
+    outcome: RestoreOutcome, request: RestoreRequest, on_event: EventSink
+) -> RestoreOutcome:
+    """Return ``outcome`` with the engine's hit predicted from its plan (with ``--predict``).
+
+    Under ``--require-hit`` a prediction other than a hit refuses: nothing is
+    (or was newly) installed, and the exit code is 17.
+    """
+    if request.predict is None:
+        return outcome
+    # lazy: only --predict loads the prediction (and the engine's side of it)
+    from artifactd.restore.predict import miss_error, predict_restore  # noqa: PLC0415
+
+    prediction = predict_restore(outcome.plan, request.predict.inputs, events=on_event)
+    if request.predict.require_hit and prediction.outcome != "hit":
+        failure = failure_of(miss_error(prediction))
+        return RestoreOutcome(
+            "failed", outcome.plan, None, failure, failure.exit_code, prediction=prediction
+        )
+    return outcome._replace(prediction=prediction)
 
 
 def _mirror_settings(request: RestoreRequest, ref: str | None = None) -> MirrorSettings | None:
@@ -489,6 +551,12 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
 
         ref, _, digest = ref.partition("@")
         pins[whole_want(fp_hash).tag] = check_digest(digest)
+    if request.node_trees is not None:
+        # lazy: the node store's modules load only with --node-store, not on a plain no-op restore
+        from artifactd.restore.nodefill import NodeSource  # noqa: PLC0415
+
+        node = LayoutStore(request.node_trees, ref=ref)
+        return NodeSource(node, refused=request.refused, linking=request.node_link)
     store = open_store(
         ref, insecure=request.insecure, mirrors=_mirror_settings(request, ref), pins=pins
     )

@@ -1,6 +1,6 @@
 """Open a store from a reference string.
 
-Store references (documented in the README):
+Store references (documented in docs/guide/using.md):
 
 * ``oci:PATH``: a local OCI image layout directory (skopeo's spelling).
   The embedded default is ``oci:.artifactd/store``.
@@ -25,6 +25,8 @@ Modules:
 * :mod:`~artifactd.stores.artifacts`: publish, read and copy artifacts over any store.
 * :mod:`~artifactd.stores.retention`: which artifacts ``prune`` keeps and deletes, and ``du``.
 * :mod:`~artifactd.stores.nodestore`: the node-local tier: its lock, usage records and gc.
+* :mod:`~artifactd.stores.nodetree`: the node store's unpacked layers, checked and served to
+  pods by reflink, hard link or copy.
 """
 
 from __future__ import annotations

@@ -46,15 +46,21 @@ from artifactd.format.oci import (
 from artifactd.hashing import canonical_json, digest_of
 from artifactd.stores import Store, open_store, parse_manifest_ref
 from artifactd.stores.base import ManifestRef, progress_events
-from artifactd.stores.credentials import check_unbound_pair
-from artifactd.trust.policy import TrustPolicy, TrustReport, examine, vouch
-from artifactd.trust.signatures import copy_attached, parse_attached_tag, sign_all
+from artifactd.trust.policy import (
+    UNSAFE_NO_VERIFICATION,
+    Basis,
+    TrustPolicy,
+    TrustReport,
+    checked_basis,
+    examine,
+    verification,
+    vouch,
+)
 
 if TYPE_CHECKING:
     from artifactd.format.archive import PackedLayer
     from artifactd.stores.mirrors import MirrorSettings
     from artifactd.trust.keys import PrivateKey, PublicKey
-    from artifactd.trust.policy import Basis
     from artifactd.trust.signatures import SignResult
 
 #: An artifact config larger than this is refused before it is read: every
@@ -312,16 +318,18 @@ def copy_artifacts(
     tags: list[str] | None,
     tmp_dir: Path,
     *,
-    trust: TrustPolicy | None = None,
+    trust: Basis,
 ) -> CopyResult:
     """Copy tagged artifacts (default: every artifactd tag) and their blobs to ``dst``.
 
     Blobs ``dst`` already has are not transferred; each blob is verified on the
     way; a tag is written only after every blob of its manifest is in place.
     Each manifest's signatures and attestations (``sha256-<hex>.sig|.att``)
-    travel with it, so what verified in ``src`` verifies in ``dst``. With
-    ``trust``, every manifest to copy is verified in ``src`` before the first
-    byte is written to ``dst`` (:func:`choose_artifacts`).
+    travel with it, so what verified in ``src`` verifies in ``dst``. Under a
+    :class:`~artifactd.trust.policy.TrustPolicy` as ``trust``, every manifest to
+    copy is verified in ``src`` before the first byte is written to ``dst``
+    (:func:`choose_artifacts`); :data:`~artifactd.trust.policy.UNSAFE_NO_VERIFICATION`
+    copies what the tags name, unverified.
     """
     chosen = choose_artifacts(src, tags, trust=trust)
     return _copy_chosen(src, dst, chosen, tmp_dir)
@@ -336,16 +344,19 @@ class Chosen:
     verified: dict[str, str] = field(default_factory=dict)
 
 
-def choose_artifacts(
-    src: Store, tags: list[str] | None, *, trust: TrustPolicy | None = None
-) -> Chosen:
+def choose_artifacts(src: Store, tags: list[str] | None, *, trust: Basis) -> Chosen:
     """Read the manifests a copy of ``tags`` (None: every artifactd tag) writes; verify them.
 
     Each tag is read once: the bytes that verified are the bytes copied, so a
-    tag moved in the source meanwhile changes nothing. With ``trust``, every
-    one must verify (:func:`artifactd.trust.policy.vouch`) or
+    tag moved in the source meanwhile changes nothing. Under a
+    :class:`~artifactd.trust.policy.TrustPolicy` as ``trust``, every one must
+    verify (:func:`artifactd.trust.policy.vouch`) or
     :class:`~artifactd.errors.TrustError` is raised before the copy begins.
     """
+    # lazy: copying is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
+
+    trust = checked_basis(trust, "choose_artifacts")
     wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
     # A full copy leaves signatures to copy_attached and superseded manifests behind.
     wanted = [
@@ -362,13 +373,16 @@ def choose_artifacts(
         if not manifest.is_artifactd and not tags:
             continue  # a full copy moves artifactd's artifacts, not unrelated images
         chosen.refs.append((tag, ref, manifest))
-    if trust is not None:
+    if isinstance(trust, TrustPolicy):
         found = vouch(src, [ref.digest for _, ref, _ in chosen.refs], trust)
         chosen.verified = {digest: str(key_id) for digest, key_id in found.items()}
     return chosen
 
 
 def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyResult:
+    # lazy: copying is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.trust.signatures import copy_attached  # noqa: PLC0415
+
     result = CopyResult(source=src.ref, destination=dst.ref, tags=[], verified=chosen.verified)
     done: set[str] = set()
     carried: set[str] = set()
@@ -395,17 +409,19 @@ def _copy_chosen(src: Store, dst: Store, chosen: Chosen, tmp_dir: Path) -> CopyR
 def open_artifact(
     ref: str,
     *,
+    trust: Basis,
     insecure: bool = False,
-    trust: TrustPolicy | None = None,
     mirrors: MirrorSettings | None = None,
 ) -> Artifact:
     """Read the artifact ``ref`` names (``STORE:TAG`` or ``STORE@sha256:...``).
 
-    With ``trust``, its signature is checked first (:func:`read_artifact`).
+    Under a :class:`~artifactd.trust.policy.TrustPolicy` as ``trust``, its
+    signature is checked first (:func:`read_artifact`).
 
     Raises :class:`UsageError` when ``ref`` names a store but no artifact, and
     :class:`NotFoundError` when the store has no such artifact.
     """
+    trust = checked_basis(trust, "open_artifact")
     store, reference = parse_manifest_ref(ref)
     with open_store(store, insecure=insecure, mirrors=mirrors) as st:
         art = read_artifact(st, reference, trust=trust)
@@ -434,11 +450,11 @@ def adopt_software_from(
     an environment credential pair must say which of the two it belongs to
     (:func:`~artifactd.stores.credentials.check_unbound_pair`).
     """
+    # lazy: credentials matter to a second registry; a restore from one store never loads them
+    from artifactd.stores.credentials import check_unbound_pair  # noqa: PLC0415
+
     check_unbound_pair([ref, store])
-    trust = None
-    if verify_keys:
-        trust = TrustPolicy.from_specs(verify_keys)
-    art = open_artifact(ref, insecure=insecure, trust=trust, mirrors=mirrors)
+    art = open_artifact(ref, insecure=insecure, trust=verification(verify_keys), mirrors=mirrors)
     return adopt_software(raw, json.loads(art.config.fingerprint.model_dump_json()))
 
 
@@ -463,6 +479,10 @@ def copy_between(
     :class:`~artifactd.trust.policy.UnsafeNoVerification`): without one it is a
     :class:`~artifactd.errors.UsageError`, before any store is opened.
     """
+    # lazy: copying is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.stores.credentials import check_unbound_pair  # noqa: PLC0415
+    from artifactd.trust.signatures import sign_all  # noqa: PLC0415
+
     check_unbound_pair([source, destination])
     if sign_key is not None and trust is None:
         raise UsageError(
@@ -470,9 +490,9 @@ def copy_between(
             hint="pass --verify-key with the key that signed the source (CI's public key); "
             "to sign unverified content anyway, pass --sign-unverified",
         )
-    policy = trust if isinstance(trust, TrustPolicy) else None
     with open_store(source, insecure=insecure) as src:
-        chosen = choose_artifacts(src, tags, trust=policy)  # before the destination is touched
+        # Verified before the destination is touched; no basis offered: copied unverified.
+        chosen = choose_artifacts(src, tags, trust=trust or UNSAFE_NO_VERIFICATION)
         with (
             open_store(destination, create=True, insecure=insecure) as dst,
             tempfile.TemporaryDirectory(prefix="artifactd-copy-") as tmp,
@@ -502,6 +522,9 @@ def sign_ref(ref: str, key: PrivateKey, *, basis: Basis, insecure: bool = False)
     it is :data:`UNSAFE_NO_VERIFICATION`: re-signing what a store holds is
     vouching for whoever put it there.
     """
+    # lazy: signing is this module's other half; reading an artifact (a restore) never loads it
+    from artifactd.trust.signatures import sign_all  # noqa: PLC0415
+
     store, reference = parse_manifest_ref(ref)
     with open_store(store, insecure=insecure) as st:
         found = st.get_manifest(reference)

@@ -23,6 +23,12 @@ fetched again by the fill that follows, in the same restore. A fill killed
 mid-write leaves temp files (``.tmp-*``) that the next fill removes, and a
 full node disk is a :class:`~artifactd.errors.NoSpaceError`, never a crash.
 
+Beside each layer's blob, the node store keeps the layer unpacked once
+(``unpacked/<hex>/``, :mod:`artifactd.stores.nodetree`), from which restores
+take their files by reflink, hard link or copy; a tree goes when gc removes
+its blob, and a tree a restore was making when it was killed goes with the
+other leftovers.
+
 A node quarantines what failed its canary (:func:`quarantine`: ``status
 --canary --node-store``): the artifact's manifest digest and its layer digests
 are recorded in ``.artifactd-quarantine.json``, and from then on a restore from
@@ -73,6 +79,11 @@ GC_STATS_NAME = ".artifactd-gc-stats.json"
 LOCK_TIMEOUT = 600.0
 #: What the layout's writers name a file before renaming it into place (and a fill its scratch).
 TMP_PREFIX = ".tmp-"
+#: Where the node store keeps each layer unpacked (:mod:`artifactd.stores.nodetree`).
+TREES_DIR = "unpacked"
+#: How a restore may take files from them (``--node-link``): ``auto`` (reflink, else a hard
+#: link where the family allows, else a copy) or ``copy`` (reflink, else a copy).
+LINKINGS = ("auto", "copy")
 #: The artifacts this node refuses to serve (a failed canary), with their layers and why.
 QUARANTINE_NAME = ".artifactd-quarantine.json"
 #: Most artifacts a node keeps quarantined (the oldest are released past it).
@@ -215,12 +226,13 @@ def node_lock(root: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT
 def clear_leftovers(node: LayoutStore) -> list[str]:
     """Remove the temp files and scratch directories that fills killed mid-write left.
 
-    Only under the exclusive lock, where no other fill is writing: every
-    ``.tmp-*`` in the layout's root and its blob directory is then a dead
+    Only under the exclusive lock, where no other fill or restore is writing:
+    every ``.tmp-*`` in the layout's root, its blob directory and its unpacked
+    layers (a tree a restore was making, or one it set aside) is then a dead
     writer's. Returns the names removed.
     """
     removed: list[str] = []
-    for directory in (node.root, node.root / "blobs" / "sha256"):
+    for directory in (node.root, node.root / "blobs" / "sha256", node.root / TREES_DIR):
         try:
             entries = list(os.scandir(directory))
         except FileNotFoundError:
@@ -411,6 +423,7 @@ def _collect(
         node.remove_tags([e.tag for e in evicted] + orphans)
         for digest in unreferenced:
             node.remove_blob(digest)
+        _prune_trees(node.root, [d for d in blobs if d in referenced])
         live = {d for d in tags.values() if d in set(kept.values())}
         usage = {d: t for d, t in usage.items() if d in live}
         atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
@@ -436,6 +449,27 @@ def _collect(
     )
     on_event({"stage": "gc", "event": "done", "freed": result.freed, "evicted": len(evicted)})
     return result
+
+
+def _prune_trees(root: Path, keep: Sequence[str]) -> list[str]:
+    """Remove every unpacked layer whose blob is not in ``keep`` (digests): a tree goes with it.
+
+    Under the exclusive lock (gc): no restore is reading a tree. Returns the names removed.
+    """
+    base = root / TREES_DIR
+    wanted = {d.partition(":")[2] for d in keep}
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    removed = [n for n in names if n not in wanted or n.startswith(TMP_PREFIX)]
+    if removed:
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        import shutil  # noqa: PLC0415
+
+        for name in removed:
+            shutil.rmtree(base / name, ignore_errors=True)
+    return removed
 
 
 def read_evictions(root: Path) -> int:

@@ -79,7 +79,7 @@ from artifactd.stores.base import Store
 from artifactd.stores.layout import LayoutStore
 
 if TYPE_CHECKING:
-    from artifactd.trust.policy import TrustPolicy
+    from artifactd.trust.policy import Basis
 
 #: How long a just-pushed artifact is safe from a prune (``--grace``).
 DEFAULT_GRACE_S = 600
@@ -317,12 +317,19 @@ class Rules:
     older_than_days: float | None = None
     grace_s: float = DEFAULT_GRACE_S
     keep_tags: tuple[str, ...] = ()
-    #: With a policy, the artifacts it verifies rank ahead of the rest in
-    #: ``keep_last``: what no key vouched for never pushes out what one did.
-    trust: TrustPolicy | None = None
+    #: Under a :class:`~artifactd.trust.policy.TrustPolicy`, the artifacts it
+    #: verifies rank ahead of the rest in ``keep_last``: what no key vouched for
+    #: never pushes out what one did. :data:`~artifactd.trust.policy.UNSAFE_NO_VERIFICATION`
+    #: ranks by age alone. Required: no prune ranks without saying which.
+    trust: Basis = field(kw_only=True)
 
     def check(self) -> Rules:
         """Return the rules, or raise :class:`UsageError` for a negative one."""
+        # lazy: `artifactd prune --help` loads this module for its defaults, and
+        # --help loads no trust code (tests/test_startup.py)
+        from artifactd.trust.policy import checked_basis  # noqa: PLC0415
+
+        checked_basis(self.trust, "Rules")
         for name, value in (
             ("--keep-last", self.keep_last),
             ("--older-than", self.older_than_days or 0),
@@ -336,9 +343,9 @@ class Rules:
 Reasons = dict[str, tuple[str, str]]
 
 
-def plan(store: Store, rules: Rules | None = None, *, now: float | None = None) -> PrunePlan:
+def plan(store: Store, rules: Rules, *, now: float | None = None) -> PrunePlan:
     """Decide what a prune of ``store`` keeps and deletes (see the module doc); change nothing."""
-    rules = (rules or Rules()).check()
+    rules = rules.check()
     manifests = inventory(store, now=now)
     reasons, promoted_layers = _pinned(manifests, rules.keep_tags)
     groups: dict[str, list[Manifest]] = {}
@@ -369,14 +376,17 @@ def plan(store: Store, rules: Rules | None = None, *, now: float | None = None) 
     return _finish(store, manifests, reasons, rules)
 
 
-def _ranked(store: Store, members: Sequence[Manifest], trust: TrustPolicy | None) -> list[Manifest]:
+def _ranked(store: Store, members: Sequence[Manifest], trust: Basis) -> list[Manifest]:
     """Return one group's artifacts newest first; with ``trust``, those it verifies first.
 
     An unknown age (none stamped, unreadable, or in the future) ranks after
     every known one: it is never "the newest".
     """
+    # lazy: as in Rules.check
+    from artifactd.trust.policy import TrustPolicy  # noqa: PLC0415
+
     vouched: set[str] = set()
-    if trust is not None:
+    if isinstance(trust, TrustPolicy):
         for m in members:
             try:
                 trust.check(store, m.digest)

@@ -22,14 +22,6 @@ from typing import TYPE_CHECKING, Any
 from artifactd.errors import TrustError
 from artifactd.trust.keys import load_public_keys
 from artifactd.trust.provenance import summary
-from artifactd.trust.signatures import (
-    Attestation,
-    SignatureLayer,
-    _verifies,
-    attached_tag,
-    read_attestations,
-    read_signatures,
-)
 
 if TYPE_CHECKING:
     from artifactd.stores import Store
@@ -67,6 +59,14 @@ class TrustPolicy:
         ``unknown_key``, ``malformed``); reads the signature manifest and its
         payload blobs only (a few KiB), never a layer of the artifact.
         """
+        # lazy: only a policy with keys reads signatures; a restore without one plans
+        # through this module (UNSAFE_NO_VERIFICATION) and never loads them
+        from artifactd.trust.signatures import (  # noqa: PLC0415
+            _verifies,
+            attached_tag,
+            read_signatures,
+        )
+
         name = what or f"{store.ref}@{digest}"
         sigs = read_signatures(store, digest)
         if not sigs:
@@ -234,6 +234,15 @@ class TrustReport:
 
 def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustReport:
     """Read ``digest``'s signatures and attestations; check them against ``keys`` if any."""
+    # lazy: inspecting signatures is inspect's work, never a plain restore's
+    from artifactd.trust.signatures import (  # noqa: PLC0415
+        Attestation,
+        SignatureLayer,
+        _verifies,
+        read_attestations,
+        read_signatures,
+    )
+
     infos = []
     try:
         sigs = read_signatures(store, digest)

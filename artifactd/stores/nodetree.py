@@ -1,0 +1,414 @@
+"""The node store's unpacked layers: each verified layer kept unpacked once, served by link.
+
+A node store (:mod:`artifactd.stores.nodestore`) keeps each layer's blob, and
+beside it, once a pod has restored from it, the layer unpacked:
+``unpacked/<hex>/<component>/...`` with a stamp (:data:`STAMP_NAME`). A tree
+is made from the blob by the format's own extractor, so every file was
+verified against the record's sha256 on its way in; then each file is made
+read-only (0444, or 0555 where the record says 0755) and given a known mtime,
+and the stamp records that mtime, the directories, and which blob (size,
+mtime, inode) the tree was made from. The blob stays: the node store remains
+an OCI layout that gc, ``prefetch`` and any OCI client read, and a tree can
+always be made again from it without the network.
+
+Serving a tree into a pod's staging (:func:`serve`) is per file: a cheap
+check (:func:`os.lstat`: a regular file, the record's size, the sealed mode,
+the stamp's mtime), then the file itself, in this order of preference:
+
+* a **reflink** (``FICLONE``) where the filesystem can: the pod gets its own
+  copy-on-write copy, so nothing it does reaches the node store;
+* a **hard link** to the node store's own inode for a file its family never
+  writes (:meth:`artifactd.families.base.Family.shares_inode`), unless the
+  restore asked for :data:`COPY` linking;
+* a **copy** for the rest (a file rewritten for its target, or one the library
+  rewrites or appends to), and for every file when the staging directory is on
+  another filesystem (``EXDEV``) or a link is refused.
+
+A pod cannot change what the node store serves next through a path: a
+rename over, an unlink or a new file in the pod's directory changes the pod's
+directory, never the node store's. Through a shared inode it can only by
+writing a read-only file, which needs root or the file's owner (a ``chmod``
+first); that write moves the file's mtime (and a truncate its size, a chmod its
+mode), which the check before every serve sees: the tree is discarded and made
+again from the blob, with new inodes, and the tampered inode stays with the
+pods that hold it. What the check cannot see is a writer that also sets the
+mtime back (``utime``) with the size unchanged: deliberate tampering, which
+copy linking (``--node-link copy``) or a filesystem with reflinks rules out.
+``docs/node-store.md`` states this guarantee.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from artifactd.errors import ArtifactdError
+from artifactd.format.unpack import check_member_name, current_umask
+from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
+from artifactd.stores.nodestore import LINKINGS, TREES_DIR
+
+if TYPE_CHECKING:
+    from artifactd.format.config import LayerRecord
+
+#: The stamp of a complete tree, inside it: its blob, its mtime, its directories.
+STAMP_NAME = ".artifactd-node-tree.json"
+#: Largest stamp read: a few bytes per directory (100,000 directories fit).
+MAX_STAMP_BYTES = 16 << 20
+#: What the writers in ``unpacked/`` name a tree before it is complete (a kill leaves it).
+TMP_PREFIX = ".tmp-"
+#: ``ioctl(dest, FICLONE, src)``: share the source's extents copy-on-write (Linux).
+FICLONE = 0x40049409
+
+#: Reflink, else hard link where the family allows, else copy (the default).
+AUTO = LINKINGS[0]
+#: Reflink, else copy: a pod never gets the node store's own inode.
+COPY = LINKINGS[1]
+
+#: Errors that say "this filesystem (or pair of them) cannot do that", not "it failed".
+_UNSUPPORTED = frozenset(
+    {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS, errno.EBADF}
+)
+#: Errors a hard link meets where it is refused (another filesystem, protected links, limits).
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP})
+
+
+class Stale(Exception):  # noqa: N818 - a state, not a failure: the caller makes the tree again
+    """The tree cannot serve as it is: missing, incomplete, or changed since it was made."""
+
+
+class Stamp(NamedTuple):
+    """What a complete tree records of itself (:data:`STAMP_NAME`)."""
+
+    layer: str
+    #: The blob it was made from: size, mtime in ns, inode.
+    blob: tuple[int, int, int]
+    #: Every file's mtime in ns (a family that keeps mtimes: the record's instead).
+    mtime_ns: int
+    #: Every directory under the components, parents first.
+    dirs: list[str]
+
+
+class Served(NamedTuple):
+    """What :func:`serve` put into staging, and how."""
+
+    files: int
+    bytes: int
+    reflinked: int
+    linked: int
+    copied: int
+
+
+def tree_path(root: Path, digest: str) -> Path:
+    """Return where the node store at ``root`` keeps the layer ``digest`` unpacked."""
+    return root / TREES_DIR / digest.partition(":")[2]
+
+
+def blob_file(root: Path, digest: str) -> Path:
+    """Return the file of the blob ``digest`` in the node store's layout at ``root``."""
+    algorithm, _, hexdigest = digest.partition(":")
+    return root / "blobs" / algorithm / hexdigest
+
+
+def blob_identity(path: Path) -> tuple[int, int, int]:
+    """Return what a tree remembers of its blob: size, mtime (ns), inode."""
+    st = os.stat(path)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def sealed_mode(mode: int) -> int:
+    """Return a tree file's mode: read-only for all, executable where the record's is."""
+    return 0o555 if mode & 0o100 else 0o444
+
+
+def read_stamp(tree: Path, record: LayerRecord) -> Stamp:
+    """Return the stamp of a complete tree of ``record``'s layer, or raise :class:`Stale`.
+
+    Read as a regular file of at most :data:`MAX_STAMP_BYTES`; every directory
+    it names must be a normal relative path under one of the record's
+    components (the format's own name check), or the tree is not used.
+    """
+    try:
+        doc = json.loads(read_regular(tree / STAMP_NAME, MAX_STAMP_BYTES))
+    except (OSError, ValueError) as exc:
+        raise Stale(f"no readable stamp ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") != 1:
+        raise Stale("a stamp of another version")
+    blob, mtime, dirs = doc.get("blob"), doc.get("mtime_ns"), doc.get("dirs")
+    if (
+        doc.get("layer") != record.digest
+        or not isinstance(blob, list)
+        or len(blob) != 3  # size, mtime, inode
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in blob)
+        or not isinstance(mtime, int)
+        or isinstance(mtime, bool)
+        or not isinstance(dirs, list)
+    ):
+        raise Stale("a stamp that is not this layer's")
+    components = frozenset(record.components)
+    for d in dirs:
+        if not isinstance(d, str) or "/" not in d:
+            raise Stale("a stamp naming a directory outside the components")
+        try:
+            check_member_name(d, components)
+        except ArtifactdError as exc:
+            raise Stale(exc.message) from None
+    dirs.sort(key=lambda d: d.count("/"))
+    return Stamp(record.digest, (blob[0], blob[1], blob[2]), mtime, dirs)
+
+
+def seal(tree: Path, record: LayerRecord, blob: tuple[int, int, int], *, keep_mtimes: bool) -> None:
+    """Make a freshly unpacked tree servable: files read-only, mtimes known, the stamp last.
+
+    Its bytes reach the disk before the stamp is written: after a power cut a
+    stamp never describes files the page cache did not write back.
+    """
+    made = time.time_ns()
+    for entry in record.files:
+        if entry.link is not None:
+            continue
+        path = os.path.join(tree, entry.path)
+        os.chmod(path, sealed_mode(entry.mode))
+        ns = entry.mtime * 1_000_000_000 if keep_mtimes and entry.mtime is not None else made
+        os.utime(path, ns=(ns, ns), follow_symlinks=False)
+    dirs: list[str] = []
+    for comp in sorted(record.components):
+        base = os.path.join(tree, comp)
+        for top, subdirs, _ in os.walk(base):
+            rel = os.path.relpath(top, tree)
+            if rel != comp:
+                dirs.append(rel.replace(os.sep, "/"))
+            subdirs.sort()
+    sync_filesystem(tree)
+    doc = {"schema_version": 1, "layer": record.digest, "blob": list(blob), "mtime_ns": made}
+    doc["dirs"] = dirs
+    atomic_write(tree / STAMP_NAME, json.dumps(doc).encode(), durable=True)
+
+
+def put_in_place(made: Path, tree: Path) -> None:
+    """Rename the sealed tree ``made`` to ``tree``; another pod's complete tree there wins.
+
+    A stale tree at ``tree`` is renamed aside first (so a reader sees the old
+    tree, no tree, or the new one), then removed.
+    """
+    try:
+        os.rename(made, tree)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    aside = tree.parent / f"{TMP_PREFIX}stale-{os.urandom(6).hex()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(tree, aside)
+    try:
+        os.rename(made, tree)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        discard(made)  # another pod put its tree there meanwhile: it serves as well
+    discard(aside)
+
+
+def discard(path: Path) -> None:
+    """Remove a tree (or what is left of one); its read-only files go with their directories."""
+    # lazy: only a tree that failed its check or a gc removes one
+    import shutil  # noqa: PLC0415
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def retire(tree: Path) -> None:
+    """Take a stale tree out of service at once (renamed aside), then remove it."""
+    aside = tree.parent / f"{TMP_PREFIX}stale-{os.urandom(6).hex()}"
+    try:
+        os.rename(tree, aside)
+    except OSError:
+        return
+    discard(aside)
+
+
+def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
+    tree: Path,
+    stamp: Stamp,
+    record: LayerRecord,
+    staging: Path,
+    *,
+    shares: Callable[[str, str, bool], bool],
+    relocate: Callable[[str, bytes], bytes],
+    keep_mtimes: bool,
+    linking: str = AUTO,
+) -> Served:
+    """Put ``record``'s files from the checked tree into ``staging`` (``<component>/...``).
+
+    Each file is checked (:class:`Stale` when it is not what the tree made)
+    before it is reflinked, hard linked (``shares(component, rel, rewrite)``
+    says the family allows it, and ``linking`` is :data:`AUTO`) or copied.
+    Files the record marks for rewriting are read, ``relocate``-d and written
+    new. Symlinks are made last, from the record. Only ``staging`` is written;
+    on any error the caller discards it.
+    """
+    src_root = os.fspath(tree) + os.sep
+    dst_root = os.fspath(staging) + os.sep
+    umask = current_umask()
+    os.makedirs(staging, exist_ok=True)
+    for d in [*sorted(record.components), *stamp.dirs]:
+        os.mkdir(dst_root + d, 0o755)
+        if umask & 0o755:
+            os.chmod(dst_root + d, 0o755)  # noqa: S103 - cache dirs are world-readable by design
+    clone: bool | None = None  # unknown until the first file tries
+    link: bool | None = None if linking == AUTO else False
+    reflinked = linked = copied = total = 0
+    symlinks = []
+    for entry in record.files:
+        if entry.link is not None:
+            symlinks.append(entry)
+            continue
+        src = src_root + entry.path
+        try:
+            st = os.lstat(src)
+        except OSError as exc:
+            raise Stale(f"{entry.path}: {exc.strerror}") from None
+        mtime = (
+            entry.mtime * 1_000_000_000
+            if keep_mtimes and entry.mtime is not None
+            else stamp.mtime_ns
+        )
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_size != entry.size
+            or st.st_mtime_ns != mtime
+            or stat.S_IMODE(st.st_mode) != sealed_mode(entry.mode)
+        ):
+            raise Stale(f"{entry.path} changed since the tree was made")
+        total += entry.size
+        dst = dst_root + entry.path
+        if entry.rewrite:
+            _write_new(dst, relocate(entry.path, _read(src, st)), entry.mode, umask)
+            copied += 1
+            continue
+        if clone is not False:
+            clone = _clone(src, st, dst, entry.mode, umask)
+            if clone:
+                if keep_mtimes and entry.mtime is not None:
+                    os.utime(dst, ns=(mtime, mtime))
+                reflinked += 1
+                continue
+        comp, _, rel = entry.path.partition("/")
+        if link is not False and shares(comp, rel, entry.rewrite):
+            try:
+                os.link(src, dst, follow_symlinks=False)
+                link = True
+                linked += 1
+                continue
+            except OSError as exc:
+                if exc.errno not in _NO_LINK:
+                    raise
+                if exc.errno != errno.EMLINK:  # this file only: the next may link
+                    link = False
+        _copy(src, st, dst, entry.mode, umask)
+        if keep_mtimes and entry.mtime is not None:
+            os.utime(dst, ns=(mtime, mtime))
+        copied += 1
+    for entry in symlinks:
+        os.symlink(entry.link or "", dst_root + entry.path)
+    return Served(len(record.files), total, reflinked, linked, copied)
+
+
+def _open_checked(src: str, st: os.stat_result) -> int:
+    """Open the tree's file ``src`` for reading; it must still be the inode ``st`` checked."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise Stale(f"{src}: {exc.strerror}") from None
+    found = os.fstat(fd)
+    if (found.st_ino, found.st_dev) != (st.st_ino, st.st_dev):
+        os.close(fd)
+        raise Stale(f"{src} was replaced while it was served")
+    return fd
+
+
+def _create(dst: str, mode: int, umask: int) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(dst, flags, mode)
+    if umask & mode:
+        os.fchmod(fd, mode)  # the record's mode, whatever the umask
+    return fd
+
+
+def _read(src: str, st: os.stat_result) -> bytes:
+    fd = _open_checked(src, st)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(st.st_size + 1)
+    finally:
+        os.close(fd)
+    if len(data) != st.st_size:
+        raise Stale(f"{src} changed while it was read")
+    return data
+
+
+def _write_new(dst: str, data: bytes, mode: int, umask: int) -> None:
+    fd = _create(dst, mode, umask)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _clone(src: str, st: os.stat_result, dst: str, mode: int, umask: int) -> bool:
+    """Reflink ``src`` to a new ``dst``; False (``dst`` not left behind) where it cannot be."""
+    # lazy: only a serve loads fcntl's ioctl (the no-op restore never serves)
+    import fcntl  # noqa: PLC0415
+
+    sfd = _open_checked(src, st)
+    try:
+        dfd = _create(dst, mode, umask)
+        try:
+            fcntl.ioctl(dfd, FICLONE, sfd)
+        except OSError as exc:
+            os.close(dfd)
+            os.unlink(dst)
+            if exc.errno in _UNSUPPORTED:
+                return False
+            raise
+        os.close(dfd)
+    finally:
+        os.close(sfd)
+    return True
+
+
+def _copy(src: str, st: os.stat_result, dst: str, mode: int, umask: int) -> None:
+    """Copy ``src`` (the inode ``st`` checked) to a new ``dst`` of ``mode``, in the kernel."""
+    sfd = _open_checked(src, st)
+    try:
+        dfd = _create(dst, mode, umask)
+        try:
+            left = st.st_size
+            try:
+                while left > 0:
+                    n = os.copy_file_range(sfd, dfd, left)
+                    if n == 0:
+                        break
+                    left -= n
+            except OSError as exc:
+                if exc.errno not in _UNSUPPORTED:
+                    raise
+                while left > 0 and (chunk := os.read(sfd, min(left, 1 << 20))):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(dfd, view) :]
+                    left -= len(chunk)
+            if left:
+                raise Stale(f"{src} is shorter than when it was checked")
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
