@@ -122,7 +122,6 @@ def case(work: Path, label: str, files: int, size: int, rounds: int) -> str:
             t0 = time.perf_counter()
             runners[name](layer, base / f"out-{n}-{name}")
             times[name].append(time.perf_counter() - t0)
-    shutil.rmtree(base, ignore_errors=True)  # the series has ended: its targets may go
     ratios = [a / t for a, t in zip(times["artifactd"], times["tar"], strict=True)]
     mb = files * size / 1e6
     cols = []
@@ -131,10 +130,13 @@ def case(work: Path, label: str, files: int, size: int, rounds: int) -> str:
         cols.append(
             f"{name} {med:7.3f} s {1000 * med / files:7.4f} s/1k files {mb / med:7.0f} MB/s"
         )
-    return (
+    line = (
         f"{label:>16}  " + "  |  ".join(cols) + f"  |  ratio {statistics.median(ratios):.2f} "
         f"[{min(ratios):.2f}-{max(ratios):.2f}]"
     )
+    print(line, flush=True)  # before the (long) delete of this series' targets
+    shutil.rmtree(base, ignore_errors=True)  # the series has ended: its targets may go
+    return line
 
 
 def main() -> None:
@@ -154,7 +156,7 @@ def main() -> None:
     print(f"rounds: {args.rounds}, alternating; medians; ratio = median of per-round ratios")
     try:
         for label, files, size in cases:
-            print(case(work, label, files, size, args.rounds), flush=True)
+            case(work, label, files, size, args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
