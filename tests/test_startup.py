@@ -200,8 +200,8 @@ NOT_INSTALLING = {
     "artifactd.trust.signatures",
     "artifactd.stores.credentials",
     "cryptography",
-    # On 3.10 the standard library itself loads subprocess during a restore (seen in
-    # CI's fast suite there, not traced to its importer yet); from 3.11 nothing does.
+    # On 3.10 the standard library's `platform` imports subprocess at module level
+    # (3.11 made it lazy), and the restore loads platform; from 3.11 nothing does.
     *(["subprocess"] if sys.version_info >= (3, 11) else []),
 }
 
