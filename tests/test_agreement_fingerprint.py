@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import PYTHON, clean_env, run_artifactd
 
 import artifactd
@@ -160,6 +161,7 @@ def hits(report: dict[str, Any]) -> set[str]:
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_a_matrix_setting_cc_builds_what_verify_and_a_pod_find(tmp_path: Path) -> None:
     """``env: {CC: gcc}``, no family keyed on CC: the published key is the machine's own."""
     matrix = write_matrix(
@@ -328,6 +330,7 @@ def published_in_process(matrix: Path, env: dict[str, str], n_gpus: int) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_build_merge_verify_and_the_pod_agree_on_one_hash(tmp_path: Path) -> None:
     """One matrix (env: with a keyed and unkeyed variable, cells on 1 and 2 GPUs), every caller."""
     ptxas = fake_ptxas(tmp_path)

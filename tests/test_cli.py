@@ -220,6 +220,7 @@ def test_diff_with_invalid_wrapped_fingerprint_exits_2(tmp_path: Path) -> None:
     _assert_one_error_line(proc)
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_restore_is_configured_by_env_alone(tmp_path: Path) -> None:
     """An init container sets ARTIFACTD_* variables, no flags."""
     gen = make_generic_tree(tmp_path / "gen")

@@ -796,6 +796,7 @@ def test_fetch_verifies_the_pin_and_unpacks_only_the_members(tmp_path: Path) -> 
     assert not (tmp_path / "d2" / "demo-1.0").exists()
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_absent_sources_fail_unless_opted_out(tmp_path: Path) -> None:
     # The guard must never pass silently without the sources: it fails, or skips when asked.
     probe = tmp_path / "test_probe.py"

@@ -449,6 +449,7 @@ TAMPERING = {
 }
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 @pytest.mark.parametrize("case", sorted(TAMPERING))
 def test_a_tampered_candidate_is_refused(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys, case: str
@@ -486,6 +487,7 @@ def test_a_tampered_candidate_is_refused(
     assert loop.installs("fp") == want
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_an_entry_a_gate_dropped_does_not_come_back_in_the_next_candidate(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
 ) -> None:
@@ -523,6 +525,7 @@ def test_an_entry_a_gate_dropped_does_not_come_back_in_the_next_candidate(
     assert "stray/x.cubin" not in loop.installs("second")
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_under_a_policy_verify_gates_only_a_signed_candidate_on_a_signed_base(
     registry: RegistryServer, repo: str, tmp_path: Path, keys: Keys
 ) -> None:

@@ -299,6 +299,7 @@ def test_5xx_burst_shorter_than_the_retry_budget_is_retried_and_restores(scene: 
     assert state == [LOCK_NAME, MARKER_NAME]
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_5xx_forever_fails_open_as_unreachable(scene: Scene) -> None:
     target = scene.tmp / "target"
     ref = scene.ref
@@ -337,6 +338,7 @@ def test_retry_after_seconds_is_waited_before_the_retry(scene: Scene, status: in
     assert wait >= 1.0, f"retried {wait:.2f} s after a Retry-After of 1 s"
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_retry_after_http_date_is_waited_before_the_retry(scene: Scene) -> None:
     _publish(scene.registry, scene.repo, scene.trees, scene.fp)
     # HTTP dates have whole seconds: 3 s after the answer is at least 2 s after it. The date
@@ -350,6 +352,7 @@ def test_retry_after_http_date_is_waited_before_the_retry(scene: Scene) -> None:
     assert wait >= 1.5, f"retried {wait:.2f} s after a Retry-After date 2-3 s ahead"
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_retry_after_longer_than_the_cap_waits_the_cap(scene: Scene) -> None:
     """Retry-After: 3600 waits MAX_RETRY_AFTER_S (patched to 0.5 s here), then retries."""
     _publish(scene.registry, scene.repo, scene.trees, scene.fp)
@@ -388,6 +391,7 @@ def test_connection_cut_mid_blob_fails_open_as_unreachable(scene: Scene) -> None
     _assert_untouched(target, before)
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_dripping_blob_is_aborted_by_the_minimum_rate_deadline(scene: Scene) -> None:
     """A transfer that never stalls long enough for the read timeout must still end.
 
@@ -407,6 +411,7 @@ def test_dripping_blob_is_aborted_by_the_minimum_rate_deadline(scene: Scene) -> 
     _assert_untouched(target, before)
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_dripping_manifest_is_bounded_too(scene: Scene) -> None:
     """The deadline must cover every body, not only blobs: a manifest can drip too.
 
@@ -444,6 +449,7 @@ def test_wrong_bytes_for_a_digest_fail_open_as_corrupt(scene: Scene) -> None:
     _assert_untouched(target, before)
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_dead_registry_fails_open_as_unreachable(scene: Scene) -> None:
     target = scene.tmp / "target"
     ref = scene.ref
@@ -573,6 +579,7 @@ def test_read_only_target_fails_open_as_target(scene: Scene) -> None:
         _assert_untouched(target, before)
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 def test_lock_held_by_another_process_fails_open_as_target(scene: Scene) -> None:
     target = scene.tmp / "target"
     ref = scene.ref

@@ -220,6 +220,7 @@ def test_warm_run_compiles_nothing_and_answers_the_same(two_runs: TwoRuns) -> No
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 @pytest.mark.torch
 def test_not_ready_in_time_fails_with_the_log_tail(tmp_path: Path) -> None:
     cell = serve_cell(tmp_path, flags="--never-ready", ready_timeout_s=3, grace_s=5)
@@ -250,6 +251,7 @@ def test_crash_before_ready_fails_fast_with_status_and_log(tmp_path: Path) -> No
     assert engine_pids(port_of(cell)) == []
 
 
+@pytest.mark.slow  # the inner loop's slowest: waits out deadlines or runs many processes
 @pytest.mark.torch
 def test_engine_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     cell = serve_cell(tmp_path, flags="--ignore-sigterm", requests="    []\n", grace_s=1)
