@@ -20,7 +20,7 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal
 
 from artifactd.errors import UsageError
@@ -373,3 +373,18 @@ def sync_filesystem(path: Path) -> None:
             os.sync()
     finally:
         os.close(fd)
+
+
+def link_inside(rel: PurePosixPath, target: str) -> bool:
+    """Whether a symlink at ``rel`` pointing to ``target`` stays inside its root."""
+    if not target or target.startswith("/"):
+        return False
+    depth = len(rel.parent.parts)
+    for part in PurePosixPath(target).parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part != ".":
+            depth += 1
+    return True

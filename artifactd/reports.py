@@ -48,6 +48,8 @@ def jsonable(value: Any) -> Any:  # noqa: PLR0911 - one return per kind of value
         return {k: jsonable(v) for k, v in value._asdict().items() if k not in hidden}
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
+    if hasattr(value, "json_document"):  # a document the light reader read (artifactd.format.light)
+        return value.json_document()
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -43,7 +43,8 @@ from artifactd.build.harvest import harvest
 from artifactd.fingerprint.probe import probe_fingerprint
 from artifactd.format.config import MAX_TREE_DOC
 from artifactd.stores import open_store
-from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact, read_config
+from artifactd.stores.artifacts import read_artifact, read_config
+from artifactd.stores.reading import MAX_CONFIG_BYTES
 
 REPO = Path(__file__).resolve().parent.parent
 

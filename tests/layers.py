@@ -20,7 +20,8 @@ import zstandard
 
 from artifactd.families import Family, Located
 from artifactd.format.archive import PackedLayer, pack_family
-from artifactd.format.config import TREE_DOC, LayerRecord
+from artifactd.format.config import LayerRecord
+from artifactd.format.oci import TREE_DOC
 from artifactd.format.unpack import UnpackResult, unpack_layer
 
 #: The fingerprint fields a test layer's scope key stands for.

@@ -31,7 +31,8 @@ from registry_server import RegistryServer
 from artifactd.build.harvest import harvest
 from artifactd.errors import IntegrityError, SchemaError, UnsafeArtifactError
 from artifactd.fingerprint.model import Fingerprint
-from artifactd.format.config import TREE_DOC, ArtifactConfig, FamilyTree
+from artifactd.format.config import ArtifactConfig, FamilyTree
+from artifactd.format.oci import TREE_DOC
 from artifactd.format.unpack import check_layer, unpack_layer
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.mounted import MountedTree, open_dir

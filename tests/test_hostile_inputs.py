@@ -37,14 +37,17 @@ from hostile import publish
 
 import artifactd.format.config
 import artifactd.stores.artifacts
+import artifactd.stores.reading
 from artifactd.build.harvest import harvest
 from artifactd.errors import BuildError
 from artifactd.fingerprint.model import Fingerprint
-from artifactd.format.config import MAX_TREE_DOC, TREE_DOC
+from artifactd.format.config import MAX_TREE_DOC
+from artifactd.format.oci import TREE_DOC
 from artifactd.stores import open_store
-from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact
+from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.base import Store
 from artifactd.stores.layout import LayoutStore
+from artifactd.stores.reading import MAX_CONFIG_BYTES
 
 #: Seconds any of these commands may take: each must answer at once, never wait.
 QUICK = 30
@@ -608,7 +611,7 @@ def test_a_harvest_refuses_documents_a_restore_would_not_read(
 ) -> None:
     """The limits are lowered to this small cache's size: as if it held 200,000 files."""
     if limit == "config":
-        monkeypatch.setattr(artifactd.stores.artifacts, "MAX_CONFIG_BYTES", 2000)
+        monkeypatch.setattr(artifactd.stores.reading, "MAX_CONFIG_BYTES", 2000)
     else:
         monkeypatch.setattr(artifactd.format.config, "MAX_TREE_DOC", 1000)
     store = open_store(f"oci:{tmp_path / 'store'}", create=True)

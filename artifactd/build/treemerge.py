@@ -54,7 +54,7 @@ from pathlib import Path, PurePosixPath
 from artifactd.errors import BuildError
 from artifactd.families.base import Family
 from artifactd.families.tree import TreeEntry, root_spellings, walk_component
-from artifactd.format.archive import link_inside
+from artifactd.fsutil import link_inside
 
 #: Larger files that differ are a conflict without asking the family to merge them.
 MERGE_LIMIT = 64 * 1024 * 1024

@@ -61,14 +61,17 @@ import, at module level and inside functions, to these lists):
   ``artifactd.cli.app``, ``artifactd.families.base``,
   ``artifactd.fingerprint.declare``, ``artifactd.fingerprint.diff``,
   ``artifactd.fingerprint.model``,
-  ``artifactd.format.imagemanifest``, ``artifactd.format.unpack``,
+  ``artifactd.format.imagemanifest``, ``artifactd.format.light``,
+  ``artifactd.format.shapes``, ``artifactd.format.views`` (reading the
+  artifact's documents without pydantic), ``artifactd.format.unpack``,
   ``artifactd.pod``, ``artifactd.pod.metrics``, ``artifactd.restore.install``,
   ``artifactd.restore.journal``, ``artifactd.restore.mounted``,
   ``artifactd.restore.predict`` (``restore --predict``),
   ``artifactd.stores.artifacts``, ``artifactd.stores.listing`` (a layout's
   tag count, checked when it is listed), ``artifactd.stores.mirrors`` (a
   registry's mirror configuration), ``artifactd.stores.nodetree`` (a restore
-  from the node store's unpacked layers), ``artifactd.stores.reference``,
+  from the node store's unpacked layers), ``artifactd.stores.reading``,
+  ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
   ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
@@ -190,7 +193,10 @@ LATER = frozenset(
         "artifactd.fingerprint.diff",
         "artifactd.fingerprint.model",
         "artifactd.format.imagemanifest",
+        "artifactd.format.light",
+        "artifactd.format.shapes",
         "artifactd.format.unpack",
+        "artifactd.format.views",
         "artifactd.pod",
         "artifactd.pod.metrics",
         "artifactd.restore.install",
@@ -202,6 +208,7 @@ LATER = frozenset(
         "artifactd.stores.reference",
         "artifactd.stores.mirrors",
         "artifactd.stores.nodetree",
+        "artifactd.stores.reading",
         "artifactd.stores.registry",
         "artifactd.trust.policy",
         "artifactd.trust.signatures",

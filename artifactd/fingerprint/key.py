@@ -72,6 +72,25 @@ def adopt_software(raw: Mapping[str, Any], source: Mapping[str, Any]) -> dict[st
     return out
 
 
+def count_is_informational(data: Any) -> Any:
+    """Read a fingerprint document written before the GPU count left the hash (``gpu.count``).
+
+    Its ``gpu.count`` becomes ``info.gpu_count``, so older artifacts stay
+    readable (their fingerprint hash, recorded beside it, is never
+    recomputed). Both readers run it first: the pydantic model and the light
+    reader (:mod:`artifactd.format.light`).
+    """
+    if isinstance(data, dict) and isinstance(data.get("gpu"), dict) and "count" in data["gpu"]:
+        if not isinstance(data.get("info") or {}, dict):
+            return data  # not a fingerprint: the model refuses it as it is
+        gpu = dict(data["gpu"])
+        count = gpu.pop("count")
+        info = dict(data.get("info") or {})
+        info.setdefault("gpu_count", count)
+        data = {**data, "gpu": gpu, "info": info}
+    return data
+
+
 def raw_hash(raw: Mapping[str, Any]) -> str:
     """Hash a fingerprint document: sha256 of the canonical JSON of its hashed view."""
     return canonical_hash(hashed_view(raw))
@@ -222,3 +241,39 @@ def apply_overrides(raw: Raw, assignments: Sequence[str]) -> Raw:
             raise UsageError(f"--set {path}: is a section; set one of its fields")
         node[leaf] = text if keys[0] == "workload" else _parse_value(text)
     return doc
+
+
+class Document:
+    """A fingerprint as its full JSON document, the model's own checks already passed.
+
+    What :func:`artifactd.format.light.fingerprint_of` gives a restore instead of
+    the pydantic :class:`~artifactd.fingerprint.model.Fingerprint`: ``data`` is
+    exactly the model's ``model_dump(mode="json")``, and every answer below comes
+    from the same functions the model's methods call, so the two agree.
+    """
+
+    __slots__ = ("_data", "_flat")
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+        self._flat: dict[str, Any] | None = None
+
+    @property
+    def hash(self) -> str:
+        """The sha256 of the canonical JSON of the hashed view (all but ``info``)."""
+        return raw_hash(self._data)
+
+    def flatten(self) -> dict[str, Any]:
+        """Return hashed fields as ``{"dotted.path": value}`` leaves."""
+        if self._flat is None:
+            self._flat = flatten(hashed_view(self._data))
+        return dict(self._flat)
+
+    def select(self, dimensions: Sequence[str]) -> dict[str, Any]:
+        """Return the leaves under each dotted prefix in ``dimensions`` (absent ones: None)."""
+        return select(self.flatten(), dimensions)
+
+    def document(self) -> dict[str, Any]:
+        """Return the whole document (a deep copy), ``info`` included."""
+        out: dict[str, Any] = json.loads(json.dumps(self._data))
+        return out

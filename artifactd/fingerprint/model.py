@@ -160,18 +160,8 @@ class Fingerprint(_Model):
     @model_validator(mode="before")
     @classmethod
     def _count_is_informational(cls, data: Any) -> Any:
-        """Read documents written before the GPU count left the hash (``gpu.count``).
-
-        Their ``gpu.count`` becomes ``info.gpu_count``, so older artifacts stay
-        readable (their fingerprint hash, recorded beside it, is never recomputed).
-        """
-        if isinstance(data, dict) and isinstance(data.get("gpu"), dict) and "count" in data["gpu"]:
-            gpu = dict(data["gpu"])
-            count = gpu.pop("count")
-            info = dict(data.get("info") or {})
-            info.setdefault("gpu_count", count)
-            data = {**data, "gpu": gpu, "info": info}
-        return data
+        """Read documents from before the GPU count left the hash (see the function it runs)."""
+        return key.count_is_informational(data)
 
     def hashed_view(self) -> dict[str, Any]:
         """Return the JSON data that enters the hash (everything but ``info``)."""
@@ -181,6 +171,10 @@ class Fingerprint(_Model):
     def hash(self) -> str:
         """The sha256 of the canonical JSON of :meth:`hashed_view`."""
         return key.raw_hash(self.hashed_view())
+
+    def document(self) -> dict[str, Any]:
+        """Return the whole document as JSON data, ``info`` included."""
+        return self.model_dump(mode="json")
 
     def flatten(self) -> dict[str, Any]:
         """Return hashed fields as ``{"dotted.path": value}`` leaves."""

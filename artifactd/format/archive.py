@@ -36,7 +36,9 @@ from artifactd.errors import BuildError, IntegrityError
 from artifactd.families.base import Family, Located
 from artifactd.families.tree import root_spellings, walk_component
 from artifactd.format import config
-from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, LayerRecord, SkippedEntry
+from artifactd.format.config import FamilyTree, FileEntry, LayerRecord, SkippedEntry
+from artifactd.format.oci import TREE_DOC
+from artifactd.fsutil import link_inside
 from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
 
 #: mtime written for every member of families that do not keep mtimes.
@@ -100,21 +102,6 @@ def _norm_mode(st_mode: int) -> int:
     return 0o755 if st_mode & 0o111 else 0o644
 
 
-def link_inside(rel: PurePosixPath, target: str) -> bool:
-    """Whether a symlink at ``rel`` pointing to ``target`` stays inside its root."""
-    if not target or target.startswith("/"):
-        return False
-    depth = len(rel.parent.parts)
-    for part in PurePosixPath(target).parts:
-        if part == "..":
-            depth -= 1
-            if depth < 0:
-                return False
-        elif part != ".":
-            depth += 1
-    return True
-
-
 def pack_family(
     family: Family,
     located: list[Located],
@@ -126,7 +113,7 @@ def pack_family(
     """Pack the located components of ``family`` into ``out`` (a .tar.zst file), format 2.
 
     Members are ``<family>/`` (the directory), ``<family>/<component>/<relative
-    path>``, then ``<family>/`` plus :data:`~artifactd.format.config.TREE_DOC`: the
+    path>``, then ``<family>/`` plus :data:`~artifactd.format.oci.TREE_DOC`: the
     tree document for ``scope_key`` and the ``scope`` fields it hashes. Files
     the family marks as path-bearing are stored with their root replaced by a
     placeholder.

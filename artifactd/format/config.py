@@ -27,6 +27,7 @@ from artifactd.errors import SchemaError
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.format.canary import Canary
 from artifactd.format.oci import DIGEST_PATTERN
+from artifactd.format.views import without_empty_canaries
 
 #: The format version artifactd writes. 1: layer members are ``<component>/<path>``.
 #: 2: members are ``<family>/<component>/<path>`` and each layer carries its
@@ -36,8 +37,6 @@ from artifactd.format.oci import DIGEST_PATTERN
 SCHEMA_VERSION: Literal[2] = 2
 #: Every format version this reader restores.
 READABLE_VERSIONS = (1, 2)
-#: A format-2 family directory's description of itself, beside its components.
-TREE_DOC = ".artifactd-layer.json"
 #: A tree document larger than this is refused before it is read. Sized from
 #: what a real one needs: a harvest of a 100,000-file Triton cache in its real
 #: layout writes 245 bytes per file entry (``python bench/doc_limits.py``), so
@@ -265,12 +264,7 @@ class ArtifactConfig(_Model):
 
     @model_serializer(mode="wrap")
     def _without_empty_canaries(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # An artifact with no canary keeps the bytes (and the config digest) it
-        # had before canaries existed, and stays readable by older releases.
-        doc: dict[str, Any] = handler(self)
-        if not doc.get("canaries"):
-            doc.pop("canaries", None)
-        return doc
+        return without_empty_canaries(handler(self))
 
     def canary(self, cell: str | None = None) -> Canary | None:
         """Return the canary of ``cell`` (default: the only one), or None."""

@@ -30,6 +30,9 @@ ANN_FILES = "io.artifactd.files"
 
 #: A content digest as OCI spells it; the models validate with the same pattern.
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+#: A format-2 family directory's description of itself, beside its components
+#: (:class:`artifactd.format.config.FamilyTree`).
+TREE_DOC = ".artifactd-layer.json"
 DIGEST_RE = re.compile(DIGEST_PATTERN)
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 FULL_TAG_PREFIX = "fp-"

@@ -47,19 +47,25 @@ import stat
 import tarfile
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import zstandard
 
 from artifactd.errors import ArtifactdError, IntegrityError, StoreError, UnsafeArtifactError
-from artifactd.format.archive import link_inside
-from artifactd.format.config import TREE_DOC, FamilyTree, FileEntry, LayerRecord
-from artifactd.fsutil import InputFileError, file_kind, open_regular
+from artifactd.format.oci import TREE_DOC
+from artifactd.format.views import tree_document
+from artifactd.fsutil import InputFileError, file_kind, link_inside, open_regular
 from artifactd.hashing import Hasher, HashingReader, Readable
+
+if TYPE_CHECKING:
+    # A restore reads records with the light reader or pydantic (artifactd.format.light):
+    # the extractor uses only the fields both give.
+    from artifactd.format.views import FileView as FileEntry
+    from artifactd.format.views import LayerView as LayerRecord
 
 #: Longest member path (``component/relative/path``), in UTF-8 bytes.
 MAX_PATH_BYTES = 1024
@@ -162,7 +168,7 @@ def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePos
 
 def tree_doc_limit(record: LayerRecord) -> int:
     """Return the most bytes a format-2 layer's tree document may take (2x canonical)."""
-    return _doc_limit(record.tree().canonical())
+    return _doc_limit(tree_document(record))
 
 
 def _doc_limit(canonical: bytes) -> int:
@@ -224,7 +230,7 @@ def check_layer(
 
 
 def tar_bound(
-    entries: list[FileEntry], components: frozenset[str], *, prefix: str | None = None
+    entries: Sequence[FileEntry], components: frozenset[str], *, prefix: str | None = None
 ) -> int:
     """Return the most bytes an honest tar of these entries can take.
 
@@ -424,7 +430,7 @@ class _ReadAhead:
 
 
 #: One small file verified and ready to write: its path under staging, its bytes, its entry.
-_Write = tuple[str, bytes, FileEntry]
+_Write = tuple[str, bytes, "FileEntry"]
 
 
 class _Extractor:
@@ -448,18 +454,19 @@ class _Extractor:
     def __init__(
         self,
         staging: Path,
-        entries: list[FileEntry],
+        entries: Sequence[FileEntry],
         relocate: Callable[[str, bytes], bytes] | None,
         keep_mtimes: bool,
         *,
         components: frozenset[str],
-        tree: FamilyTree | None = None,
+        tree: str | None = None,
         tree_limit: int = 0,
         tree_doc: bytes = b"",
     ) -> None:
         self.staging = staging
         self.root = os.fspath(staging)
-        #: Format 2: the tree document the layer must carry, and its size limit.
+        #: Format 2: the family whose tree document the layer must carry, the
+        #: document (canonical bytes) and its size limit.
         self.tree = tree
         self.tree_limit = tree_limit
         self.tree_doc = tree_doc
@@ -652,8 +659,11 @@ class _Extractor:
         if data == self.tree_doc:
             self.tree_seen = True
             return
+        # lazy: only a document written otherwise than canonically is parsed, by the model
+        from artifactd.format.config import FamilyTree  # noqa: PLC0415
+
         found = FamilyTree.from_json(data, source=name)
-        if found != self.tree:
+        if found.canonical() != self.tree_doc:
             raise IntegrityError(
                 f"{name} differs from the artifact config's record of the layer",
                 hint="the layer and its config were not written together",
@@ -708,9 +718,7 @@ class _Extractor:
         """Wait for the writers, create the symlinks, and check the staged tree is complete."""
         self.close()
         if self.tree is not None and not self.tree_seen:
-            raise IntegrityError(
-                f"layer {digest} lacks its tree document ({self.tree.family}/{TREE_DOC})"
-            )
+            raise IntegrityError(f"layer {digest} lacks its tree document ({self.tree}/{TREE_DOC})")
         missing = sorted(set(self.expected) - self.seen)
         if missing:
             raise IntegrityError(
@@ -761,7 +769,7 @@ def unpack_layer(
     *,
     digest: str,
     size: int,
-    entries: list[FileEntry],
+    entries: Sequence[FileEntry],
     staging: Path,
     components: frozenset[str],
     max_tar_bytes: int | None = None,
@@ -774,7 +782,8 @@ def unpack_layer(
 
     A format-2 layer gives its family directory as ``prefix`` and its
     ``record``: members must lie under ``prefix/`` (which is stripped) and the
-    tree document must equal ``record.tree()``. ``max_tar_bytes`` comes from
+    tree document must equal the record's
+    (:func:`~artifactd.format.views.tree_document`). ``max_tar_bytes`` comes from
     :func:`check_layer` (default: :func:`tar_bound` of ``entries``). ``relocate(member_path,
     data)`` rewrites files the record marks with ``rewrite``. Raises
     :class:`IntegrityError` (digest, size, file hash or record mismatch),
@@ -782,14 +791,14 @@ def unpack_layer(
     disk); on error the caller discards ``staging``, which is the only place
     anything was written.
     """
-    tree: FamilyTree | None = None
+    tree: str | None = None
     limit = 0
     doc = b""
     if prefix is not None:
         if record is None:
             raise ValueError("a format-2 layer (prefix) needs its record")
-        tree = record.tree()
-        doc = tree.canonical()
+        tree = record.family
+        doc = tree_document(record)
         limit = _doc_limit(doc)
     extractor = _Extractor(
         staging,

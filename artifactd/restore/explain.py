@@ -22,8 +22,9 @@ from artifactd.fingerprint.probe import probe_request
 from artifactd.format.config import ArtifactConfig
 from artifactd.fsutil import InputFileError, read_regular
 from artifactd.stores import open_store, parse_artifact_ref
-from artifactd.stores.artifacts import MAX_CONFIG_BYTES, read_artifact
+from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.credentials import check_unbound_pair
+from artifactd.stores.reading import MAX_CONFIG_BYTES
 
 
 def load_side(

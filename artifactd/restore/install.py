@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
-from artifactd.format.canary import RestoredCanaries
 from artifactd.format.unpack import check_layer
 from artifactd.fsutil import sync_filesystem
 from artifactd.restore import installed
@@ -187,6 +186,9 @@ def _canary_doc(plan: RestorePlan) -> bytes | None:
     """Return the canary document of a whole artifact's restore, or None (nothing to replay)."""
     if not plan.canaries or plan.canary_artifact is None:
         return None
+
+    # lazy: only an artifact whose build recorded canaries carries them (read by pydantic)
+    from artifactd.format.canary import RestoredCanaries  # noqa: PLC0415
 
     doc = RestoredCanaries(artifact=plan.canary_artifact, canaries=list(plan.canaries))
     return doc.model_dump_json().encode()

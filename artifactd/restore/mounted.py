@@ -44,7 +44,8 @@ from artifactd.errors import (
 )
 from artifactd.families import FAMILIES
 from artifactd.format import config
-from artifactd.format.config import TREE_DOC, FamilyTree
+from artifactd.format.config import FamilyTree
+from artifactd.format.oci import TREE_DOC
 from artifactd.format.unpack import source_error, stage_tree
 from artifactd.fsutil import read_regular
 from artifactd.hashing import digest_of

@@ -48,6 +48,7 @@ from artifactd.stores.layout import LayoutStore
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from artifactd.format.views import FingerprintView
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.nodefill import FillResult, Lookup
     from artifactd.restore.predict import Prediction, PredictOptions
@@ -497,6 +498,26 @@ def _adopt_software(raw: dict[str, Any], request: RestoreRequest) -> dict[str, A
     )
 
 
+def local_fingerprint(raw: dict[str, Any]) -> FingerprintView:
+    """Return this machine's fingerprint from its probe: read light, else by the model.
+
+    The light reader (:func:`artifactd.format.light.fingerprint_of`) accepts
+    what the model accepts with the same values; anything else (a ``--set``
+    value the model converts, or refuses with its message) goes to
+    :func:`artifactd.fingerprint.model.from_raw`.
+    """
+    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+    from artifactd.format.light import fingerprint_of  # noqa: PLC0415
+
+    found = fingerprint_of(raw)
+    if found is not None:
+        return found
+    # lazy: pydantic loads only for a probe the light reader leaves to it
+    from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
+
+    return from_raw(raw)
+
+
 def _with_source(request: RestoreRequest, fp_hash: str) -> RestoreRequest:
     """Check the request names one source at most; fill in the default store when it names none."""
     if request.from_dir is not None and request.store is not None:
@@ -513,11 +534,8 @@ def _plan(
     store: RestoreSource, raw: dict[str, Any], volume: CacheVolume, request: RestoreRequest
 ) -> RestorePlan:
     """Resolve the request against its source (:func:`artifactd.restore.resolve.plan_restore`)."""
-    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
-    from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
-
     fams = list(request.families) if request.families else None
-    local = from_raw(raw)
+    local = local_fingerprint(raw)
     options: dict[str, Any] = {
         "families": fams,
         "consumer_user": request.consumer_user,
@@ -567,12 +585,11 @@ def _unresolved(
     request: RestoreRequest, raw: dict[str, Any], volume: CacheVolume, exc: BaseException
 ) -> RestorePlan:
     # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
-    from artifactd.fingerprint.model import from_raw  # noqa: PLC0415
     from artifactd.trust.policy import UNSAFE_NO_VERIFICATION  # noqa: PLC0415
 
     return plan_restore(
         None,
-        from_raw(raw),
+        local_fingerprint(raw),
         volume.root,
         # No source, nothing resolved, nothing to verify: every family is a miss.
         trust=UNSAFE_NO_VERIFICATION,

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint.diff import FieldDiff, ScopeMatch
     from artifactd.fingerprint.model import Fingerprint
     from artifactd.format.canary import Canary
-    from artifactd.format.config import LayerRecord
+    from artifactd.format.views import FingerprintView, LayerView
     from artifactd.restore.marker import RestoreMarker
     from artifactd.restore.source import Found, RestoreSource
     from artifactd.stores.artifacts import Artifact
@@ -68,7 +68,7 @@ class FamilyPlan(NamedTuple):
     verdict: ScopeMatch
     source: Literal["full", "family"] | None = None
     artifact: str | None = None
-    layer: LayerRecord | None = None
+    layer: LayerView | None = None
     dirs: Mapping[str, str] = _NONE
     reason: str | None = None
     deciding: Sequence[FieldDiff] = ()
@@ -86,7 +86,7 @@ class FamilyPlan(NamedTuple):
         family: str,
         source: Literal["full", "family"],
         artifact: str,
-        layer: LayerRecord,
+        layer: LayerView,
         *,
         dirs: Mapping[str, str],
         tag: str,
@@ -258,7 +258,7 @@ def picks(
 
 def plan_restore(
     store: RestoreSource | None,
-    local: Fingerprint,
+    local: FingerprintView,
     target: Path,
     *,
     trust: Basis,
@@ -305,8 +305,9 @@ def plan_restore(
             )
             if any(p.verdict == "miss" for p in plans) and match != "full":
                 # Only a miss lists tags: resolving itself is tag lookups, never a scan.
-                nearest = _closest_sampled(store, local)
-                plans = _explain_misses(plans, local, nearest, keep=list(passed.values()))
+                model = _model(local)
+                nearest = _closest_sampled(store, model)
+                plans = _explain_misses(plans, model, nearest, keep=list(passed.values()))
         except StoreError as exc:
             if not exc.kind == "unreachable":
                 raise
@@ -449,7 +450,7 @@ def _marker_current(
 
 def _resolve(
     source: RestoreSource,
-    local: Fingerprint,
+    local: FingerprintView,
     selected: list[Family],
     target: Path,
     user: str | None,
@@ -512,7 +513,7 @@ def _hit(
     family: str,
     source: Literal["full", "family"],
     found: Found,
-    rec: LayerRecord,
+    rec: LayerView,
     dirs: Mapping[str, str],
 ) -> FamilyPlan:
     return FamilyPlan.hit(
@@ -525,6 +526,16 @@ def _hit(
         version=found.version,
         signed_by=found.signed_by,
     )
+
+
+def _model(local: FingerprintView) -> Fingerprint:
+    """Return ``local`` as the pydantic model, to explain a miss (hits never need it)."""
+    # lazy: only a miss explains itself with the model
+    from artifactd.fingerprint.model import Fingerprint  # noqa: PLC0415
+
+    if isinstance(local, Fingerprint):
+        return local
+    return Fingerprint.model_validate(local.document())
 
 
 def _closest_sampled(source: RestoreSource, local: Fingerprint) -> ClosestSampled | None:

@@ -37,8 +37,8 @@ from artifactd.stores.base import Store, progress_events
 
 if TYPE_CHECKING:
     from artifactd.format.canary import Canary
-    from artifactd.format.config import LayerRecord
     from artifactd.format.unpack import UnpackResult
+    from artifactd.format.views import LayerView
     from artifactd.hashing import Readable
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores.artifacts import Artifact
@@ -75,7 +75,7 @@ class Found(NamedTuple):
     #: The fingerprint hash its config claims; None where the source has none (a tree).
     fingerprint_hash: str | None
     #: Its layer records, by family.
-    records: Mapping[str, LayerRecord]
+    records: Mapping[str, LayerView]
     #: The artifact's format version.
     version: int
     #: The key that signed its manifest, when the restore verified signatures.
@@ -153,11 +153,15 @@ class StoreSource:
         return None if digest is None or digest in self.refused else Current(digest)
 
     def find(self, want: Want, *, trust: Basis) -> Found | None:
-        """Read and verify the artifact ``want``'s tag names (signature first, under a policy)."""
-        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
-        from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
+        """Read and verify the artifact ``want``'s tag names (signature first, under a policy).
 
-        art = read_artifact(self.store, want.tag, trust=trust)
+        Read light (:mod:`artifactd.stores.reading`): pydantic loads only for
+        a document the light reader leaves to it.
+        """
+        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
+        from artifactd.stores.reading import read_documents  # noqa: PLC0415
+
+        art = read_documents(self.store, want.tag, trust=trust, light_read=True)
         if art is None or art.digest in self.refused:
             return None
         if self.refused and any(rec.digest in self.refused for rec in art.config.layers):

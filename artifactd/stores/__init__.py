@@ -22,6 +22,8 @@ Modules:
 * :mod:`~artifactd.stores.pull`: the one pull transport: tags at the origin, content by
   digest from each mirror, verified, then the origin.
 * :mod:`~artifactd.stores.registry`: an OCI registry repository as a store.
+* :mod:`~artifactd.stores.reading`: the one reader of an artifact's manifest and config,
+  verified (light for a restore, the models for every other command).
 * :mod:`~artifactd.stores.artifacts`: publish, read and copy artifacts over any store.
 * :mod:`~artifactd.stores.retention`: which artifacts ``prune`` keeps and deletes, and ``du``.
 * :mod:`~artifactd.stores.nodestore`: the node-local tier: its lock, usage records and gc.

@@ -44,8 +44,9 @@ from artifactd.format.oci import (
     parse_superseded_tag,
 )
 from artifactd.hashing import canonical_json, digest_of
-from artifactd.stores import Store, open_store, parse_manifest_ref
+from artifactd.stores import Store, open_store, parse_manifest_ref, reading
 from artifactd.stores.base import ManifestRef, progress_events
+from artifactd.stores.reading import MAX_CONFIG_BYTES, models, read_documents
 from artifactd.trust.policy import (
     UNSAFE_NO_VERIFICATION,
     Basis,
@@ -62,13 +63,6 @@ if TYPE_CHECKING:
     from artifactd.stores.mirrors import MirrorSettings
     from artifactd.trust.keys import PrivateKey, PublicKey
     from artifactd.trust.signatures import SignResult
-
-#: An artifact config larger than this is refused before it is read: every
-#: family's file entries (the tree documents' limit, :data:`artifactd.format.config.MAX_TREE_DOC`,
-#: about 200,000 files at the 245 bytes an entry a measured harvest writes) plus
-#: room for the fingerprint, the skipped paths and the provenance. Parsing a
-#: config of this size measured 1.7 s and 510 MiB (``python bench/doc_limits.py``).
-MAX_CONFIG_BYTES = 56 << 20
 
 
 @dataclass
@@ -183,11 +177,11 @@ def publish(
     """
     result = PublishResult(digest="", tags=[], family_digests={})
     config = canonical_json(art.model_dump(mode="json"))
-    if len(config) > MAX_CONFIG_BYTES:  # before any upload: no restore would read it
+    if len(config) > reading.MAX_CONFIG_BYTES:  # before any upload: no restore would read it
         files = sum(len(rec.files) for rec in art.layers)
         raise BuildError(
             f"the artifact config would take {len(config)} bytes ({files} files), over the "
-            f"{MAX_CONFIG_BYTES >> 20} MiB a restore reads",
+            f"{reading.MAX_CONFIG_BYTES >> 20} MiB a restore reads",
             hint="harvest fewer families at once (--family), or clear stale cache entries",
         )
     # Before any upload: a bad $SOURCE_DATE_EPOCH fails with nothing written.
@@ -251,45 +245,15 @@ def read_config(
 def read_artifact(store: Store, reference: str, *, trust: Basis | None = None) -> Artifact | None:
     """Read the artifact a tag or digest names; ``None`` when the store has no such reference.
 
-    Everything is verified against its digest, and the config must be consistent
-    with the manifest (same layers, same digests) or :class:`IntegrityError` is raised.
-    Under a :class:`~artifactd.trust.policy.TrustPolicy` as ``trust``, the
-    manifest's signature is checked first, before its config is read:
-    :class:`~artifactd.errors.TrustError` when no key of the policy signed
-    exactly this digest. A restore passes its basis (``UNSAFE_NO_VERIFICATION``
-    when no key is configured); None is for reading what this process wrote.
+    :func:`artifactd.stores.reading.read_documents` (the one reader: the
+    signature under a policy first, every document verified against its
+    digest, the config consistent with the manifest), as the pydantic models.
     """
-    ref = store.get_manifest(reference)
-    if ref is None:
+    docs = read_documents(store, reference, trust=trust)
+    if docs is None:
         return None
-    signed_by = None
-    if trust is not None:
-        signed_by = trust.check(store, ref.digest, what=f"{store.ref}:{reference}")
-    manifest = ImageManifest.from_bytes(ref.data, source=f"{store.ref} {reference}")
-    if not manifest.is_artifactd:
-        raise NotFoundError(
-            f"{store.ref} {reference} is not an artifactd artifact "
-            f"(artifactType {manifest.artifact_type!r})"
-        )
-    config = ArtifactConfig.from_json(
-        read_config(store, manifest), source=f"config of {store.ref} {reference}"
-    )
-    by_digest = {layer.digest: layer for layer in manifest.layers}
-    for rec in config.layers:
-        desc = by_digest.get(rec.digest)
-        if desc is None or desc.size != rec.size:
-            raise IntegrityError(
-                f"{store.ref} {reference}: config lists layer {rec.digest} for {rec.family} "
-                "that the manifest does not carry"
-            )
-    listed = {rec.digest for rec in config.layers}
-    extra = [desc.digest for desc in manifest.layers if desc.digest not in listed]
-    if extra:
-        raise IntegrityError(
-            f"{store.ref} {reference}: the manifest carries layer {extra[0]} "
-            "that the config does not list"
-        )
-    return Artifact(digest=ref.digest, manifest=manifest, config=config, signed_by=signed_by)
+    manifest, config = models(docs)
+    return Artifact(docs.digest, manifest, config, docs.signed_by)
 
 
 @dataclass

@@ -55,7 +55,7 @@ from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
 from artifactd.stores.nodestore import LINKINGS, TREES_DIR
 
 if TYPE_CHECKING:
-    from artifactd.format.config import LayerRecord
+    from artifactd.format.views import LayerView
 
 #: The stamp of a complete tree, inside it: its blob, its mtime, its directories.
 STAMP_NAME = ".artifactd-node-tree.json"
@@ -127,7 +127,7 @@ def sealed_mode(mode: int) -> int:
     return 0o555 if mode & 0o100 else 0o444
 
 
-def read_stamp(tree: Path, record: LayerRecord) -> Stamp:
+def read_stamp(tree: Path, record: LayerView) -> Stamp:
     """Return the stamp of a complete tree of ``record``'s layer, or raise :class:`Stale`.
 
     Read as a regular file of at most :data:`MAX_STAMP_BYTES`; every directory
@@ -163,7 +163,7 @@ def read_stamp(tree: Path, record: LayerRecord) -> Stamp:
     return Stamp(record.digest, (blob[0], blob[1], blob[2]), mtime, dirs)
 
 
-def seal(tree: Path, record: LayerRecord, blob: tuple[int, int, int], *, keep_mtimes: bool) -> None:
+def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtimes: bool) -> None:
     """Make a freshly unpacked tree servable: files read-only, mtimes known, the stamp last.
 
     Its bytes reach the disk before the stamp is written: after a power cut a
@@ -236,7 +236,7 @@ def retire(tree: Path) -> None:
 def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
     tree: Path,
     stamp: Stamp,
-    record: LayerRecord,
+    record: LayerView,
     staging: Path,
     *,
     shares: Callable[[str, str, bool], bool],

@@ -1,0 +1,363 @@
+"""Read the restore's documents without pydantic, by the models' own rules.
+
+Every pod start reads three documents: the OCI manifest, the artifact config
+and the local fingerprint. Importing pydantic and building its models costs
+several times a bare interpreter start, so a restore reads them here first:
+:mod:`artifactd.format.shapes` holds the rules of the pydantic models
+(:class:`~artifactd.format.config.ArtifactConfig`,
+:class:`~artifactd.format.imagemanifest.ImageManifest`,
+:class:`~artifactd.fingerprint.model.Fingerprint`) as data, generated from their
+pydantic-core schemas by ``scripts/gen_shapes.py``, and :func:`read` runs them.
+
+The models stay the one owner of the format. This reader is held to one
+promise (``tests/test_light.py`` checks it on real documents and on every
+hostile variant of them the test makes): **what it accepts, pydantic accepts,
+with the same values** (:func:`to_json` equals the model's
+``model_dump(mode="json")``). It is stricter where pydantic would convert: a
+number written as a string, a whole float for an integer, an integer past 64
+bits, an unpaired surrogate, a field given by its name where the model reads an
+alias. Anything it does not accept (``None``), a caller hands to pydantic,
+which accepts it with its conversions or raises the error a user sees. So a
+document is read exactly as before, and only the documents artifactd writes
+take the fast way.
+
+A model checked after validation (the canaries' prompt records) is written
+``pydantic`` in the shapes: an artifact carrying canaries is read by pydantic.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from artifactd import __version__
+from artifactd.fingerprint.key import Document, count_is_informational
+from artifactd.format.shapes import SHAPES
+from artifactd.format.views import without_empty_canaries
+
+__all__ = ["Doc", "fingerprint_of", "read", "to_json", "validate"]
+
+#: Before-validators by the name the shapes give them: the models run the same functions.
+HOOKS: Mapping[str, Callable[[Any], Any]] = {"count_is_informational": count_is_informational}
+#: Model serializers by the name the shapes give them: the models run the same functions.
+DUMPS: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "without_empty_canaries": without_empty_canaries
+}
+#: Integers past 64 bits are pydantic's to read (it takes any size; a document never holds one).
+_INT_LIMIT = 1 << 63
+#: Integers a float field takes without rounding (past this, pydantic decides).
+_FLOAT_INT_LIMIT = 1 << 53
+
+
+class _RefusedError(Exception):
+    """The light reader does not accept this value: pydantic decides."""
+
+
+class Doc:
+    """A document, or part of one, the light reader accepted: the model's fields as attributes.
+
+    Read-only, like the frozen models. Each model gets a subclass of its name
+    (``type(doc).__name__``), so messages and ``repr`` read as pydantic's do.
+    """
+
+    shape: ClassVar[str] = ""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"{type(self).__name__}({fields})"
+
+    def json_document(self) -> dict[str, Any]:
+        """Return the model's ``model_dump(mode="json")``: what reports print (:func:`to_json`)."""
+        out: dict[str, Any] = to_json(self)
+        return out
+
+
+_CLASSES: dict[str, type[Doc]] = {
+    name: type(name, (Doc,), {"shape": name, "__module__": __name__}) for name in SHAPES
+}
+_MISSING = object()
+
+
+def _text_ok(value: str) -> bool:
+    """Whether ``value`` is text pydantic reads as given: no unpaired surrogate."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain(value: Any) -> Any:
+    """Check a JSON value an ``Any`` field holds; return it unchanged."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        kind = type(v)
+        if kind is str:
+            if not _text_ok(v):
+                raise _RefusedError
+        elif kind is dict:
+            for k in v:
+                if not _text_ok(k):
+                    raise _RefusedError
+            stack.extend(v.values())
+        elif kind is list:
+            stack.extend(v)
+        elif kind is int:
+            if not -_INT_LIMIT <= v < _INT_LIMIT:
+                raise _RefusedError
+        elif kind is float:
+            if not math.isfinite(v):
+                raise _RefusedError
+        elif v is not None and kind is not bool:
+            raise _RefusedError
+    return value
+
+
+Check = Callable[[Any], Any]
+
+
+def _str_check(spec: Mapping[str, Any]) -> Check:
+    search = re.compile(spec["pattern"]).search if "pattern" in spec else None
+    lo = spec.get("min_length")
+    hi = spec.get("max_length")
+
+    def check(v: Any) -> Any:
+        if type(v) is not str or not _text_ok(v):
+            raise _RefusedError
+        if (lo is not None and len(v) < lo) or (hi is not None and len(v) > hi):
+            raise _RefusedError
+        # Python's `$` also matches before a final newline; pydantic's regex does not.
+        if search is not None and (v.endswith("\n") or search(v) is None):
+            raise _RefusedError
+        return v
+
+    return check
+
+
+def _number_check(spec: Mapping[str, Any]) -> Check:
+    lo = spec.get("ge")
+    hi = spec.get("le")
+    is_float = spec["t"] == "float"
+
+    def check(v: Any) -> Any:
+        kind = type(v)
+        if kind is int:
+            if not -_INT_LIMIT <= v < _INT_LIMIT or (is_float and abs(v) > _FLOAT_INT_LIMIT):
+                raise _RefusedError
+            if is_float:
+                v = float(v)
+        elif kind is not float or not is_float or not math.isfinite(v):
+            raise _RefusedError
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise _RefusedError
+        return v
+
+    return check
+
+
+def _bool_check(v: Any) -> Any:
+    if type(v) is not bool:
+        raise _RefusedError
+    return v
+
+
+def _literal_check(values: list[Any]) -> Check:
+    def check(v: Any) -> Any:
+        for expected in values:
+            if type(v) is type(expected) and v == expected:
+                return v
+        raise _RefusedError
+
+    return check
+
+
+def _optional_check(inner: Check) -> Check:
+    def check(v: Any) -> Any:
+        return None if v is None else inner(v)
+
+    return check
+
+
+def _list_check(spec: Mapping[str, Any], inner: Check, make: type) -> Check:
+    lo = spec.get("min_length")
+    hi = spec.get("max_length")
+
+    def check(v: Any) -> Any:
+        if type(v) is not list:
+            raise _RefusedError
+        if (lo is not None and len(v) < lo) or (hi is not None and len(v) > hi):
+            raise _RefusedError
+        out = [inner(x) for x in v]
+        return out if make is list else make(out)
+
+    return check
+
+
+def _dict_check(keys: Check, inner: Check) -> Check:
+    def check(v: Any) -> Any:
+        if type(v) is not dict:
+            raise _RefusedError
+        return {keys(k): inner(x) for k, x in v.items()}
+
+    return check
+
+
+def _union_check(members: list[Mapping[str, Any]]) -> Check:
+    by_kind = {m["t"]: _compile(m) for m in members}
+    kinds = {bool: "bool", int: "int", float: "float", str: "str"}
+
+    def check(v: Any) -> Any:
+        # pydantic's smart union takes the member of the value's own type first.
+        member = by_kind.get(kinds.get(type(v), ""))
+        if member is None:
+            raise _RefusedError
+        return member(v)
+
+    return check
+
+
+def _refuse(v: Any) -> Any:
+    raise _RefusedError
+
+
+_MODELS: dict[str, Check] = {}
+
+
+def _model_check(name: str) -> Check:
+    def check(v: Any) -> Any:
+        # Compiled on first use: models refer to each other (and to themselves) by name.
+        return _MODELS.get(name, _compile_model(name))(v)
+
+    return check
+
+
+def _default(spec_check: Check, default: Any) -> Callable[[], Any]:
+    if default == "$version":
+        return lambda: __version__
+    if isinstance(default, list | dict):
+        return lambda: spec_check(copy.deepcopy(default))
+    return lambda: default
+
+
+def _compile_model(name: str) -> Check:
+    shape = SHAPES[name]
+    cls = _CLASSES[name]
+    before = HOOKS[shape["before"]] if shape["before"] else None
+    forbid = shape["extra"] == "forbid"
+    fields: list[tuple[str, str, Check, Callable[[], Any] | None]] = []
+    renamed: list[str] = []
+    for key, attr, spec, default in shape["fields"]:
+        check = _compile(spec)
+        fields.append(
+            (key, attr, check, None if default == "$required" else _default(check, default))
+        )
+        if key != attr:
+            renamed.append(attr)
+    allowed = frozenset(f[0] for f in fields)
+    new = object.__new__
+    set_dict = object.__setattr__
+
+    def check_model(v: Any) -> Any:
+        if before is not None:
+            try:
+                v = before(v)
+            except Exception:
+                raise _RefusedError from None
+        if type(v) is not dict:
+            raise _RefusedError
+        if forbid and not v.keys() <= allowed:
+            raise _RefusedError
+        if renamed and any(attr in v for attr in renamed):
+            raise _RefusedError  # a field given by name where the model reads its alias
+        values: dict[str, Any] = {}
+        for key, attr, check, default in fields:
+            x = v.get(key, _MISSING)
+            if x is not _MISSING:
+                values[attr] = check(x)
+            elif default is None:
+                raise _RefusedError
+            else:
+                values[attr] = default()
+        doc = new(cls)
+        set_dict(doc, "__dict__", values)
+        return doc
+
+    _MODELS[name] = check_model
+    return check_model
+
+
+def _compile(spec: Mapping[str, Any]) -> Check:  # noqa: PLR0911 - one case per type
+    t = spec["t"]
+    if t == "str":
+        return _str_check(spec)
+    if t in ("int", "float"):
+        return _number_check(spec)
+    if t == "bool":
+        return _bool_check
+    if t == "any":
+        return _plain
+    if t == "lit":
+        return _literal_check(list(spec["values"]))
+    if t == "opt":
+        return _optional_check(_compile(spec["of"]))
+    if t in ("list", "tuple"):
+        return _list_check(spec, _compile(spec["of"]), list if t == "list" else tuple)
+    if t == "dict":
+        return _dict_check(_compile(spec["keys"]), _compile(spec["of"]))
+    if t == "union":
+        return _union_check(list(spec["of"]))
+    if t == "model":
+        return _model_check(spec["name"])
+    return _refuse  # "pydantic": the whole document goes to pydantic
+
+
+def validate(root: str, value: Any) -> Doc | None:
+    """Return ``value`` (parsed JSON) read as the model ``root``, or None: pydantic decides."""
+    check = _MODELS.get(root) or _compile_model(root)
+    try:
+        doc: Doc = check(value)
+    except (_RefusedError, RecursionError):
+        return None
+    return doc
+
+
+def read(root: str, data: bytes | str) -> Doc | None:
+    """Parse and read ``data`` as the model ``root``, or None: pydantic decides (and explains)."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return validate(root, value)
+
+
+def to_json(value: Any) -> Any:
+    """Return the model's ``model_dump(mode="json")`` of ``value`` (a Doc, or what it holds)."""
+    if isinstance(value, Doc):
+        doc = {k: to_json(v) for k, v in value.__dict__.items()}
+        dump = SHAPES[value.shape]["dump"]
+        return DUMPS[dump](doc) if dump else doc
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
+def fingerprint_of(raw: Any) -> Document | None:
+    """Return the fingerprint ``raw`` (a probe, maybe overridden) is, or None: pydantic decides.
+
+    The light reader's answer to :func:`artifactd.fingerprint.model.from_raw`.
+    """
+    doc = validate("Fingerprint", raw)
+    return None if doc is None else Document(to_json(doc))

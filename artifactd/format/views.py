@@ -1,0 +1,159 @@
+"""What a restore reads of an artifact, as types both readers satisfy.
+
+A restore reads the artifact's documents with the light reader
+(:mod:`artifactd.format.light`) and falls back to the pydantic models for what
+it does not accept, so the code after the read sees either. These protocols
+name the fields that code may use: a pydantic model satisfies them as it is,
+and ``tests/test_light.py`` checks that every light document has each of them
+with the model's value. Anything else (a model's methods, ``model_dump``) is
+off limits past the read, so a type checker keeps both paths alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from artifactd.hashing import canonical_json
+
+if TYPE_CHECKING:
+    from artifactd.format.canary import Canary
+
+
+class FileView(Protocol):
+    """One file of a layer record (:class:`~artifactd.format.config.FileEntry`)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def mode(self) -> int: ...
+    @property
+    def mtime(self) -> int | None: ...
+    @property
+    def link(self) -> str | None: ...
+    @property
+    def rewrite(self) -> bool: ...
+
+
+class LayerView(Protocol):
+    """One family's layer record (:class:`~artifactd.format.config.LayerRecord`)."""
+
+    @property
+    def family(self) -> str: ...
+    @property
+    def scope_key(self) -> str: ...
+    @property
+    def scope(self) -> Mapping[str, Any]: ...
+    @property
+    def components(self) -> Sequence[str]: ...
+    @property
+    def files(self) -> Sequence[FileView]: ...
+    @property
+    def pinned_paths(self) -> Sequence[str]: ...
+    @property
+    def facts(self) -> Mapping[str, Any]: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def diff_id(self) -> str: ...
+    @property
+    def unpacked_size(self) -> int: ...
+
+
+class FingerprintView(Protocol):
+    """A fingerprint as resolving uses it (:class:`~artifactd.fingerprint.model.Fingerprint`)."""
+
+    @property
+    def hash(self) -> str: ...
+    def flatten(self) -> dict[str, Any]: ...
+    def select(self, dimensions: Sequence[str]) -> dict[str, Any]: ...
+    def document(self) -> dict[str, Any]: ...
+
+
+class DescriptorView(Protocol):
+    """An OCI descriptor as read (:class:`~artifactd.format.imagemanifest.Descriptor`)."""
+
+    @property
+    def digest(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+
+
+class ManifestView(Protocol):
+    """An OCI manifest as read (:class:`~artifactd.format.imagemanifest.ImageManifest`)."""
+
+    @property
+    def artifact_type(self) -> str | None: ...
+    @property
+    def config(self) -> DescriptorView: ...
+    @property
+    def layers(self) -> Sequence[DescriptorView]: ...
+
+
+class ConfigView(Protocol):
+    """An artifact config as read (:class:`~artifactd.format.config.ArtifactConfig`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def schema_version(self) -> int: ...
+    @property
+    def fingerprint_hash(self) -> str: ...
+    @property
+    def layers(self) -> Sequence[LayerView]: ...
+    @property
+    def canaries(self) -> Sequence[Canary]: ...
+
+
+#: The fields of :class:`FileView` and :class:`LayerView` (the test holds both readers to them).
+FILE_FIELDS = ("path", "size", "sha256", "mode", "mtime", "link", "rewrite")
+LAYER_FIELDS = (
+    "family",
+    "scope_key",
+    "scope",
+    "components",
+    "files",
+    "pinned_paths",
+    "facts",
+    "digest",
+    "size",
+    "diff_id",
+    "unpacked_size",
+)
+
+
+def tree_document(record: LayerView) -> bytes:
+    """Return the tree document a format-2 layer of ``record`` carries, as its canonical bytes.
+
+    The bytes of :meth:`FamilyTree.canonical <artifactd.format.config.FamilyTree.canonical>`
+    for ``record.tree()``, made from the record's fields alone so a restore
+    need not build the model (``tests/test_light.py`` holds the two equal).
+    """
+    return canonical_json(
+        {
+            "schema_version": 2,
+            "family": record.family,
+            "scope_key": record.scope_key,
+            "scope": record.scope,
+            "components": list(record.components),
+            "files": [{f: getattr(e, f) for f in FILE_FIELDS} for e in record.files],
+            "unpacked_size": record.unpacked_size,
+        }
+    )
+
+
+def without_empty_canaries(doc: dict[str, Any]) -> dict[str, Any]:
+    """Leave an empty ``canaries`` out of an artifact config's JSON (both readers' dump).
+
+    An artifact with no canary keeps the bytes (and the config digest) it had
+    before canaries existed, and stays readable by older releases.
+    """
+    if not doc.get("canaries"):
+        doc.pop("canaries", None)
+    return doc
