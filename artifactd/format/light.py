@@ -79,9 +79,6 @@ class Doc:
         return out
 
 
-_CLASSES: dict[str, type[Doc]] = {
-    name: type(name, (Doc,), {"shape": name, "__module__": __name__}) for name in SHAPES
-}
 _MISSING = object()
 
 
@@ -251,7 +248,7 @@ def _default(spec_check: Check, default: Any) -> Callable[[], Any]:
 
 def _compile_model(name: str) -> Check:
     shape = SHAPES[name]
-    cls = _CLASSES[name]
+    cls = type(name, (Doc,), {"shape": name, "__module__": __name__})
     before = HOOKS[shape["before"]] if shape["before"] else None
     forbid = shape["extra"] == "forbid"
     fields: list[tuple[str, str, Check, Callable[[], Any] | None]] = []
