@@ -231,9 +231,13 @@ _MODELS: dict[str, Check] = {}
 
 
 def _model_check(name: str) -> Check:
+    found: list[Check] = []
+
     def check(v: Any) -> Any:
         # Compiled on first use: models refer to each other (and to themselves) by name.
-        return _MODELS.get(name, _compile_model(name))(v)
+        if not found:
+            found.append(_MODELS.get(name) or _compile_model(name))
+        return found[0](v)
 
     return check
 
