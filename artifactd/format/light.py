@@ -252,7 +252,7 @@ def _default(spec_check: Check, default: Any) -> Callable[[], Any]:
 
 def _compile_model(name: str) -> Check:
     shape = SHAPES[name]
-    cls = type(name, (Doc,), {"shape": name, "__module__": __name__})
+    cls: type[Doc] = type(name, (Doc,), {"shape": name, "__module__": __name__})
     before = HOOKS[shape["before"]] if shape["before"] else None
     forbid = shape["extra"] == "forbid"
     fields: list[tuple[str, str, Check, Callable[[], Any] | None]] = []
@@ -289,7 +289,7 @@ def _compile_model(name: str) -> Check:
                 raise _RefusedError
             else:
                 values[attr] = default()
-        doc = new(cls)
+        doc: Doc = new(cls)
         set_dict(doc, "__dict__", values)
         return doc
 
