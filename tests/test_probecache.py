@@ -44,6 +44,8 @@ def _text_digest(path: Path) -> str:
         b"a\r\r\nb\n\r",  # a lone CR before a CRLF, and a CR at the end
         b"\r\n\r\n\r",
         "caf\u00e9/x.py,,\n".encode(),
+        "caf\u00e9/x.py,,\r\n".encode(),
+        b"\r",
     ],
 )
 def test_record_digest_is_the_digest_of_the_decoded_text(tmp_path: Path, data: bytes) -> None:
