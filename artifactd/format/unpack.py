@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tarfile
 import threading
@@ -80,6 +81,7 @@ EXTRA_DIRS = 4096
 #: zstd window cap: the packer's level 6 uses a few MiB; a bomb may not ask for GiBs.
 MAX_ZSTD_WINDOW = 128 << 20
 _CHUNK = 1 << 20
+_AHEAD_CHUNK = 4 << 20
 _BLOCK = 512
 
 
@@ -329,38 +331,76 @@ class _Bounded:
     """Reads from a decompressed stream, refusing to go past ``limit`` bytes.
 
     The source is read in :data:`_CHUNK` pieces and served from a buffer:
-    tarfile asks for 10 KiB at a time, and each call into zstd gives up and
-    retakes the GIL, which the writer threads then hold.
+    each call into zstd gives up and retakes the GIL, which the writer threads
+    then hold. It is the tar reader's file: :meth:`read` returns exactly ``n``
+    bytes unless the stream ends, :meth:`tell` counts what was consumed and
+    :meth:`seek` only skips forward, so tarfile reads it directly (no second
+    buffer of its own) and :meth:`_Extractor.scan` can look at the next header
+    block (:meth:`peek`) before tarfile does.
     """
 
     def __init__(self, source: Readable, limit: int, digest: str) -> None:
         self._source = source
         self._left = limit
         self._digest = digest
-        self._buf = memoryview(b"")
+        self._buf = b""
+        #: Consumed bytes of ``_buf``, and the stream offset of ``_buf[0]``.
+        self._pos = 0
+        self._base = 0
+        self._eof = False
 
-    def _fill(self, want: int) -> None:
-        data = self._source.read(min(max(want, _CHUNK), self._left + 1))
+    def _fill(self, want: int) -> bool:
+        """Make at least ``want`` unconsumed bytes available; False at the end of the stream."""
+        if self._eof:
+            return False
+        data = self._source.read(min(max(want, _AHEAD_CHUNK), self._left + 1))
         self._left -= len(data)
         if self._left < 0:
             raise IntegrityError(
                 f"layer {self._digest} decompresses to more than its record allows"
                 " (a compression bomb, or sizes that lie)"
             )
-        self._buf = memoryview(data)
+        if not data:
+            self._eof = True
+            return False
+        # What was not consumed yet (a member's head, at most) moves to the new buffer.
+        self._base += self._pos
+        self._buf = self._buf[self._pos :] + data if self._pos < len(self._buf) else data
+        self._pos = 0
+        return True
+
+    def peek(self, n: int) -> bytes:
+        """Return the next ``n`` bytes (fewer at the end) without consuming them."""
+        while len(self._buf) - self._pos < n and self._fill(n - (len(self._buf) - self._pos)):
+            pass
+        return self._buf[self._pos : self._pos + n]
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            parts = [bytes(self._buf)]
-            self._buf = memoryview(b"")
+            parts = [self._buf[self._pos :]]
+            self._pos = len(self._buf)
             while data := self.read(_CHUNK):
                 parts.append(data)
             return b"".join(parts)
-        if not self._buf:
-            self._fill(n)
-        out = self._buf[:n]
-        self._buf = self._buf[len(out) :]
-        return bytes(out)
+        out = self.peek(n)
+        self._pos += len(out)
+        return out
+
+    def tell(self) -> int:
+        return self._base + self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Skip forward to ``offset`` (or the end of the stream, if it comes first)."""
+        if whence != os.SEEK_SET or offset < self.tell():
+            raise tarfile.StreamError("seeking backwards is not allowed")
+        while (gap := offset - self.tell()) > 0:
+            if len(self._buf) - self._pos >= gap:
+                self._pos += gap
+            else:
+                self._pos = len(self._buf)
+                if not self._fill(min(gap, _CHUNK)):
+                    break
+        return self.tell()
 
 
 class _ReadAhead:
@@ -374,8 +414,11 @@ class _ReadAhead:
     source once the extractor has returned.
     """
 
-    def __init__(self, source: Readable) -> None:
+    def __init__(
+        self, source: Readable, *, tail: Callable[[Callable[[], bool]], None] | None = None
+    ) -> None:
         self._source = source
+        self._tail = tail
         self._chunks: deque[bytes] = deque()
         self._held = 0
         self._eof = False
@@ -392,7 +435,9 @@ class _ReadAhead:
                     self._cond.wait_for(lambda: self._stop or self._held < _READ_AHEAD)
                     if self._stop:
                         return
-                data = self._source.read(_CHUNK)
+                data = self._source.read(_AHEAD_CHUNK)
+                if not data and self._tail is not None:
+                    self._tail(lambda: self._stop)  # its error reaches the reader as the source's
                 with self._cond:
                     if data:
                         self._chunks.append(data)
@@ -429,8 +474,45 @@ class _ReadAhead:
         self._thread.join()
 
 
-#: One small file verified and ready to write: its path under staging, its bytes, its entry.
-_Write = tuple[str, bytes, "FileEntry"]
+#: The number fields and type of a header as tarfile itself writes them (digits, then NUL):
+#: mode, uid, gid, size, mtime, checksum, type; then devmajor and devminor (or NULs, read
+#: as 0), and the first byte of the ustar name prefix (NUL: none).
+_PLAIN_FIELDS = re.compile(
+    rb"([0-7]{7})\0[0-7]{7}\0[0-7]{7}\0([0-7]{11})\0[0-7]{11}\0([0-7]{6})\0 ([05\0])"
+    rb".{172}(?:[0-7]{7}\0|\0{8}){2}\0",
+    re.DOTALL,
+)
+
+
+def _plain_header(block: bytes) -> tuple[str, bytes, int, int] | None:
+    """(name, type, mode, size) of a plain ustar file or directory header; None for anything else.
+
+    Answers only where ``tarfile.TarInfo.frombuf`` reads the same member from
+    the 512-byte block: every number field in the plain form (octal digits and
+    a NUL, which tarfile reads as the same numbers), a checksum that matches,
+    no ustar name prefix, an ASCII name, a regular file (type ``0`` or NUL,
+    no trailing slash) or a directory. None sends the member to tarfile,
+    which reads it (or refuses it) as it always did.
+    """
+    fields = _PLAIN_FIELDS.match(block, 100)
+    # Unsigned sum, the checksum field counted as spaces (tarfile also takes a signed one).
+    if fields is None or int(fields[3], 8) != sum(block) - sum(block[148:156]) + 256:
+        return None
+    try:
+        name = block[:100].split(b"\0", 1)[0].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    kind = fields[4]
+    if kind == b"5":
+        return name.rstrip("/"), kind, int(fields[1], 8), int(fields[2], 8)
+    if name.endswith("/"):  # tarfile reads a NUL-type member named so as a directory
+        return None
+    return name, kind, int(fields[1], 8), int(fields[2], 8)
+
+
+#: One small file ready to write: its path under staging, its bytes, its entry, and whether
+#: the writer still has to check the bytes' sha256 (it does so before creating the file).
+_Write = tuple[str, bytes, "FileEntry", bool]
 
 
 class _Extractor:
@@ -561,8 +643,50 @@ class _Extractor:
 
     def _write_batch(self, batch: list[_Write]) -> None:
         """Writer-thread task: create the files of one batch (their dirs exist)."""
-        for dest, data, entry in batch:
+        for dest, data, entry, unchecked in batch:
+            # OpenSSL's sha256 releases the GIL: the reading thread parses on meanwhile.
+            if unchecked and hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise IntegrityError(f"{entry.path}: content does not match its sha256")
             _write_small(dest, data, entry, self.keep_mtimes, self.umask)
+
+    def scan(self, tar: tarfile.TarFile, plain: _Bounded, lead: str) -> bool:
+        """Take the next member past tarfile if its header is plain and the record vouches for it.
+
+        The tightest path: the header block is read here (:func:`_plain_header`),
+        and a regular file the record lists (unseen, same size and mode) or a
+        directory the record implies is consumed with its data, ``tar``'s
+        offset moved past it. False leaves the stream at the header for
+        tarfile, which reads every other member (extended and GNU headers, a
+        global header's effect on every member after it, links, the end of
+        the archive, anything malformed) as it always did.
+        """
+        # A global header applies to every member after it; tarfile may have read
+        # past its offset (an empty archive) or the data may end before it.
+        if tar.pax_headers or plain.tell() > tar.offset or plain.seek(tar.offset) != tar.offset:
+            return False
+        block = plain.peek(_BLOCK)
+        header = _plain_header(block) if len(block) == _BLOCK else None
+        if header is None or not header[0].startswith(lead):
+            return False
+        name, kind, mode, size = header
+        name = name[len(lead) :]
+        if kind == b"5":
+            if mode != 0o755 or name not in self.record_dirs:
+                return False
+            tar.offset += _BLOCK  # tarfile reads no data after a directory, whatever its size
+            plain.seek(tar.offset)
+            return True
+        entry = self.fast_files.get(name)
+        if entry is None or size != entry.size or mode != entry.mode or name in self.seen:
+            return False
+        self.seen.add(name)
+        plain.seek(tar.offset + _BLOCK)
+        data = plain.read(size)
+        if len(data) != size:
+            raise tarfile.ReadError("unexpected end of data")
+        tar.offset += _BLOCK + _round(size)  # the padding is skipped by the next read
+        self._accept(name, entry, data)
+        return True
 
     def fast(self, tar: tarfile.TarFile, member: tarfile.TarInfo, lead: str) -> bool:
         """Take ``member`` on the tight path if the record already vouches for it.
@@ -600,20 +724,28 @@ class _Extractor:
         return True
 
     def _accept(self, name: str, entry: FileEntry, data: bytes) -> None:
-        """Verify a small file's bytes, rewrite them if marked, and batch its write."""
+        """Verify a small file's bytes, rewrite them if marked, and batch its write.
+
+        A file that is rewritten is hashed here (the rewrite reads verified
+        bytes only); any other is hashed by the writer thread, before it
+        creates the file, and a mismatch fails the extraction at the next
+        hand-over or at the end.
+        """
         self.total += entry.size
-        # OpenSSL's sha256 (6x CPython's own here, and it releases the GIL).
-        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+        if len(data) != entry.size:
             raise IntegrityError(f"{entry.path}: content does not match its sha256")
-        if entry.rewrite and self.relocate is not None:
+        relocate = self.relocate if entry.rewrite else None
+        if relocate is not None:
+            if hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise IntegrityError(f"{entry.path}: content does not match its sha256")
             try:
-                data = self.relocate(entry.path, data)
+                data = relocate(entry.path, data)
             except (ValueError, UnicodeError) as exc:  # JSONDecodeError is a ValueError
                 raise IntegrityError(
                     f"{entry.path}: marked for path rewriting but cannot be rewritten "
                     f"({type(exc).__name__}: {str(exc)[:80]})"
                 ) from None
-        self._batch.append((f"{self.root}/{name}", data, entry))
+        self._batch.append((f"{self.root}/{name}", data, entry, relocate is None))
         self._batch_bytes += len(data)
         if len(self._batch) >= _BATCH_FILES or self._batch_bytes >= _BATCH_BYTES:
             self._flush()
@@ -840,37 +972,28 @@ def _unpack(
     max_tar_bytes: int,
     prefix: str | None,
 ) -> UnpackResult:
-    extractor.prepare()
     lead = f"{prefix}/" if prefix is not None else ""
     compressed = HashingReader(blob)
-    ahead = _ReadAhead(compressed)
-    try:
+    dctx = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
+    zstd = dctx.stream_reader(compressed, read_size=_AHEAD_CHUNK, closefd=False)  # type: ignore[arg-type]
+    with zstd:
+        # Download and decompression run on the read-ahead thread (zstd releases
+        # the GIL); this thread only parses, verifies and hands files to the writers.
+        ahead = _ReadAhead(zstd, tail=lambda stopped: _drain(compressed, digest, size, stopped))
         try:
-            dctx = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
-            with dctx.stream_reader(ahead, closefd=False) as zr:  # type: ignore[arg-type]
-                plain = _Bounded(zr, max_tar_bytes, digest)
-                with tarfile.open(fileobj=plain, mode="r|") as tar:  # type: ignore[call-overload]
-                    for raw in tar:
-                        if extractor.fast(tar, raw, lead):
-                            continue
-                        member = raw if prefix is None else extractor.unprefixed(tar, raw, prefix)
-                        if member is not None:
-                            extractor.member(tar, member, check_member(member, components))
-                # tarfile stops at the end-of-archive marker; hash whatever follows too.
-                while plain.read(_CHUNK):
-                    pass
-        except tarfile.TarError as exc:
-            raise IntegrityError(f"layer {digest} is not a valid tar stream: {exc}") from exc
-        except zstandard.ZstdError as exc:
-            raise IntegrityError(f"layer {digest} is not valid zstd data: {exc}") from exc
-        except UnicodeError as exc:
-            raise UnsafeArtifactError(
-                f"layer {digest} has a member name that is not UTF-8"
-            ) from exc
-        read = compressed.hasher
-        _drain(ahead, read, digest, size)
-    finally:
-        ahead.close()  # nothing reads the blob once this returns
+            extractor.prepare()  # while the first bytes arrive
+            _extract(
+                ahead,
+                extractor,
+                digest=digest,
+                components=components,
+                max_tar_bytes=max_tar_bytes,
+                prefix=prefix,
+                lead=lead,
+            )
+        finally:
+            ahead.close()  # nothing reads the blob once this returns
+    read = compressed.hasher
     if read.size != size:
         raise IntegrityError(f"layer {digest}: expected {size} bytes, got {read.size}")
     actual = read.digest
@@ -879,12 +1002,56 @@ def _unpack(
     return extractor.finish(digest, components)
 
 
-def _drain(ahead: _ReadAhead, read: Hasher, digest: str, size: int) -> None:
-    """Read the blob past the tar's end, refusing it as soon as it is longer than ``size``."""
-    while True:
+def _extract(
+    ahead: _ReadAhead,
+    extractor: _Extractor,
+    *,
+    digest: str,
+    components: frozenset[str],
+    max_tar_bytes: int,
+    prefix: str | None,
+    lead: str,
+) -> None:
+    """Read the tar stream's members into ``extractor``, tarfile's errors made the format's."""
+    try:
+        plain = _Bounded(ahead, max_tar_bytes, digest)
+        # Not mode "r|": tarfile's stream would buffer ahead of what it parsed.
+        with tarfile.TarFile(fileobj=plain) as tar:  # type: ignore[arg-type]
+            first = True  # tarfile read the first header when it opened: it hands it out next
+            while True:
+                if not first and extractor.scan(tar, plain, lead):
+                    continue
+                first = False
+                raw = tar.next()
+                if raw is None:
+                    break
+                if extractor.fast(tar, raw, lead):
+                    continue
+                member = raw if prefix is None else extractor.unprefixed(tar, raw, prefix)
+                if member is not None:
+                    extractor.member(tar, member, check_member(member, components))
+        # tarfile stops at the end-of-archive marker; hash whatever follows too.
+        while plain.read(_CHUNK):
+            pass
+    except tarfile.TarError as exc:
+        raise IntegrityError(f"layer {digest} is not a valid tar stream: {exc}") from exc
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"layer {digest} is not valid zstd data: {exc}") from exc
+    except UnicodeError as exc:
+        raise UnsafeArtifactError(f"layer {digest} has a member name that is not UTF-8") from exc
+
+
+def _drain(compressed: HashingReader, digest: str, size: int, stopped: Callable[[], bool]) -> None:
+    """Read the blob past the zstd frame's end, refusing it as soon as it is longer than ``size``.
+
+    Runs on the read-ahead thread after the frame's last byte; ends early
+    when the extractor has stopped (it failed), which reads no verdict.
+    """
+    read = compressed.hasher
+    while not stopped():
         if read.size > size:
             raise IntegrityError(f"layer {digest}: more than the {size} bytes its descriptor says")
-        if not ahead.read(_CHUNK):
+        if not compressed.read(_CHUNK):
             return
 
 
