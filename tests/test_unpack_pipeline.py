@@ -4,24 +4,36 @@
 how fast: the blob keeps being read while the extractor is held up on a
 member (so a registry download and the disk work overlap), every directory the
 record implies exists before the first file is written, and the members the
-record vouches for are matched without building a path object each. The
-rules themselves are held by the hostile-layer corpus (tests/hostile.py).
+record vouches for are matched without building a path object each, their
+plain ustar headers read without tarfile (a header read so reads as tarfile
+reads it; a global PAX header sends what follows back to tarfile), while
+zstd and the files' sha256 run off the thread that parses. The rules
+themselves are held by the hostile-layer corpus (tests/hostile.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import tarfile
 import threading
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import zstandard
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from layers import pack, record
 
 import artifactd.format.unpack as unpack_mod
+from artifactd.errors import UnsafeArtifactError
 from artifactd.families import get_family
 from artifactd.families.base import Located
 from artifactd.format.archive import PackedLayer
-from artifactd.format.config import FileEntry
+from artifactd.format.config import TREE_DOC, FileEntry
 from artifactd.format.unpack import unpack_layer
 
 #: A generous ceiling for an event that comes at once when the code is right.
@@ -154,3 +166,189 @@ def test_members_the_record_vouches_for_build_no_path_object(
     assert files == 300
     assert made == []
     assert (tmp_path / "stage" / "cache" / "k29" / "kernel299.cubin").read_bytes() == b"299" * 100
+
+
+def _kernels(src: Path, count: int) -> None:
+    for i in range(count):
+        d = src / f"k{i % 30:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"kernel{i}.cubin").write_bytes(b"%d" % i * 100)
+
+
+def test_members_the_record_vouches_for_are_read_without_tarfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their plain ustar headers are read by the extractor; tarfile reads only the others."""
+    _kernels(tmp_path / "src", 300)
+    layer = _pack(tmp_path / "src", tmp_path / "layer.tar.zst")
+    parsed: list[str] = []
+    real = tarfile.TarInfo.fromtarfile.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[tarfile.TarInfo], tar: tarfile.TarFile) -> tarfile.TarInfo:
+        info: tarfile.TarInfo = real(cls, tar)
+        parsed.append(info.name)
+        return info
+
+    monkeypatch.setattr(tarfile.TarInfo, "fromtarfile", classmethod(counted))
+    blob = _Blob(layer.path)
+    try:
+        files = _unpack(layer, blob, tmp_path / "stage", layer.files, None)
+    finally:
+        blob.close()
+    assert files == 300
+    # The family directory (the first member), the tree document: the end needs no name.
+    assert parsed == ["generic", f"generic/{TREE_DOC}"]
+    assert (tmp_path / "stage" / "cache" / "k29" / "kernel299.cubin").read_bytes() == b"299" * 100
+
+
+def test_decompression_and_file_hashes_run_off_the_reading_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread that parses the tar neither decompresses nor hashes the files it hands over."""
+    _kernels(tmp_path / "src", 120)
+    layer = _pack(tmp_path / "src", tmp_path / "layer.tar.zst")
+    hashed: set[str] = set()
+    decompressed: set[str] = set()
+
+    def sha256(data: bytes = b"") -> Any:
+        hashed.add(threading.current_thread().name)
+        return hashlib.sha256(data)
+
+    class Reader:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def read(self, n: int = -1) -> bytes:
+            decompressed.add(threading.current_thread().name)
+            data: bytes = self._inner.read(n)
+            return data
+
+        def __enter__(self) -> Reader:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._inner.close()
+
+    class Decompressor:
+        def __init__(self, **kwargs: Any) -> None:
+            self._inner = zstandard.ZstdDecompressor(**kwargs)
+
+        def stream_reader(self, source: Any, **kwargs: Any) -> Reader:
+            return Reader(self._inner.stream_reader(source, **kwargs))
+
+    fakes = SimpleNamespace(ZstdDecompressor=Decompressor, ZstdError=zstandard.ZstdError)
+    monkeypatch.setattr(unpack_mod, "zstandard", fakes)
+    monkeypatch.setattr(unpack_mod, "hashlib", SimpleNamespace(sha256=sha256))
+    blob = _Blob(layer.path)
+    try:
+        files = _unpack(layer, blob, tmp_path / "stage", layer.files, None)
+    finally:
+        blob.close()
+    assert files == 120
+    me = threading.current_thread().name
+    assert hashed and me not in hashed, hashed
+    assert decompressed and me not in decompressed, decompressed
+
+
+_ABC = (("cache/a", b"A"), ("cache/b", b"B"), ("cache/c", b"C"))
+
+
+def test_a_global_header_sends_every_member_after_it_to_tarfile(tmp_path: Path) -> None:
+    """A PAX global header renames what follows: the raw headers after it tell another story."""
+    members = io.BytesIO()
+    with tarfile.open(fileobj=members, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        tar.addfile(_info("cache", tarfile.DIRTYPE, 0))
+        for name, data in _ABC:
+            tar.addfile(_info(name, tarfile.REGTYPE, len(data)), io.BytesIO(data))
+    renames = io.BytesIO()  # an archive of nothing but a global header: its first two blocks
+    with tarfile.open(fileobj=renames, mode="w", pax_headers={"path": "cache/a"}):
+        pass
+    # After the directory: tarfile reads cache/a (A's bytes, as listed), then cache/a again.
+    raw = members.getvalue()[:512] + renames.getvalue()[:1024] + members.getvalue()[512:]
+    blob = zstandard.ZstdCompressor().compress(raw)
+    entries = [
+        FileEntry(path=name, size=1, sha256=hashlib.sha256(data).hexdigest(), mode=0o644)
+        for name, data in _ABC
+    ]
+    with pytest.raises(UnsafeArtifactError, match="'cache/a' appears twice"):
+        unpack_layer(
+            io.BytesIO(blob),
+            digest="sha256:" + hashlib.sha256(blob).hexdigest(),
+            size=len(blob),
+            entries=entries,
+            staging=tmp_path / "stage",
+            components=frozenset({"cache"}),
+        )
+
+
+def _info(name: str, kind: bytes, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.mode = kind, size, 0o755 if kind == tarfile.DIRTYPE else 0o644
+    return info
+
+
+def _header_block(name: str, kind: bytes, size: int, fmt: int) -> bytes:
+    return _info(name, kind, size).tobuf(fmt, "utf-8", "surrogateescape")[-512:]  # type: ignore[arg-type]
+
+
+#: Where a header's fields start or end (name, mode, uid, size, mtime, type, link, magic,
+#: uname, devmajor, devminor, prefix), and what an edit writes there.
+_FIELD_EDGES = [0, 99, 100, 107, 108, 116, 124, 135, 136, 156, 157, 257, 263, 265, 329, 337, 345]
+_EDIT_BYTES = [b"\0", b" ", b"/", b"0", b"5", b"8", b"x", b"\x80", b"\xff", b"\x1c", b"ab/"]
+
+
+_PLAIN_FILE: dict[str, Any] = {
+    "name": "a",
+    "slash": False,
+    "kind": tarfile.REGTYPE,
+    "size": 1,
+    "fmt": tarfile.USTAR_FORMAT,
+    "edits": [],
+    "spoil": False,
+}
+
+
+@settings(deadline=None, database=None, derandomize=True, max_examples=300)
+@given(
+    name=st.text(st.characters(min_codepoint=1, max_codepoint=0x7F), min_size=1, max_size=97),
+    slash=st.booleans(),
+    kind=st.sampled_from([tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE]),
+    size=st.integers(0, 1 << 20),
+    fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT]),
+    edits=st.lists(
+        st.tuples(
+            st.sampled_from(_FIELD_EDGES) | st.integers(0, 511), st.sampled_from(_EDIT_BYTES)
+        ),
+        max_size=2,
+    ),
+    spoil=st.sampled_from([False, False, False, True]),
+)
+# A ustar name prefix, a NUL-type member named as a directory, a checksum off by one.
+@example(**{**_PLAIN_FILE, "edits": [(345, b"ab/")]})
+@example(**{**_PLAIN_FILE, "slash": True, "kind": tarfile.AREGTYPE})
+@example(**{**_PLAIN_FILE, "spoil": True})
+def test_a_header_read_past_tarfile_reads_as_tarfile_reads_it(
+    *,
+    name: str,
+    slash: bool,
+    kind: bytes,
+    size: int,
+    fmt: int,
+    edits: list[tuple[int, bytes]],
+    spoil: bool,
+) -> None:
+    """Whatever header the extractor reads itself, tarfile reads the same member from it."""
+    block = bytearray(_header_block(name + "/" * slash, kind, size, fmt))
+    for at, value in edits:
+        block[at : at + len(value)] = value
+        del block[512:]
+    if edits:  # a consistent checksum, so the edit itself is what is judged
+        block[148:156] = b" " * 8
+        block[148:155] = b"%06o\0" % sum(block)
+    if spoil:  # a checksum that is off by one: tarfile refuses the header
+        block[148:155] = b"%06o\0" % (int(block[148:154], 8) + 1)
+    mine = unpack_mod._plain_header(bytes(block))
+    if mine is None:
+        return
+    theirs = tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
+    assert mine == (theirs.name, theirs.type, theirs.mode, theirs.size)
