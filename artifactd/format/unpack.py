@@ -389,6 +389,13 @@ class _Bounded:
     def tell(self) -> int:
         return self._base + self._pos
 
+    def skip(self, n: int) -> None:
+        """Consume ``n`` more bytes (fewer at the end of the stream)."""
+        if len(self._buf) - self._pos >= n:
+            self._pos += n
+        else:
+            self.seek(self.tell() + n)
+
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Skip forward to ``offset`` (or the end of the stream, if it comes first)."""
         if whence != os.SEEK_SET or offset < self.tell():
@@ -496,7 +503,8 @@ def _plain_header(block: bytes) -> tuple[str, bytes, int, int] | None:
     """
     fields = _PLAIN_FIELDS.match(block, 100)
     # Unsigned sum, the checksum field counted as spaces (tarfile also takes a signed one).
-    if fields is None or int(fields[3], 8) != sum(block) - sum(block[148:156]) + 256:
+    # The checksum field holds its digits, a NUL and a space (32).
+    if fields is None or int(fields[3], 8) != sum(block) - sum(fields[3]) - 32 + 256:
         return None
     try:
         name = block[:100].split(b"\0", 1)[0].decode("ascii")
@@ -520,17 +528,20 @@ class _Extractor:
 
     The record is known before the first byte, so its names are checked once
     up front (the member-name rules, with string operations) and every
-    directory its files need is made before the stream starts. A member that
-    the record lists as a regular file with the same size and mode then takes
-    the tight path (:meth:`fast`): one dict lookup, the bytes read straight
-    from the tar stream, hashed, and handed in batches to a few writer threads,
-    because creating files is what restore time is made of on real disks
-    (open + write + close overlap well, and release the GIL). Anything else
-    (directories the record does not imply, symlinks, large files, and every
-    member that differs from its record) takes the full check (:func:`check_member`)
-    and so fails with the same message it always did. Large files stream
-    straight to disk. Every write goes under ``staging`` only; any error
-    discards it.
+    directory its files need is made while the first bytes arrive. A member
+    that the record lists as a regular file of at most :data:`_BUFFERED_FILE`
+    bytes with the same size and mode then takes the tight path: its plain
+    ustar header read without tarfile (:meth:`scan`; :meth:`fast` when
+    tarfile read the header), one dict lookup, the bytes read straight from
+    the tar stream and handed in batches to a few writer threads, which check
+    each file's sha256 and then create it, because creating files is what
+    restore time is made of on real disks (hashing, open + write + close
+    overlap well, and release the GIL). A file marked for rewriting is hashed
+    and rewritten on this thread first. Anything else (directories the
+    record does not imply, symlinks, large files, and every member that
+    differs from its record) takes the full check (:func:`check_member`) and
+    so fails with the same message it always did. Large files stream straight
+    to disk. Every write goes under ``staging`` only; any error discards it.
     """
 
     def __init__(
@@ -560,7 +571,7 @@ class _Extractor:
         self.record_dirs: set[str] = set()
         for e in entries:
             if "/" in e.path and _name_problem(e.path, components) is None:
-                if e.link is None and not e.rewrite and e.size <= _BUFFERED_FILE:
+                if e.link is None and e.size <= _BUFFERED_FILE:
                     self.fast_files[e.path] = e
                 for d in _parents(e.path):
                     if d in self.record_dirs:
@@ -650,43 +661,51 @@ class _Extractor:
             _write_small(dest, data, entry, self.keep_mtimes, self.umask)
 
     def scan(self, tar: tarfile.TarFile, plain: _Bounded, lead: str) -> bool:
-        """Take the next member past tarfile if its header is plain and the record vouches for it.
+        """Take the next members past tarfile while their headers are plain and the record vouches.
 
-        The tightest path: the header block is read here (:func:`_plain_header`),
+        The tightest path: each header block is read here (:func:`_plain_header`),
         and a regular file the record lists (unseen, same size and mode) or a
         directory the record implies is consumed with its data, ``tar``'s
-        offset moved past it. False leaves the stream at the header for
-        tarfile, which reads every other member (extended and GNU headers, a
-        global header's effect on every member after it, links, the end of
-        the archive, anything malformed) as it always did.
+        offset moved past it. It stops at the first other member and leaves
+        the stream at its header for tarfile, which reads it (extended and GNU
+        headers, a global header's effect on every member after it, links,
+        the end of the archive, anything malformed) as it always did. True
+        when it took at least one member.
         """
         # A global header applies to every member after it; tarfile may have read
         # past its offset (an empty archive) or the data may end before it.
         if tar.pax_headers or plain.tell() > tar.offset or plain.seek(tar.offset) != tar.offset:
             return False
-        block = plain.peek(_BLOCK)
-        header = _plain_header(block) if len(block) == _BLOCK else None
-        if header is None or not header[0].startswith(lead):
-            return False
-        name, kind, mode, size = header
-        name = name[len(lead) :]
-        if kind == b"5":
-            if mode != 0o755 or name not in self.record_dirs:
-                return False
-            tar.offset += _BLOCK  # tarfile reads no data after a directory, whatever its size
-            plain.seek(tar.offset)
-            return True
-        entry = self.fast_files.get(name)
-        if entry is None or size != entry.size or mode != entry.mode or name in self.seen:
-            return False
-        self.seen.add(name)
-        plain.seek(tar.offset + _BLOCK)
-        data = plain.read(size)
-        if len(data) != size:
-            raise tarfile.ReadError("unexpected end of data")
-        tar.offset += _BLOCK + _round(size)  # the padding is skipped by the next read
-        self._accept(name, entry, data)
-        return True
+        cut = len(lead)
+        files, dirs, seen = self.fast_files, self.record_dirs, self.seen
+        took = False
+        while True:
+            block = plain.peek(_BLOCK)
+            header = _plain_header(block) if len(block) == _BLOCK else None
+            if header is None or not header[0].startswith(lead):
+                return took
+            name, kind, mode, size = header
+            name = name[cut:]
+            if kind == b"5":
+                if mode != 0o755 or name not in dirs:
+                    return took
+                plain.skip(_BLOCK)
+                tar.offset += _BLOCK  # tarfile reads no data after a directory, whatever its size
+                took = True
+                continue
+            entry = files.get(name)
+            if entry is None or size != entry.size or mode != entry.mode or name in seen:
+                return took
+            seen.add(name)
+            plain.skip(_BLOCK)
+            data = plain.read(size)
+            if len(data) != size:
+                raise tarfile.ReadError("unexpected end of data")
+            padded = _round(size)
+            plain.skip(padded - size)  # at the end of the data, tarfile reports it next
+            tar.offset += _BLOCK + padded
+            took = True
+            self._accept(name, entry, data)
 
     def fast(self, tar: tarfile.TarFile, member: tarfile.TarInfo, lead: str) -> bool:
         """Take ``member`` on the tight path if the record already vouches for it.
