@@ -33,7 +33,8 @@ from artifactd.errors import UnsafeArtifactError
 from artifactd.families import get_family
 from artifactd.families.base import Located
 from artifactd.format.archive import PackedLayer
-from artifactd.format.config import TREE_DOC, FileEntry
+from artifactd.format.config import FileEntry
+from artifactd.format.oci import TREE_DOC
 from artifactd.format.unpack import unpack_layer
 
 #: A generous ceiling for an event that comes at once when the code is right.
