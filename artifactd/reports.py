@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from artifactd.restore.policy import RestoreOutcome
     from artifactd.restore.predict import Prediction
     from artifactd.stores.artifacts import Artifact
-    from artifactd.trust.policy import TrustReport
+    from artifactd.trust.inspection import TrustReport
 
 #: Version of every ``--json`` document (the ``schema_version`` key).
 REPORT_SCHEMA_VERSION = 1

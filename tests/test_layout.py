@@ -219,6 +219,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "artifactd.bounds",
             "artifactd.boundedhttp",
             "artifactd.megacache",
+            "artifactd.workers",
         ),
     ),
     ("families", ("artifactd.families",)),

@@ -195,8 +195,18 @@ PLUGINS = (
     "sys.modules.get('pydantic.plugin._loader'), '_plugins', 'not loaded'))))"
 )
 #: What a restore that installs from one store, verifying nothing, has no use for:
-#: signatures (and the crypto library), a second registry's credentials, subprocesses.
+#: signatures (and the crypto library), a second registry's credentials, subprocesses,
+#: keys, what only ``inspect`` shows; nor what would cost it a tenth of a bare start
+#: each: dataclasses (which loads inspect, ast, dis, tokenize) and concurrent.futures
+#: (which loads logging); vLLM's key recipe (read at harvest and predict).
 NOT_INSTALLING = {
+    "dataclasses",
+    "inspect",
+    "concurrent.futures",
+    "logging",
+    "artifactd.families.vllmkey",
+    "artifactd.trust.keys",
+    "artifactd.trust.inspection",
     "artifactd.trust.signatures",
     "artifactd.stores.credentials",
     "cryptography",

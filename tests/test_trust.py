@@ -46,8 +46,9 @@ from artifactd.stores.artifacts import open_artifact
 from artifactd.stores.layout import LayoutStore
 from artifactd.stores.nodestore import gc
 from artifactd.stores.registry import RegistryStore, parse_registry_ref
+from artifactd.trust.inspection import examine
 from artifactd.trust.keys import KeyFileError, generate, load_private_key, load_public_keys
-from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy, examine
+from artifactd.trust.policy import UNSAFE_NO_VERIFICATION, TrustPolicy
 from artifactd.trust.signatures import (
     ANN_PREDICATE_TYPE,
     ANN_SIGNATURE,

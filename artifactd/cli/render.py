@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from artifactd.restore.resolve import RestorePlan
     from artifactd.stores.artifacts import Artifact, CopyResult
     from artifactd.stores.mirrors import MirrorPlan
-    from artifactd.trust.policy import TrustReport
+    from artifactd.trust.inspection import TrustReport
     from artifactd.trust.signatures import SignResult
 
 

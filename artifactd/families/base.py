@@ -26,9 +26,8 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from artifactd.constants import HOME, TEMP, TMP, TMPDIR
 
@@ -36,8 +35,7 @@ from artifactd.constants import HOME, TEMP, TMP, TMPDIR
 ROOT_PLACEHOLDER = "@ARTIFACTD_ROOT@"
 
 
-@dataclass(frozen=True)
-class Component:
+class Component(NamedTuple):
     """One directory a family owns.
 
     ``restore_subdir`` is relative to the restore target. ``env`` maps the
@@ -50,8 +48,7 @@ class Component:
     env: Mapping[str, str]
 
 
-@dataclass(frozen=True)
-class Located:
+class Located(NamedTuple):
     """A component found on disk at harvest time."""
 
     component: Component

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from artifactd.families.base import Family
 
@@ -21,8 +21,7 @@ from artifactd.families.base import Family
 NOT_UTF8 = "file name is not valid UTF-8"
 
 
-@dataclass(frozen=True)
-class TreeEntry:
+class TreeEntry(NamedTuple):
     """One entry under a component root.
 
     ``rel`` is relative to the root, ``st`` its lstat, ``skip`` why the

@@ -89,9 +89,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd.constants import (
     DG_JIT_CACHE_DIR,
@@ -118,7 +117,6 @@ from artifactd.families.layouts import (
     deepgemm_meta,
     deepgemm_partial_entries,
 )
-from artifactd.families.vllmkey import traced_lists
 from artifactd.fsutil import read_regular
 
 if TYPE_CHECKING:
@@ -276,8 +274,7 @@ WHY_MODEL = "a local model path: pods may mount the model elsewhere"
 WHY_TMP = "an absolute path under /tmp: often a per-run temp dir"
 
 
-@dataclass(frozen=True)
-class FactorCategory:
+class FactorCategory(NamedTuple):
     """A kind of volatile hash factor: how sure the rule is, and what it costs on a pod.
 
     ``certain`` is False for values that are often, not always, per pod (a
@@ -467,8 +464,7 @@ def classify_factor(key: str, value: Any) -> str | None:
     return found[0] if found else None
 
 
-@dataclass(frozen=True)
-class VolatileFactor:
+class VolatileFactor(NamedTuple):
     """A hash factor whose value changes from pod to pod.
 
     ``key`` is its dotted path (``env.VLLM_PORT``, ``code[1].path``),
@@ -681,5 +677,8 @@ class VLLMFamily(Family):
         factors = read_factors(root)
         if not factors:
             return {}
+        # lazy: vLLM's key recipe is read at harvest and predict, never at a restore's plan
+        from artifactd.families.vllmkey import traced_lists  # noqa: PLC0415
+
         traced = traced_lists({n: root / COMPILE_DIR / n for n in factors}, factors)
         return {"cache_key_factors": factors, **({"traced_files": traced} if traced else {})}

@@ -49,10 +49,8 @@ import tarfile
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 import zstandard
 
@@ -61,6 +59,7 @@ from artifactd.format.oci import TREE_DOC
 from artifactd.format.views import tree_document
 from artifactd.fsutil import InputFileError, file_kind, link_inside, open_regular
 from artifactd.hashing import Hasher, HashingReader, Readable
+from artifactd.workers import Job, Pool
 
 if TYPE_CHECKING:
     # A restore reads records with the light reader or pydantic (artifactd.format.light):
@@ -276,8 +275,7 @@ def _check_entry(entry: FileEntry, components: frozenset[str]) -> None:
         )
 
 
-@dataclass
-class UnpackResult:
+class UnpackResult(NamedTuple):
     """What :func:`unpack_layer` wrote under the staging root."""
 
     files: int
@@ -586,7 +584,7 @@ class _Extractor:
         self.keep_mtimes = keep_mtimes
         # Read once per extraction (never set: os.umask would race other threads).
         self.umask = current_umask()
-        self._pool = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="extract")
+        self._pool = Pool(_WRITERS, "extract")
         self._budget = _ByteBudget(_IN_FLIGHT)
         self._slots = threading.BoundedSemaphore(_MAX_QUEUED)
         self._error: BaseException | None = None
@@ -603,7 +601,7 @@ class _Extractor:
     def abort(self) -> None:
         """Stop the writers: drop queued writes, wait for running ones."""
         self._batch = []
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_pending=True)
 
     def close(self) -> None:
         """Hand over the last batch, wait for the writers; raise the first error any hit."""
@@ -1307,8 +1305,8 @@ def _stream_member(
         while view:
             view = view[os.write(fd, view) :]
 
-    pending: deque[Future[None]] = deque()
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream")
+    pending: deque[Job[None]] = deque()
+    pool = Pool(1, "stream")
     try:
         while data := src.read(_STREAM_CHUNK):
             pending.append(pool.submit(put, data))
@@ -1317,8 +1315,8 @@ def _stream_member(
         while pending:
             pending.popleft().result()
     finally:
-        for future in pending:
-            future.cancel()
+        for job in pending:
+            job.cancel()
         pool.shutdown(wait=True)  # nothing writes to fd once it is closed
         os.close(fd)
     if copied.size != entry.size or copied.hex != entry.sha256:

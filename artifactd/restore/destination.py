@@ -357,12 +357,14 @@ class CacheVolume:
         if journal is not None:
             try:
                 marker = read_regular(self.marker_path, MAX_STATE_FILE)
-                committed = sha256_hex(marker) == journal.marker_sha256
+                committed = sha256_hex(marker) == journal["marker_sha256"]
             except OSError:
                 committed = False
             if committed:
                 try:
-                    atomic_write(Path(journal.env_file), journal.env_text.encode(), durable=True)
+                    atomic_write(
+                        Path(journal["env_file"]), journal["env_text"].encode(), durable=True
+                    )
                     outcome = "completed"
                 except OSError:
                     # Committed, but its env file cannot be written (any more): the
@@ -371,7 +373,7 @@ class CacheVolume:
                     self.marker_path.unlink(missing_ok=True)
                     outcome = "discarded"
             else:
-                for entry in reversed(journal.entries):
+                for entry in reversed(journal["entries"]):
                     _undo(entry)
                 outcome = "rolled back"
             self.journal_path.unlink(missing_ok=True)
@@ -381,19 +383,19 @@ class CacheVolume:
 
     def _plausible(self, journal: RestoreJournal) -> bool:
         """Whether every path in ``journal`` is one this volume's restore writes."""
-        staging = Path(os.path.normpath(journal.staging))
+        staging = Path(os.path.normpath(journal["staging"]))
         if staging.parent != self.state or not staging.name.startswith("staging-"):
             return False
-        if Path(os.path.normpath(journal.env_file)) != self.env_file:
+        if Path(os.path.normpath(journal["env_file"])) != self.env_file:
             return False
-        for entry in journal.entries:
-            staged = Path(os.path.normpath(entry.staged))
-            dest = Path(os.path.normpath(entry.dest))
+        for entry in journal["entries"]:
+            staged = Path(os.path.normpath(entry["staged"]))
+            dest = Path(os.path.normpath(entry["dest"]))
             if not staged.is_relative_to(staging) or staged == staging:
                 return False
             if not dest.is_relative_to(self.root) or dest.is_relative_to(self.state):
                 return False
-            if dest == self.root or entry.staged != str(staged) or entry.dest != str(dest):
+            if dest == self.root or entry["staged"] != str(staged) or entry["dest"] != str(dest):
                 return False
         return True
 
@@ -487,6 +489,7 @@ class CacheVolume:
             env_text = render_env_file(marker["env"])
             entries = _plan_swaps(swaps)
             journal = RestoreJournal(
+                schema_version=1,
                 run_id=staging.name,
                 staging=str(staging),
                 entries=entries,
@@ -509,7 +512,7 @@ class CacheVolume:
                 for entry in entries:
                     _swap_in(entry)
                     done.append(entry)
-                    self._hook(f"swap:{entry.dest}")
+                    self._hook(f"swap:{entry['dest']}")
                 # The env file's bytes go to disk before the commit; moving them
                 # into place afterwards is a rename, which a full disk cannot fail.
                 env_tmp = write_temp(
@@ -599,7 +602,7 @@ def remove_tree(path: Path) -> None:
 
 def _aside(entry: JournalEntry) -> str:
     """Where the two-rename fallback parks the old tree."""
-    return entry.staged + ".old"
+    return entry["staged"] + ".old"
 
 
 def _holds_new(path: str, entry: JournalEntry) -> bool:
@@ -607,16 +610,16 @@ def _holds_new(path: str, entry: JournalEntry) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    return [st.st_dev, st.st_ino] == entry.new_inode
+    return [st.st_dev, st.st_ino] == entry["new_inode"]
 
 
 def _swap_in(entry: JournalEntry) -> None:
     """Put the staged tree at ``dest``; the old one (if any) ends up in staging."""
-    if not entry.had_old:
-        os.rename(entry.staged, entry.dest)
-    elif not _exchange(entry.staged, entry.dest):
-        os.rename(entry.dest, _aside(entry))
-        os.rename(entry.staged, entry.dest)
+    if not entry["had_old"]:
+        os.rename(entry["staged"], entry["dest"])
+    elif not _exchange(entry["staged"], entry["dest"]):
+        os.rename(entry["dest"], _aside(entry))
+        os.rename(entry["staged"], entry["dest"])
 
 
 def _undo(entry: JournalEntry) -> None:
@@ -625,18 +628,18 @@ def _undo(entry: JournalEntry) -> None:
     Idempotent: running it again after it was interrupted finishes the job.
     """
     aside = _aside(entry)
-    if _holds_new(entry.dest, entry):
-        if not entry.had_old:
-            os.rename(entry.dest, entry.staged)
-        elif os.path.lexists(entry.staged):  # exchanged: the old tree is at ``staged``
-            if not _exchange(entry.staged, entry.dest):  # pragma: no cover - exchanged before
-                os.rename(entry.dest, entry.staged + ".new")
-                os.rename(entry.staged, entry.dest)
+    if _holds_new(entry["dest"], entry):
+        if not entry["had_old"]:
+            os.rename(entry["dest"], entry["staged"])
+        elif os.path.lexists(entry["staged"]):  # exchanged: the old tree is at ``staged``
+            if not _exchange(entry["staged"], entry["dest"]):  # pragma: no cover - exchanged before
+                os.rename(entry["dest"], entry["staged"] + ".new")
+                os.rename(entry["staged"], entry["dest"])
         else:  # two renames: the old tree is aside
-            os.rename(entry.dest, entry.staged + ".new")
-            os.rename(aside, entry.dest)
-    elif not os.path.lexists(entry.dest) and os.path.lexists(aside):
-        os.rename(aside, entry.dest)  # stopped between the fallback's two renames
+            os.rename(entry["dest"], entry["staged"] + ".new")
+            os.rename(aside, entry["dest"])
+    elif not os.path.lexists(entry["dest"]) and os.path.lexists(aside):
+        os.rename(aside, entry["dest"])  # stopped between the fallback's two renames
 
 
 _RENAME_EXCHANGE = 2

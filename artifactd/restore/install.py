@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
@@ -36,6 +35,7 @@ from artifactd.restore.destination import (
 )
 from artifactd.restore.marker import FamilyMarker, RestoreMarker
 from artifactd.restore.resolve import FamilyPlan, RestorePlan, noop_plan
+from artifactd.workers import Pool
 
 if TYPE_CHECKING:
     from artifactd.restore.source import RestoreSource
@@ -268,8 +268,8 @@ def _stage_all(
         if len(hits) == 1 or workers <= 1:
             return [stage(fp) for fp in hits]
 
-        with ThreadPoolExecutor(max_workers=min(workers, len(hits))) as pool:
-            return list(pool.map(stage, hits))
+        with Pool(min(workers, len(hits)), "fetch") as pool:
+            return pool.map(stage, hits)
 
 
 #: How often staging is synced in the background while layers stream in.

@@ -11,15 +11,12 @@ that no journal file exists.
 
 from __future__ import annotations
 
-import typing
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 from artifactd.restore.marker import STRICT
 
 
-@dataclass(frozen=True)
-class JournalEntry:
+class JournalEntry(TypedDict):
     """One directory swap a restore is about to make.
 
     ``dest`` is the live directory; ``staged`` the new tree, which after the
@@ -28,8 +25,6 @@ class JournalEntry:
     whether ``dest`` already holds it.
     """
 
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = STRICT
-
     family: str
     dest: str
     staged: str
@@ -37,11 +32,15 @@ class JournalEntry:
     had_old: bool
 
 
-@dataclass(frozen=True)
-class RestoreJournal:
-    """``<target>/.artifactd/journal.json``: the intent of an install in progress."""
+class _RestoreJournalOptional(TypedDict, total=False):
+    #: Always written; absent from a journal written by hand (a test's forgery) or
+    #: an older release, where it reads as 1 and 0.0.
+    schema_version: Literal[1]
+    started_at: float
 
-    __pydantic_config__: typing.ClassVar[dict[str, str]] = STRICT
+
+class RestoreJournal(_RestoreJournalOptional):
+    """``<target>/.artifactd/journal.json``: the intent of an install in progress."""
 
     run_id: str
     staging: str
@@ -50,5 +49,9 @@ class RestoreJournal:
     marker_sha256: str
     env_file: str
     env_text: str
-    schema_version: Literal[1] = 1
-    started_at: float = field(default=0.0)
+
+
+# Typed dictionaries, as the marker's (no dataclasses on a restore's path); pydantic
+# reads this when it generates the JSON Schema: unknown keys are refused.
+JournalEntry.__pydantic_config__ = STRICT  # type: ignore[attr-defined]
+RestoreJournal.__pydantic_config__ = STRICT  # type: ignore[attr-defined]

@@ -5,11 +5,11 @@ installed: written last, after every directory is in place, and the commit
 point of a restore. Its companion, the journal of an install in progress,
 lives in :mod:`artifactd.restore.journal` (only an install or a repair needs it).
 
-The marker is a typed dictionary (:class:`RestoreMarker`), the journal a frozen
-dataclass; both are read back through :func:`load`, which checks every field
-against its annotation, and written by :func:`dump`. A no-op restore reads the
-marker without importing pydantic or even :mod:`dataclasses` (the init
-container's fast path). Their JSON Schemas are generated from these classes
+The marker (:class:`RestoreMarker`) and the journal are typed dictionaries,
+read back through :func:`load`, which checks every field against its
+annotation, and written by :func:`dump`. A restore reads and writes them
+without importing pydantic or even :mod:`dataclasses` (the init container's
+fast path). Their JSON Schemas are generated from these classes
 (``registry-schema/``).
 """
 
@@ -19,6 +19,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict, TypeVar, get_args, get_origin, is_typeddict
 
 SCHEMA_VERSION = 1
@@ -90,12 +91,8 @@ def load(cls: type[T], data: bytes) -> T:
     return _build(cls, doc, cls.__name__)
 
 
-def dump(obj: object) -> bytes:
+def dump(obj: Mapping[str, Any]) -> bytes:
     """Serialise a state document (stable key order, so equal documents are equal bytes)."""
-    if not isinstance(obj, dict):
-        import dataclasses  # noqa: PLC0415  # the journal; a no-op restore never writes
-
-        obj = dataclasses.asdict(obj)  # type: ignore[call-overload]
     return json.dumps(obj, indent=2, sort_keys=True).encode()
 
 
@@ -111,18 +108,8 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _keys(cls: type) -> tuple[set[str], set[str]]:
-    """(every key, the keys that may be left out) of a typed dict or dataclass."""
-    if is_typeddict(cls):
-        return set(cls.__annotations__), set(cls.__optional_keys__)  # type: ignore[attr-defined]
-    import dataclasses  # noqa: PLC0415  # the journal's documents; the marker needs no dataclasses
-
-    fields = dataclasses.fields(cls)
-    optional = {
-        f.name
-        for f in fields
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-    }
-    return {f.name for f in fields}, optional
+    """(every key, the keys that may be left out) of a typed dict."""
+    return set(cls.__required_keys__) | set(cls.__optional_keys__), set(cls.__optional_keys__)  # type: ignore[attr-defined]
 
 
 def _build(cls: type[T], doc: Any, where: str) -> T:
@@ -146,7 +133,7 @@ def _build(cls: type[T], doc: Any, where: str) -> T:
 
 
 def _is_document(tp: Any) -> bool:
-    return isinstance(tp, type) and (is_typeddict(tp) or hasattr(tp, "__dataclass_fields__"))
+    return isinstance(tp, type) and is_typeddict(tp)
 
 
 def _check(tp: Any, value: Any, where: str) -> Any:  # noqa: PLR0911, PLR0912 - one branch per type form

@@ -47,13 +47,12 @@ from artifactd.hashing import canonical_json, digest_of
 from artifactd.stores import Store, open_store, parse_manifest_ref, reading
 from artifactd.stores.base import ManifestRef, progress_events
 from artifactd.stores.reading import MAX_CONFIG_BYTES, models, read_documents
+from artifactd.trust.inspection import TrustReport, examine
 from artifactd.trust.policy import (
     UNSAFE_NO_VERIFICATION,
     Basis,
     TrustPolicy,
-    TrustReport,
     checked_basis,
-    examine,
     verification,
     vouch,
 )

@@ -16,12 +16,9 @@ stage's (:func:`artifactd.stores.artifacts.inspect_ref`,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from artifactd.errors import TrustError
-from artifactd.trust.keys import load_public_keys
-from artifactd.trust.provenance import summary
 
 if TYPE_CHECKING:
     from artifactd.stores import Store
@@ -33,17 +30,38 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class TrustPolicy:
-    """Verify before install: every manifest must be signed by one of ``keys``."""
+    """Verify before install: every manifest must be signed by one of ``keys``.
 
+    A plain immutable class, not a dataclass: a restore imports this module to
+    plan, and :mod:`dataclasses` would cost it a tenth of its start-up.
+    """
+
+    __slots__ = ("keys",)
     keys: tuple[PublicKey, ...]
+
+    def __init__(self, keys: tuple[PublicKey, ...]) -> None:
+        object.__setattr__(self, "keys", tuple(keys))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a TrustPolicy is immutable: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrustPolicy) and other.keys == self.keys
+
+    def __hash__(self) -> int:
+        return hash(self.keys)
+
+    def __repr__(self) -> str:
+        return f"TrustPolicy(keys={self.keys!r})"
 
     @classmethod
     def from_specs(cls, specs: Sequence[str]) -> TrustPolicy | None:
         """Load the keys the specs name; None (no policy) when there are none."""
         if not specs:
             return None
+        # lazy: a restore without keys plans through this module and never reads a key
+        from artifactd.trust.keys import load_public_keys  # noqa: PLC0415
 
         return cls(tuple(load_public_keys(specs)))
 
@@ -199,83 +217,3 @@ def _vouched(store: Store, digest: str, basis: Basis) -> str | None:
             hint="re-sign only what the publisher's key verifies: find out who pushed it, "
             "or pass the key that signed it (--verify-key)",
         ) from None
-
-
-# --------------------------------------------------------------------------
-# Inspecting
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class SignatureInfo:
-    """One signature as ``inspect`` shows it."""
-
-    layer: str
-    names: str | None
-    #: The key id that verified it (only with keys given).
-    verified_by: str | None
-    problem: str | None
-
-
-@dataclass
-class TrustReport:
-    """Signatures and attestations of one manifest, checked against keys when given."""
-
-    digest: str
-    keys: list[str]
-    signatures: list[SignatureInfo]
-    attestations: list[dict[str, Any]]
-    #: With keys: the key that verified the signature, else None.
-    verified_by: str | None = None
-    #: With keys: why verification failed (a :class:`TrustError`'s message and reason).
-    error: str | None = None
-    reason: str | None = None
-
-
-def examine(store: Store, digest: str, keys: Sequence[PublicKey] = ()) -> TrustReport:
-    """Read ``digest``'s signatures and attestations; check them against ``keys`` if any."""
-    # lazy: inspecting signatures is inspect's work, never a plain restore's
-    from artifactd.trust.signatures import (  # noqa: PLC0415
-        Attestation,
-        SignatureLayer,
-        _verifies,
-        read_attestations,
-        read_signatures,
-    )
-
-    infos = []
-    try:
-        sigs = read_signatures(store, digest)
-    except TrustError as exc:  # unreadable: shown as such, never a crash of inspect
-        sigs = [SignatureLayer("", b"", None, None, exc.message)]
-    for sig in sigs:
-        by = None
-        if sig.names == digest and sig.signature is not None:
-            by = next((k.id for k in keys if _verifies(k, sig.signature, sig.payload)), None)
-        problem = sig.problem
-        if problem is None and sig.names != digest:
-            problem = f"signs another digest ({sig.names})"
-        elif problem is None and keys and by is None:
-            problem = "no given key verifies it"
-        infos.append(SignatureInfo(sig.layer, sig.names, by, problem))
-    try:
-        found = read_attestations(store, digest, keys)
-    except TrustError as exc:
-        found = [Attestation("", "", None, problem=exc.message)]
-    atts = [
-        {
-            "layer": a.layer,
-            "predicate_type": a.predicate_type,
-            "signed_by": a.signed_by,
-            "problem": a.problem,
-            "summary": summary(a.predicate),
-        }
-        for a in found
-    ]
-    report = TrustReport(digest, [k.id for k in keys], infos, atts)
-    if keys:
-        try:
-            report.verified_by = TrustPolicy(tuple(keys)).check(store, digest)
-        except TrustError as exc:
-            report.error, report.reason = exc.message, exc.reason
-    return report
