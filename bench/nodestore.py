@@ -20,7 +20,7 @@ restore took its files (linked, reflinked, copied, from its events). Before
 each timed command the filesystem is synced, untimed: the restore syncs
 before its commit, and would otherwise pay for the bytes the round's `cp -a`
 left dirty (a pod's restore pays for its own writes, not a benchmark's). The
-rounds' trees stay until the end (about 2.5 GB with --header): ext4 without a
+rounds' trees stay until the end (about 3.5 GB with --header): ext4 without a
 journal skips every inode freed in the last 60 s (360 s while its inode
 table block is dirty) when it picks one for a new directory, a lookup each,
 so trees removed between rounds would make the next rounds' `mkdir`s pay
