@@ -11,11 +11,21 @@ round by round:
   cp -al    `cp -al` of the node store's unpacked tree into a new directory
   cp -a     `cp -a` of the same tree
 
-and prints the medians, the median of the per-round ratios restore / cp -al
+and prints the medians (wall seconds, and the CPU seconds the process used,
+user and system), the median of the per-round ratios restore / cp -al
 (target: at most 1.3) and restore / cp -a, with their ranges, the restore's
 phases (from its --json: lookup, verify, fetch, install), the ratio of its
 fetch phase (here: checking and linking every file) to cp -al, and how the
-restore took its files (linked, reflinked, copied, from its events). With
+restore took its files (linked, reflinked, copied, from its events). Before
+each timed command the filesystem is synced, untimed: the restore syncs
+before its commit, and would otherwise pay for the bytes the round's `cp -a`
+left dirty (a pod's restore pays for its own writes, not a benchmark's). The
+rounds' trees stay until the end (about 3.5 GB with --header): ext4 without a
+journal skips every inode freed in the last 60 s (360 s while its inode
+table block is dirty) when it picks one for a new directory, a lookup each,
+so trees removed between rounds would make the next rounds' `mkdir`s pay
+for tens of thousands of freed inodes. Start it a minute after removing
+many files for the same reason. With
 --header, the same for one file of 156 MB (the CPU demo's precompiled header):
 linked, it costs what `cp -al` costs, whatever its size.
 
@@ -28,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -67,10 +78,11 @@ def make_header(root: Path, size: int = 156 << 20) -> int:
 
 
 def artifactd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a new process, as an init container does."""
+    """Run the CLI as a new process, as an init container does (``-m``: from REPO, see timed)."""
     return subprocess.run(
         [sys.executable, "-m", "artifactd", *args],
         env=env,
+        cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
@@ -78,14 +90,24 @@ def artifactd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
     )
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str, str]:
-    """Run ``argv``; return its wall seconds, its stderr and its stdout (it must succeed)."""
+def cpu_of_children() -> float:
+    """Return the user and system CPU seconds of the children waited for so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str, str]:
+    """Run ``argv`` on a synced filesystem; return wall and CPU seconds, stderr and stdout."""
+    os.sync()
+    cpu = cpu_of_children()
     start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    # In REPO: `python -m` puts the working directory first on the import path, so a bench
+    # started in another checkout would otherwise time that checkout's code, not REPO's.
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed: {proc.stderr[-2000:]}")
-    return seconds, proc.stderr, proc.stdout
+    return seconds, cpu_of_children() - cpu, proc.stderr, proc.stdout
 
 
 def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
@@ -112,6 +134,7 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
     print(f"[{name}] node store filled (fetch, unpack, serve) in {time.perf_counter() - t0:.1f} s")
     unpacked = next((work / "node" / "unpacked").iterdir()) / "cache"
     times: dict[str, list[float]] = {"restore": [], "cp -al": [], "cp -a": []}
+    cpus: dict[str, list[float]] = {way: [] for way in times}
     phases: dict[str, list[float]] = {}
     how = ""
     for r in range(rounds):
@@ -120,7 +143,7 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
         for way in order:
             dest = work / f"round-{r}-{way.replace(' ', '')}"
             if way == "restore":
-                seconds, err, out = timed([*restore, "--target", str(dest)], env)
+                seconds, cpu, err, out = timed([*restore, "--target", str(dest)], env)
                 for phase, value in json.loads(out)["phases"].items():
                     phases.setdefault(phase, []).append(value)
                 served = [json.loads(x) for x in err.splitlines() if '"served"' in x]
@@ -128,15 +151,15 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
                     s = served[0]
                     how = f"linked {s['linked']}, reflinked {s['reflinked']}, copied {s['copied']}"
             else:
-                seconds, _, _ = timed(["cp", way.split()[1], str(unpacked), str(dest)])
+                seconds, cpu, _, _ = timed(["cp", way.split()[1], str(unpacked), str(dest)])
             times[way].append(seconds)
-        for way in ways:
-            shutil.rmtree(work / f"round-{r}-{way.replace(' ', '')}", ignore_errors=True)
+            cpus[way].append(cpu)
     al = [a / b for a, b in zip(times["restore"], times["cp -al"], strict=True)]
     a = [x / y for x, y in zip(times["restore"], times["cp -a"], strict=True)]
     for way, values in times.items():
         print(f"[{name}] {way:8} median {statistics.median(values):.3f} s  "
-              f"[{min(values):.3f}-{max(values):.3f}]")  # fmt: skip
+              f"[{min(values):.3f}-{max(values):.3f}]  "
+              f"CPU {statistics.median(cpus[way]):.3f} s")  # fmt: skip
     parts = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in phases.items())
     print(f"[{name}] the restore's phases (median s): {parts}")
     serve = [f / c for f, c in zip(phases["fetch"], times["cp -al"], strict=True)]
@@ -144,6 +167,8 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
         f"[{name}] its serve (the fetch phase: check and link every file) / cp -al "
         f"{statistics.median(serve):.2f} [{min(serve):.2f}-{max(serve):.2f}]"
     )
+    cpu_al = [a / max(b, 1e-3) for a, b in zip(cpus["restore"], cpus["cp -al"], strict=True)]
+    print(f"[{name}] CPU seconds, restore / cp -al {statistics.median(cpu_al):.2f}")
     ok = statistics.median(al) <= TARGET
     print(
         f"[{name}] restore / cp -al {statistics.median(al):.2f} [{min(al):.2f}-{max(al):.2f}] "

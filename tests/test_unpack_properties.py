@@ -31,7 +31,14 @@ from hypothesis import strategies as st
 from artifactd.errors import ArtifactdError
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.format.config import ArtifactConfig, FileEntry, LayerRecord
-from artifactd.format.unpack import MAX_REWRITE_BYTES, check_layer, unpack_layer
+from artifactd.format.unpack import (
+    EXTRA_DIRS,
+    MAX_PATH_BYTES,
+    MAX_REWRITE_BYTES,
+    check_layer,
+    tar_bound,
+    unpack_layer,
+)
 from artifactd.hashing import canonical_json
 
 COMPONENTS = frozenset({"cache", "jit"})
@@ -154,6 +161,23 @@ def _link_ok(path: PurePosixPath, target: str) -> bool:
     return True
 
 
+def _bound_by_the_rule(entries: list[FileEntry], components: list[str]) -> int:
+    """The most tar bytes of ``entries``, by the rule, walking every parent of every file."""
+
+    def round_up(n: int) -> int:
+        return -(-n // 512) * 512
+
+    def headers(name: str, link: str = "") -> int:  # a ustar header and a PAX header
+        return 3 * 512 + 2 * round_up(len(name.encode()) + len(link.encode()) + 256)
+
+    dirs = set(components)
+    for e in entries:
+        dirs.update(str(p) for p in PurePosixPath(e.path).parents if str(p) != ".")
+    bound = 2 * 10240 + EXTRA_DIRS * headers("x" * MAX_PATH_BYTES)
+    bound += sum(round_up(e.size) + headers(e.path, e.link or "") for e in entries)
+    return bound + sum(headers(d) for d in dirs)
+
+
 @settings(SETTINGS, max_examples=300)
 @example(  # a record path that names no path at all (GNU tar's "./" as a file entry)
     entries=[FileEntry(path=".", size=0, sha256="0" * 64, mode=0o644)],
@@ -191,6 +215,9 @@ def test_check_layer_accepts_only_what_the_rules_allow(
     assert len(set(components)) == len(components)
     assert rec.unpacked_size == total
     assert bound >= total
+    # The bound is the rule's, with every directory above every file counted once.
+    assert bound == _bound_by_the_rule(entries, components)
+    assert tar_bound(entries, frozenset(components)) == bound
     seen: set[PurePosixPath] = set()
     for e in entries:
         assert not e.path.startswith("/")

@@ -141,6 +141,22 @@ def _parents(name: str) -> list[str]:
     return out
 
 
+def _add_parents(name: str, dirs: set[str]) -> None:
+    """Add the directories above ``name`` (a checked member path) to ``dirs``.
+
+    ``dirs`` holds every directory above each directory it holds, so the walk
+    stops at the first one already there: a directory is reached once per
+    record, not once per file under it (18,000 files, 4,500 directories).
+    """
+    i = name.rfind("/")
+    while i > 0:
+        name = name[:i]
+        if name in dirs:
+            return
+        dirs.add(name)
+        i = name.rfind("/")
+
+
 def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePosixPath:
     """Validate one tar member fully (name, type, mode, link target)."""
     path = check_member_name(member.name.rstrip("/"), components)
@@ -209,11 +225,11 @@ def check_layer(
         if entry.path in files:
             raise UnsafeArtifactError(f"{entry.path!r} is listed twice")
         files.add(entry.path)
-        dirs.update(_parents(entry.path))
+        _add_parents(entry.path, dirs)
     clash = next((d for d in dirs if d in files), None)
     if clash is not None:
         raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
-    bound = tar_bound(record.files, components, prefix=prefix)
+    bound = _tar_bytes(record.files, dirs | components, prefix)
     if prefix is not None:
         bound += _tree_doc_bound(record, prefix)
     total = sum(e.size for e in record.files)
@@ -241,13 +257,19 @@ def tar_bound(
     the end-of-archive padding. A format-2 layer's tree document is not
     included (:func:`check_layer` adds it).
     """
-    lead = f"{prefix}/" if prefix else ""
     dirs = set(components)
+    for entry in entries:
+        _add_parents(entry.path, dirs)
+    return _tar_bytes(entries, dirs, prefix)
+
+
+def _tar_bytes(entries: Sequence[FileEntry], dirs: set[str], prefix: str | None) -> int:
+    """:func:`tar_bound` of ``entries``, given every directory they imply (and the components)."""
+    lead = f"{prefix}/" if prefix else ""
     bound = 2 * 10240 + EXTRA_DIRS * _header_bound("x" * (MAX_PATH_BYTES + len(lead)))
     if prefix:
         bound += _header_bound(prefix)
     for entry in entries:
-        dirs.update(_parents(entry.path))
         bound += _round(entry.size) + _header_bound(lead + entry.path, entry.link)
     return bound + sum(_header_bound(lead + d) for d in dirs)
 

@@ -24,6 +24,17 @@ the stamp's mtime), then the file itself, in this order of preference:
   rewrites or appends to), and for every file when the staging directory is on
   another filesystem (``EXDEV``) or a link is refused.
 
+A warm serve asks the kernel for one ``lstat`` and one ``link`` per file and
+one ``mkdir`` per directory, made up front from the stamp, and nothing else
+per file: a link carries the sealed mode and mtime, so no ``chmod`` or
+``utime`` follows it, and the install renames the staged component
+directories whole (``tests/test_nodetree.py`` counts the calls). That is
+fewer calls than ``cp -al`` makes (two stats or more a file, a dozen calls a
+directory). The ``lstat`` is the check and cannot be shared: a write through a
+shared inode moves that file's mtime, never its directory's, so a
+per-directory check would not see it, and on Linux ``os.scandir`` carries no
+stat (``DirEntry.stat()`` is an ``lstat`` of its own).
+
 A pod cannot change what the node store serves next through a path: a
 rename over, an unlink or a new file in the pod's directory changes the pod's
 directory, never the node store's. Through a shared inode it can only by
