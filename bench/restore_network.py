@@ -63,6 +63,7 @@ import itertools
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -346,6 +347,8 @@ class Timing:
     seconds: float
     #: Phase -> seconds (download, extract; for artifactd the slowest family's fetch).
     phases: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds (user + system) of the method's processes (set by :func:`timed_rounds`).
+    cpu: float = 0.0
 
 
 def restore_cmd(work: Path, store: str, target: Path, *extra: str) -> Timing:
@@ -442,6 +445,16 @@ class Row:
         values = [t.phases[name] for t in self.runs if name in t.phases]
         return statistics.median(values) if values else None
 
+    @property
+    def cpu(self) -> float:
+        return statistics.median(t.cpu for t in self.runs)
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every child process waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
 
 def timed_rounds(
     methods: dict[str, Callable[[Path], Timing]],
@@ -463,7 +476,10 @@ def timed_rounds(
             quiesce(drop_caches)
             if proxy is not None:
                 proxy.reset_stats()
-            rows[name].runs.append(methods[name](dest))
+            cpu0 = children_cpu()
+            timing = methods[name](dest)
+            timing.cpu = children_cpu() - cpu0
+            rows[name].runs.append(timing)
             if proxy is not None:
                 rows[name].peak_conns = max(rows[name].peak_conns, proxy.stats.peak_open)
             print(f"  {rows[name].link:>14}  {name:34} {rows[name].runs[-1].seconds:7.2f} s",
@@ -668,7 +684,7 @@ def print_report(
     print(f"\nlinks through bench/throttle.py{rtt}{per}; {args.rounds} runs each, median")
     head = (
         f"{'link':14} {'method':34} {'seconds':>7} {'floor':>7} {'x floor':>7} "
-        f"{'MiB/s':>6} {'layers':>6} {'download':>8} {'extract':>7} {'conns':>5}  runs"
+        f"{'MiB/s':>6} {'layers':>6} {'download':>8} {'extract':>7} {'cpu s':>6} {'conns':>5}  runs"
     )
     print(head)
     print("-" * len(head))
@@ -685,7 +701,7 @@ def print_report(
             print(
                 f"{link:14} {row.method:34} {med:7.2f} {fmt(floor)} "
                 f"{fmt(med / floor if floor else None)} {art.unpacked / MiB / med:6.0f} "
-                f"{fmt(staged, '6.2f')} {fmt(dl, '8.2f')} {fmt(ex)} "
+                f"{fmt(staged, '6.2f')} {fmt(dl, '8.2f')} {fmt(ex)} {row.cpu:6.2f} "
                 f"{row.peak_conns or '-':>5}  {runs}"
             )
         per_round = [
@@ -701,13 +717,14 @@ def print_report(
             print(
                 f"{row.link:14} {row.method:34} {row.median:7.2f} {fmt(None)} {fmt(None)} "
                 f"{art.unpacked / MiB / row.median:6.0f} {fmt(row.phase('fetch+extract'), '6.2f')} "
-                f"{fmt(None, '8.2f')} {fmt(None)} {'-':>5}  {runs}"
+                f"{fmt(None, '8.2f')} {fmt(None)} {row.cpu:6.2f} {'-':>5}  {runs}"
             )
     print(
         "(floor: the layers' compressed bytes at the link rate; layers: artifactd's slowest "
         "layer, fetch to staged (the rest is start-up, plan, install with its sync); "
-        "download/extract: the hand-built pipeline's two steps; conns: most connections "
-        "open at once through the throttle)"
+        "download/extract: the hand-built pipeline's two steps; cpu s: CPU seconds, user + "
+        "system, of the method's own processes (the throttle and the registry not counted); "
+        "conns: most connections open at once through the throttle)"
     )
     print()
     print("ratios: the median of the per-round ratios [their range]")

@@ -60,7 +60,7 @@ from artifactd.errors import ArtifactdError, IntegrityError, StoreError, UnsafeA
 from artifactd.format.oci import TREE_DOC
 from artifactd.format.views import tree_document
 from artifactd.fsutil import InputFileError, file_kind, link_inside, open_regular
-from artifactd.hashing import Hasher, HashingReader, Readable
+from artifactd.hashing import DigestReader, Hasher, Readable, verifier_of
 
 if TYPE_CHECKING:
     # A restore reads records with the light reader or pydantic (artifactd.format.light):
@@ -992,13 +992,17 @@ def _unpack(
     prefix: str | None,
 ) -> UnpackResult:
     lead = f"{prefix}/" if prefix is not None else ""
-    compressed = HashingReader(blob)
+    # The blob's digest and size are checked once, where its bytes arrive: by
+    # the source's own verifier (a registry's), else by one made here.
+    verifier = verifier_of(blob)
+    if verifier is None or not verifier.checks(digest, size):
+        blob = verifier = DigestReader(blob, digest, size, what="layer")
     dctx = zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW)
-    zstd = dctx.stream_reader(compressed, read_size=_AHEAD_CHUNK, closefd=False)  # type: ignore[arg-type]
+    zstd = dctx.stream_reader(blob, read_size=_AHEAD_CHUNK, closefd=False)  # type: ignore[arg-type]
     with zstd:
         # Download and decompression run on the read-ahead thread (zstd releases
         # the GIL); this thread only parses, verifies and hands files to the writers.
-        ahead = _ReadAhead(zstd, tail=lambda stopped: _drain(compressed, digest, size, stopped))
+        ahead = _ReadAhead(zstd, tail=lambda stopped: _drain(blob, stopped))
         try:
             extractor.prepare()  # while the first bytes arrive
             _extract(
@@ -1012,12 +1016,8 @@ def _unpack(
             )
         finally:
             ahead.close()  # nothing reads the blob once this returns
-    read = compressed.hasher
-    if read.size != size:
-        raise IntegrityError(f"layer {digest}: expected {size} bytes, got {read.size}")
-    actual = read.digest
-    if actual != digest:
-        raise IntegrityError(f"layer digest mismatch: expected {digest}, got {actual}")
+    if not verifier.verified:  # pragma: no cover - the tail reads to the end, or raises
+        raise IntegrityError(f"layer {digest}: the blob was not read to its end")
     return extractor.finish(digest, components)
 
 
@@ -1060,17 +1060,15 @@ def _extract(
         raise UnsafeArtifactError(f"layer {digest} has a member name that is not UTF-8") from exc
 
 
-def _drain(compressed: HashingReader, digest: str, size: int, stopped: Callable[[], bool]) -> None:
-    """Read the blob past the zstd frame's end, refusing it as soon as it is longer than ``size``.
+def _drain(blob: Readable, stopped: Callable[[], bool]) -> None:
+    """Read the blob past the zstd frame's end, to the verdict of its verifier.
 
-    Runs on the read-ahead thread after the frame's last byte; ends early
-    when the extractor has stopped (it failed), which reads no verdict.
+    Runs on the read-ahead thread after the frame's last byte; a blob longer
+    than its size is refused by the first read past it. Ends early when the
+    extractor has stopped (it failed), which reads no verdict.
     """
-    read = compressed.hasher
     while not stopped():
-        if read.size > size:
-            raise IntegrityError(f"layer {digest}: more than the {size} bytes its descriptor says")
-        if not compressed.read(_CHUNK):
+        if not blob.read(_CHUNK):
             return
 
 
