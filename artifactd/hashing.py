@@ -100,7 +100,7 @@ class Hasher:
         self._sha = hashlib.sha256()
         self.size = 0
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | memoryview) -> None:
         """Add ``data`` to the hash and the count."""
         self._sha.update(data)
         self.size += len(data)

@@ -182,14 +182,16 @@ def test_push_restore_round_trip_and_resolution_cost(
     assert all(method == "HEAD" for method, _ in st.requests), st.requests
 
 
+_REAL_SHA256 = hashlib.sha256
+
+
 class _CountedSha256:
     """hashlib.sha256, remembered: every hash object a restore makes, to count passes over bytes."""
 
     made: ClassVar[list[_CountedSha256]] = []
-    real = hashlib.sha256
 
     def __init__(self, data: bytes = b"", **kwargs: Any) -> None:
-        self._h = self.real(data, **kwargs)
+        self._h = _REAL_SHA256(data, **kwargs)
         self.made.append(self)
 
     def update(self, data: Any) -> None:
