@@ -47,12 +47,17 @@ filesystem are inflated.
 files of 2-30 KiB (the per-file cost), ``--tree big`` with two files of
 ``--big-gib`` GiB (the per-byte cost); ``--baseline stream`` compares with
 ``curl BLOB | zstd -dc | tar -x``, every layer at once, which overlaps the
-download and the disk as a restore does. Ratios are the median of the
-per-round ratios, with their range.
+download and the disk as a restore does. ``--against DIR`` also times the
+restore of another checkout (``git archive main | tar -x -C DIR``), run in
+DIR on its ``PYTHONPATH``, in the same alternating rounds through the same
+link, and prints the per-round ratios of wall and CPU time: a before/after
+comparison that one machine's load drift does not skew. Every method's CPU
+seconds (user + system of its processes) are printed beside its time. Ratios
+are the median of the per-round ratios, with their range.
 
 Usage: python bench/restore_network.py [--size-mib 400] [--rates 1g,10g,off]
            [--rounds 7] [--rtt-ms 0.5] [--per-conn off] [--baseline skopeo|curl|stream]
-           [--tree mixed|small|big] [--big-gib 1]
+           [--tree mixed|small|big] [--big-gib 1] [--against DIR]
            [--skip-local] [--skip-mirror] [--drop-caches] [--keep]
 """
 
@@ -333,8 +338,10 @@ def quiesce(drop_caches: bool) -> None:
     time.sleep(0.3)
 
 
-def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+def run(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=cwd)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv[:6])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return proc
@@ -351,14 +358,19 @@ class Timing:
     cpu: float = 0.0
 
 
-def restore_cmd(work: Path, store: str, target: Path, *extra: str) -> Timing:
-    """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events)."""
-    env = clean_env(work)
+def restore_cmd(
+    work: Path, store: str, target: Path, *extra: str, code: Path | None = None
+) -> Timing:
+    """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events).
+
+    ``code``: a checkout whose artifactd runs instead (run in it, on its ``PYTHONPATH``).
+    """
+    env = clean_env(work) if code is None else clean_env(work, PYTHONPATH=str(code))
     t0 = time.perf_counter()
     proc = run(
         [PY, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
          "--require", "--json", *extra],
-        env,
+        env, cwd=code,
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
     fetch: dict[str, float] = {}
@@ -513,6 +525,11 @@ def main() -> None:
         default="skopeo",
         help="stream: curl | zstd -dc | tar -x per layer, all layers at once",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a checkout (e.g. of main) whose artifactd restore is timed too, alternating",
+    )
     parser.add_argument("--skip-local", action="store_true", help="skip the oci: vs cp -a part")
     parser.add_argument(
         "--skip-mirror", action="store_true", help="skip the pull-through mirror vs direct part"
@@ -529,10 +546,10 @@ def main() -> None:
     parent = REPO / ".artifactd"
     parent = parent if parent.is_dir() else Path(tempfile.gettempdir())
     # Source tree, registry, layout, warm-up restore, then every run's target.
-    runs = (
-        2
-        * args.rounds
-        * (len(rates) + (0 if args.skip_local else 1) + (0 if args.skip_mirror else 1))
+    runs = args.rounds * (
+        (3 if args.against else 2) * len(rates)
+        + (0 if args.skip_local else 2)
+        + (0 if args.skip_mirror else 2)
     )
     need = (runs + 5) * args.size_mib * MiB * 11 // 10
     free = shutil.disk_usage(parent).free
@@ -592,9 +609,17 @@ def main() -> None:
                     return streamed(art, host, dest)
                 return hand_built(art, host, dest, work / "download", tool=args.baseline)
 
+            methods: dict[str, Callable[[Path], Timing]] = {ours: ours_run, theirs: theirs_run}
+            if args.against is not None:
+                rows[f"{link}|against"] = Row(link, f"artifactd restore ({args.against.name})")
+
+                def against_run(dest: Path, store: str = store) -> Timing:
+                    return restore_cmd(work, store, dest, code=args.against)
+
+                methods[f"{link}|against"] = against_run
             try:
                 timed_rounds(
-                    {ours: ours_run, theirs: theirs_run}, rows, work,
+                    methods, rows, work,
                     rounds=args.rounds, drop_caches=args.drop_caches, proxy=proxy,
                 )  # fmt: skip
             finally:
@@ -692,7 +717,8 @@ def print_report(
     for link, rate in links:
         floor = art.compressed * 8 / rate if rate else None
         pair = [rows[f"{link}|artifactd"], rows[f"{link}|hand-built"]]
-        for row in pair:
+        against = rows.get(f"{link}|against")
+        for row in [*pair, *([against] if against else [])]:
             med = row.median
             dl = row.phase("download")
             ex = row.phase("extract")
@@ -739,6 +765,16 @@ def print_report(
                 f"[{min(over_floor):.2f}-{max(over_floor):.2f}]"
             )
         print(f"{link:>14}: artifactd / hand-built = {ratio:.2f} {spread}{low}{tail}")
+        against = rows.get(f"{link}|against")
+        if against is not None:
+            ours = rows[f"{link}|artifactd"].runs
+            wall = [a.seconds / b.seconds for a, b in zip(ours, against.runs, strict=False)]
+            cpu = [a.cpu / b.cpu for a, b in zip(ours, against.runs, strict=False) if b.cpu]
+            print(
+                f"{link:>14}: artifactd / {against.method} = {statistics.median(wall):.2f} "
+                f"[{min(wall):.2f}-{max(wall):.2f}] wall, "
+                f"{statistics.median(cpu):.2f} [{min(cpu):.2f}-{max(cpu):.2f}] CPU"
+            )
     if "local|artifactd" in rows:
         ratio = rows["local|artifactd"].median / rows["local|cp"].median
         print(
