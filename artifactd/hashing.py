@@ -4,7 +4,10 @@ One spelling of a content digest (``sha256:<hex>``, :func:`digest_of`), one
 running hash (:class:`Hasher`), and one way to hash bytes while they are copied
 (:func:`copy_hashed`, and :class:`HashingReader` / :class:`HashingWriter` for
 streams that a library pulls or pushes itself), so no module re-reads what it
-has just written to learn its digest.
+has just written to learn its digest. :class:`DigestReader` is the one verdict
+on a blob stream (its digest and size, checked where its bytes arrive); a
+reader stacked on one names it as ``verifier`` (:func:`verifier_of`), so a
+consumer further down (the layer unpacker) hashes nothing a second time.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import sys
 from collections.abc import Callable
 from typing import IO, Any, Protocol
+
+from artifactd.errors import IntegrityError
 
 # CPython's own SHA-256, for small documents (a fingerprint): loading OpenSSL
 # through hashlib costs about 3 to 4 ms of every pod start (python -X importtime,
@@ -95,7 +100,7 @@ class Hasher:
         self._sha = hashlib.sha256()
         self.size = 0
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | memoryview) -> None:
         """Add ``data`` to the hash and the count."""
         self._sha.update(data)
         self.size += len(data)
@@ -180,3 +185,96 @@ class HashingReader:
         """Read (and hash) whatever is left."""
         while self.read(CHUNK):
             pass
+
+
+class BlobMismatchError(IntegrityError):
+    """A blob stream is not the blob its descriptor names.
+
+    ``reason``: ``"long"`` (more bytes than the size), ``"short"`` (it ended
+    early; ``got`` bytes) or ``"digest"`` (the size matches, the hash does not).
+    """
+
+    def __init__(self, message: str, *, reason: str, got: int) -> None:
+        super().__init__(
+            message, hint="the blob is corrupt where it was read; nothing is installed"
+        )
+        self.reason = reason
+        self.got = got
+
+
+class DigestReader:
+    """Read a blob stream through, hashed once as its bytes arrive; its end checked.
+
+    The one owner of a blob stream's verdict: a read that takes the stream
+    past ``size`` bytes raises :class:`BlobMismatchError` at once (``long``); the
+    read that finds the end raises it when fewer bytes came (``short``) or
+    they do not hash to ``digest``, and otherwise sets :attr:`verified`. So
+    whoever reads the stream to its end has checked it, and whoever did not
+    can tell (``verified`` stays False). ``what`` names the stream in messages.
+    """
+
+    def __init__(self, source: Readable, digest: str, size: int, *, what: str = "blob") -> None:
+        self._source = source
+        self.digest = digest
+        self.size = size
+        self._what = what
+        self._hasher = Hasher()
+        #: Whether the whole stream was read and matched ``digest`` and ``size``.
+        self.verified = False
+
+    @property
+    def verifier(self) -> DigestReader:
+        """Return this reader itself (see :func:`verifier_of`)."""
+        return self
+
+    @property
+    def read_bytes(self) -> int:
+        """The bytes read (and hashed) so far."""
+        return self._hasher.size
+
+    def checks(self, digest: str, size: int) -> bool:
+        """Whether this reader's verdict is on ``digest`` of ``size`` bytes."""
+        return self.digest == digest and self.size == size
+
+    def read(self, n: int = -1, /) -> bytes:
+        """Read up to ``n`` bytes, hashing them; the read that finds the end checks the blob."""
+        data = self._source.read(n)
+        hasher = self._hasher
+        hasher.update(data)
+        if hasher.size > self.size:
+            raise BlobMismatchError(
+                f"{self._what} {self.digest}: more than the {self.size} bytes its descriptor says",
+                reason="long",
+                got=hasher.size,
+            )
+        if not data and not self.verified:
+            if hasher.size < self.size:
+                raise BlobMismatchError(
+                    f"{self._what} {self.digest}: expected {self.size} bytes, got {hasher.size}",
+                    reason="short",
+                    got=hasher.size,
+                )
+            actual = hasher.digest
+            if actual != self.digest:
+                raise BlobMismatchError(
+                    f"{self._what} digest mismatch: expected {self.digest}, got {actual}",
+                    reason="digest",
+                    got=hasher.size,
+                )
+            self.verified = True
+        return data
+
+    def drain(self) -> None:
+        """Read (and hash) whatever is left: the verdict on the whole blob, raised if it fails."""
+        while self.read(CHUNK):
+            pass
+
+
+def verifier_of(stream: object) -> DigestReader | None:
+    """Return the :class:`DigestReader` that checks ``stream``'s bytes, if it names one.
+
+    A reader stacked on a :class:`DigestReader` (a source's own, a progress
+    counter) names it as its ``verifier`` attribute; None: nothing checks it.
+    """
+    verifier = getattr(stream, "verifier", None)
+    return verifier if isinstance(verifier, DigestReader) else None

@@ -47,12 +47,17 @@ filesystem are inflated.
 files of 2-30 KiB (the per-file cost), ``--tree big`` with two files of
 ``--big-gib`` GiB (the per-byte cost); ``--baseline stream`` compares with
 ``curl BLOB | zstd -dc | tar -x``, every layer at once, which overlaps the
-download and the disk as a restore does. Ratios are the median of the
-per-round ratios, with their range.
+download and the disk as a restore does. ``--against DIR`` also times the
+restore of another checkout (``git archive main | tar -x -C DIR``), run in
+DIR on its ``PYTHONPATH``, in the same alternating rounds through the same
+link, and prints the per-round ratios of wall and CPU time: a before/after
+comparison that one machine's load drift does not skew. Every method's CPU
+seconds (user + system of its processes) are printed beside its time. Ratios
+are the median of the per-round ratios, with their range.
 
 Usage: python bench/restore_network.py [--size-mib 400] [--rates 1g,10g,off]
            [--rounds 7] [--rtt-ms 0.5] [--per-conn off] [--baseline skopeo|curl|stream]
-           [--tree mixed|small|big] [--big-gib 1]
+           [--tree mixed|small|big] [--big-gib 1] [--against DIR]
            [--skip-local] [--skip-mirror] [--drop-caches] [--keep]
 """
 
@@ -63,6 +68,7 @@ import itertools
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -332,8 +338,10 @@ def quiesce(drop_caches: bool) -> None:
     time.sleep(0.3)
 
 
-def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+def run(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=cwd)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv[:6])} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return proc
@@ -346,16 +354,23 @@ class Timing:
     seconds: float
     #: Phase -> seconds (download, extract; for artifactd the slowest family's fetch).
     phases: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds (user + system) of the method's processes (set by :func:`timed_rounds`).
+    cpu: float = 0.0
 
 
-def restore_cmd(work: Path, store: str, target: Path, *extra: str) -> Timing:
-    """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events)."""
-    env = clean_env(work)
+def restore_cmd(
+    work: Path, store: str, target: Path, *extra: str, code: Path | None = None
+) -> Timing:
+    """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events).
+
+    ``code``: a checkout whose artifactd runs instead (run in it, on its ``PYTHONPATH``).
+    """
+    env = clean_env(work) if code is None else clean_env(work, PYTHONPATH=str(code))
     t0 = time.perf_counter()
     proc = run(
         [PY, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
          "--require", "--json", *extra],
-        env,
+        env, cwd=code,
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
     fetch: dict[str, float] = {}
@@ -442,6 +457,16 @@ class Row:
         values = [t.phases[name] for t in self.runs if name in t.phases]
         return statistics.median(values) if values else None
 
+    @property
+    def cpu(self) -> float:
+        return statistics.median(t.cpu for t in self.runs)
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every child process waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
 
 def timed_rounds(
     methods: dict[str, Callable[[Path], Timing]],
@@ -463,7 +488,10 @@ def timed_rounds(
             quiesce(drop_caches)
             if proxy is not None:
                 proxy.reset_stats()
-            rows[name].runs.append(methods[name](dest))
+            cpu0 = children_cpu()
+            timing = methods[name](dest)
+            timing.cpu = children_cpu() - cpu0
+            rows[name].runs.append(timing)
             if proxy is not None:
                 rows[name].peak_conns = max(rows[name].peak_conns, proxy.stats.peak_open)
             print(f"  {rows[name].link:>14}  {name:34} {rows[name].runs[-1].seconds:7.2f} s",
@@ -497,6 +525,11 @@ def main() -> None:
         default="skopeo",
         help="stream: curl | zstd -dc | tar -x per layer, all layers at once",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a checkout (e.g. of main) whose artifactd restore is timed too, alternating",
+    )
     parser.add_argument("--skip-local", action="store_true", help="skip the oci: vs cp -a part")
     parser.add_argument(
         "--skip-mirror", action="store_true", help="skip the pull-through mirror vs direct part"
@@ -513,10 +546,10 @@ def main() -> None:
     parent = REPO / ".artifactd"
     parent = parent if parent.is_dir() else Path(tempfile.gettempdir())
     # Source tree, registry, layout, warm-up restore, then every run's target.
-    runs = (
-        2
-        * args.rounds
-        * (len(rates) + (0 if args.skip_local else 1) + (0 if args.skip_mirror else 1))
+    runs = args.rounds * (
+        (3 if args.against else 2) * len(rates)
+        + (0 if args.skip_local else 2)
+        + (0 if args.skip_mirror else 2)
     )
     need = (runs + 5) * args.size_mib * MiB * 11 // 10
     free = shutil.disk_usage(parent).free
@@ -576,9 +609,17 @@ def main() -> None:
                     return streamed(art, host, dest)
                 return hand_built(art, host, dest, work / "download", tool=args.baseline)
 
+            methods: dict[str, Callable[[Path], Timing]] = {ours: ours_run, theirs: theirs_run}
+            if args.against is not None:
+                rows[f"{link}|against"] = Row(link, f"artifactd restore ({args.against.name})")
+
+                def against_run(dest: Path, store: str = store) -> Timing:
+                    return restore_cmd(work, store, dest, code=args.against)
+
+                methods[f"{link}|against"] = against_run
             try:
                 timed_rounds(
-                    {ours: ours_run, theirs: theirs_run}, rows, work,
+                    methods, rows, work,
                     rounds=args.rounds, drop_caches=args.drop_caches, proxy=proxy,
                 )  # fmt: skip
             finally:
@@ -668,7 +709,7 @@ def print_report(
     print(f"\nlinks through bench/throttle.py{rtt}{per}; {args.rounds} runs each, median")
     head = (
         f"{'link':14} {'method':34} {'seconds':>7} {'floor':>7} {'x floor':>7} "
-        f"{'MiB/s':>6} {'layers':>6} {'download':>8} {'extract':>7} {'conns':>5}  runs"
+        f"{'MiB/s':>6} {'layers':>6} {'download':>8} {'extract':>7} {'cpu s':>6} {'conns':>5}  runs"
     )
     print(head)
     print("-" * len(head))
@@ -676,7 +717,8 @@ def print_report(
     for link, rate in links:
         floor = art.compressed * 8 / rate if rate else None
         pair = [rows[f"{link}|artifactd"], rows[f"{link}|hand-built"]]
-        for row in pair:
+        against = rows.get(f"{link}|against")
+        for row in [*pair, *([against] if against else [])]:
             med = row.median
             dl = row.phase("download")
             ex = row.phase("extract")
@@ -685,7 +727,7 @@ def print_report(
             print(
                 f"{link:14} {row.method:34} {med:7.2f} {fmt(floor)} "
                 f"{fmt(med / floor if floor else None)} {art.unpacked / MiB / med:6.0f} "
-                f"{fmt(staged, '6.2f')} {fmt(dl, '8.2f')} {fmt(ex)} "
+                f"{fmt(staged, '6.2f')} {fmt(dl, '8.2f')} {fmt(ex)} {row.cpu:6.2f} "
                 f"{row.peak_conns or '-':>5}  {runs}"
             )
         per_round = [
@@ -701,13 +743,14 @@ def print_report(
             print(
                 f"{row.link:14} {row.method:34} {row.median:7.2f} {fmt(None)} {fmt(None)} "
                 f"{art.unpacked / MiB / row.median:6.0f} {fmt(row.phase('fetch+extract'), '6.2f')} "
-                f"{fmt(None, '8.2f')} {fmt(None)} {'-':>5}  {runs}"
+                f"{fmt(None, '8.2f')} {fmt(None)} {row.cpu:6.2f} {'-':>5}  {runs}"
             )
     print(
         "(floor: the layers' compressed bytes at the link rate; layers: artifactd's slowest "
         "layer, fetch to staged (the rest is start-up, plan, install with its sync); "
-        "download/extract: the hand-built pipeline's two steps; conns: most connections "
-        "open at once through the throttle)"
+        "download/extract: the hand-built pipeline's two steps; cpu s: CPU seconds, user + "
+        "system, of the method's own processes (the throttle and the registry not counted); "
+        "conns: most connections open at once through the throttle)"
     )
     print()
     print("ratios: the median of the per-round ratios [their range]")
@@ -722,6 +765,16 @@ def print_report(
                 f"[{min(over_floor):.2f}-{max(over_floor):.2f}]"
             )
         print(f"{link:>14}: artifactd / hand-built = {ratio:.2f} {spread}{low}{tail}")
+        against = rows.get(f"{link}|against")
+        if against is not None:
+            ours = rows[f"{link}|artifactd"].runs
+            wall = [a.seconds / b.seconds for a, b in zip(ours, against.runs, strict=False)]
+            cpu = [a.cpu / b.cpu for a, b in zip(ours, against.runs, strict=False) if b.cpu]
+            print(
+                f"{link:>14}: artifactd / {against.method} = {statistics.median(wall):.2f} "
+                f"[{min(wall):.2f}-{max(wall):.2f}] wall, "
+                f"{statistics.median(cpu):.2f} [{min(cpu):.2f}-{max(cpu):.2f}] CPU"
+            )
     if "local|artifactd" in rows:
         ratio = rows["local|artifactd"].median / rows["local|cp"].median
         print(

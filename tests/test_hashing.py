@@ -15,10 +15,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from artifactd.errors import IntegrityError
 from artifactd.hashing import (
     CHUNK,
     SMALL,
     SMALL_SHA256_MODULE,
+    BlobMismatchError,
+    DigestReader,
     Hasher,
     HashingReader,
     HashingWriter,
@@ -27,6 +30,7 @@ from artifactd.hashing import (
     copy_hashed,
     digest_of,
     sha256_hex,
+    verifier_of,
 )
 
 # Keys and string values without whitespace, so any whitespace byte in the output
@@ -193,6 +197,31 @@ def test_hashing_reader_and_writer_see_what_passes_through() -> None:
     writer.write(data[5:])
     writer.flush()
     assert sink.getvalue() == data and writer.hasher.digest == digest_of(data)
+
+
+def test_digest_reader_gives_the_verdict_at_the_end_and_refuses_a_long_blob_at_once() -> None:
+    data = b"blob bytes " * 1000
+    good = DigestReader(io.BytesIO(data), digest_of(data), len(data))
+    assert verifier_of(good) is good and good.checks(digest_of(data), len(data))
+    assert good.read(7) == data[:7] and not good.verified
+    good.drain()
+    assert good.verified and good.read_bytes == len(data) and good.read(1) == b""
+    wrong = data[:-1] + b"X"
+    with pytest.raises(BlobMismatchError, match="digest mismatch") as caught:
+        DigestReader(io.BytesIO(wrong), digest_of(data), len(data)).drain()
+    assert caught.value.reason == "digest" and isinstance(caught.value, IntegrityError)
+    short = DigestReader(io.BytesIO(data[:-1]), digest_of(data), len(data))
+    with pytest.raises(
+        BlobMismatchError, match=rf"expected {len(data)} bytes, got {len(data) - 1}"
+    ):
+        short.drain()
+    assert not short.verified
+    # A longer blob is refused by the read that passes its size, not at its end.
+    long = DigestReader(io.BytesIO(data + bytes(10 * CHUNK)), digest_of(data), len(data))
+    with pytest.raises(BlobMismatchError, match="more than the") as caught:
+        long.read(len(data) + 1)
+    assert caught.value.reason == "long" and long.read_bytes == len(data) + 1
+    assert verifier_of(io.BytesIO(data)) is None
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL])

@@ -7,6 +7,7 @@ push is checked in the registry's own storage, not only through our counters.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -16,18 +17,19 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import requests
+import zstandard
 from cachetrees import build_caches, make_generic_tree
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer, start_registry
 
 from artifactd.build.harvest import harvest
-from artifactd.errors import ArtifactdError, StoreError, UsageError
+from artifactd.errors import ArtifactdError, IntegrityError, StoreError, UsageError
 from artifactd.fingerprint.model import Fingerprint
-from artifactd.restore.destination import STATE_DIR, CacheVolume
+from artifactd.restore.destination import MARKER_NAME, STATE_DIR, CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.restore.source import StoreSource
@@ -178,6 +180,99 @@ def test_push_restore_round_trip_and_resolution_cost(
     again = noop_plan(StoreSource(st), local_fp.hash, local_fp.flatten(), CacheVolume(target))
     assert again is not None and again.noop
     assert all(method == "HEAD" for method, _ in st.requests), st.requests
+
+
+_REAL_SHA256 = hashlib.sha256
+
+
+class _CountedSha256:
+    """hashlib.sha256, remembered: every hash object a restore makes, to count passes over bytes."""
+
+    made: ClassVar[list[_CountedSha256]] = []
+
+    def __init__(self, data: bytes = b"", **kwargs: Any) -> None:
+        self._h = _REAL_SHA256(data, **kwargs)
+        self.made.append(self)
+
+    def update(self, data: Any) -> None:
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def digest(self) -> bytes:
+        return self._h.digest()
+
+
+def test_a_registry_restore_hashes_each_layer_blob_once(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    trees: dict[str, str],
+    local_fp: Fingerprint,
+) -> None:
+    """The compressed bytes are hashed where they arrive (the pull's verifier), not again."""
+    ref = registry.ref(repo)
+    with open_store(ref) as st:
+        harvest(st, local_fp, environ=trees)
+    with open_store(ref) as st:
+        plan = plan_restore(StoreSource(st), local_fp, tmp_path / "t", trust=UNSAFE_NO_VERIFICATION)
+        layers = {fp.family: fp.layer for fp in plan.hits if fp.layer is not None}
+        assert set(layers) == {"triton", "generic"}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_CountedSha256, "made", [])
+            mp.setattr(hashlib, "sha256", _CountedSha256)
+            restore(plan, StoreSource(st))
+            made = list(_CountedSha256.made)
+    digests = [h.hexdigest() for h in made]
+    for family, layer in layers.items():
+        assert digests.count(layer.digest.split(":", 1)[1]) == 1, family
+        # Every file's sha256 against the record is still checked.
+        for entry in layer.files:
+            if entry.link is None:
+                assert entry.sha256 in digests, entry.path
+
+
+def _same_size_other_bytes(blob: bytes) -> bytes:
+    """The layer's tar, compressed otherwise and padded to the blob's size with a skippable frame.
+
+    Every file and the tar decode exactly as before; only the blob's digest tells.
+    """
+    tar = zstandard.ZstdDecompressor().stream_reader(blob).read()
+    other = min((zstandard.ZstdCompressor(level=n).compress(tar) for n in (1, 19)), key=len)
+    pad = len(blob) - len(other) - 8
+    assert pad >= 0 and other != blob, "another level should compress the text layer smaller"
+    # A skippable frame: magic 0x184D2A50, the payload's length, the payload.
+    return other + (0x184D2A50).to_bytes(4, "little") + pad.to_bytes(4, "little") + bytes(pad)
+
+
+def test_a_blob_that_does_not_match_its_digest_installs_nothing(
+    tmp_path: Path,
+    registry: RegistryServer,
+    repo: str,
+    trees: dict[str, str],
+    local_fp: Fingerprint,
+) -> None:
+    """Same size, same files, another digest: refused at the blob's end, before any install."""
+    ref = registry.ref(repo)
+    with open_store(ref) as st:
+        pushed = harvest(st, local_fp, environ=trees)
+    layer = next(f for f in pushed.families if f.family == "triton")  # text: compressible
+    assert layer.layer_digest is not None
+    algo, hexd = layer.layer_digest.split(":")
+    data = registry.root / "docker/registry/v2/blobs" / algo / hexd[:2] / hexd / "data"
+    original = data.read_bytes()
+    data.write_bytes(_same_size_other_bytes(original))
+    target = tmp_path / "t"
+    try:
+        with open_store(ref) as st:
+            plan = plan_restore(StoreSource(st), local_fp, target, trust=UNSAFE_NO_VERIFICATION)
+            with pytest.raises(IntegrityError, match="does not match its digest"):
+                restore(plan, StoreSource(st))
+    finally:
+        data.write_bytes(original)
+    assert not (target / "generic").exists() and not (target / "triton").exists()
+    assert not (target / STATE_DIR / MARKER_NAME).exists()
 
 
 def test_incremental_push_uploads_only_what_changed(

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from layers import pack, record
 
 import artifactd.format.unpack as unpack_mod
-from artifactd.errors import UnsafeArtifactError
+from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import get_family
 from artifactd.families.base import Located
 from artifactd.format.archive import PackedLayer
@@ -249,6 +249,67 @@ def test_decompression_and_file_hashes_run_off_the_reading_thread(
     me = threading.current_thread().name
     assert hashed and me not in hashed, hashed
     assert decompressed and me not in decompressed, decompressed
+
+
+def _big_layer(files: list[tuple[str, bytes]], cut: int = 0) -> tuple[bytes, list[FileEntry]]:
+    """A format-1 layer of ``files`` under ``cache/`` (its tar cut ``cut`` bytes short)."""
+    members = io.BytesIO()
+    with tarfile.open(fileobj=members, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_info("cache", tarfile.DIRTYPE, 0))
+        for name, data in files:
+            tar.addfile(_info(name, tarfile.REGTYPE, len(data)), io.BytesIO(data))
+    raw = members.getvalue()
+    entries = [
+        FileEntry(path=name, size=len(data), sha256=hashlib.sha256(data).hexdigest(), mode=0o644)
+        for name, data in files
+    ]
+    return zstandard.ZstdCompressor().compress(raw[: len(raw) - cut]), entries
+
+
+def _unpack_bytes(blob: bytes, entries: list[FileEntry], staging: Path) -> int:
+    return unpack_layer(
+        io.BytesIO(blob),
+        digest="sha256:" + hashlib.sha256(blob).hexdigest(),
+        size=len(blob),
+        entries=entries,
+        staging=staging,
+        components=frozenset({"cache"}),
+    ).files
+
+
+def test_a_large_file_is_read_in_place_not_through_tarfiles_file_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tarfile's file object copies every byte twice: a large member's bytes are taken in place."""
+    files = [
+        ("cache/big1", os.urandom((1 << 20) + 1)),
+        ("cache/big2", os.urandom((3 << 20) + 123)),  # spans zstd's 4 MiB output pieces
+        ("cache/small", b"after the big ones"),
+        ("cache/big3", os.urandom(5 << 20)),  # a multiple of 512: no padding after it
+    ]
+    blob, entries = _big_layer(files)
+    extracted: list[str] = []
+    real = tarfile.TarFile.extractfile
+
+    def counted(tar: tarfile.TarFile, member: Any) -> Any:
+        extracted.append(member.name)
+        return real(tar, member)
+
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", counted)
+    assert _unpack_bytes(blob, entries, tmp_path / "stage") == 4
+    assert extracted == []
+    for name, data in files:
+        assert (tmp_path / "stage" / name).read_bytes() == data
+
+
+def test_a_large_file_cut_short_or_unlike_its_record_is_refused(tmp_path: Path) -> None:
+    big = os.urandom(3 << 20)
+    blob, entries = _big_layer([("cache/big", big)], cut=1024 + 100_000)  # the end blocks, data
+    with pytest.raises(IntegrityError, match="not a valid tar stream: unexpected end of data"):
+        _unpack_bytes(blob, entries, tmp_path / "cut")
+    blob, _ = _big_layer([("cache/big", big[:-1] + bytes([big[-1] ^ 1]))])
+    with pytest.raises(IntegrityError, match="cache/big: content does not match its sha256"):
+        _unpack_bytes(blob, entries, tmp_path / "flipped")
 
 
 _ABC = (("cache/a", b"A"), ("cache/b", b"B"), ("cache/c", b"C"))

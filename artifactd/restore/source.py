@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from artifactd.errors import ArtifactdError, IntegrityError
 from artifactd.events import EventSink
 from artifactd.format.oci import FULL_TAG_PREFIX
+from artifactd.hashing import verifier_of
 from artifactd.stores.base import Store, progress_events
 
 if TYPE_CHECKING:
@@ -244,6 +245,8 @@ class _Progress:
 
     def __init__(self, source: Readable, family: str, total: int, on_event: EventSink) -> None:
         self._source = source
+        # The source's digest check, named so the unpacker does not hash the bytes again.
+        self.verifier = verifier_of(source)
         self._done = 0
         self._report = progress_events(on_event, stage="fetch", family=family, total=total)
 

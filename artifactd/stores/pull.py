@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, StoreError
 from artifactd.format.oci import DIGEST_RE
-from artifactd.hashing import Hasher, digest_of
+from artifactd.hashing import BlobMismatchError, DigestReader, digest_of
 from artifactd.stores.base import ManifestRef
 from artifactd.stores.mirrors import Mirror, MirrorPlan
 from artifactd.stores.transport import BlobReader, Transport
@@ -124,49 +124,49 @@ def _unreached(exc: StoreError) -> bool:
 
 
 class _Verified:
-    """A blob body hashed while it streams; its end checked against digest and size."""
+    """A blob body hashed while it streams; its end checked against digest and size.
+
+    The hashing and the verdict are :class:`~artifactd.hashing.DigestReader`'s,
+    here where the bytes arrive, and only here: it is this reader's
+    ``verifier``, so the layer unpacker reading through it hashes nothing again.
+    Its failures become :class:`SourceFailure` (blamed on the source).
+    """
 
     def __init__(self, inner: BlobReader, digest: str, size: int, label: str) -> None:
-        self._inner = inner
         self._digest = digest
         self._size = size
         self._label = label
-        self._hasher = Hasher()
+        self.verifier = DigestReader(inner, digest, size)
+        self._inner = inner
         #: The failure this reader raised, if any (the consumer may wrap or swallow it).
         self.failure: SourceFailure | None = None
-        self.done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the whole blob was read and matched its digest and size."""
+        return self.verifier.verified
 
     def read(self, n: int = -1, /) -> bytes:
         if self.failure is not None:
             raise self.failure
         try:
-            data = self._inner.read(n)
+            return self.verifier.read(n)
+        except BlobMismatchError as exc:
+            self.failure = self._mismatch(exc)
+            raise self.failure from None
         except StoreError as exc:
             self.failure = SourceFailure(f"{self._label}: {exc}", reason=_reason(exc))
             raise self.failure from None
-        self._hasher.update(data)
-        if self._hasher.size > self._size:
-            self.failure = SourceFailure(
-                f"{self._label}: blob {self._digest} is longer than {self._size} bytes",
-                reason="digest",
+
+    def _mismatch(self, exc: BlobMismatchError) -> SourceFailure:
+        blob = f"{self._label}: blob {self._digest}"
+        if exc.reason == "long":
+            return SourceFailure(f"{blob} is longer than {self._size} bytes", reason="digest")
+        if exc.reason == "short":
+            return SourceFailure(
+                f"{blob} ended after {exc.got} of {self._size} bytes", reason="short_read"
             )
-            raise self.failure
-        if not data:
-            if self._hasher.size < self._size:
-                self.failure = SourceFailure(
-                    f"{self._label}: blob {self._digest} ended after {self._hasher.size} "
-                    f"of {self._size} bytes",
-                    reason="short_read",
-                )
-                raise self.failure
-            if not self._hasher.matches(self._digest, self._size):
-                self.failure = SourceFailure(
-                    f"{self._label}: blob {self._digest} does not match its digest",
-                    reason="digest",
-                )
-                raise self.failure
-            self.done = True
-        return data
+        return SourceFailure(f"{blob} does not match its digest", reason="digest")
 
     def drain(self) -> None:
         """Read to the end, for the verdict on the bytes (raises the failure, if any)."""
