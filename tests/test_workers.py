@@ -33,11 +33,12 @@ def test_two_jobs_waiting_on_each_other_run_side_by_side() -> None:
 
 
 def test_an_error_reaches_the_caller_and_jobs_not_started_are_dropped() -> None:
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
     ran: list[int] = []
 
     def work(i: int) -> int:
         if i == 0:
+            started.set()
             gate.wait(60)
             raise OSError(28, "No space left on device")
         ran.append(i)
@@ -46,6 +47,7 @@ def test_an_error_reaches_the_caller_and_jobs_not_started_are_dropped() -> None:
     pool = Pool(1)
     first = pool.submit(work, 0)
     later = [pool.submit(work, i) for i in range(1, 5)]
+    assert started.wait(60)  # the first job runs: only the later ones wait to be dropped
     pool.shutdown(wait=False, cancel_pending=True)
     gate.set()
     pool.shutdown(wait=True)
