@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, clean_env, run_artifactd
 from pydantic import BaseModel, ValidationError
 
+from artifactd import reports
 from artifactd.build.harvest import harvest
 from artifactd.fingerprint.key import Document
 from artifactd.fingerprint.model import Fingerprint, from_raw
@@ -251,3 +252,29 @@ def test_a_restore_reads_light_and_every_command_reads_the_models(
     assert layers
     for rec in model_docs.config.layers:
         assert layers[rec.family] == rec.model_dump(mode="json")
+
+
+def test_a_long_layer_is_reported_capped_and_alike_by_both_readers(
+    documents: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``restore --json`` lists at most REPORT_MAX_FILES files a layer: the rest are counted."""
+    monkeypatch.setattr(reports, "REPORT_MAX_FILES", 2)
+    data = documents["harvest-config"]
+    model = ArtifactConfig.model_validate_json(data)
+    doc = light.read("ArtifactConfig", data)
+    assert doc is not None
+    long = next(layer for layer in model.layers if len(layer.files) > 2)
+    mine = next(layer for layer in doc.layers if layer.family == long.family)  # type: ignore[attr-defined]
+    full = long.model_dump(mode="json")
+    for record in (long, mine):
+        got = reports.layer_document(record)
+        assert got is not None
+        assert got["files"] == full["files"][:2]
+        assert got["files_omitted"] == len(full["files"]) - 2
+        assert {k: v for k, v in got.items() if k not in ("files", "files_omitted")} == {
+            k: v for k, v in full.items() if k != "files"
+        }
+    # What the record holds is untouched: the copy is the report's.
+    assert len(mine.files) == len(long.files) == len(full["files"])
+    monkeypatch.setattr(reports, "REPORT_MAX_FILES", len(full["files"]))
+    assert reports.layer_document(mine) == reports.layer_document(long) == full

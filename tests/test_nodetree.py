@@ -124,3 +124,34 @@ def test_a_warm_serve_asks_one_lstat_and_one_link_per_file_and_nothing_more(
     assert k7.stat().st_ino == (tree / "cache" / f"{1:052x}" / "k7.cubin").stat().st_ino
     assert k7.stat().st_mode & 0o777 == 0o444
     assert (staging / "cache" / "deep" / "er" / "est").is_dir()
+
+
+def test_a_restore_from_a_warm_node_store_makes_no_tree_document(
+    warm: tuple[Path, Any], tmp_path: Path, local_fp: Fingerprint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an extraction compares a layer's tree document: a warm serve never makes one."""
+    from artifactd.format import unpack  # noqa: PLC0415 - the module whose name is patched
+
+    made: list[str] = []
+    real = unpack.tree_document
+
+    def counted(record: Any) -> bytes:
+        made.append(record.family)
+        return real(record)
+
+    monkeypatch.setattr(unpack, "tree_document", counted)
+    request = RestoreRequest(
+        store=f"oci:{tmp_path / 'origin'}",
+        node_store=f"oci:{warm[0]}",
+        target=tmp_path / "second",
+        families=["generic"],
+        require=True,
+    )
+    outcome = run_restore(request, json.loads(local_fp.model_dump_json()))
+    assert outcome.status == "restored", outcome.failure
+    assert made == []
+    # A cold node store extracts the layer, and holds it to its tree document.
+    request = request._replace(node_store=f"oci:{tmp_path / 'cold'}", target=tmp_path / "third")
+    outcome = run_restore(request, json.loads(local_fp.model_dump_json()))
+    assert outcome.status == "restored", outcome.failure
+    assert made and set(made) == {"generic"}

@@ -78,6 +78,12 @@ class Doc:
         out: dict[str, Any] = to_json(self)
         return out
 
+    def model_copy(self, *, update: Mapping[str, Any]) -> Doc:
+        """Return a copy with the fields in ``update`` replaced, unchecked (as pydantic's)."""
+        copy = object.__new__(type(self))
+        vars(copy).update(vars(self), **update)
+        return copy
+
 
 _MISSING = object()
 

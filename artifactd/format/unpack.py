@@ -21,7 +21,8 @@ list), files are created with ``O_EXCL | O_NOFOLLOW`` under the staging root,
 directories are made one level at a time (never through anything but a real
 directory), symlinks are created last so no member writes through one, and
 the layer digest, its size and every file's sha256 are verified. The
-decompressed stream may not exceed the bound :func:`check_layer` computed and
+decompressed stream may not exceed the bound :func:`check_layer` computed (plus a
+tree document's share, from the document) and
 zstd's window is capped, so a compression bomb costs neither disk nor memory.
 The tar's ``diff_id`` is not checked: the compressed digest and every file's
 sha256 already pin every byte that is installed. A format-2 layer (members
@@ -183,27 +184,18 @@ def check_member(member: tarfile.TarInfo, components: frozenset[str]) -> PurePos
     return path
 
 
-def tree_doc_limit(record: LayerRecord) -> int:
-    """Return the most bytes a format-2 layer's tree document may take (2x canonical)."""
-    return _doc_limit(tree_document(record))
-
-
 def _doc_limit(canonical: bytes) -> int:
     return 2 * len(canonical) + (64 << 10)
-
-
-def _tree_doc_bound(record: LayerRecord, prefix: str) -> int:
-    """Tar bytes a format-2 layer's tree document may add: its data and its headers."""
-    return _round(tree_doc_limit(record)) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
 
 
 def check_layer(
     record: LayerRecord, known_components: frozenset[str], *, prefix: str | None = None
 ) -> int:
-    """Hold a layer record to the format's rules; return the most tar bytes it may unpack from.
+    """Hold a layer record to the format's rules; return the most tar bytes its files may take.
 
     ``prefix`` is the family directory of a format-2 layer (its members are
-    ``<prefix>/<component>/...``, plus the tree document). Runs before anything
+    ``<prefix>/<component>/...``, plus the tree document, whose share of the
+    bound :func:`unpack_layer` adds from the document). Runs before anything
     is downloaded. Raises :class:`UnsafeArtifactError` for
     anything the format forbids and :class:`IntegrityError` when the record
     contradicts itself.
@@ -230,8 +222,6 @@ def check_layer(
     if clash is not None:
         raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
     bound = _tar_bytes(record.files, dirs | components, prefix)
-    if prefix is not None:
-        bound += _tree_doc_bound(record, prefix)
     total = sum(e.size for e in record.files)
     if total != record.unpacked_size:
         raise IntegrityError(
@@ -239,11 +229,30 @@ def check_layer(
             f"file sizes ({total})"
         )
     # zstd never grows incompressible data by more than a small fraction.
-    if record.size > bound + bound // 64 + (1 << 20):
+    most = bound + (_tree_doc_estimate(record) if prefix is not None else 0)
+    if record.size > most + most // 64 + (1 << 20):
         raise IntegrityError(
-            f"layer {record.family}: {record.size} compressed bytes for at most {bound} of tar"
+            f"layer {record.family}: {record.size} compressed bytes for at most {most} of tar"
         )
     return bound
+
+
+def _tree_doc_estimate(record: LayerRecord) -> int:
+    """More tar bytes than a format-2 layer's tree document can take, without making it.
+
+    For the compressed-size check only: :func:`unpack_layer` bounds the member
+    by the document itself, which only an extraction needs (a layer the node
+    store already holds unpacked is served without one; an 18,000-file
+    document takes about 70 ms to make). Each entry's JSON is its path and
+    link at most 6 bytes a character (``\\u`` escapes), plus its digest and
+    numbers in far less than 256 bytes.
+    """
+    canonical = (
+        sum(6 * (len(e.path) + len(e.link or "")) + 256 for e in record.files)
+        + 6 * len(str(record.scope))
+        + 4096
+    )
+    return _round(2 * canonical + (64 << 10)) + 2 * _header_bound("x" * MAX_PATH_BYTES)
 
 
 def tar_bound(
@@ -1012,7 +1021,8 @@ def unpack_layer(
     ``record``: members must lie under ``prefix/`` (which is stripped) and the
     tree document must equal the record's
     (:func:`~artifactd.format.views.tree_document`). ``max_tar_bytes`` comes from
-    :func:`check_layer` (default: :func:`tar_bound` of ``entries``). ``relocate(member_path,
+    :func:`check_layer` (default: :func:`tar_bound` of ``entries``); a format-2
+    layer's tree document adds its own share. ``relocate(member_path,
     data)`` rewrites files the record marks with ``rewrite``. Raises
     :class:`IntegrityError` (digest, size, file hash or record mismatch),
     :class:`UnsafeArtifactError`, or ``OSError`` from the filesystem (a full
@@ -1040,8 +1050,8 @@ def unpack_layer(
     )
     if max_tar_bytes is None:
         max_tar_bytes = tar_bound(entries, components, prefix=prefix)
-        if prefix is not None and record is not None:
-            max_tar_bytes += _tree_doc_bound(record, prefix)
+    if prefix is not None:  # the tree document's share: from the document itself
+        max_tar_bytes += _round(limit) + 2 * _header_bound(f"{prefix}/{TREE_DOC}")
     try:
         return _unpack(
             blob,
