@@ -130,10 +130,10 @@ def test_a_restore_from_a_warm_node_store_makes_no_tree_document(
     warm: tuple[Path, Any], tmp_path: Path, local_fp: Fingerprint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only an extraction compares a layer's tree document: a warm serve never makes one."""
-    from artifactd.format import unpack  # noqa: PLC0415 - the module whose name is patched
+    from artifactd.format import unpack, views  # noqa: PLC0415 - the module whose name is patched
 
     made: list[str] = []
-    real = unpack.tree_document
+    real = views.tree_document
 
     def counted(record: Any) -> bytes:
         made.append(record.family)

@@ -198,13 +198,17 @@ PLUGINS = (
 #: signatures (and the crypto library), a second registry's credentials, subprocesses,
 #: keys, what only ``inspect`` shows; nor what would cost it a tenth of a bare start
 #: each: dataclasses (which loads inspect, ast, dis, tokenize) and concurrent.futures
-#: (which loads logging); vLLM's key recipe (read at harvest and predict).
+#: (which loads logging); vLLM's key recipe (read at harvest and predict), ninja's
+#: parsers and the harvest's tree walk (a restore plans every family, harvests none).
 NOT_INSTALLING = {
     "dataclasses",
     "inspect",
     "concurrent.futures",
     "logging",
     "artifactd.families.vllmkey",
+    "artifactd.families.ninja",
+    "artifactd.families.ninjarecords",
+    "artifactd.families.tree",
     "artifactd.trust.keys",
     "artifactd.trust.inspection",
     "artifactd.trust.signatures",

@@ -68,15 +68,12 @@ from pathlib import Path, PurePosixPath
 
 from artifactd.constants import FLASHINFER_WORKSPACE_BASE
 from artifactd.families.base import Component, Family, Located, home
-from artifactd.families.layouts import FLASHINFER_SUBDIR, flashinfer_excluded
-from artifactd.families.ninja import NINJA_FILE, ninja_invalid_entries, ninja_pinned_paths
-from artifactd.families.ninjarecords import (
+from artifactd.families.layouts import (
+    FLASHINFER_SUBDIR,
+    NINJA_FILE,
     NINJA_RECORDS,
-    ninja_relocation_problems,
-    normalize_ninja_record,
-    relocate_ninja_record,
+    flashinfer_excluded,
 )
-from artifactd.families.tree import root_spellings
 
 #: The cache dir relative to the workspace base (HOME by default).
 CACHE_SUBDIR = FLASHINFER_SUBDIR
@@ -149,6 +146,11 @@ class FlashInferFamily(Family):
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Report op dirs ninja would rebuild: an output or log missing, records stuck at a root."""
         del component
+        # lazy: ninja's parsers are harvest's and lint's; a restore plans every family
+        from artifactd.families.ninja import ninja_invalid_entries  # noqa: PLC0415
+        from artifactd.families.ninjarecords import ninja_relocation_problems  # noqa: PLC0415
+        from artifactd.families.tree import root_spellings  # noqa: PLC0415
+
         return {
             **ninja_invalid_entries(root),
             **ninja_relocation_problems(root, root_spellings(root)),
@@ -157,6 +159,8 @@ class FlashInferFamily(Family):
     def pinned_paths(self, component: str, root: Path) -> list[str]:
         """Return the outside paths the ``build.ninja`` files name (the root itself moves)."""
         del component
+        from artifactd.families.ninja import ninja_pinned_paths  # noqa: PLC0415  # lazy: as above
+
         return ninja_pinned_paths(root, relocated=True)
 
     def keyed(self, component: str, rel: PurePosixPath) -> bool:
@@ -187,11 +191,16 @@ class FlashInferFamily(Family):
 
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
         """Store the root as the placeholder: deps paths, log paths and commands, build.ninja."""
+        from artifactd.families.ninjarecords import normalize_ninja_record  # noqa: PLC0415  # lazy
+
         moved = normalize_ninja_record(data, roots)
         return moved if moved is not None else super().normalize(data, roots)
 
     def relocate(self, data: bytes, root: str) -> bytes:
         """Write the records for ``root``: paths swapped, command hashes computed again."""
+        # lazy: loaded when a restore rewrites a ninja record, never to plan
+        from artifactd.families.ninjarecords import relocate_ninja_record  # noqa: PLC0415
+
         moved = relocate_ninja_record(data, root)
         return moved if moved is not None else super().relocate(data, root)
 

@@ -15,6 +15,13 @@ from pathlib import Path, PurePosixPath
 
 from artifactd.families.base import is_group_file
 
+#: ninja's build file, and the files of a module dir that name its build root
+#: (moved with the tree): here, so the families hosting ninja trees name them
+#: without importing :mod:`~artifactd.families.ninja` (a restore plans every family).
+NINJA_FILE = "build.ninja"
+NINJA_LOGS = (".ninja_log", ".ninja_deps")
+NINJA_RECORDS = frozenset({NINJA_FILE, *NINJA_LOGS})
+
 #: Where vLLM and SGLang put a DeepGEMM dir under their roots.
 DEEP_GEMM_DIR = PurePosixPath("deep_gemm")
 #: A FlashInfer cache relative to its workspace base (HOME by default).

@@ -18,8 +18,8 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-NINJA_FILE = "build.ninja"
-NINJA_LOGS = (".ninja_log", ".ninja_deps")
+from artifactd.families.layouts import NINJA_FILE, NINJA_LOGS
+
 _PRUNED_DIRS = frozenset({"locks", "lock"})
 
 _VAR_REF = re.compile(r"\$(\{[A-Za-z0-9_.-]+\}|[A-Za-z0-9_-]+|\$)")

@@ -19,9 +19,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from artifactd.families.base import ROOT_PLACEHOLDER
+from artifactd.families.layouts import NINJA_FILE, NINJA_LOGS
 from artifactd.families.ninja import (
-    NINJA_FILE,
-    NINJA_LOGS,
     logical_lines,
     ninja_dirs,
     ninja_invalid_entries,
@@ -457,10 +456,6 @@ def log_commands(data: bytes, roots: tuple[str, ...]) -> dict[str, str]:
             continue
         commands.update(ninja_commands(text))
     return commands
-
-
-#: The files of a module dir that name its build root: moved with the tree.
-NINJA_RECORDS = frozenset({NINJA_FILE, *NINJA_LOGS})
 
 
 def ninja_relocation_problems(

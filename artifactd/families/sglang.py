@@ -90,6 +90,7 @@ from artifactd.families.layouts import (
     DEEPGEMM_COMMIT_FILE,
     DEEPGEMM_META_COST,
     FLASHINFER_SUBDIR,
+    NINJA_RECORDS,
     TRITON_DIR,
     deepgemm_excluded,
     deepgemm_meta,
@@ -97,14 +98,6 @@ from artifactd.families.layouts import (
     flashinfer_excluded,
     triton_partial_entries,
 )
-from artifactd.families.ninja import ninja_invalid_entries, ninja_pinned_paths
-from artifactd.families.ninjarecords import (
-    NINJA_RECORDS,
-    ninja_relocation_problems,
-    normalize_ninja_record,
-    relocate_ninja_record,
-)
-from artifactd.families.tree import root_spellings
 
 DEFAULT_CACHE = "~/.cache/sglang"
 DEFAULT_JIT = "~/.cache/sglang/jit"
@@ -263,6 +256,11 @@ class SGLangFamily(Family):
                 if not (leaf / f"{module}.so").is_file():
                     bad[rel] = f"SGLang JIT leaf without {module}.so: never a hit"
             return bad
+        # lazy: ninja's parsers are harvest's and lint's; a restore plans every family
+        from artifactd.families.ninja import ninja_invalid_entries  # noqa: PLC0415
+        from artifactd.families.ninjarecords import ninja_relocation_problems  # noqa: PLC0415
+        from artifactd.families.tree import root_spellings  # noqa: PLC0415
+
         return {
             **_prefixed(TRITON_DIR, triton_partial_entries(root / TRITON_DIR)),
             **_prefixed(DEEP_GEMM_DIR, deepgemm_partial_entries(root / DEEP_GEMM_DIR)),
@@ -275,6 +273,8 @@ class SGLangFamily(Family):
     def pinned_paths(self, component: str, root: Path) -> list[str]:
         """FlashInfer's ``build.ninja`` paths, and JIT dependencies outside every anchor root."""
         if component == "cache":
+            from artifactd.families.ninja import ninja_pinned_paths  # noqa: PLC0415  # lazy: as above
+
             return ninja_pinned_paths(root / FLASHINFER_SUBDIR, relocated=True)
         pinned: set[str] = set()
         for _rel, leaf, _module in _jit_leaves(root):
@@ -297,10 +297,15 @@ class SGLangFamily(Family):
 
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
         """Store the root as the placeholder (ninja's records as the flashinfer family does)."""
+        from artifactd.families.ninjarecords import normalize_ninja_record  # noqa: PLC0415  # lazy
+
         moved = normalize_ninja_record(data, roots)
         return moved if moved is not None else super().normalize(data, roots)
 
     def relocate(self, data: bytes, root: str) -> bytes:
         """Write the stored files for ``root`` (ninja's command hashes computed again)."""
+        # lazy: loaded when a restore rewrites a ninja record, never to plan
+        from artifactd.families.ninjarecords import relocate_ninja_record  # noqa: PLC0415
+
         moved = relocate_ninja_record(data, root)
         return moved if moved is not None else super().relocate(data, root)
