@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -94,36 +93,6 @@ def test_pending_probe_reads_the_tools_it_started(
     assert pending.result() is pending.result()
 
 
-def test_pending_probe_hashes_records_beside_the_caller_and_hands_errors_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The RECORD digests run on a thread while the caller imports; a failure is the caller's."""
-    if not probing.find_distributions(probing.TRACKED_LIBRARIES):
-        pytest.skip("no tracked library is installed here")
-    caller = threading.get_ident()
-    threads: set[int] = set()
-    release = threading.Event()
-
-    def digest(path: Path) -> str:
-        threads.add(threading.get_ident())
-        release.wait(60)  # held until the caller has gone on: proves it did not wait here
-        return "d"
-
-    monkeypatch.setattr(probing, "record_digest", digest)
-    pending = probing.PendingProbe(use_nvml=False, cache=ProbeCache(None))
-    release.set()  # reached only because the constructor returned while the digests wait
-    raw = pending.result()
-    assert threads and caller not in threads
-    assert {lib["content_hash"] for lib in raw["libraries"].values()} == {"d"}
-
-    def broken(path: Path) -> str:
-        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a RECORD that is not UTF-8")
-
-    monkeypatch.setattr(probing, "record_digest", broken)
-    with pytest.raises(UnicodeDecodeError, match="not UTF-8"):
-        probing.PendingProbe(use_nvml=False, cache=ProbeCache(None)).result()
-
-
 def test_one_compiler_under_two_names_is_one_identity(tmp_path: Path) -> None:
     """GCC prints the name it was invoked by: ``cc`` and ``gcc`` must not read as two compilers."""
     real = tmp_path / "x86_64-test-gcc-12"
@@ -186,3 +155,15 @@ def test_the_probe_asks_the_nvcc_the_jit_libraries_run(tmp_path: Path) -> None:
     assert nvcc(CUDA_HOME=str(tmp_path / "empty")) is None
     assert tools.nvcc_path({"PATH": str(tmp_path / "nothing")}) == "/usr/local/cuda/bin/nvcc"
     assert probing.PROBED_ENV["CUDA_HOME"] == probing.PROBED_ENV["CUDA_PATH"] == "cuda.nvcc"
+
+
+def test_a_background_probe_that_fails_raises_on_the_callers_thread() -> None:
+    """The NVML probe runs on a thread: its error reaches the caller, not the thread's stderr."""
+    bg = probing._Background()
+
+    def broken() -> None:
+        raise OSError("NVML: driver/library version mismatch")
+
+    bg.start("nvml", broken)
+    with pytest.raises(OSError, match="version mismatch"):
+        bg.results()

@@ -405,7 +405,7 @@ class _Background:
         self._errors: list[BaseException] = []
 
     def start(self, name: str, fn: Callable[[], Any]) -> None:
-        # lazy: the probe is the only user here (a restore has loaded threading by then)
+        # lazy: no thread, nor threading, on a CPU host: only the NVML probe runs on one
         import threading  # noqa: PLC0415
 
         def run() -> None:
@@ -531,15 +531,8 @@ class PendingProbe:
         self._cc = environ.get(CC, "cc")
         self._tools["cc"] = Tool([self._cc, "--version"])
         self._bg = _Background()
-        if use_nvml and has_nvidia_driver():
+        if use_nvml and has_nvidia_driver():  # no thread on a CPU host
             self._bg.start("nvml", probe_gpu_nvml)
-        # Each library's RECORD digest (a few MB of reads and sha256 when the probe
-        # cache is empty, as in a new container) on a thread: file reads and hashing
-        # release the GIL, so it overlaps the imports the caller makes meanwhile.
-        self._bg.start("libraries", self._libraries)
-
-    def _libraries(self) -> dict[str, Raw]:
-        return {name: library_info(d, self._cache) for name, d in sorted(self._dists.items())}
 
     def result(self) -> Raw:
         """Wait for the probe and return its document (the same one on every call)."""
@@ -560,10 +553,10 @@ class PendingProbe:
         import sysconfig  # noqa: PLC0415
 
         dists = self._dists
+        libraries = {name: library_info(d, self._cache) for name, d in sorted(dists.items())}
+        self._cache.save()
         cpu, cpu_model = probe_cpu()
         found = self._bg.results() | {name: t.output() for name, t in self._tools.items()}
-        libraries: dict[str, Raw] = found["libraries"]
-        self._cache.save()  # after the thread that filled it has ended
 
         nvml = found.get("nvml")
         topology = None
