@@ -155,3 +155,65 @@ def test_a_restore_from_a_warm_node_store_makes_no_tree_document(
     outcome = run_restore(request, json.loads(local_fp.model_dump_json()))
     assert outcome.status == "restored", outcome.failure
     assert made and set(made) == {"generic"}
+
+
+def _tamper(path: Path, how: str) -> None:
+    """Change one tree file in one way, keeping everything else the serve checks."""
+    st = path.stat()
+    if how == "writable":
+        path.chmod(0o644)
+    elif how == "setuid":  # the same permission bits, plus a setuid bit
+        path.chmod(0o4444)
+    elif how == "executable":
+        path.chmod(0o555)
+    elif how == "size":
+        path.chmod(0o644)
+        with path.open("ab") as f:
+            f.write(b"x")
+        path.chmod(0o444)
+    elif how == "mtime":
+        pass  # only the utime below, one second off
+    elif how == "symlink":  # a link to a file of the same bytes, mode and mtime
+        twin = path.with_name("twin")
+        twin.write_bytes(path.read_bytes())
+        twin.chmod(0o444)
+        os.utime(twin, ns=(st.st_atime_ns, st.st_mtime_ns))
+        path.chmod(0o644)
+        path.unlink()
+        path.symlink_to("twin")
+        return
+    elif how == "directory":
+        path.chmod(0o644)
+        path.unlink()
+        path.mkdir()
+    shift = 1_000_000_000 if how == "mtime" else 0
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + shift), follow_symlinks=False)
+
+
+@pytest.mark.parametrize(
+    "how", ["writable", "setuid", "executable", "size", "mtime", "symlink", "directory"]
+)
+def test_a_tree_file_changed_in_any_way_the_serve_checks_makes_the_tree_stale(
+    warm: tuple[Path, Any], tmp_path: Path, how: str
+) -> None:
+    """The serve's one ``st_mode`` comparison holds every part of the check it replaced."""
+    node, record = warm
+    tree = nodetree.tree_path(node, record.digest)
+    stamp = nodetree.read_stamp(tree, record)
+    victim = tree / "cache" / f"{3:052x}" / "k13.cubin"
+    assert victim.stat().st_mode & 0o7777 == 0o444  # sealed: what the check expects
+    _tamper(victim, how)
+
+    def serve(staging: Path) -> nodetree.Served:
+        return nodetree.serve(
+            tree,
+            stamp,
+            record,
+            staging,
+            shares=get_family("generic").shares_inode,
+            relocate=lambda _member, data: data,
+            keep_mtimes=False,
+        )
+
+    with pytest.raises(nodetree.Stale, match="k13.cubin"):
+        serve(tmp_path / "staging")

@@ -135,7 +135,7 @@ def _str_check(spec: Mapping[str, Any]) -> Check:
     hi = spec.get("max_length")
 
     def check(v: Any) -> Any:
-        if type(v) is not str or not _text_ok(v):
+        if type(v) is not str or not (v.isascii() or _text_ok(v)):
             raise _RefusedError
         if (lo is not None and len(v) < lo) or (hi is not None and len(v) > hi):
             raise _RefusedError
@@ -151,6 +151,17 @@ def _number_check(spec: Mapping[str, Any]) -> Check:
     lo = spec.get("ge")
     hi = spec.get("le")
     is_float = spec["t"] == "float"
+    if not is_float:
+        # An integer's check, the common case (every file entry's size and mode).
+        low = -_INT_LIMIT if lo is None else max(-_INT_LIMIT, lo)
+        high = _INT_LIMIT - 1 if hi is None else min(_INT_LIMIT - 1, hi)
+
+        def check_int(v: Any) -> Any:
+            if type(v) is not int or not low <= v <= high:
+                raise _RefusedError
+            return v
+
+        return check_int
 
     def check(v: Any) -> Any:
         kind = type(v)
@@ -191,16 +202,22 @@ def _optional_check(inner: Check) -> Check:
     return check
 
 
-def _list_check(spec: Mapping[str, Any], inner: Check, make: type) -> Check:
+def _list_check(spec: Mapping[str, Any], make: type) -> Check:
     lo = spec.get("min_length")
     hi = spec.get("max_length")
+    of = spec["of"]
+    model = of["name"] if of["t"] == "model" else None
+    inner = [] if model else [_compile(of)]
 
     def check(v: Any) -> Any:
         if type(v) is not list:
             raise _RefusedError
         if (lo is not None and len(v) < lo) or (hi is not None and len(v) > hi):
             raise _RefusedError
-        out = [inner(x) for x in v]
+        if not inner:  # a model's check, found on first use (see _model_check), then called
+            inner.append(_MODELS.get(model) or _compile_model(model))  # type: ignore[arg-type]
+        each = inner[0]  # directly: a config's list of file entries has one per file
+        out = [each(x) for x in v]
         return out if make is list else make(out)
 
     return check
@@ -318,7 +335,7 @@ def _compile(spec: Mapping[str, Any]) -> Check:  # noqa: PLR0911 - one case per 
     if t == "opt":
         return _optional_check(_compile(spec["of"]))
     if t in ("list", "tuple"):
-        return _list_check(spec, _compile(spec["of"]), list if t == "list" else tuple)
+        return _list_check(spec, list if t == "list" else tuple)
     if t == "dict":
         return _dict_check(_compile(spec["keys"]), _compile(spec["of"]))
     if t == "union":

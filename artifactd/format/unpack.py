@@ -91,7 +91,10 @@ def _round(n: int) -> int:
 
 def _header_bound(name: str, link: str | None = None) -> int:
     """Most tar bytes one member's headers take: a ustar header plus a PAX header."""
-    return 3 * _BLOCK + 2 * _round(len(name.encode()) + len((link or "").encode()) + 256)
+    size = len(name) if name.isascii() else len(name.encode())
+    if link:
+        size += len(link) if link.isascii() else len(link.encode())
+    return 3 * _BLOCK + 2 * -(-(size + 256) // _BLOCK) * _BLOCK  # 2 x _round(size + 256)
 
 
 def _name_problem(name: str, components: frozenset[str]) -> str | None:
@@ -110,8 +113,13 @@ def _name_problem(name: str, components: frozenset[str]) -> str | None:
         return f"member {name!r} has a '.' or '..' component or is not normal"
     if parts[0] not in components:
         return f"member {name!r} is outside the layer's components"
-    # UTF-8 takes at most 4 bytes a character: short names need no encoding.
-    return _length_problem(name, parts) if len(name) * 4 > MAX_NAME_BYTES else None
+    # UTF-8 takes at most 4 bytes a character: short names need no encoding, and
+    # an ASCII name's bytes are its characters (most names: no encoding either).
+    if len(name) * 4 <= MAX_NAME_BYTES or (
+        name.isascii() and len(name) <= MAX_PATH_BYTES and max(map(len, parts)) <= MAX_NAME_BYTES
+    ):
+        return None
+    return _length_problem(name, parts)
 
 
 def _length_problem(name: str, parts: list[str]) -> str | None:
@@ -123,11 +131,16 @@ def _length_problem(name: str, parts: list[str]) -> str | None:
     return None
 
 
-def check_member_name(name: str, components: frozenset[str]) -> PurePosixPath:
-    """Return the member's relative path, or raise :class:`UnsafeArtifactError`."""
+def check_name(name: str, components: frozenset[str]) -> None:
+    """Raise :class:`UnsafeArtifactError` unless ``name`` is a safe member path."""
     problem = _name_problem(name, components)
     if problem is not None:
         raise UnsafeArtifactError(problem)
+
+
+def check_member_name(name: str, components: frozenset[str]) -> PurePosixPath:
+    """Return the member's relative path, or raise :class:`UnsafeArtifactError`."""
+    check_name(name, components)
     return PurePosixPath(name)
 
 
@@ -212,17 +225,19 @@ def check_layer(
     components = frozenset(comps)
     files: set[str] = set()
     dirs: set[str] = set()
+    total = 0
     for entry in record.files:
+        path = entry.path
         _check_entry(entry, components)
-        if entry.path in files:
-            raise UnsafeArtifactError(f"{entry.path!r} is listed twice")
-        files.add(entry.path)
-        _add_parents(entry.path, dirs)
+        if path in files:
+            raise UnsafeArtifactError(f"{path!r} is listed twice")
+        files.add(path)
+        _add_parents(path, dirs)
+        total += entry.size
     clash = next((d for d in dirs if d in files), None)
     if clash is not None:
         raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
     bound = _tar_bytes(record.files, dirs | components, prefix)
-    total = sum(e.size for e in record.files)
     if total != record.unpacked_size:
         raise IntegrityError(
             f"layer {record.family}: unpacked_size {record.unpacked_size} is not the sum of its "
@@ -279,7 +294,7 @@ def _tar_bytes(entries: Sequence[FileEntry], dirs: set[str], prefix: str | None)
     if prefix:
         bound += _header_bound(prefix)
     for entry in entries:
-        bound += _round(entry.size) + _header_bound(lead + entry.path, entry.link)
+        bound += -(-entry.size // _BLOCK) * _BLOCK + _header_bound(lead + entry.path, entry.link)
     return bound + sum(_header_bound(lead + d) for d in dirs)
 
 

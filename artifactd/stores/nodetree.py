@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.errors import ArtifactdError
-from artifactd.format.unpack import check_member_name, current_umask
+from artifactd.format.unpack import check_name, current_umask
 from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
 from artifactd.stores.nodestore import LINKINGS, TREES_DIR
 
@@ -167,7 +167,7 @@ def read_stamp(tree: Path, record: LayerView) -> Stamp:
         if not isinstance(d, str) or "/" not in d:
             raise Stale("a stamp naming a directory outside the components")
         try:
-            check_member_name(d, components)
+            check_name(d, components)
         except ArtifactdError as exc:
             raise Stale(exc.message) from None
     dirs.sort(key=lambda d: d.count("/"))
@@ -276,13 +276,17 @@ def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
     link: bool | None = None if linking == AUTO else False
     reflinked = linked = copied = total = 0
     symlinks = []
+    # A tree file is a regular file of its sealed mode: one comparison of st_mode
+    # (S_IFREG, no setuid/setgid/sticky bit, the permission bits) per file.
+    regular = {mode: stat.S_IFREG | sealed_mode(mode) for mode in range(0o1000)}
+    lstat = os.lstat
     for entry in record.files:
         if entry.link is not None:
             symlinks.append(entry)
             continue
         src = src_root + entry.path
         try:
-            st = os.lstat(src)
+            st = lstat(src)
         except OSError as exc:
             raise Stale(f"{entry.path}: {exc.strerror}") from None
         mtime = (
@@ -291,10 +295,9 @@ def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
             else stamp.mtime_ns
         )
         if (
-            not stat.S_ISREG(st.st_mode)
+            st.st_mode != regular.get(entry.mode)
             or st.st_size != entry.size
             or st.st_mtime_ns != mtime
-            or stat.S_IMODE(st.st_mode) != sealed_mode(entry.mode)
         ):
             raise Stale(f"{entry.path} changed since the tree was made")
         total += entry.size
