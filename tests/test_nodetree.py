@@ -215,5 +215,5 @@ def test_a_tree_file_changed_in_any_way_the_serve_checks_makes_the_tree_stale(
             keep_mtimes=False,
         )
 
-    with pytest.raises(nodetree.Stale, match="k13.cubin"):
+    with pytest.raises(nodetree.Stale, match=r"k13\.cubin"):
         serve(tmp_path / "staging")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import tarfile
 import threading
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 from layers import pack, record
 
 import artifactd.format.unpack as unpack_mod
+from artifactd import fsutil
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import get_family
 from artifactd.families.base import Located
@@ -300,6 +302,32 @@ def test_a_large_file_is_read_in_place_not_through_tarfiles_file_object(
     assert extracted == []
     for name, data in files:
         assert (tmp_path / "stage" / name).read_bytes() == data
+
+
+def test_a_large_file_asks_the_disk_to_start_writing_as_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The install's sync before its commit should find a large file mostly written already."""
+    size = 3 * unpack_mod._WRITEBACK + 12345
+    files = [("cache/big", os.urandom(size)), ("cache/small", b"x" * 100)]
+    blob, entries = _big_layer(files)
+    started: list[tuple[int, int]] = []
+    real = fsutil.start_writeback
+
+    def recorded(fd: int, offset: int, length: int) -> None:
+        assert os.fstat(fd).st_size >= offset + length  # only bytes already written
+        started.append((offset, length))
+        real(fd, offset, length)  # libc's sync_file_range, for real
+
+    monkeypatch.setattr(unpack_mod, "start_writeback", recorded)
+    assert _unpack_bytes(blob, entries, tmp_path / "stage") == 2
+    assert (tmp_path / "stage" / "cache" / "big").read_bytes() == files[0][1]
+    # Contiguous runs from the first byte, each at least _WRITEBACK; only the tail is left.
+    assert started and started[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(started))
+    assert all(n >= unpack_mod._WRITEBACK for _, n in started)
+    end = started[-1][0] + started[-1][1]
+    assert size - unpack_mod._WRITEBACK - unpack_mod._SPAN_PIECE <= end <= size
 
 
 def test_a_large_file_cut_short_or_unlike_its_record_is_refused(tmp_path: Path) -> None:

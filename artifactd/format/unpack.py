@@ -58,7 +58,13 @@ import zstandard
 from artifactd.errors import ArtifactdError, IntegrityError, StoreError, UnsafeArtifactError
 from artifactd.format.oci import TREE_DOC
 from artifactd.format.views import tree_document
-from artifactd.fsutil import InputFileError, file_kind, link_inside, open_regular
+from artifactd.fsutil import (
+    InputFileError,
+    file_kind,
+    link_inside,
+    open_regular,
+    start_writeback,
+)
 from artifactd.hashing import DigestReader, Hasher, Readable, verifier_of
 from artifactd.workers import Job, Pool
 
@@ -341,6 +347,9 @@ _STREAM_CHUNK = 128 << 10
 _SPAN_PIECE = 1 << 20
 #: Pieces of a streamed file decompressed ahead of its hashing and writing, at most.
 _STREAM_AHEAD = 8
+#: A streamed file asks the kernel to start writing each run of this many bytes
+#: to disk as soon as it is written (see :func:`_stream_member`).
+_WRITEBACK = 8 << 20
 #: Bytes read ahead of the writer threads, at most.
 _IN_FLIGHT = 256 << 20
 #: Two writers overlap file creation with parsing; more contend on this disk (measured).
@@ -1406,12 +1415,20 @@ def _stream_member(
     """
     fd = _create(dest, entry, umask)
     copied = Hasher()
+    kicked = 0  # bytes the kernel was asked to start writing back
 
     def put(data: bytes | memoryview) -> None:
+        nonlocal kicked
         copied.update(data)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+        if copied.size - kicked >= _WRITEBACK:
+            # The install syncs before its commit: started now, the disk writes this
+            # run while the rest decompresses, and the sync waits for the tail only
+            # (the CPU demo's 156 MB header: an install of 0.07-0.09 s, mostly that wait).
+            start_writeback(fd, kicked, copied.size - kicked)
+            kicked = copied.size
 
     pending: deque[Job[None]] = deque()
     pool = Pool(1, "stream")
