@@ -25,7 +25,10 @@ is missed.
 
 Python runs with its bytecode cached, as an installed package does (in a
 private cache directory, so the tree gets no __pycache__); one untimed run of
-each command fills it.
+each command fills it. Every command, the bare start included, runs in a
+plain environment made for the run (bench/plainenv.py): a development
+checkout's editable install would otherwise load its finder, pathlib and more
+into every process, the bare start's too, and every ratio would read low.
 
 Usage: python bench/coldstart.py [--runs 9] [--demo-runs 5] [--only startup]
 
@@ -50,6 +53,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from plainenv import plain_python  # noqa: E402
 
 from artifactd.build.demo import restored_environ  # noqa: E402
 from artifactd.build.run import cell_environ  # noqa: E402
@@ -75,7 +81,8 @@ WORKLOAD = "model=m,tp=8"
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    # In REPO: `python -m` imports from the working directory first (this checkout, then).
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{proc.stderr[-2000:]}")
@@ -265,8 +272,8 @@ def main() -> None:
     parser.add_argument("--demo-runs", type=int, default=5, help="demo rounds")
     parser.add_argument("--only", choices=["startup"], help="run only this part")
     args = parser.parse_args()
-    py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="artifactd-bench-"))
+    py = plain_python(work)  # as installed: no editable finder in every start (plainenv.py)
     base = dict(os.environ)
     # The probe cache starts empty and lives with the run, like a new pod's.
     base[ENV_CACHE_DIR] = str(work / "probe-cache")

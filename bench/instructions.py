@@ -8,7 +8,9 @@ interpreter's start and exit included) for a bare ``python -c pass``,
 cache into a new target, each the median of --runs, and prints each as a
 ratio to the bare start. Instructions are not time (a syscall, a page fault or
 a cache miss costs more than one), but an import or a model build that is
-gone shows here on any machine, loaded or not. Needs ``valgrind`` on PATH.
+gone shows here on any machine, loaded or not. Every command runs in the plain
+environment of ``bench/plainenv.py`` (an installed artifactd's start, without a
+development install's editable finder). Needs ``valgrind`` on PATH.
 
 Usage: python bench/instructions.py [--runs 3]
 """
@@ -29,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 from coldstart import bytecode_env, small_store  # noqa: E402
+from plainenv import plain_python  # noqa: E402
 
 from artifactd.constants import ENV_CACHE_DIR  # noqa: E402
 
@@ -57,9 +60,9 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not on PATH (apt-get install valgrind)")
-    py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="artifactd-instructions-"))
     try:
+        py = plain_python(work)  # as installed: no editable finder in every start
         base = dict(os.environ) | {ENV_CACHE_DIR: str(work / "probe-cache")}
         store, target = small_store(py, work, base)
         env = bytecode_env(base, work / "pycache")

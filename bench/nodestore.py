@@ -27,7 +27,9 @@ so trees removed between rounds would make the next rounds' `mkdir`s pay
 for tens of thousands of freed inodes. Start it a minute after removing
 many files for the same reason. With
 --header, the same for one file of 156 MB (the CPU demo's precompiled header):
-linked, it costs what `cp -al` costs, whatever its size.
+linked, it costs what `cp -al` costs, whatever its size. Every artifactd
+process runs in the plain environment of bench/plainenv.py: it starts as an
+installed artifactd does.
 
 Usage: python bench/nodestore.py [--files 18000] [--rounds 7] [--header] [--dir DIR]
 """
@@ -48,7 +50,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from plainenv import plain_python  # noqa: E402
+
 TARGET = 1.3
+#: The interpreter every artifactd process runs on: set by main() (see bench/plainenv.py).
+PY = [sys.executable]
 
 
 def make_tree(root: Path, files: int, seed: int = 32) -> int:
@@ -80,7 +88,7 @@ def make_header(root: Path, size: int = 156 << 20) -> int:
 def artifactd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run the CLI as a new process, as an init container does (``-m``: from REPO, see timed)."""
     return subprocess.run(
-        [sys.executable, "-m", "artifactd", *args],
+        [PY[0], "-m", "artifactd", *args],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -126,7 +134,7 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
         raise SystemExit(proc.stderr[-2000:])
     print(f"[{name}] published in {time.perf_counter() - t0:.1f} s")
     restore = [
-        sys.executable, "-m", "artifactd", "restore", "--family", "generic",
+        PY[0], "-m", "artifactd", "restore", "--family", "generic",
         "--store", store, "--node-store", node, "--json", "--require",
     ]  # fmt: skip
     t0 = time.perf_counter()
@@ -189,6 +197,7 @@ def main() -> int:
     if not 1 <= args.files <= 1_000_000 or not 1 <= args.rounds <= 100:
         parser.error("--files 1-1000000, --rounds 1-100")
     work = Path(tempfile.mkdtemp(prefix="artifactd-nodestore-", dir=args.dir))
+    PY[0] = plain_python(work)  # starts as an installed artifactd does
     ok = True
     try:
         total = make_tree(work / "small" / "tree", args.files)

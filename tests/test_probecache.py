@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from artifactd.fingerprint import probecache
 from artifactd.fingerprint.probe import record_digest
@@ -214,3 +216,14 @@ def test_default_path_order(tmp_path: Path) -> None:
     own = {**xdg, "ARTIFACTD_CACHE_DIR": "/mine"}
     assert default_path(own) == Path("/mine") / CACHE_FILE_NAME
     assert default_path({}) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b"\r", b"\n", b"\r\n", b",", "\u00e9".encode()])))
+def test_record_digest_of_any_mix_of_line_endings_is_the_decoded_texts(
+    tmp_path_factory: pytest.TempPathFactory, pieces: list[bytes]
+) -> None:
+    """CRLF-only text takes the one-pass way, any lone CR the other: both are the text's digest."""
+    path = tmp_path_factory.mktemp("record") / "RECORD"
+    path.write_bytes(b"".join(pieces))
+    assert record_digest(path) == (_text_digest(path) if pieces else None)
