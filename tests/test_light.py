@@ -136,7 +136,17 @@ def _same(root: str, data: bytes) -> bool:
     return True
 
 
-def test_real_documents_are_read_light_and_alike(documents: dict[str, bytes]) -> None:
+@pytest.fixture(params=["entry by entry", "a field at a time"])
+def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a list of documents is read: each entry checked, or each field (_columns)."""
+    if request.param == "a field at a time":
+        monkeypatch.setattr(light, "COLUMNS_FROM", 1)  # every list of models tries it first
+    else:
+        monkeypatch.setattr(light, "COLUMNS_FROM", 1 << 62)
+    return str(request.param)
+
+
+def test_real_documents_are_read_light_and_alike(documents: dict[str, bytes], reading: str) -> None:
     for name, data in documents.items():
         assert _same(_root(name), data), f"{name}: the light reader left a real document"
 
@@ -179,7 +189,7 @@ def _variants(doc: dict[str, Any]) -> Iterator[Any]:
 
 
 @pytest.mark.slow
-def test_no_hostile_variant_is_read_differently(documents: dict[str, bytes]) -> None:
+def test_no_hostile_variant_is_read_differently(documents: dict[str, bytes], reading: str) -> None:
     accepted = refused = both_refused = 0
     for name, data in documents.items():
         root = _root(name)
@@ -278,3 +288,61 @@ def test_a_long_layer_is_reported_capped_and_alike_by_both_readers(
     assert len(mine.files) == len(long.files) == len(full["files"])
     monkeypatch.setattr(reports, "REPORT_MAX_FILES", len(full["files"]))
     assert reports.layer_document(mine) == reports.layer_document(long) == full
+
+
+#: One change to one file entry, each a value or a key the entry-by-entry check decides on.
+ENTRY_CHANGES: list[tuple[str, Any]] = [
+    ("size", -1),
+    ("size", True),
+    ("size", 1.0),
+    ("size", 2**63),
+    ("mode", 512),
+    ("mode", "420"),
+    ("sha256", "A" * 64),
+    ("sha256", "0" * 64 + "\n"),
+    ("sha256", "0" * 63),
+    ("path", "caf\u00e9/x"),  # not ASCII: each entry decides (and accepts)
+    ("path", "\ud800"),
+    ("path", 7),
+    ("link", 5),
+    ("mtime", "1"),
+    ("mtime", 2**70),
+    ("rewrite", 1),
+    ("rewrite", None),
+    ("unknown_field", 1),
+    ("size", KeyError),  # left out
+]
+
+
+@pytest.mark.parametrize(("field", "value"), ENTRY_CHANGES)
+@pytest.mark.parametrize("where", [0, 40, -1])
+def test_a_long_list_of_file_entries_reads_alike_whatever_entry_changes(
+    documents: dict[str, bytes], field: str, value: Any, where: int
+) -> None:
+    """A config of many files is read a field at a time; one entry anywhere changes the answer.
+
+    The hostile variants change the first two entries of a list; here the list
+    is longer than COLUMNS_FROM and the change is at its start, middle or end.
+    """
+    doc = json.loads(documents["harvest-config"])
+    layer = max(doc["layers"], key=lambda layer: len(layer["files"]))
+    template = layer["files"][0]
+    layer["files"] = [
+        {**template, "path": f"{template['path']}-{i}"} for i in range(light.COLUMNS_FROM + 20)
+    ]
+    layer["unpacked_size"] = template["size"] * len(layer["files"])
+    plain = json.dumps(doc).encode()
+    read = light.read("ArtifactConfig", plain)
+    assert read is not None and _same("ArtifactConfig", plain)
+    files = next(x for x in read.layers if x.family == layer["family"]).files  # type: ignore[attr-defined]
+    assert light._columns("FileEntry", layer["files"]) is not None  # the fast way took it
+    assert [f.path for f in files] == [e["path"] for e in layer["files"]]
+    entry = layer["files"][where]
+    if value is KeyError:
+        del entry[field]
+    else:
+        entry[field] = value
+    assert light._columns("FileEntry", layer["files"]) is None  # each entry decides
+    text = json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if not _same("ArtifactConfig", text):  # refused: pydantic decides, alike or converting
+        assert light.read("ArtifactConfig", text) is None

@@ -23,13 +23,21 @@ take the fast way.
 
 A model checked after validation (the canaries' prompt records) is written
 ``pydantic`` in the shapes: an artifact carrying canaries is read by pydantic.
+
+A config's list of file entries (one per file: tens of thousands) is read a
+field at a time when it is long (:func:`_columns`): each field's rule runs
+once over the list in the interpreter's own loops, and anything those checks
+do not plainly accept goes back to the entry-by-entry check, which decides.
+An 18,000-file list: 31 ms instead of 50.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -147,14 +155,20 @@ def _str_check(spec: Mapping[str, Any]) -> Check:
     return check
 
 
+def _int_range(spec: Mapping[str, Any]) -> tuple[float, float]:
+    """Return the least and the most an integer field takes (past 64 bits: pydantic's)."""
+    lo, hi = spec.get("ge"), spec.get("le")
+    low = -_INT_LIMIT if lo is None else max(-_INT_LIMIT, lo)
+    return low, _INT_LIMIT - 1 if hi is None else min(_INT_LIMIT - 1, hi)
+
+
 def _number_check(spec: Mapping[str, Any]) -> Check:
     lo = spec.get("ge")
     hi = spec.get("le")
     is_float = spec["t"] == "float"
     if not is_float:
         # An integer's check, the common case (every file entry's size and mode).
-        low = -_INT_LIMIT if lo is None else max(-_INT_LIMIT, lo)
-        high = _INT_LIMIT - 1 if hi is None else min(_INT_LIMIT - 1, hi)
+        low, high = _int_range(spec)
 
         def check_int(v: Any) -> Any:
             if type(v) is not int or not low <= v <= high:
@@ -216,8 +230,10 @@ def _list_check(spec: Mapping[str, Any], make: type) -> Check:
             raise _RefusedError
         if not inner:  # a model's check, found on first use (see _model_check), then called
             inner.append(_MODELS.get(model) or _compile_model(model))  # type: ignore[arg-type]
-        each = inner[0]  # directly: a config's list of file entries has one per file
-        out = [each(x) for x in v]
+        out = _columns(model, v) if model and len(v) >= COLUMNS_FROM else None
+        if out is None:
+            each = inner[0]  # directly: a config's list of file entries has one per file
+            out = [each(x) for x in v]
         return out if make is list else make(out)
 
     return check
@@ -251,6 +267,84 @@ def _refuse(v: Any) -> Any:
 
 
 _MODELS: dict[str, Check] = {}
+#: Each compiled model's class of documents.
+_CLASSES: dict[str, type[Doc]] = {}
+#: A list of at least this many documents of one flat model is read a field at a time.
+COLUMNS_FROM = 64
+_SCALARS: Mapping[str, type] = {"str": str, "int": int, "bool": bool}
+_NOT_NONE = functools.partial(operator.is_not, None)
+_ENDS_IN_NEWLINE = operator.methodcaller("endswith", "\n")
+
+
+def _columns(name: str, values: list[Any]) -> list[Doc] | None:
+    """Read ``values``, documents of the model ``name``, a field at a time; None: each decides.
+
+    An artifact's config holds one file entry per file: tens of thousands of
+    small documents of one flat model (every field a string, an integer, a
+    boolean or an optional one). Checked one by one, each costs a call per
+    field; here each field's rule runs once over the whole list in the
+    interpreter's own loops (``map``, ``set``, ``min``, ``max``). It only ever
+    accepts: every entry a dict holding every field (as artifactd writes
+    them), every value of the field's type, ASCII strings, integers in range,
+    patterns matched. Anything else, or a model that is not flat, returns
+    None and each entry is checked by :func:`_compile_model`'s check, which
+    accepts or refuses it. The values are the entries' own (these types are
+    never converted), so a document reads the same either way.
+    """
+    shape = SHAPES[name]
+    fields = shape["fields"]
+    if shape["before"] or shape["extra"] != "forbid" or any(k != a for k, a, _, _ in fields):
+        return None
+    # Every entry a dict of as many keys as the model has fields, each of them there.
+    if set(map(type, values)) != {dict} or set(map(len, values)) != {len(fields)}:
+        return None
+    for key, _, spec, _ in fields:
+        try:
+            column = list(map(operator.itemgetter(key), values))
+        except KeyError:
+            return None
+        optional = spec["t"] == "opt"
+        present = list(filter(_NOT_NONE, column)) if optional else column
+        if not _column_ok(spec["of"] if optional else spec, present):
+            return None
+    # Each document holds a copy of its entry: the same keys and values, in the entry's order.
+    cls = _CLASSES[name]
+    new, set_dict = object.__new__, object.__setattr__
+    out = []
+    for entry in map(dict, values):
+        doc = new(cls)
+        set_dict(doc, "__dict__", entry)
+        out.append(doc)
+    return out
+
+
+def _column_ok(spec: Mapping[str, Any], column: list[Any]) -> bool:
+    """Whether every value of ``column`` passes ``spec``'s scalar rule, ASCII text only."""
+    kind = _SCALARS.get(spec["t"])
+    if kind is None or not column:
+        return kind is not None
+    if set(map(type, column)) != {kind}:
+        return False
+    if kind is int:
+        low, high = _int_range(spec)
+        return bool(low <= min(column) and max(column) <= high)
+    return kind is bool or _text_column_ok(spec, column)
+
+
+def _text_column_ok(spec: Mapping[str, Any], column: list[str]) -> bool:
+    """:func:`_column_ok` of a column of strings."""
+    if not all(map(str.isascii, column)):
+        return False  # each entry decides (an unpaired surrogate is pydantic's)
+    lo, hi = spec.get("min_length"), spec.get("max_length")
+    if (lo is not None and min(map(len, column)) < lo) or (
+        hi is not None and max(map(len, column)) > hi
+    ):
+        return False
+    if "pattern" not in spec:
+        return True
+    search = re.compile(spec["pattern"]).search
+    # Python's `$` also matches before a final newline; pydantic's regex does not.
+    return not any(map(_ENDS_IN_NEWLINE, column)) and all(map(search, column))
 
 
 def _model_check(name: str) -> Check:
@@ -276,6 +370,7 @@ def _default(spec_check: Check, default: Any) -> Callable[[], Any]:
 def _compile_model(name: str) -> Check:
     shape = SHAPES[name]
     cls: type[Doc] = type(name, (Doc,), {"shape": name, "__module__": __name__})
+    _CLASSES[name] = cls
     before = HOOKS[shape["before"]] if shape["before"] else None
     forbid = shape["extra"] == "forbid"
     fields: list[tuple[str, str, Check, Callable[[], Any] | None]] = []
