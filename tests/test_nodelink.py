@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -459,3 +459,91 @@ def test_an_unknown_node_link_is_a_usage_error(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "--node-link 'hardlink'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "t").exists()
+
+
+def _retag_with(store_path: Path, change: Callable[[dict[str, Any]], None]) -> str:
+    """Publish, under the artifact's own tag, a config ``change``-d from it; return its digest."""
+    st = LayoutStore(store_path)
+    with st:
+        tag = next(t for t in st.list_tags() if t.startswith("fp-"))
+        got = st.get_manifest(tag)
+        assert got is not None
+        manifest = json.loads(got.data)
+        config = json.loads(
+            st.read_blob(
+                manifest["config"]["digest"], manifest["config"]["size"], max_size=1 << 24, what="c"
+            )
+        )
+        change(config)
+        data = json.dumps(config, sort_keys=True).encode()
+        manifest["config"] = {**manifest["config"], "digest": st.put_blob_bytes(data)}
+        manifest["config"]["size"] = len(data)
+        return st.put_manifest(json.dumps(manifest).encode(), got.media_type, [tag])
+
+
+def test_a_warm_tree_serves_only_the_record_it_was_made_for(
+    origin: tuple[str, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Another config naming the same layer with other file digests gets nothing from the tree.
+
+    A registry restore holds the layer's own tree document to the record and
+    refuses such a config; the warm node store checks files against the tree,
+    not their bytes, so the stamp names the record the tree was made for
+    (``record_identity``), and this config makes the tree again from the blob,
+    where the same extractor refuses it.
+    """
+    node = tmp_path / "node"
+    _restore(origin, node, tmp_path / "a")  # fills the node store: a tree of each layer
+    made_for = json.loads((tmp_path / "a" / ".artifactd" / "restored.json").read_text())
+
+    def other_digest(config: dict[str, Any]) -> None:
+        layer = next(x for x in config["layers"] if x["family"] == "generic")
+        layer["files"][0]["sha256"] = "0" * 64  # the same layer, said to hold other bytes
+
+    other = _retag_with(node, other_digest)  # a node store serves the tags it holds
+    store, _, raw = origin
+    events: list[dict[str, Any]] = []
+    request = RestoreRequest(
+        store=store,
+        node_store=f"oci:{node}",
+        target=tmp_path / "b",
+        families=["generic", "triton"],
+        require=True,
+    )
+    outcome = run_restore(request, raw, on_event=events.append)
+    assert any("another record" in e.get("why", "") for e in _stale(events)), events
+    refused = [e for e in events if "differs from the artifact config" in str(e.get("error"))]
+    assert refused, events  # made again from the blob, the extractor refused it
+    # What the pod got (from the origin, which still tags the first config) is the first
+    # config's: never the layer's files under the other config's record.
+    assert outcome.status == "restored", outcome.failure
+    got = json.loads((tmp_path / "b" / ".artifactd" / "restored.json").read_text())
+    assert got["families"]["generic"]["artifact"] == made_for["families"]["generic"]["artifact"]
+    assert got["families"]["generic"]["artifact"] != other
+
+
+def test_a_stamp_names_its_record_and_an_older_stamp_is_stale(
+    origin: tuple[str, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from artifactd.stores.artifacts import read_artifact  # noqa: PLC0415
+
+    node = tmp_path / "node"
+    _restore(origin, node, tmp_path / "a")
+    with LayoutStore(node) as st:
+        art = read_artifact(st, next(t for t in st.list_tags() if t.startswith("fp-")))
+    assert art is not None
+    record = next(r for r in art.config.layers if r.family == "generic")
+    tree = tree_path(node, record.digest)
+    assert read_stamp(tree, record).layer == record.digest
+    for update in (
+        {"scope_key": "f" * 64},
+        {"files": record.files[1:]},
+        {"files": [record.files[0].model_copy(update={"rewrite": True}), *record.files[1:]]},
+        {"files": [record.files[0].model_copy(update={"sha256": "1" * 64}), *record.files[1:]]},
+    ):
+        with pytest.raises(Stale, match="another record"):
+            read_stamp(tree, record.model_copy(update=update))
+    good = json.loads((tree / STAMP_NAME).read_text())
+    (tree / STAMP_NAME).write_text(json.dumps({k: v for k, v in good.items() if k != "record"}))
+    with pytest.raises(Stale, match="another record"):
+        read_stamp(tree, record)  # made by an artifactd before stamps named their record

@@ -6,10 +6,12 @@ beside it, once a pod has restored from it, the layer unpacked:
 is made from the blob by the format's own extractor, so every file was
 verified against the record's sha256 on its way in; then each file is made
 read-only (0444, or 0555 where the record says 0755) and given a known mtime,
-and the stamp records that mtime, the directories, and which blob (size,
-mtime, inode) the tree was made from. The blob stays: the node store remains
-an OCI layout that gc, ``prefetch`` and any OCI client read, and a tree can
-always be made again from it without the network.
+and the stamp records that mtime, the directories, which blob (size,
+mtime, inode) the tree was made from, and the record it was made for
+(:func:`record_identity`: a tree serves no other config's record of the
+layer). The blob stays: the node store remains an OCI layout that gc,
+``prefetch`` and any OCI client read, and a tree can always be made again
+from it without the network.
 
 Serving a tree into a pod's staging (:func:`serve`) is per file: a cheap
 check (:func:`os.lstat`: a regular file, the record's size, the sealed mode,
@@ -53,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import operator
 import os
 import stat
 import time
@@ -63,6 +66,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from artifactd.errors import ArtifactdError
 from artifactd.format.unpack import check_name, current_umask
 from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
+from artifactd.hashing import sha256_hex
 from artifactd.stores.nodestore import LINKINGS, TREES_DIR
 
 if TYPE_CHECKING:
@@ -170,8 +174,43 @@ def read_stamp(tree: Path, record: LayerView) -> Stamp:
             check_name(d, components)
         except ArtifactdError as exc:
             raise Stale(exc.message) from None
+    if doc.get("record") != record_identity(record):
+        raise Stale("a tree made for another record of this layer")
     dirs.sort(key=lambda d: d.count("/"))
     return Stamp(record.digest, (blob[0], blob[1], blob[2]), mtime, dirs)
+
+
+def record_identity(record: LayerView) -> str:
+    """Return the sha256 of what a tree made from ``record``'s layer is, by the record.
+
+    A tree is made from its blob by the extractor, which holds the layer's own
+    tree document to the record of the config it restores; a warm serve checks
+    each file against the tree (size, mode, mtime), not its bytes. So a tree
+    serves only the record it was made for (:func:`seal` stamps this digest,
+    :func:`read_stamp` compares it): another config naming the same layer with
+    other files, digests or scope is served nothing from it, and its restore
+    makes the tree again from the blob, where the extractor refuses it as it
+    refuses it from a registry. What the serve compares file by file with the
+    tree itself (each size and mode) is left out; every other field of the
+    layer's tree document is in: family, scope key and scope, components,
+    unpacked size, and each file's path, sha256, mtime, link and rewrite flag.
+    Columns joined, not a document: 18,000 files in a few milliseconds.
+    """
+    files = record.files
+    head = [record.family, record.scope_key, record.scope, record.components, record.unpacked_size]
+    links = list(map(operator.attrgetter("link"), files))
+    text = "\x00".join(
+        [
+            json.dumps(head, sort_keys=True, separators=(",", ":")),
+            "".join(map(operator.attrgetter("sha256"), files)),
+            repr(list(map(operator.attrgetter("mtime"), files))),
+            "" if links.count(None) == len(links) else json.dumps(links),
+            bytes(map(operator.attrgetter("rewrite"), files)).hex(),
+            # NUL never appears in a checked member path: a separator nothing can forge.
+            *map(operator.attrgetter("path"), files),
+        ]
+    )
+    return sha256_hex(text.encode("utf-8", "surrogatepass"))
 
 
 def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtimes: bool) -> None:
@@ -199,6 +238,7 @@ def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtim
     sync_filesystem(tree)
     doc = {"schema_version": 1, "layer": record.digest, "blob": list(blob), "mtime_ns": made}
     doc["dirs"] = dirs
+    doc["record"] = record_identity(record)
     atomic_write(tree / STAMP_NAME, json.dumps(doc).encode(), durable=True)
 
 
