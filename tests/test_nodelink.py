@@ -32,7 +32,7 @@ from artifactd.restore.policy import RestoreOutcome, RestoreRequest, run_restore
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
 from artifactd.stores.nodestore import TREES_DIR, clear_leftovers, gc
-from artifactd.stores.nodetree import STAMP_NAME, Stale, read_stamp, tree_path
+from artifactd.stores.nodetree import STAMP_NAME, OtherRecord, Stale, read_stamp, tree_path
 
 ENGINE = """
 import os, sys
@@ -489,8 +489,9 @@ def test_a_warm_tree_serves_only_the_record_it_was_made_for(
     A registry restore holds the layer's own tree document to the record and
     refuses such a config; the warm node store checks files against the tree,
     not their bytes, so the stamp names the record the tree was made for
-    (``record_identity``), and this config makes the tree again from the blob,
-    where the same extractor refuses it.
+    (``record_identity``): this config is served nothing from the tree, which
+    stays for the pods of its own record, and the extractor refuses it from
+    the blob.
     """
     node = tmp_path / "node"
     _restore(origin, node, tmp_path / "a")  # fills the node store: a tree of each layer
@@ -510,10 +511,16 @@ def test_a_warm_tree_serves_only_the_record_it_was_made_for(
         families=["generic", "triton"],
         require=True,
     )
+    tree = next((node / TREES_DIR).iterdir())
+    stamps = {t.name: (t / STAMP_NAME).read_bytes() for t in (node / TREES_DIR).iterdir()}
     outcome = run_restore(request, raw, on_event=events.append)
-    assert any("another record" in e.get("why", "") for e in _stale(events)), events
+    kept = [e for e in events if e.get("event") == "tree_kept"]
+    assert kept and all("another record" in e["why"] for e in kept), events
+    assert not _stale(events)  # the tree is sound: it is neither retired nor made again
     refused = [e for e in events if "differs from the artifact config" in str(e.get("error"))]
-    assert refused, events  # made again from the blob, the extractor refused it
+    assert refused, events  # the extractor, from the blob, refused the record
+    assert tree.is_dir()
+    assert {t.name: (t / STAMP_NAME).read_bytes() for t in (node / TREES_DIR).iterdir()} == stamps
     # What the pod got (from the origin, which still tags the first config) is the first
     # config's: never the layer's files under the other config's record.
     assert outcome.status == "restored", outcome.failure
@@ -541,9 +548,10 @@ def test_a_stamp_names_its_record_and_an_older_stamp_is_stale(
         {"files": [record.files[0].model_copy(update={"rewrite": True}), *record.files[1:]]},
         {"files": [record.files[0].model_copy(update={"sha256": "1" * 64}), *record.files[1:]]},
     ):
-        with pytest.raises(Stale, match="another record"):
+        with pytest.raises(OtherRecord, match="another record"):
             read_stamp(tree, record.model_copy(update=update))
     good = json.loads((tree / STAMP_NAME).read_text())
     (tree / STAMP_NAME).write_text(json.dumps({k: v for k, v in good.items() if k != "record"}))
-    with pytest.raises(Stale, match="another record"):
+    with pytest.raises(Stale, match="did not name the record") as caught:
         read_stamp(tree, record)  # made by an artifactd before stamps named their record
+    assert not isinstance(caught.value, OtherRecord)  # made again, not kept

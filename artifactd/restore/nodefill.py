@@ -401,6 +401,7 @@ class NodeSource(StoreSource):
             )
         # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
         from artifactd.stores.nodetree import (  # noqa: PLC0415
+            OtherRecord,
             Stale,
             blob_file,
             blob_identity,
@@ -430,6 +431,18 @@ class NodeSource(StoreSource):
                 )
             except (Stale, FileNotFoundError) as exc:
                 _clear(staging)
+                if isinstance(exc, OtherRecord):
+                    # The tree serves its own record's pods; this record goes to the
+                    # extractor below, which holds it to the layer's own tree document.
+                    on_event(
+                        {
+                            "stage": "node-store",
+                            "event": "tree_kept",
+                            "family": plan.family,
+                            "why": str(exc)[:200],
+                        }
+                    )
+                    break
                 if attempt == 1 and tree.exists():
                     on_event(
                         {

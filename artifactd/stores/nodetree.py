@@ -98,6 +98,16 @@ class Stale(Exception):  # noqa: N818 - a state, not a failure: the caller makes
     """The tree cannot serve as it is: missing, incomplete, or changed since it was made."""
 
 
+class OtherRecord(Stale):
+    """The tree is sound, but made for another record of its layer (:func:`record_identity`).
+
+    Not a reason to make it again: a layer's records that agree with its own
+    tree document all have the tree's identity, so this record cannot be
+    extracted either. The caller leaves the tree to the pods it serves and
+    lets the extractor refuse the record.
+    """
+
+
 class Stamp(NamedTuple):
     """What a complete tree records of itself (:data:`STAMP_NAME`)."""
 
@@ -174,8 +184,11 @@ def read_stamp(tree: Path, record: LayerView) -> Stamp:
             check_name(d, components)
         except ArtifactdError as exc:
             raise Stale(exc.message) from None
-    if doc.get("record") != record_identity(record):
-        raise Stale("a tree made for another record of this layer")
+    made_for = doc.get("record")
+    if not isinstance(made_for, str):
+        raise Stale("a stamp of an artifactd that did not name the record")
+    if made_for != record_identity(record):
+        raise OtherRecord("a tree made for another record of this layer")
     dirs.sort(key=lambda d: d.count("/"))
     return Stamp(record.digest, (blob[0], blob[1], blob[2]), mtime, dirs)
 
