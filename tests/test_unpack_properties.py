@@ -253,14 +253,18 @@ EDGE_PART = st.sampled_from(
 )
 
 
-def _entry(path: str, mode: int = 0o644, link: str | None = None) -> FileEntry:
-    return FileEntry(path=path, size=len(path), sha256="0" * 64, mode=mode, link=link)
+def _entry(
+    path: str, mode: int = 0o644, link: str | None = None, rewrite: bool = False
+) -> FileEntry:
+    size = len(path) if link is None else 0
+    return FileEntry(path=path, size=size, sha256="0" * 64, mode=mode, link=link, rewrite=rewrite)
 
 
 SAFE_ENTRY = st.builds(
-    lambda comp, parts: _entry("/".join([comp, *parts])),
+    lambda comp, parts, rewrite: _entry("/".join([comp, *parts]), rewrite=rewrite),
     st.sampled_from(["cache", "jit"]),
     st.lists(SAFE_PART, min_size=1, max_size=4),
+    st.booleans(),
 )
 EDGE_ENTRY = st.one_of(
     st.builds(  # one edge part anywhere in an otherwise plain path
@@ -273,7 +277,13 @@ EDGE_ENTRY = st.one_of(
     st.builds(lambda: _entry("evil/a")),  # outside the components
     st.builds(lambda: _entry("cache")),  # a component replaced by a file
     st.builds(lambda: _entry("cache/a", mode=0o600)),
-    st.builds(lambda: _entry("cache/l", mode=0o777, link="a").model_copy(update={"size": 0})),
+    st.builds(lambda: _entry("cache/l", mode=0o777, link="a")),
+    st.builds(  # a file marked for rewriting, over the size a rewrite reads
+        lambda rewrite: _entry("cache/g", rewrite=rewrite).model_copy(
+            update={"size": MAX_REWRITE_BYTES + 1}
+        ),
+        st.booleans(),
+    ),
     st.builds(lambda: _entry("cache/" + "/".join(["p" * 200] * 6))),  # over MAX_PATH_BYTES
 )
 

@@ -43,6 +43,7 @@ module could then write into staging without the rules.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import operator
 import os
 import re
@@ -285,16 +286,20 @@ def _plain_entries(
     """:func:`_checked_entries` of a record of plain files, in the interpreter's own loops.
 
     A record as artifactd writes it (ASCII paths of plain parts under its
-    components, no symlink, modes 0644 or 0755, no path twice) is checked a
+    components, no symlink, modes 0644 or 0755, no file marked for rewriting
+    over :data:`MAX_REWRITE_BYTES`, no path twice) is checked a
     field at a time: 18,000 entries in a third of the time. Anything else
     returns None, and each entry is checked, which names what is wrong.
     """
     paths = list(map(operator.attrgetter("path"), entries))
     links = list(map(operator.attrgetter("link"), entries))
+    sizes = list(map(operator.attrgetter("size"), entries))
+    rewritten = itertools.compress(sizes, map(operator.attrgetter("rewrite"), entries))
     if (
         not paths
         or links.count(None) != len(links)
         or not set(map(operator.attrgetter("mode"), entries)) <= FILE_MODES
+        or max(rewritten, default=0) > MAX_REWRITE_BYTES
         or max(map(len, paths)) > MAX_PATH_BYTES
         or not all(map(_PLAIN_NAME.fullmatch, paths))
         or not set(map(operator.itemgetter(0), map(_FIRST_PART, paths))) <= components
@@ -308,7 +313,7 @@ def _plain_entries(
         if parent not in dirs:
             dirs.add(parent)
             _add_parents(parent, dirs)
-    return files, dirs, sum(map(operator.attrgetter("size"), entries))
+    return files, dirs, sum(sizes)
 
 
 def _tree_doc_estimate(record: LayerRecord) -> int:
