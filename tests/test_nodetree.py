@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -217,3 +218,72 @@ def test_a_tree_file_changed_in_any_way_the_serve_checks_makes_the_tree_stale(
 
     with pytest.raises(nodetree.Stale, match=r"k13\.cubin"):
         serve(tmp_path / "staging")
+
+
+def test_a_large_record_is_served_by_two_threads_alike(
+    warm: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past PARALLEL_FROM files, two threads serve halves; the staging is the same either way."""
+    node, record = warm
+    tree = nodetree.tree_path(node, record.digest)
+    stamp = nodetree.read_stamp(tree, record)
+    threads: list[str] = []
+    real = nodetree._Putter.__call__
+
+    def recorded(self: Any, entries: list[Any]) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return real(self, entries)
+
+    monkeypatch.setattr(nodetree._Putter, "__call__", recorded)
+
+    def serve(staging: Path) -> nodetree.Served:
+        return nodetree.serve(
+            tree,
+            stamp,
+            record,
+            staging,
+            shares=get_family("generic").shares_inode,
+            relocate=lambda _member, data: data,
+            keep_mtimes=False,
+        )
+
+    one = serve(tmp_path / "one")
+    assert threads == [threading.current_thread().name]
+    monkeypatch.setattr(nodetree, "PARALLEL_FROM", 4)
+    threads.clear()
+    two = serve(tmp_path / "two")
+    assert len(threads) == 2 and len(set(threads)) == 2  # this thread and a serve thread
+    assert two == one and two.files == FILES
+
+    def listing(root: Path) -> list[tuple[str, int]]:  # files by inode, directories by name
+        return sorted(
+            (str(p.relative_to(root)), 0 if p.is_dir() else p.stat().st_ino)
+            for p in root.rglob("*")
+        )
+
+    assert listing(tmp_path / "one") == listing(tmp_path / "two")  # the same inodes, linked
+
+
+def test_a_stale_file_in_either_half_stops_the_serve_once_both_threads_end(
+    warm: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, record = warm
+    tree = nodetree.tree_path(node, record.digest)
+    stamp = nodetree.read_stamp(tree, record)
+    monkeypatch.setattr(nodetree, "PARALLEL_FROM", 4)
+    before = threading.active_count()
+    for victim in (record.files[1], record.files[-1]):  # in this thread's half, in the other's
+        path = tree / victim.path
+        os.utime(path, ns=(0, 0))  # its mtime moved: a write through a shared inode would
+        with pytest.raises(nodetree.Stale, match="changed since the tree was made"):
+            nodetree.serve(
+                tree,
+                stamp,
+                record,
+                tmp_path / f"staging-{victim.path.replace('/', '-')}",
+                shares=get_family("generic").shares_inode,
+                relocate=lambda _member, data: data,
+                keep_mtimes=False,
+            )
+        assert threading.active_count() == before  # the serve thread has ended
+        os.utime(path, ns=(stamp.mtime_ns, stamp.mtime_ns))

@@ -68,9 +68,10 @@ from artifactd.format.unpack import check_name, current_umask
 from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
 from artifactd.hashing import sha256_hex
 from artifactd.stores.nodestore import LINKINGS, TREES_DIR
+from artifactd.workers import Pool
 
 if TYPE_CHECKING:
-    from artifactd.format.views import LayerView
+    from artifactd.format.views import FileView, LayerView
 
 #: The stamp of a complete tree, inside it: its blob, its mtime, its directories.
 STAMP_NAME = ".artifactd-node-tree.json"
@@ -297,7 +298,11 @@ def retire(tree: Path) -> None:
     discard(aside)
 
 
-def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
+#: A record of at least this many files is served by two threads (see :func:`serve`).
+PARALLEL_FROM = 2048
+
+
+def serve(
     tree: Path,
     stamp: Stamp,
     record: LayerView,
@@ -314,10 +319,16 @@ def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
     before it is reflinked, hard linked (``shares(component, rel, rewrite)``
     says the family allows it, and ``linking`` is :data:`AUTO`) or copied.
     Files the record marks for rewriting are read, ``relocate``-d and written
-    new. Symlinks are made last, from the record. Only ``staging`` is written;
-    on any error the caller discards it.
+    new, in the record's order. Symlinks are made last, from the record. Only
+    ``staging`` is written; on any error the caller discards it, once both
+    threads have stopped.
+
+    The directories are made first, then the files: a record of
+    :data:`PARALLEL_FROM` files or more on two threads, each half of the
+    plain files (the kernel links into different directories side by side:
+    18,000 links took 0.13 s instead of 0.18 here; directories share their
+    parent's lock, so they are made on one).
     """
-    src_root = os.fspath(tree) + os.sep
     dst_root = os.fspath(staging) + os.sep
     umask = current_umask()
     os.makedirs(staging, exist_ok=True)
@@ -325,66 +336,128 @@ def serve(  # noqa: PLR0912, PLR0915 - one tight loop per file, by design
         os.mkdir(dst_root + d, 0o755)
         if umask & 0o755:
             os.chmod(dst_root + d, 0o755)  # noqa: S103 - cache dirs are world-readable by design
-    clone: bool | None = None  # unknown until the first file tries
-    link: bool | None = None if linking == AUTO else False
-    reflinked = linked = copied = total = 0
-    symlinks = []
-    # A tree file is a regular file of its sealed mode: one comparison of st_mode
-    # (S_IFREG, no setuid/setgid/sticky bit, the permission bits) per file.
-    regular = {mode: stat.S_IFREG | sealed_mode(mode) for mode in range(0o1000)}
-    lstat = os.lstat
+    put = _Putter(tree, stamp, staging, shares, relocate, keep_mtimes, linking, umask)
+    files = [entry for entry in record.files if entry.link is None]
+    half = len(files) // 2 if len(files) >= PARALLEL_FROM and (os.cpu_count() or 1) > 1 else 0
+    if half:
+        # relocate runs on this thread, in order: the other half holds plain files only.
+        theirs = [entry for entry in files[half:] if not entry.rewrite]
+        mine = files[:half] + [entry for entry in files[half:] if entry.rewrite]
+        counts = _in_two(put, mine, theirs)
+    else:
+        counts = put(files)
     for entry in record.files:
         if entry.link is not None:
-            symlinks.append(entry)
-            continue
-        src = src_root + entry.path
+            os.symlink(entry.link, dst_root + entry.path)
+    return Served(len(record.files), counts[3], counts[0], counts[1], counts[2])
+
+
+def _in_two(put: _Putter, mine: list[FileView], theirs: list[FileView]) -> list[int]:
+    """Run ``put`` over ``mine`` here and ``theirs`` on a thread; return the summed counts.
+
+    The first error stops both (each checks between files) and is raised
+    once the thread has ended: nothing writes into staging after this returns.
+    """
+    with Pool(1, "serve") as pool:
+        job = pool.submit(put, theirs)
         try:
-            st = lstat(src)
-        except OSError as exc:
-            raise Stale(f"{entry.path}: {exc.strerror}") from None
-        mtime = (
-            entry.mtime * 1_000_000_000
-            if keep_mtimes and entry.mtime is not None
-            else stamp.mtime_ns
-        )
-        if (
-            st.st_mode != regular.get(entry.mode)
-            or st.st_size != entry.size
-            or st.st_mtime_ns != mtime
-        ):
-            raise Stale(f"{entry.path} changed since the tree was made")
-        total += entry.size
-        dst = dst_root + entry.path
-        if entry.rewrite:
-            _write_new(dst, relocate(entry.path, _read(src, st)), entry.mode, umask)
-            copied += 1
-            continue
-        if clone is not False:
-            clone = _clone(src, st, dst, entry.mode, umask)
-            if clone:
-                if keep_mtimes and entry.mtime is not None:
-                    os.utime(dst, ns=(mtime, mtime))
-                reflinked += 1
-                continue
-        comp, _, rel = entry.path.partition("/")
-        if link is not False and shares(comp, rel, entry.rewrite):
+            counts = put(mine)
+        except BaseException:
+            put.halt = True
+            pool.shutdown(wait=True)
+            raise
+        try:
+            other = job.result()
+        except BaseException:
+            put.halt = True
+            raise
+    return [a + b for a, b in zip(counts, other, strict=True)]
+
+
+class _Putter:
+    """Check and put tree files into staging (:func:`serve`): one call per batch of files."""
+
+    def __init__(  # noqa: PLR0917 - the serve's settings, once
+        self,
+        tree: Path,
+        stamp: Stamp,
+        staging: Path,
+        shares: Callable[[str, str, bool], bool],
+        relocate: Callable[[str, bytes], bytes],
+        keep_mtimes: bool,
+        linking: str,
+        umask: int,
+    ) -> None:
+        self.src_root = os.fspath(tree) + os.sep
+        self.dst_root = os.fspath(staging) + os.sep
+        self.mtime_ns = stamp.mtime_ns
+        self.shares = shares
+        self.relocate = relocate
+        self.keep_mtimes = keep_mtimes
+        self.linking = linking
+        self.umask = umask
+        #: Set when a batch failed: the others stop at their next file.
+        self.halt = False
+        # A tree file is a regular file of its sealed mode: one comparison of st_mode
+        # (S_IFREG, no setuid/setgid/sticky bit, the permission bits) per file.
+        self.regular = {mode: stat.S_IFREG | sealed_mode(mode) for mode in range(0o1000)}
+
+    def __call__(self, entries: list[FileView]) -> list[int]:  # noqa: PLR0912 - the loop
+        """Put ``entries`` (no symlinks); return [reflinked, linked, copied, bytes]."""
+        src_root, dst_root, umask = self.src_root, self.dst_root, self.umask
+        keep_mtimes, regular, shares, lstat = self.keep_mtimes, self.regular, self.shares, os.lstat
+        clone: bool | None = None  # unknown until the first file tries
+        link: bool | None = None if self.linking == AUTO else False
+        reflinked = linked = copied = total = 0
+        for entry in entries:
+            if self.halt:
+                break
+            src = src_root + entry.path
             try:
-                os.link(src, dst, follow_symlinks=False)
-                link = True
-                linked += 1
-                continue
+                st = lstat(src)
             except OSError as exc:
-                if exc.errno not in _NO_LINK:
-                    raise
-                if exc.errno != errno.EMLINK:  # this file only: the next may link
-                    link = False
-        _copy(src, st, dst, entry.mode, umask)
-        if keep_mtimes and entry.mtime is not None:
-            os.utime(dst, ns=(mtime, mtime))
-        copied += 1
-    for entry in symlinks:
-        os.symlink(entry.link or "", dst_root + entry.path)
-    return Served(len(record.files), total, reflinked, linked, copied)
+                raise Stale(f"{entry.path}: {exc.strerror}") from None
+            mtime = (
+                entry.mtime * 1_000_000_000
+                if keep_mtimes and entry.mtime is not None
+                else self.mtime_ns
+            )
+            if (
+                st.st_mode != regular.get(entry.mode)
+                or st.st_size != entry.size
+                or st.st_mtime_ns != mtime
+            ):
+                raise Stale(f"{entry.path} changed since the tree was made")
+            total += entry.size
+            dst = dst_root + entry.path
+            if entry.rewrite:
+                _write_new(dst, self.relocate(entry.path, _read(src, st)), entry.mode, umask)
+                copied += 1
+                continue
+            if clone is not False:
+                clone = _clone(src, st, dst, entry.mode, umask)
+                if clone:
+                    if keep_mtimes and entry.mtime is not None:
+                        os.utime(dst, ns=(mtime, mtime))
+                    reflinked += 1
+                    continue
+            comp, _, rel = entry.path.partition("/")
+            if link is not False and shares(comp, rel, entry.rewrite):
+                try:
+                    os.link(src, dst, follow_symlinks=False)
+                    link = True
+                    linked += 1
+                    continue
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK:
+                        raise
+                    if exc.errno != errno.EMLINK:  # this file only: the next may link
+                        link = False
+            _copy(src, st, dst, entry.mode, umask)
+            if keep_mtimes and entry.mtime is not None:
+                os.utime(dst, ns=(mtime, mtime))
+            copied += 1
+        return [reflinked, linked, copied, total]
 
 
 def _open_checked(src: str, st: os.stat_result) -> int:
