@@ -201,13 +201,14 @@ def record_identity(record: LayerView) -> str:
     tree document to the record of the config it restores; a warm serve checks
     each file against the tree (size, mode, mtime), not its bytes. So a tree
     serves only the record it was made for (:func:`seal` stamps this digest,
-    :func:`read_stamp` compares it): another config naming the same layer with
-    other files, digests or scope is served nothing from it, and its restore
-    makes the tree again from the blob, where the extractor refuses it as it
-    refuses it from a registry. What the serve compares file by file with the
-    tree itself (each size and mode) is left out; every other field of the
-    layer's tree document is in: family, scope key and scope, components,
-    unpacked size, and each file's path, sha256, mtime, link and rewrite flag.
+    :func:`read_stamp` compares it): another config naming the same layer
+    with other files, digests or scope is served nothing from it
+    (:class:`OtherRecord`), and its restore extracts the layer from the blob,
+    where the extractor refuses it as it refuses it from a registry. What the
+    serve compares file by file with the tree itself (each size and mode) is
+    left out; every other field of the layer's tree document is in: family,
+    scope key and scope, components, unpacked size, and each file's path,
+    sha256, mtime, link and rewrite flag.
     Columns joined, not a document: 18,000 files in a few milliseconds.
     """
     files = record.files
