@@ -364,14 +364,9 @@ def _in_two(put: _Putter, mine: list[FileView], theirs: list[FileView]) -> list[
         try:
             counts = put(mine)
         except BaseException:
-            put.halt = True
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True)  # put set halt: the thread ends at its next file
             raise
-        try:
-            other = job.result()
-        except BaseException:
-            put.halt = True
-            raise
+        other = job.result()
     return [a + b for a, b in zip(counts, other, strict=True)]
 
 
@@ -403,8 +398,19 @@ class _Putter:
         # (S_IFREG, no setuid/setgid/sticky bit, the permission bits) per file.
         self.regular = {mode: stat.S_IFREG | sealed_mode(mode) for mode in range(0o1000)}
 
-    def __call__(self, entries: list[FileView]) -> list[int]:  # noqa: PLR0912 - the loop
-        """Put ``entries`` (no symlinks); return [reflinked, linked, copied, bytes]."""
+    def __call__(self, entries: list[FileView]) -> list[int]:
+        """Put ``entries`` (no symlinks); return [reflinked, linked, copied, bytes].
+
+        Its first error also sets :attr:`halt`, so a batch on another thread
+        stops at its next file.
+        """
+        try:
+            return self._put(entries)
+        except BaseException:
+            self.halt = True
+            raise
+
+    def _put(self, entries: list[FileView]) -> list[int]:  # noqa: PLR0912 - the loop
         src_root, dst_root, umask = self.src_root, self.dst_root, self.umask
         keep_mtimes, regular, shares, lstat = self.keep_mtimes, self.regular, self.shares, os.lstat
         clone: bool | None = None  # unknown until the first file tries
