@@ -68,6 +68,20 @@ def warm(tmp_path: Path, local_fp: Fingerprint) -> tuple[Path, Any]:
     return node, next(r for r in art.config.layers if r.family == "generic")
 
 
+def _serve(node: Path, record: Any, staging: Path) -> nodetree.Served:
+    """Serve ``record``'s warm tree from the node store ``node`` into ``staging`` (generic)."""
+    tree = nodetree.tree_path(node, record.digest)
+    return nodetree.serve(
+        tree,
+        nodetree.read_stamp(tree, record),
+        record,
+        staging,
+        shares=get_family("generic").shares_inode,
+        relocate=lambda _member, data: data,
+        keep_mtimes=False,
+    )
+
+
 def _counting(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> Counter[tuple[str, str]]:
     """Wrap ``os.<name>`` for each name; count calls by (name, where the first path lies)."""
     calls: Counter[tuple[str, str]] = Counter()
@@ -199,25 +213,11 @@ def test_a_tree_file_changed_in_any_way_the_serve_checks_makes_the_tree_stale(
 ) -> None:
     """The serve's one ``st_mode`` comparison holds every part of the check it replaced."""
     node, record = warm
-    tree = nodetree.tree_path(node, record.digest)
-    stamp = nodetree.read_stamp(tree, record)
-    victim = tree / "cache" / f"{3:052x}" / "k13.cubin"
+    victim = nodetree.tree_path(node, record.digest) / "cache" / f"{3:052x}" / "k13.cubin"
     assert victim.stat().st_mode & 0o7777 == 0o444  # sealed: what the check expects
     _tamper(victim, how)
-
-    def serve(staging: Path) -> nodetree.Served:
-        return nodetree.serve(
-            tree,
-            stamp,
-            record,
-            staging,
-            shares=get_family("generic").shares_inode,
-            relocate=lambda _member, data: data,
-            keep_mtimes=False,
-        )
-
     with pytest.raises(nodetree.Stale, match=r"k13\.cubin"):
-        serve(tmp_path / "staging")
+        _serve(node, record, tmp_path / "staging")
 
 
 def test_a_large_record_is_served_by_two_threads_alike(
@@ -225,8 +225,6 @@ def test_a_large_record_is_served_by_two_threads_alike(
 ) -> None:
     """Past PARALLEL_FROM files, two threads serve halves; the staging is the same either way."""
     node, record = warm
-    tree = nodetree.tree_path(node, record.digest)
-    stamp = nodetree.read_stamp(tree, record)
     threads: list[str] = []
     real = nodetree._Putter.__call__
 
@@ -235,23 +233,11 @@ def test_a_large_record_is_served_by_two_threads_alike(
         return real(self, entries)
 
     monkeypatch.setattr(nodetree._Putter, "__call__", recorded)
-
-    def serve(staging: Path) -> nodetree.Served:
-        return nodetree.serve(
-            tree,
-            stamp,
-            record,
-            staging,
-            shares=get_family("generic").shares_inode,
-            relocate=lambda _member, data: data,
-            keep_mtimes=False,
-        )
-
-    one = serve(tmp_path / "one")
+    one = _serve(node, record, tmp_path / "one")
     assert threads == [threading.current_thread().name]
     monkeypatch.setattr(nodetree, "PARALLEL_FROM", 4)
     threads.clear()
-    two = serve(tmp_path / "two")
+    two = _serve(node, record, tmp_path / "two")
     assert len(threads) == 2 and len(set(threads)) == 2  # this thread and a serve thread
     assert two == one and two.files == FILES
 
@@ -269,21 +255,13 @@ def test_a_stale_file_in_either_half_stops_the_serve_once_both_threads_end(
 ) -> None:
     node, record = warm
     tree = nodetree.tree_path(node, record.digest)
-    stamp = nodetree.read_stamp(tree, record)
+    mtime_ns = nodetree.read_stamp(tree, record).mtime_ns
     monkeypatch.setattr(nodetree, "PARALLEL_FROM", 4)
     before = threading.active_count()
     for victim in (record.files[1], record.files[-1]):  # in this thread's half, in the other's
         path = tree / victim.path
         os.utime(path, ns=(0, 0))  # its mtime moved: a write through a shared inode would
         with pytest.raises(nodetree.Stale, match="changed since the tree was made"):
-            nodetree.serve(
-                tree,
-                stamp,
-                record,
-                tmp_path / f"staging-{victim.path.replace('/', '-')}",
-                shares=get_family("generic").shares_inode,
-                relocate=lambda _member, data: data,
-                keep_mtimes=False,
-            )
+            _serve(node, record, tmp_path / f"staging-{victim.path.replace('/', '-')}")
         assert threading.active_count() == before  # the serve thread has ended
-        os.utime(path, ns=(stamp.mtime_ns, stamp.mtime_ns))
+        os.utime(path, ns=(mtime_ns, mtime_ns))
