@@ -278,17 +278,21 @@ def test_engine_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> No
             ["HTTP 404", "no route /nope/v1/completions"],
         ),
         (
-            f'  base_url: "http://127.0.0.1:{free_port()}"\n',
+            '  base_url: "http://127.0.0.1:DEAD_PORT"\n',
             ["no answer (ConnectionRefusedError"],
         ),
     ],
     ids=["unknown-model", "bad-base-url-path", "nothing-at-base-url"],
 )
 def test_a_failed_request_fails_the_cell(tmp_path: Path, extra: str, expected: list[str]) -> None:
-    cell = serve_cell(tmp_path, extra=extra)
-    log = tmp_path / "bad.log"
-    with pytest.raises(BuildError) as info:
-        run_serve(cell, engine_env(tmp_path / "roots"), log)
+    # A port bound and never listening refuses every connection, and while it is held no
+    # other socket gets it (a port picked free at collection could be the engine's by now).
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        cell = serve_cell(tmp_path, extra=extra.replace("DEAD_PORT", str(dead.getsockname()[1])))
+        log = tmp_path / "bad.log"
+        with pytest.raises(BuildError) as info:
+            run_serve(cell, engine_env(tmp_path / "roots"), log)
     message = str(info.value)
     for part in expected:
         assert part in message
