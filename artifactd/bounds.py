@@ -19,14 +19,18 @@ through it:
 
 The docs' table "Bounds of every input" (docs/reference/bounds.md) lists these with the size and
 count caps of the files and documents artifactd reads. Light on purpose: the
-fast path imports this module at every pod start (the standard library's
-``collections.abc`` and ``typing`` only; not even ``math``).
+fast path imports this module at every pod start (nothing of the standard
+library, not even ``math``: see :data:`artifactd.cli.fast.FIRST`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from artifactd.records import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 #: Most cells a matrix may expand to (the product of its axes' lengths).
 MAX_CELLS = 10_000
@@ -43,7 +47,7 @@ def _finite(value: float) -> bool:
     return value - value == 0  # inf - inf and nan - nan are nan
 
 
-class Range(NamedTuple):
+class Range(Record):
     """A closed range of numbers (``lo_open``: ``lo`` itself excluded), finite at both ends.
 
     ``kind`` is how text is read: ``int`` (a whole number), ``float``, or

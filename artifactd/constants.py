@@ -8,8 +8,11 @@ Library code never calls ``os.environ`` directly for settings: it takes an
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import TracebackType
 
 # --- artifactd's own settings (each CLI flag of the init-container commands
 # also takes one of these, so Kubernetes users configure through env) ---------
@@ -184,9 +187,8 @@ def current_environ() -> Mapping[str, str]:
     return os.environ
 
 
-@contextmanager
-def pydantic_plugins_off() -> Iterator[None]:
-    """Turn pydantic's plugin scan off while the block runs, unless its variable is set already.
+def pydantic_plugins_off() -> _PluginsOff:
+    """Turn pydantic's plugin scan off while a ``with`` block runs, unless its variable is set.
 
     A restore's documents are validated by artifactd's own models, which no
     plugin is meant to observe, and the scan (the entry points of every
@@ -195,11 +197,25 @@ def pydantic_plugins_off() -> Iterator[None]:
     when the block ends, so what runs next (``exec``'s engine, which may use
     pydantic and its plugins) inherits the environment it was given.
     """
-    if PYDANTIC_DISABLE_PLUGINS in os.environ:
-        yield
-        return
-    os.environ[PYDANTIC_DISABLE_PLUGINS] = "__all__"
-    try:
-        yield
-    finally:
-        os.environ.pop(PYDANTIC_DISABLE_PLUGINS, None)
+    return _PluginsOff()
+
+
+class _PluginsOff:
+    """The block of :func:`pydantic_plugins_off` (a class: ``contextlib`` is off the fast path)."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def __enter__(self) -> None:
+        if PYDANTIC_DISABLE_PLUGINS not in os.environ:
+            os.environ[PYDANTIC_DISABLE_PLUGINS] = "__all__"
+            self._set = True
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._set:
+            os.environ.pop(PYDANTIC_DISABLE_PLUGINS, None)

@@ -19,14 +19,17 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Literal
 
 from artifactd.errors import UsageError
 
-#: Why :func:`open_regular` refused a file.
-Refusal = Literal["missing", "unreadable", "not_regular", "too_large"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path, PurePosixPath
+    from typing import BinaryIO, Literal
+
+    #: Why :func:`open_regular` refused a file.
+    Refusal = Literal["missing", "unreadable", "not_regular", "too_large"]
 
 
 class InputFileError(OSError):
@@ -284,7 +287,9 @@ def read_regular(path: str | Path, max_bytes: int, *, follow: bool = False) -> b
     return data
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = False) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644, durable: bool = False
+) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
     A temp file in the same directory is written, given ``mode``, then renamed
@@ -292,15 +297,16 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = 
     fsyncs the file before the rename and the directory after it, so the new
     content survives a power cut once this returns (commit points need that).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = write_temp(path.parent, data, mode=mode, durable=durable)
+    parent = os.path.dirname(os.fspath(path)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = _write_temp(parent, data, mode=mode, durable=durable, prefix=".tmp-")
     try:
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _unlink(tmp)
         raise
     if durable:
-        fsync_dir(path.parent)
+        fsync_dir(parent)
 
 
 def write_temp(
@@ -316,6 +322,14 @@ def write_temp(
     Used to get the bytes of a later rename onto disk first: the rename itself
     needs no space, so it cannot fail for a full disk.
     """
+    from pathlib import Path  # noqa: PLC0415  # lazy: off the first modules (cli/fast.py FIRST)
+
+    return Path(_write_temp(directory, data, mode=mode, durable=durable, prefix=prefix))
+
+
+def _write_temp(
+    directory: str | os.PathLike[str], data: bytes, *, mode: int, durable: bool, prefix: str
+) -> str:
     fd, tmp = _create_temp(directory, prefix)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -325,12 +339,20 @@ def write_temp(
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _unlink(tmp)
         raise
-    return Path(tmp)
+    return tmp
 
 
-def _create_temp(directory: Path, prefix: str) -> tuple[int, str]:
+def _unlink(path: str) -> None:
+    """Remove ``path`` if it is there (``Path.unlink(missing_ok=True)``)."""
+    try:  # noqa: SIM105 - contextlib is off the first modules (cli/fast.py FIRST)
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _create_temp(directory: str | os.PathLike[str], prefix: str) -> tuple[int, str]:
     """Create a new file ``<prefix><random>`` in ``directory``, mode 0600; return (fd, path).
 
     What :func:`tempfile.mkstemp` does, without importing :mod:`tempfile` (with
@@ -347,7 +369,7 @@ def _create_temp(directory: Path, prefix: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no unused temp file name", str(directory))
 
 
-def fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make renames and unlinks in ``directory`` durable (best effort where unsupported)."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -406,6 +428,8 @@ def link_inside(rel: PurePosixPath, target: str) -> bool:
     """Whether a symlink at ``rel`` pointing to ``target`` stays inside its root."""
     if not target or target.startswith("/"):
         return False
+    from pathlib import PurePosixPath  # noqa: PLC0415  # lazy: off the first modules
+
     depth = len(rel.parent.parts)
     for part in PurePosixPath(target).parts:
         if part == "..":

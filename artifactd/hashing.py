@@ -12,12 +12,30 @@ consumer further down (the layer unpacker) hashes nothing a second time.
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable
-from typing import IO, Any, Protocol
 
 from artifactd.errors import IntegrityError
+from artifactd.jsontext import dumps
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO, Any, Protocol
+
+    class Readable(Protocol):
+        """Anything with ``read(n)``: a file, an HTTP body, a progress wrapper."""
+
+        def read(self, n: int = -1, /) -> bytes:
+            """Return up to ``n`` bytes; b"" at the end."""
+            ...
+
+    class Writable(Protocol):
+        """Anything with ``write(data)``: a file, a buffer."""
+
+        def write(self, data: bytes, /) -> int:
+            """Write ``data``; return the bytes written."""
+            ...
+
 
 # CPython's own SHA-256, for small documents (a fingerprint): loading OpenSSL
 # through hashlib costs about 3 to 4 ms of every pod start (python -X importtime,
@@ -33,7 +51,7 @@ try:
     else:
         from _sha256 import sha256 as _small_sha256  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - a Python built without it (FIPS builds): OpenSSL's
-    from hashlib import sha256 as _small_sha256
+    _small_sha256 = None
 
 #: The algorithm prefix of every content digest we write or accept.
 DIGEST_PREFIX = "sha256:"
@@ -42,36 +60,18 @@ CHUNK = 1 << 20
 SMALL = 64 << 10
 
 
-class Readable(Protocol):
-    """Anything with ``read(n)``: a file, an HTTP body, a progress wrapper."""
-
-    def read(self, n: int = -1, /) -> bytes:
-        """Return up to ``n`` bytes; b"" at the end."""
-        ...
-
-
-class Writable(Protocol):
-    """Anything with ``write(data)``: a file, a buffer."""
-
-    def write(self, data: bytes, /) -> int:
-        """Write ``data``; return the bytes written."""
-        ...
-
-
 def canonical_json(value: Any) -> bytes:
     """Serialise ``value`` so that equal data always gives equal bytes.
 
     Keys are sorted, separators carry no whitespace and text is UTF-8, so dict
     insertion order and formatting never change a hash.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return dumps(value, sort_keys=True, compact=True, ensure_ascii=False, allow_nan=False).encode()
 
 
 def sha256_hex(data: bytes) -> str:
     """Return the lowercase hex sha256 of ``data``."""
-    if len(data) <= SMALL:
+    if len(data) <= SMALL and _small_sha256 is not None:
         small: str = _small_sha256(data).hexdigest()
         return small
     # lazy: bulk data only: a fingerprint hashes with CPython's own SHA-256, without OpenSSL

@@ -87,6 +87,37 @@ def test_the_fast_path_imports_only_what_it_declares() -> None:
     assert found == [], "\n".join(found)
 
 
+def first_violations(name: str, source: str) -> list[str]:
+    """Every module-level import of a FIRST module off FLOOR and FIRST, as messages."""
+    return [
+        f"{name}:{line}: imports {module} at module level; not in FLOOR or FIRST"
+        for module, top, line in imports(name, source)
+        if top and module not in fast.FIRST and module.split(".")[0] not in fast.FLOOR
+    ]
+
+
+def test_the_first_modules_import_only_the_floor() -> None:
+    modules = _modules()
+    found = []
+    for name in sorted(fast.FIRST):
+        found += first_violations(name, modules[name].read_text())
+    assert found == [], "\n".join(found)
+
+
+def test_the_floor_checker_sees_what_it_must_refuse() -> None:
+    """Not vacuous: a costly import planted at module level of a FIRST module is caught."""
+    name = "artifactd.fingerprint.key"
+    source = _modules()[name].read_text()
+    assert first_violations(name, source) == []
+    for code in ("import typing\n", "from pathlib import Path\n", "import artifactd.events\n"):
+        assert len(first_violations(name, source + "\n" + code)) == 1, code
+    for code in (
+        "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import typing\n",
+        "def f() -> None:\n    import re\n",
+    ):
+        assert first_violations(name, source + "\n" + code) == [], code
+
+
 def test_the_declared_lists_name_real_modules_each_once() -> None:
     modules = set(_modules())
     for name in fast.LIGHT | {m for m in fast.LATER if m.startswith("artifactd")}:
@@ -99,6 +130,8 @@ def test_the_declared_lists_name_real_modules_each_once() -> None:
         assert name in sys.stdlib_module_names, name
     assert not fast.LIGHT & fast.LATER
     assert not fast.STDLIB & (fast.LATER | fast.GPU)
+    assert fast.LIGHT | {FAST} >= fast.FIRST
+    assert fast.FLOOR <= fast.STDLIB
     # Importing a module loads its packages first: they are on the path too.
     for name in fast.LIGHT | {FAST}:
         parents = [name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1)]
@@ -109,7 +142,7 @@ def test_the_docstring_names_exactly_the_declared_modules() -> None:
     doc = fast.__doc__ or ""
     listed = doc[doc.index("What it may import") :]
     named = set(re.findall(r"``([\w.]+)``", listed))
-    declared = fast.STDLIB | fast.GPU | fast.LIGHT | fast.LATER
+    declared = fast.STDLIB | fast.GPU | fast.LIGHT | fast.LATER | fast.FLOOR | fast.FIRST
     assert declared - named == set(), "declared but not in the docstring"
     assert {n for n in named if n.startswith("artifactd")} - declared == set(), "stale names"
 

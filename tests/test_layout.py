@@ -217,6 +217,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "artifactd.hashing",
             "artifactd.fsutil",
             "artifactd.bounds",
+            "artifactd.jsontext",
+            "artifactd.records",
             "artifactd.boundedhttp",
             "artifactd.megacache",
             "artifactd.workers",

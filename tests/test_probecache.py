@@ -206,15 +206,21 @@ def test_the_least_recently_used_entries_go_first(
     assert [Path(k).name for k in kept] == ["b", "a"]
 
 
+def _path(found: str | None) -> Path | None:
+    return None if found is None else Path(found)
+
+
 def test_default_path_order(tmp_path: Path) -> None:
     home = str(tmp_path / "home")
-    assert default_path({"HOME": home}) == Path(home) / ".cache" / "artifactd" / CACHE_FILE_NAME
+    assert (
+        _path(default_path({"HOME": home})) == Path(home) / ".cache" / "artifactd" / CACHE_FILE_NAME
+    )
     xdg = {"HOME": home, "XDG_CACHE_HOME": "/xdg"}
-    assert default_path(xdg) == Path("/xdg/artifactd") / CACHE_FILE_NAME
+    assert _path(default_path(xdg)) == Path("/xdg/artifactd") / CACHE_FILE_NAME
     relative = {"HOME": home, "XDG_CACHE_HOME": "rel"}
-    assert default_path(relative) == Path(home) / ".cache" / "artifactd" / CACHE_FILE_NAME
+    assert _path(default_path(relative)) == Path(home) / ".cache" / "artifactd" / CACHE_FILE_NAME
     own = {**xdg, "ARTIFACTD_CACHE_DIR": "/mine"}
-    assert default_path(own) == Path("/mine") / CACHE_FILE_NAME
+    assert _path(default_path(own)) == Path("/mine") / CACHE_FILE_NAME
     assert default_path({}) is None
 
 

@@ -25,7 +25,7 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
 
-from artifactd.cli.fast import LATER, LIGHT
+from artifactd.cli.fast import FIRST, LATER, LIGHT
 from artifactd.cli.specs import COMMANDS
 from artifactd.constants import PYDANTIC_DISABLE_PLUGINS, current_environ, pydantic_plugins_off
 from artifactd.errors import UsageError
@@ -186,6 +186,11 @@ def test_fingerprint_hash_loads_nothing_heavy() -> None:
     # OpenSSL (a fingerprint is small: CPython's own sha256 hashes it).
     assert loaded & {"inspect", "ast", "subprocess", "_hashlib"} == set()
     assert "select" in loaded  # the probe did wait for its tools
+    # The first modules alone (artifactd/cli/fast.py FIRST), and none of the standard
+    # library modules whose import costs a sizeable part of a bare start.
+    assert {m for m in loaded if m.startswith("artifactd")} <= FIRST
+    costly = {"typing", "re", "json", "pathlib", "contextlib", "functools", "collections"}
+    assert loaded & (costly | {"enum", "threading", "dataclasses"}) == set()
 
 
 #: Also says, at exit, whether pydantic scanned for plugins: its cache of them stays

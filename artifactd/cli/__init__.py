@@ -68,9 +68,13 @@ code  meaning
 Set ``ARTIFACTD_TRACEBACK=1`` to see Python tracebacks.
 """
 
-from typing import Any
+from __future__ import annotations
 
 from artifactd.cli.main import main
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["cli", "main"]
 

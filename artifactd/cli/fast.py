@@ -30,8 +30,10 @@ What it may import, anywhere in this module and in each module of
 :data:`LIGHT` (``tests/test_fastpath.py`` reads their code and holds every
 import, at module level and inside functions, to these lists):
 
-* the standard library modules of :data:`STDLIB`: ``__future__``, ``_sha2``
-  (Python 3.12 and later) or ``_sha256`` (earlier; CPython's own SHA-256, see
+* the standard library modules of :data:`STDLIB`: ``__future__``,
+  ``_collections_abc`` (what ``collections.abc`` re-exports, loaded with
+  ``os``), ``_json`` (the ``json`` package's C half), ``_sha2`` (Python 3.12
+  and later) or ``_sha256`` (earlier; CPython's own SHA-256, see
   :mod:`artifactd.hashing`), ``abc``, ``atexit``, ``base64``, ``collections``,
   ``contextlib``, ``errno``, ``fcntl``, ``functools``, ``hashlib``, ``importlib``, ``json``, ``os``,
   ``pathlib``, ``pwd``, ``re``, ``select``, ``shlex``, ``stat``, ``sys``,
@@ -43,6 +45,7 @@ import, at module level and inside functions, to these lists):
   ``artifactd.cli.main``, ``artifactd.cli.progress``, ``artifactd.cli.render``,
   ``artifactd.cli.specs``,
   ``artifactd.constants``, ``artifactd.errors``, ``artifactd.events``,
+  ``artifactd.jsontext``, ``artifactd.records``,
   ``artifactd.families``, ``artifactd.fingerprint``,
   ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
   ``artifactd.fingerprint.probecache``, ``artifactd.fingerprint.tools``,
@@ -54,6 +57,26 @@ import, at module level and inside functions, to these lists):
   ``artifactd.restore.resolve``, ``artifactd.restore.source``,
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
   ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
+* of those, the modules of :data:`FIRST` (what ``fingerprint`` loads, and
+  every pod start first) import at module level nothing but the standard
+  library modules of :data:`FLOOR`: ``__future__``, ``_collections_abc``,
+  ``_json``, ``_sha2`` or ``_sha256``, ``atexit``, ``errno``, ``os``,
+  ``pwd``, ``select``, ``stat``, ``sys``, ``time``, and artifactd modules of
+  FIRST: ``artifactd``, ``artifactd.bounds``, ``artifactd.cli``,
+  ``artifactd.cli.fast`` (this module), ``artifactd.cli.main``, ``artifactd.cli.progress``,
+  ``artifactd.cli.render``, ``artifactd.cli.specs``, ``artifactd.constants``,
+  ``artifactd.errors``, ``artifactd.fingerprint``,
+  ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
+  ``artifactd.fingerprint.probecache``, ``artifactd.fingerprint.tools``,
+  ``artifactd.fsutil``, ``artifactd.hashing``, ``artifactd.jsontext``,
+  ``artifactd.records``. Importing ``typing``, ``re``, ``json``,
+  ``pathlib``, ``contextlib``, ``functools``, ``collections``, ``enum`` or
+  ``threading`` costs from 4 to 43 million instructions each (a bare Python
+  start is 36 million), so these modules name their types under ``if
+  TYPE_CHECKING:`` (a module constant ``TYPE_CHECKING = False``: type checkers
+  read the name, and ``typing`` stays unloaded), build their records on
+  :class:`artifactd.records.Record` and read and write JSON with
+  :mod:`artifactd.jsontext`;
 * inside a function only, :data:`LATER`: what a pod start needs when it is not
   a no-op (installing, planning a miss, a registry, signatures, a report of
   dataclasses, ``--metrics-file``; click, for every other command line):
@@ -90,9 +113,6 @@ interpreter's teardown of these modules (a few milliseconds).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli import render
@@ -105,7 +125,12 @@ from artifactd.cli.specs import (
     family_names,
 )
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from pathlib import Path
+    from typing import Any
+
     from artifactd.events import EventSink
     from artifactd.restore.policy import RestoreOutcome
     from artifactd.restore.predict import PredictOptions
@@ -114,6 +139,8 @@ if TYPE_CHECKING:
 STDLIB = frozenset(
     {
         "__future__",
+        "_collections_abc",
+        "_json",
         "_sha2",
         "_sha256",
         "abc",
@@ -142,6 +169,48 @@ STDLIB = frozenset(
         "typing",
     }
 )
+#: The standard library modules FIRST may import at module level: each costs next to nothing.
+FLOOR = frozenset(
+    {
+        "__future__",
+        "_collections_abc",
+        "_json",
+        "_sha2",
+        "_sha256",
+        "atexit",
+        "errno",
+        "os",
+        "pwd",
+        "select",
+        "stat",
+        "sys",
+        "time",
+    }
+)
+#: The modules every pod start loads first, and ``fingerprint`` loads alone: held to FLOOR.
+FIRST = frozenset(
+    {
+        "artifactd",
+        "artifactd.bounds",
+        "artifactd.cli",
+        "artifactd.cli.fast",
+        "artifactd.cli.main",
+        "artifactd.cli.progress",
+        "artifactd.cli.render",
+        "artifactd.cli.specs",
+        "artifactd.constants",
+        "artifactd.errors",
+        "artifactd.fingerprint",
+        "artifactd.fingerprint.key",
+        "artifactd.fingerprint.probe",
+        "artifactd.fingerprint.probecache",
+        "artifactd.fingerprint.tools",
+        "artifactd.fsutil",
+        "artifactd.hashing",
+        "artifactd.jsontext",
+        "artifactd.records",
+    }
+)
 #: What the probe loads on a host with an NVIDIA driver, and only there.
 GPU = frozenset({"ctypes", "pynvml"})
 #: The artifactd modules of the fast path: light, as the module docstring says.
@@ -167,6 +236,8 @@ LIGHT = frozenset(
         "artifactd.format.oci",
         "artifactd.fsutil",
         "artifactd.hashing",
+        "artifactd.jsontext",
+        "artifactd.records",
         "artifactd.reports",
         "artifactd.restore",
         "artifactd.restore.destination",
@@ -299,6 +370,8 @@ def _convert(spec: Opt, text: str) -> Any:
         word = text.strip().lower()
         return True if word in TRUE else False if word in FALSE else None
     if spec.kind == "path":
+        from pathlib import Path  # lazy: fingerprint takes no path (FIRST)
+
         return Path(text)
     if spec.bound is not None:
         return spec.bound.read(text)  # None: click refuses it, stating the range

@@ -13,14 +13,17 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 from artifactd import constants as C  # noqa: N812
 from artifactd.cli.fast import parse
 from artifactd.cli.render import echo
 from artifactd.cli.specs import env_flag
 from artifactd.errors import ArtifactdError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import NoReturn
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable
-from typing import Any, TextIO
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+    from typing import Any, TextIO
 
 #: Least time between two redraws of a transfer's bar.
 REDRAW_S = 0.1
@@ -83,6 +86,10 @@ class Display:
         columns: Callable[[], int] | None = None,
         tick_s: float = TICK_S,
     ) -> None:
+        # lazy: a display is made on a terminal only; the fast path loads this module for
+        # human_bytes, and threading is off its first modules (cli/fast.py FIRST)
+        import threading  # noqa: PLC0415
+
         self._stream = stream if stream is not None else sys.stderr
         self._clock = clock
         self._columns = columns or self._terminal_columns
@@ -178,6 +185,8 @@ class Display:
         def tick() -> None:
             while not self._stop.wait(self._tick_s):
                 self.status(self._cells_line())
+
+        import threading  # noqa: PLC0415  # lazy: as in __init__
 
         self._ticker = threading.Thread(target=tick, name="artifactd-progress", daemon=True)
         self._ticker.start()

@@ -7,15 +7,18 @@ here: the pod-start commands print without importing it.
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
 
 from artifactd import __version__
 from artifactd.cli import progress
+from artifactd.jsontext import dumps
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
     from artifactd.build.demo import DemoResult
     from artifactd.build.gate import VerifyResult
     from artifactd.build.harvest import HarvestResult
@@ -49,7 +52,7 @@ def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
 
 def emit_json(document: Mapping[str, Any]) -> None:
     """Print one JSON document (a report from :mod:`artifactd.reports`) on stdout."""
-    echo(json.dumps(document, sort_keys=True))
+    echo(dumps(document, sort_keys=True))
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -78,7 +81,7 @@ def event_printer(as_json: bool, *, lines: bool = False) -> Callable[[dict[str, 
         if event.get("event") == "progress":
             return
         if as_json:
-            echo(json.dumps(event, sort_keys=True), err=True)
+            echo(dumps(event, sort_keys=True), err=True)
         elif lines:
             detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("stage", "event"))
             echo(f"[{event.get('stage')}] {event.get('event')} {detail}", err=True)

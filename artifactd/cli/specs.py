@@ -13,19 +13,22 @@ same answers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, NamedTuple
-
 from artifactd import bounds as B  # noqa: N812
 from artifactd import constants as C  # noqa: N812
 from artifactd.errors import UsageError
+from artifactd.records import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Literal
 
 #: Values a boolean may take, as click reads a flag's environment variable.
 TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
 FALSE = frozenset({"", "0", "false", "f", "no", "n", "off"})
 
 
-class Opt(NamedTuple):
+class Opt(Record):
     """One long option: its flag, parameter name, help and how its value is read.
 
     ``kind`` is how a value is converted (``path``: a :class:`pathlib.Path`);

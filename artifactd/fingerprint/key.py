@@ -14,16 +14,19 @@ Like the probe, it imports nothing heavy: a no-op restore hashes with it.
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
 
 from artifactd.errors import UsageError
 from artifactd.fsutil import utf8_argument
 from artifactd.hashing import canonical_hash
+from artifactd.jsontext import dumps, loads
 
-Raw = dict[str, Any]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TypeAlias
+
+    Raw: TypeAlias = dict[str, Any]
 
 
 # --------------------------------------------------------------------------
@@ -59,7 +62,7 @@ def adopt_software(raw: Mapping[str, Any], source: Mapping[str, Any]) -> dict[st
     Both are fingerprint documents; the machine's fields (GPU, driver, CPU,
     architecture) and the workload stay as ``raw`` has them.
     """
-    out: dict[str, Any] = json.loads(json.dumps(dict(raw)))  # a deep copy of plain JSON data
+    out: dict[str, Any] = _copy(dict(raw))
     for name in SOFTWARE_FIELDS:
         group, _, leaf = name.partition(".")
         theirs = source.get(group)
@@ -68,8 +71,13 @@ def adopt_software(raw: Mapping[str, Any], source: Mapping[str, Any]) -> dict[st
         elif theirs is None:
             out.pop(group, None)
         else:
-            out[group] = json.loads(json.dumps(theirs))
+            out[group] = _copy(theirs)
     return out
+
+
+def _copy(data: Any) -> Any:
+    """Return a deep copy of plain JSON data (what a JSON round trip gives)."""
+    return loads(dumps(data))
 
 
 def count_is_informational(data: Any) -> Any:
@@ -124,37 +132,56 @@ def scope_key(
 # Inputs a command states
 # --------------------------------------------------------------------------
 
-_ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)$")
+#: Where ``sm_`` architectures end: a plain target, or ``a`` / ``f`` (arch- or family-specific).
+_ARCH_SUFFIXES = ("a", "f")
 
 
 def parse_gpu_arch(arch: str) -> tuple[str, str]:
-    """Parse ``sm_90a`` into ``("sm_90a", "9.0")``; raise :class:`UsageError` if malformed."""
-    m = _ARCH_RE.match(arch.strip())
-    if not m:
+    """Parse ``sm_90a`` into ``("sm_90a", "9.0")``; raise :class:`UsageError` if malformed.
+
+    The form is ``sm_`` and at least two ASCII digits (the last is the minor
+    capability), then ``a``, ``f`` or nothing; spaces around it are dropped.
+    """
+    text = arch.strip()
+    digits = text[3:-1] if text.endswith(_ARCH_SUFFIXES) else text[3:]
+    if not (text.startswith("sm_") and len(digits) >= 2 and _ascii_digits(digits)):
         raise UsageError(
             f"not a GPU architecture: {arch!r}",
             hint="use the form nvcc and Triton print, e.g. sm_80, sm_90a, sm_100a",
         )
-    return arch.strip(), f"{int(m.group(1))}.{m.group(2)}"
+    return text, f"{int(digits[:-1])}.{digits[-1]}"
 
 
-_IMAGE_DIGEST_RE = re.compile(r"^(?:[^@\s]+@)?(sha256:[0-9a-f]{64})$")
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+#: What an image digest is: the algorithm, then 64 lowercase hex digits.
+_DIGEST_PREFIX, _DIGEST_HEX = "sha256:", frozenset("0123456789abcdef")
 
 
 def parse_image_digest(value: str) -> str:
     """Return ``sha256:<hex>`` from a digest or a ``REPO@sha256:<hex>`` reference.
 
     Both spellings name one image, so both give one fingerprint; anything
-    else raises :class:`UsageError` (a tag is not a digest: it can move).
+    else raises :class:`UsageError` (a tag is not a digest: it can move). A
+    reference before the ``@`` is any text without spaces or another ``@``.
     """
-    m = _IMAGE_DIGEST_RE.match(value.strip())
-    if not m:
+    ref, at, digest = value.strip().rpartition("@")
+    bad_ref = at and (not ref or "@" in ref or any(c.isspace() for c in ref))
+    hex_part = digest[len(_DIGEST_PREFIX) :]
+    if (
+        bad_ref
+        or not digest.startswith(_DIGEST_PREFIX)
+        or len(hex_part) != 64
+        or not _DIGEST_HEX.issuperset(hex_part)
+    ):
         raise UsageError(
             f"not an image digest: {value!r}",
             hint="give sha256:<64 hex> or REPO@sha256:<64 hex> "
             "(`skopeo inspect docker://REF` prints it), never a tag",
         )
-    return m.group(1)
+    return digest
 
 
 def parse_pairs(pairs: Sequence[str], *, what: str) -> dict[str, str]:
@@ -184,7 +211,7 @@ def _parse_value(text: str) -> Any:
         return None
     if stripped.startswith("["):
         try:
-            return json.loads(stripped)
+            return loads(stripped)
         except ValueError:
             pass
     return text
@@ -218,7 +245,7 @@ def apply_overrides(raw: Raw, assignments: Sequence[str]) -> Raw:
     ``workload`` and ``libraries``, where new keys may be added; ``info.*`` may
     be set too (it is never hashed). Returns a new document.
     """
-    doc: Raw = json.loads(json.dumps(raw))
+    doc: Raw = _copy(raw)
     for path, keys, text in check_overrides(assignments):
         node: Any = doc
         for depth, key in enumerate(keys[:-1]):
@@ -275,5 +302,5 @@ class Document:
 
     def document(self) -> dict[str, Any]:
         """Return the whole document (a deep copy), ``info`` included."""
-        out: dict[str, Any] = json.loads(json.dumps(self._data))
+        out: dict[str, Any] = _copy(self._data)
         return out

@@ -28,20 +28,14 @@ Where each fact comes from:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
-import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from artifactd import __version__
 from artifactd.constants import CC, CUDA_HOME, CUDA_PATH, TRITON_PTXAS_PATH, current_environ
 from artifactd.fingerprint.key import (
-    Raw,
     apply_overrides,
     parse_gpu_arch,
     parse_image_digest,
@@ -55,10 +49,15 @@ from artifactd.fingerprint.tools import (
     nvcc_path,
 )
 from artifactd.hashing import sha256_hex
+from artifactd.records import Record
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
+    from artifactd.fingerprint.key import Raw
     from artifactd.fingerprint.model import Fingerprint
 
 #: Distributions whose version and content hash enter the fingerprint.
@@ -220,7 +219,7 @@ def probe_libcuda(lib: Any = None, *, init: bool = True) -> Raw:
 
 def has_nvidia_driver() -> bool:
     """Whether this host has an NVIDIA kernel driver (else NVML has nothing to say)."""
-    return any(Path(p).exists() for p in _DRIVER_MARKERS)
+    return any(os.path.exists(p) for p in _DRIVER_MARKERS)
 
 
 def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
@@ -243,19 +242,24 @@ def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
         gpu, driver = gpu_from_nvml(pynvml)
         topology = topology_from_nvml(pynvml)
     finally:
-        with contextlib.suppress(Exception):  # a failed shutdown changes nothing we report
+        try:  # noqa: SIM105 - contextlib is off the first modules (cli/fast.py FIRST)
             pynvml.nvmlShutdown()
+        except Exception:  # noqa: S110 - a failed shutdown changes nothing we report
+            pass
     if gpu["count"]:
         gpu["sm_count"] = probe_libcuda()["sm_count"]
     return gpu, driver, topology
 
 
-def proc_driver_version(path: Path = Path("/proc/driver/nvidia/version")) -> str | None:
+def proc_driver_version(path: str | os.PathLike[str] = _DRIVER_MARKERS[1]) -> str | None:
     """Read the kernel module version from ``/proc`` (no NVML needed)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
         return None
+    import re  # noqa: PLC0415  # lazy: a host with a driver only (re is off the first modules)
+
     m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+([\d.]+)", text)
     return m.group(1) if m else None
 
@@ -269,9 +273,18 @@ _X86_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
     ("x86-64-v3", frozenset({"avx2", "bmi1", "bmi2", "fma", "movbe", "f16c", "abm"})),
     ("x86-64-v2", frozenset({"sse4_2", "popcnt", "ssse3", "cx16", "sse4_1"})),
 )
-#: A carriage return that does not end a CRLF (one at the very end is checked apart).
-_LONE_CR = re.compile(rb"\r[^\n]")
-_NOTABLE = re.compile(r"^(avx512\w*|amx\w*|avx_vnni\w*|avx10\w*|sve\w*|sve2|asimd\w*|bf16|i8mm)$")
+#: CPU flags that change generated code: these, and any flag that starts with a prefix
+#: of :data:`_NOTABLE_PREFIXES` followed by word characters only.
+_NOTABLE = frozenset({"bf16", "i8mm"})
+_NOTABLE_PREFIXES = ("avx512", "amx", "avx_vnni", "avx10", "sve", "asimd")
+
+
+def notable_flag(flag: str) -> bool:
+    """Whether a CPU flag is one the fingerprint lists (``avx512*``, ``amx*``, ``sve*``...)."""
+    if flag in _NOTABLE:
+        return True
+    prefix = next((p for p in _NOTABLE_PREFIXES if flag.startswith(p)), None)
+    return prefix is not None and all(c == "_" or c.isalnum() for c in flag[len(prefix) :])
 
 
 def probe_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[Raw, str | None]:
@@ -279,7 +292,8 @@ def probe_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[R
     machine = machine or os.uname().machine
     if cpuinfo is None:
         try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
         except OSError:
             cpuinfo = ""
     flags: set[str] = set()
@@ -298,7 +312,7 @@ def probe_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[R
             if needed <= flags:
                 level = name
                 break
-    features = sorted(f for f in flags if _NOTABLE.match(f))
+    features = sorted(f for f in flags if notable_flag(f))
     return {"isa_level": level, "features": features}, model
 
 
@@ -307,32 +321,37 @@ def probe_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[R
 # --------------------------------------------------------------------------
 
 
-class InstalledDist(NamedTuple):
+class InstalledDist(Record):
     """An installed distribution found by its ``*.dist-info`` directory.
 
-    A named tuple, not a dataclass: ``dataclasses`` imports ``inspect``, which
+    A record, not a dataclass: ``dataclasses`` imports ``inspect``, which
     would add a third of a bare Python start to every ``fingerprint``.
     """
 
     name: str
     version: str
-    dist_info: Path
+    dist_info: str
 
     @property
-    def location(self) -> Path:
+    def location(self) -> str:
         """The directory the distribution is installed into (site-packages)."""
-        return self.dist_info.parent
+        return os.path.dirname(self.dist_info)
 
     def read_text(self, name: str) -> str | None:
         """Return a metadata file's text, or None when absent."""
         try:
-            return (self.dist_info / name).read_text(encoding="utf-8")
+            with open(os.path.join(self.dist_info, name), encoding="utf-8") as f:
+                return f.read()
         except OSError:
             return None
 
 
 def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    """Return a distribution's name as PEP 503 compares it (``-``, ``_``, ``.`` runs: one ``_``)."""
+    name = name.replace("-", "_").replace(".", "_")
+    while "__" in name:
+        name = name.replace("__", "_")
+    return name.lower()
 
 
 def find_distributions(
@@ -357,17 +376,18 @@ def find_distributions(
             dist_name, sep, version = item[: -len(".dist-info")].partition("-")
             original = wanted.get(_normalize(dist_name))
             if sep and original and original not in found:
-                found[original] = InstalledDist(original, version, Path(entry or ".") / item)
+                found[original] = InstalledDist(original, version, os.path.join(entry or ".", item))
     return found
 
 
-def record_digest(path: Path) -> str | None:
+def record_digest(path: str | os.PathLike[str]) -> str | None:
     """Return the sha256 of a ``RECORD``'s text; None when it is missing, unreadable or empty.
 
     The text is the file decoded as UTF-8 with universal newlines, encoded again.
     """
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError:
         return None
     if data.isascii():
@@ -375,17 +395,16 @@ def record_digest(path: Path) -> str | None:
         # into LF: the same text, made from the bytes without decoding them (a
         # third of the time for torch's 1.5 MB; wheels write RECORD with CRLF).
         if b"\r" in data:
-            if _LONE_CR.search(data) is None and not data.endswith(b"\r"):
+            if data.count(b"\r") == data.count(b"\r\n"):
                 # Every CR ends a CRLF: dropping them is the same text, and one
                 # pass (1.1 ms for a 1.7 MB RECORD, against 3.2 for two replaces).
                 data = data.translate(None, b"\r")
             else:
                 data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         return sha256_hex(data) if data else None
-    try:
-        record = path.read_text(encoding="utf-8")
-    except OSError:
-        return None
+    # The text with universal newlines, as reading the file as text gives it (and
+    # as that read did, a RECORD that is not UTF-8 raises UnicodeDecodeError).
+    record = data.decode().replace("\r\n", "\n").replace("\r", "\n")
     return sha256_hex(record.encode()) if record else None
 
 
@@ -394,7 +413,7 @@ def library_info(dist: InstalledDist, cache: ProbeCache | None = None) -> Raw:
 
     ``cache`` reuses the RECORD's digest while the file is unchanged.
     """
-    record = dist.dist_info / "RECORD"
+    record = os.path.join(dist.dist_info, "RECORD")
     direct_url = dist.read_text("direct_url.json") or ""
     return {
         "version": dist.version,
@@ -528,7 +547,7 @@ class PendingProbe:
         self._raw: Raw | None = None
         triton = self._dists.get("triton")
         ptxas_path = environ.get(TRITON_PTXAS_PATH) or (
-            str(triton.location / "triton" / "backends" / "nvidia" / "bin" / "ptxas")
+            os.path.join(triton.location, "triton", "backends", "nvidia", "bin", "ptxas")
             if triton
             else None
         )
@@ -583,7 +602,7 @@ class PendingProbe:
         gpu_count = gpu.pop("count")  # information, never key: see artifactd.build.published
         torch = dists.get("torch")
         torch_cuda = torch.version.split("+", 1)[1] if torch and "+" in torch.version else None
-        site = str(torch.location) if torch is not None else sysconfig.get_paths()["purelib"]
+        site = torch.location if torch is not None else sysconfig.get_paths()["purelib"]
         glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
         uname = os.uname()
         cc_out = found.get("cc")

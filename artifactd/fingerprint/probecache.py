@@ -23,15 +23,23 @@ Where it lives (:func:`default_path`): ``$ARTIFACTD_CACHE_DIR``, else
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
 
 from artifactd.constants import ENV_CACHE_DIR, HOME, XDG_CACHE_HOME
 from artifactd.fsutil import atomic_write
+from artifactd.jsontext import dumps, loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any, TypeAlias, TypeVar
+
+    #: A file's path as the caller spells it (``compute`` is given it back).
+    P = TypeVar("P", bound="str | os.PathLike[str]")
+
+    #: ``[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns]``.
+    Identity: TypeAlias = list[int]
 
 SCHEMA_VERSION = 1
 CACHE_FILE_NAME = "probe-cache.json"
@@ -40,21 +48,18 @@ SETTLE_NS = 2_000_000_000
 #: Entries kept; the least recently used go first. Each tracked library is one entry.
 MAX_ENTRIES = 256
 
-#: ``[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns]``.
-Identity = list[int]
 
-
-def default_path(environ: Mapping[str, str]) -> Path | None:
+def default_path(environ: Mapping[str, str]) -> str | None:
     """Return the cache file for this environment, or None when there is no home to put it in."""
     base = environ.get(ENV_CACHE_DIR)
     if base:
-        return Path(base) / CACHE_FILE_NAME
+        return os.path.join(base, CACHE_FILE_NAME)
     xdg = environ.get(XDG_CACHE_HOME)
     if xdg and os.path.isabs(xdg):  # the XDG spec: a relative value is to be ignored
-        return Path(xdg) / "artifactd" / CACHE_FILE_NAME
+        return os.path.join(xdg, "artifactd", CACHE_FILE_NAME)
     home = environ.get(HOME)
     if home:
-        return Path(home) / ".cache" / "artifactd" / CACHE_FILE_NAME
+        return os.path.join(home, ".cache", "artifactd", CACHE_FILE_NAME)
     return None
 
 
@@ -69,7 +74,7 @@ class ProbeCache:
     ``path`` None keeps nothing: every lookup computes.
     """
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = path
         self._entries: dict[str, dict[str, Any]] | None = None
         self._dirty = False
@@ -79,14 +84,15 @@ class ProbeCache:
             self._entries = _read(self.path) if self.path is not None else {}
         return self._entries
 
-    def digest(self, file: Path, compute: Callable[[Path], str | None]) -> str | None:
+    def digest(self, file: P, compute: Callable[[P], str | None]) -> str | None:
         """Return ``compute(file)``, from the cache while ``file`` keeps its identity.
 
         ``compute`` runs on a miss, after the file's identity was taken (so a
         change while it reads shows up as a different identity next time).
         Errors from ``compute`` propagate unchanged; nothing is cached for them.
         """
-        key = os.path.abspath(file)
+        where: str | os.PathLike[str] = file
+        key = os.path.abspath(os.fspath(where))
         try:
             st = os.stat(key)
         except OSError:
@@ -111,7 +117,7 @@ class ProbeCache:
         if not self._dirty or self.path is None or self._entries is None:
             return
         kept = dict(list(self._entries.items())[-MAX_ENTRIES:])
-        data = json.dumps({"schema_version": SCHEMA_VERSION, "entries": kept}).encode()
+        data = dumps({"schema_version": SCHEMA_VERSION, "entries": kept}).encode()
 
         try:
             atomic_write(self.path, data, mode=0o600)
@@ -120,13 +126,13 @@ class ProbeCache:
         self._dirty = False
 
 
-def _read(path: Path) -> dict[str, dict[str, Any]]:
+def _read(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Read the cache file's entries; anything that is not a sound cache of ours is empty."""
     try:
-        with path.open("rb") as f:
+        with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_uid != os.getuid():
                 return {}  # another user could write it: its digests are not evidence
-            doc = json.loads(f.read())
+            doc = loads(f.read())
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:

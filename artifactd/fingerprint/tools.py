@@ -9,12 +9,14 @@ the rest, without the :mod:`subprocess` module (it costs part of every pod start
 from __future__ import annotations
 
 import os
-import re
 import select
 import time
-from collections.abc import Mapping
 
 from artifactd.constants import CUDA_HOME, CUDA_PATH, PATH, current_environ
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 #: Seconds a ``tool --version`` may take before it counts as failed.
 TOOL_TIMEOUT_S = 10.0
@@ -133,12 +135,30 @@ def run_version(argv: list[str]) -> str | None:
     return Tool(argv).output()
 
 
-_RELEASE_RE = re.compile(r"release [\d.]+, V([\d.]+)")
-
-
 def cuda_release(text: str | None) -> str | None:
-    """Extract ``13.0.88`` from nvcc's or ptxas's ``--version`` text."""
+    """Extract ``13.0.88`` from nvcc's or ptxas's ``--version`` text.
+
+    The first ``release <digits and dots>, V<digits and dots>`` in the text
+    (``Cuda compilation tools, release 13.0, V13.0.88``) gives what follows
+    the ``V``; digits are decimal digits, as Unicode counts them.
+    """
     if not text:
         return None
-    m = _RELEASE_RE.search(text)
-    return m.group(1) if m else None
+    at = text.find("release ")
+    while at != -1:
+        end = _number_end(text, at + len("release "))
+        if end > at + len("release ") and text.startswith(", V", end):
+            start = end + len(", V")
+            stop = _number_end(text, start)
+            if stop > start:
+                return text[start:stop]
+        at = text.find("release ", at + 1)
+    return None
+
+
+def _number_end(text: str, start: int) -> int:
+    """Where the run of digits and dots from ``start`` ends."""
+    end = start
+    while end < len(text) and (text[end] == "." or text[end].isdecimal()):
+        end += 1
+    return end

@@ -39,7 +39,7 @@ from artifactd.format import config
 from artifactd.format.config import FamilyTree, FileEntry, LayerRecord, SkippedEntry
 from artifactd.format.oci import TREE_DOC
 from artifactd.fsutil import link_inside
-from artifactd.hashing import HashingReader, HashingWriter, Readable, sha256_hex
+from artifactd.hashing import HashingReader, HashingWriter, sha256_hex
 
 #: mtime written for every member of families that do not keep mtimes.
 FIXED_MTIME = 0
@@ -47,13 +47,11 @@ ZSTD_LEVEL = 6
 #: sha256 of no bytes: what a symlink entry records.
 EMPTY_SHA256 = sha256_hex(b"")
 
-# Readable is re-exported: the restore code types its layer streams with it.
 __all__ = [
     "EMPTY_SHA256",
     "FIXED_MTIME",
     "ZSTD_LEVEL",
     "PackedLayer",
-    "Readable",
     "link_inside",
     "pack_family",
 ]

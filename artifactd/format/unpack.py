@@ -67,7 +67,7 @@ from artifactd.fsutil import (
     open_regular,
     start_writeback,
 )
-from artifactd.hashing import DigestReader, Hasher, Readable, verifier_of
+from artifactd.hashing import DigestReader, Hasher, verifier_of
 from artifactd.workers import Job, Pool
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     # the extractor uses only the fields both give.
     from artifactd.format.views import FileView as FileEntry
     from artifactd.format.views import LayerView as LayerRecord
+    from artifactd.hashing import Readable
 
 #: Longest member path (``component/relative/path``), in UTF-8 bytes.
 MAX_PATH_BYTES = 1024
