@@ -55,7 +55,7 @@ WARMUP = REPO / "warmup_matrices" / "cpu-demo" / "warmup.py"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from plainenv import plain_python  # noqa: E402
+from plainenv import command, plain_python  # noqa: E402
 
 from artifactd.build.demo import restored_environ  # noqa: E402
 from artifactd.build.run import cell_environ  # noqa: E402
@@ -147,11 +147,11 @@ def startup(  # noqa: PLR0917 - a benchmark's one call site
     fresh = work / "fresh-probe-cache"
     # A new container starts with an empty probe cache: this row clears it before each run.
     fresh_env = env | {ENV_CACHE_DIR: str(fresh)}
-    restore_cmd = [py, "-m", "artifactd", "restore", "--json"]
+    restore_cmd = [*command(py), "restore", "--json"]
     commands: dict[str, tuple[list[str], dict[str, str]]] = {
         "python -c pass": ([py, "-c", "pass"], env),
         "fingerprint --hash": (
-            [py, "-m", "artifactd", "fingerprint", "--hash", "--gpu-arch", "sm_90a"],
+            [*command(py), "fingerprint", "--hash", "--gpu-arch", "sm_90a"],
             env,
         ),
     }
@@ -340,7 +340,7 @@ def demo(py: str, work: Path, base: dict[str, str], runs: int) -> tuple[list[str
         roots.rename(aside)  # nothing of the build is left for the restored run
         target = work / f"pod-{i}"
         restore_argv = [
-            py, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
+            *command(py), "restore", "--store", store, "--target", str(target),
             "--gpu-arch", "sm_90a", "--json",
         ]  # fmt: skip
         bares.append(timed([py, "-c", "pass"], art_env)[0])  # beside it: the same moment's load

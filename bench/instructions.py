@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 from coldstart import bytecode_env, small_store  # noqa: E402
-from plainenv import plain_python  # noqa: E402
+from plainenv import command, plain_python  # noqa: E402
 
 from artifactd.constants import ENV_CACHE_DIR  # noqa: E402
 
@@ -66,12 +66,13 @@ def main() -> None:
         base = dict(os.environ) | {ENV_CACHE_DIR: str(work / "probe-cache")}
         store, target = small_store(py, work, base)
         env = bytecode_env(base, work / "pycache")
-        restore = [py, "-m", "artifactd", "restore", "--json", "--store", store]
+        artifactd = command(py)  # the console script, as a pod runs it
+        restore = [*artifactd, "restore", "--json", "--store", store]
         fp = ["--gpu-arch", "sm_90a"]
         real = work / "real"
         commands = {
             "python -c pass": [py, "-c", "pass"],
-            "fingerprint --hash": [py, "-m", "artifactd", "fingerprint", "--hash", *fp],
+            "fingerprint --hash": [*artifactd, "fingerprint", "--hash", *fp],
             "no-op restore": [*restore, "--target", str(target), *fp],
             "restore that installs": [*restore, "--target", str(real), *fp],
         }

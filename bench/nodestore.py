@@ -52,7 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from plainenv import plain_python  # noqa: E402
+from plainenv import command, plain_python  # noqa: E402
 
 TARGET = 1.3
 #: The interpreter every artifactd process runs on: set by main() (see bench/plainenv.py).
@@ -134,7 +134,7 @@ def case(name: str, tree: Path, work: Path, rounds: int) -> bool:
         raise SystemExit(proc.stderr[-2000:])
     print(f"[{name}] published in {time.perf_counter() - t0:.1f} s")
     restore = [
-        PY[0], "-m", "artifactd", "restore", "--family", "generic",
+        *command(PY[0]), "restore", "--family", "generic",
         "--store", store, "--node-store", node, "--json", "--require",
     ]  # fmt: skip
     t0 = time.perf_counter()
