@@ -30,13 +30,15 @@ Modules:
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+import sys
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
 
 from artifactd.errors import UsageError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from artifactd.families.base import Component, Family, Located
 
 #: Every family's name, module and class, in the order :data:`FAMILIES` lists them.
@@ -65,7 +67,9 @@ class _Registry(Mapping[str, "Family"]):
         family = self._loaded.get(name)
         if family is None:
             module, cls = self._defined_in[name]
-            new = getattr(importlib.import_module(f"artifactd.families.{module}"), cls)()
+            name_of_module = f"artifactd.families.{module}"
+            __import__(name_of_module)  # importlib.import_module, without loading importlib
+            new = getattr(sys.modules[name_of_module], cls)()
             # Restore's fetch threads may race here: the first instance stored wins.
             family = self._loaded.setdefault(name, new)
         return family

@@ -5,7 +5,6 @@ The format is documented for other clients in ``registry-schema/FORMAT.md``.
 
 from __future__ import annotations
 
-import re
 import time
 
 from artifactd.errors import IntegrityError, UsageError
@@ -33,8 +32,25 @@ DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 #: A format-2 family directory's description of itself, beside its components
 #: (:class:`artifactd.format.config.FamilyTree`).
 TREE_DOC = ".artifactd-layer.json"
-DIGEST_RE = re.compile(DIGEST_PATTERN)
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_HEX = frozenset("0123456789abcdef")
+_TAG_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_TAG_REST = _TAG_FIRST | frozenset(".-")
+
+
+def is_digest(text: str) -> bool:
+    """Whether ``text`` is a sha256 content digest: :data:`DIGEST_PATTERN`, nothing after it.
+
+    Written out rather than matched (``re`` is off a pod start's first modules);
+    unlike the pattern under :func:`re.match`, a final newline is refused.
+    """
+    return len(text) == 71 and text.startswith("sha256:") and _HEX.issuperset(text[7:])
+
+
+def is_tag(text: str) -> bool:
+    """Whether OCI allows ``text`` as a tag: ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}``, all of it."""
+    return 0 < len(text) <= 128 and text[0] in _TAG_FIRST and _TAG_REST.issuperset(text)
+
+
 FULL_TAG_PREFIX = "fp-"
 #: Tags of contributed deltas (``artifactd contribute``) start with this.
 DELTA_TAG_PREFIX = "delta-"
@@ -46,7 +62,6 @@ CANDIDATE_TAG_PREFIX = "candidate-"
 #: grace. The time is when the tag moved, UTC, to the second.
 SUPERSEDED_TAG_PREFIX = "superseded-"
 SUPERSEDED_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
-_SUPERSEDED_RE = re.compile(r"^superseded-([0-9]{8}T[0-9]{6}Z)-([0-9a-f]{64})$")
 
 
 def full_tag(fingerprint_hash: str) -> str:
@@ -71,19 +86,29 @@ def parse_superseded_tag(tag: str) -> tuple[str, str] | None:
     The time is :data:`SUPERSEDED_TIME_FORMAT` text, parsed by the reader that
     needs it (a prune), so the no-op restore path loads no calendar code.
     """
-    match = _SUPERSEDED_RE.match(tag)
-    return None if match is None else (match.group(1), f"sha256:{match.group(2)}")
+    stamp, dash, hex_part = tag.removeprefix(SUPERSEDED_TAG_PREFIX).partition("-")
+    shaped = (
+        tag.startswith(SUPERSEDED_TAG_PREFIX)
+        and dash
+        and len(stamp) == 16
+        and stamp[8] == "T"
+        and stamp[15] == "Z"
+        and (stamp[:8] + stamp[9:15]).isascii()
+        and (stamp[:8] + stamp[9:15]).isdigit()
+        and is_digest("sha256:" + hex_part)
+    )
+    return (stamp, f"sha256:{hex_part}") if shaped else None
 
 
 def check_digest(digest: str) -> str:
     """Return ``digest`` if it is a well-formed sha256 digest, else raise."""
-    if not DIGEST_RE.match(digest):
+    if not is_digest(digest):
         raise IntegrityError(f"malformed digest {digest!r}")
     return digest
 
 
 def check_tag(tag: str) -> str:
     """Return ``tag`` if OCI allows it, else raise :class:`UsageError`."""
-    if not TAG_RE.match(tag):
+    if not is_tag(tag):
         raise UsageError(f"not a valid OCI tag: {tag!r}")
     return tag

@@ -56,11 +56,11 @@ from artifactd.errors import (
 from artifactd.events import EventSink, discard
 from artifactd.format.imagemanifest import json_type, parse_document
 from artifactd.format.oci import (
-    DIGEST_RE,
     INDEX_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
     family_tag,
     full_tag,
+    is_digest,
 )
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
 from artifactd.stores import open_store, parse_artifact_ref
@@ -551,7 +551,7 @@ def _descriptor(value: Any, where: str) -> dict[str, Any]:
     digest = desc.get("digest")
     if digest is None:
         raise SchemaError(f"{where} has no digest")
-    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+    if not isinstance(digest, str) or not is_digest(digest):
         raise SchemaError(f"{where}: digest {str(digest)[:80]!r} is not sha256:<64 hex>")
     size = desc.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -621,7 +621,7 @@ def read_config(data: bytes, where: str, layers: int) -> dict[str, Any]:
                    f"{where}: rootfs", "an object")  # fmt: skip
     diff_ids = _need(rootfs.get("diff_ids"), list, f"{where}: rootfs.diff_ids", "an array")
     for i, diff_id in enumerate(diff_ids):
-        if not isinstance(diff_id, str) or not DIGEST_RE.match(diff_id):
+        if not isinstance(diff_id, str) or not is_digest(diff_id):
             raise SchemaError(f"{where}: rootfs.diff_ids[{i}] is not sha256:<64 hex>")
     if len(diff_ids) != layers:
         raise SchemaError(

@@ -38,9 +38,9 @@ from artifactd.format.oci import (
     FULL_TAG_PREFIX,
     LAYER_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
-    TAG_RE,
     family_tag,
     full_tag,
+    is_tag,
     parse_superseded_tag,
 )
 from artifactd.hashing import canonical_json, digest_of
@@ -320,7 +320,7 @@ def choose_artifacts(src: Store, tags: list[str] | None, *, trust: Basis) -> Cho
     from artifactd.trust.signatures import parse_attached_tag  # noqa: PLC0415
 
     trust = checked_basis(trust, "choose_artifacts")
-    wanted = tags if tags else [t for t in src.list_tags() if TAG_RE.match(t)]
+    wanted = tags if tags else [t for t in src.list_tags() if is_tag(t)]
     # A full copy leaves signatures to copy_attached and superseded manifests behind.
     wanted = [
         t

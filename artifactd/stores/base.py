@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from pathlib import Path
-from typing import BinaryIO, NamedTuple, TypeVar
 
 from artifactd.errors import IntegrityError, StoreError
-from artifactd.events import EventSink
 from artifactd.hashing import Hasher, copy_hashed
+from artifactd.records import Record
 
-T = TypeVar("T")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
+    from pathlib import Path
+    from typing import BinaryIO, TypeAlias, TypeVar
 
-#: Called with the bytes transferred so far.
-Progress = Callable[[int], None]
+    from artifactd.events import EventSink
+
+    T = TypeVar("T")
+    #: Called with the bytes transferred so far.
+    Progress: TypeAlias = Callable[[int], None]
+else:
+    Progress = object  # the name at run time, for modules that import it there (no code reads it)
 #: Least time between two ``progress`` events of one transfer.
 PROGRESS_INTERVAL_S = 0.25
 
@@ -55,7 +61,7 @@ def progress_events(on_event: EventSink, *, stage: str, family: str, total: int)
     return progress
 
 
-class ManifestRef(NamedTuple):
+class ManifestRef(Record):
     """A manifest fetched from a store, with the digest of its exact bytes."""
 
     data: bytes

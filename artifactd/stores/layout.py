@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from artifactd.errors import IntegrityError, NoSpaceError, NotFoundError, StoreError
-from artifactd.format.oci import ANN_REF_NAME, DIGEST_RE, INDEX_MEDIA_TYPE, check_digest, check_tag
+from artifactd.format.oci import ANN_REF_NAME, INDEX_MEDIA_TYPE, check_digest, check_tag, is_digest
 from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
 from artifactd.stores.base import ManifestRef, Progress, Store
@@ -170,7 +170,7 @@ class LayoutStore(Store):
 
     def get_manifest(self, reference: str) -> ManifestRef | None:
         """Find a manifest by tag (index annotation) or by digest."""
-        if DIGEST_RE.match(reference):
+        if is_digest(reference):
             path = self._blob_path(reference)
             if not path.is_file():
                 return None
@@ -356,7 +356,7 @@ class LayoutStore(Store):
             ok = (
                 isinstance(desc, dict)
                 and isinstance(desc.get("digest"), str)
-                and DIGEST_RE.match(desc["digest"])
+                and is_digest(desc["digest"])
                 and isinstance(desc.get("annotations") or {}, dict)
                 and isinstance((desc.get("annotations") or {}).get(ANN_REF_NAME, ""), str)
             )

@@ -37,7 +37,7 @@ from urllib.parse import urljoin, urlsplit
 
 from artifactd.errors import StoreError
 from artifactd.format.imagemanifest import json_type
-from artifactd.format.oci import TAG_RE
+from artifactd.format.oci import is_tag
 
 #: The most tags one listing holds (a registry repository or a layout's
 #: ``index.json``, whose 64 MiB cap is about as many descriptors).
@@ -98,7 +98,7 @@ def parse_tag_page(body: bytes, where: str) -> list[str]:
     for tag in tags:
         if not isinstance(tag, str):
             raise malformed(f'"tags" holds a JSON {json_type(tag)}, not a string')
-        if not TAG_RE.match(tag):
+        if not is_tag(tag):
             raise malformed(f"{tag[:80]!a} is not a valid tag")
     return tags
 

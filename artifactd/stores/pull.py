@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, TypeVar
 
 from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, StoreError
-from artifactd.format.oci import DIGEST_RE
+from artifactd.format.oci import is_digest
 from artifactd.hashing import BlobMismatchError, DigestReader, digest_of
 from artifactd.stores.base import ManifestRef
 from artifactd.stores.mirrors import Mirror, MirrorPlan
@@ -330,7 +330,7 @@ class Puller:
         )
         resp.close()
         digest = resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
-        return str(digest) if digest and DIGEST_RE.match(digest) else None
+        return str(digest) if digest and is_digest(digest) else None
 
     # -- content by digest ---------------------------------------------------
     def manifest(self, digest: str, accept: str) -> ManifestRef | None:

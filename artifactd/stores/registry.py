@@ -23,12 +23,12 @@ from urllib.parse import urljoin
 
 from artifactd.errors import IntegrityError, NotFoundError, StoreError
 from artifactd.format.oci import (
-    DIGEST_RE,
     DOCKER_LIST_MEDIA_TYPE,
     INDEX_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
     check_digest,
     check_tag,
+    is_digest,
     superseded_tag,
 )
 from artifactd.hashing import digest_of
@@ -252,7 +252,7 @@ class RegistryStore(Store):
         ``accept`` widens the media types asked for (:data:`IMAGE_ACCEPT`: any
         runnable image, Docker's formats included).
         """
-        if DIGEST_RE.match(reference):
+        if is_digest(reference):
             return self.puller.manifest(reference, accept)
         check_tag(reference)
         if self.puller.has_mirrors():
@@ -284,7 +284,7 @@ class RegistryStore(Store):
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         resp.close()
         digest = digest_of(data)
-        if DIGEST_RE.match(reference) and digest != reference:
+        if is_digest(reference) and digest != reference:
             raise IntegrityError(f"{self.ref}: manifest {reference} hashes to {digest}")
         return ManifestRef(data=data, digest=digest, media_type=media_type)
 
@@ -305,7 +305,7 @@ class RegistryStore(Store):
         if resp.status_code == 404:
             return None
         digest = resp.headers.get("Docker-Content-Digest")
-        if digest and DIGEST_RE.match(digest):
+        if digest and is_digest(digest):
             return str(digest)
         ref = self._origin_manifest(tag, _ACCEPT)
         return ref.digest if ref else None

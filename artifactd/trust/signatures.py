@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from artifactd.errors import ArtifactdError, IntegrityError, NotFoundError, TrustError
 from artifactd.format.imagemanifest import Descriptor, ImageManifest
-from artifactd.format.oci import CONFIG_MEDIA_TYPE, DIGEST_RE, MANIFEST_MEDIA_TYPE
+from artifactd.format.oci import CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, is_digest
 from artifactd.fsutil import utf8_argument
 from artifactd.hashing import canonical_json, digest_of
 
@@ -66,7 +66,7 @@ MAX_ENVELOPE_SIGNATURES = 8
 
 def attached_tag(digest: str, kind: AttachedKind) -> str:
     """Return cosign's tag for ``digest``'s signature or attestation: ``sha256-<hex>.sig``."""
-    if not DIGEST_RE.match(digest):
+    if not is_digest(digest):
         raise IntegrityError(f"malformed digest {digest!r}")
     return f"{digest.replace(':', '-')}.{kind}"
 

@@ -1,12 +1,14 @@
-"""The probe's parsers without ``re`` read as the regular expressions they replaced.
+"""Patterns written out by hand read as the regular expressions they replaced.
 
-The first modules a pod start loads (``artifactd/cli/fast.py`` FIRST) import
-no ``re`` (25 million instructions, most of a bare Python start), so the few
-patterns they matched are written out by hand. Each was a regular expression;
-each is checked here against it, on generated text built from the characters
-that matter to it (with non-ASCII digits, spaces and word characters among
-them, where ``re`` counts those). Where the hand-written form is deliberately
-stricter (``--gpu-arch`` takes ASCII digits only), the test says so.
+The modules a pod start loads first (``artifactd/cli/fast.py`` FIRST, and the
+OCI names a no-op restore checks) import no ``re`` (25 million instructions,
+most of a bare Python start), so the few patterns they matched are written
+out. Each was a regular expression; each is checked here against it, on
+generated text built from the characters that matter to it (with non-ASCII
+digits, spaces and word characters among them, where ``re`` counts those).
+Where the written-out form is deliberately stricter, the test says so:
+``--gpu-arch`` takes ASCII digits only, and a digest or a tag with a final
+newline (which ``$`` lets through under :func:`re.match`) is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 
 from artifactd.errors import UsageError
 from artifactd.fingerprint import key, probe, tools
+from artifactd.format import oci
 
 
 def _parsed(fn: object, text: str) -> object:
@@ -131,3 +134,56 @@ def test_proc_driver_version(tmp_path: Path, text: str, value: str | None) -> No
     path = tmp_path / "version"
     path.write_text(text)
     assert probe.proc_driver_version(path) == value
+
+
+_OCI_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_OCI_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_SUPERSEDED_RE = re.compile(r"^superseded-([0-9]{8}T[0-9]{6}Z)-([0-9a-f]{64})$")
+
+
+def _whole(pattern: re.Pattern[str], text: str) -> bool:
+    """``pattern`` matches, and not by ``$`` before a final newline (the stricter reading)."""
+    return bool(pattern.match(text)) and not text.endswith("\n")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.builds(
+        lambda head, hx, tail: head + hx + tail,
+        st.sampled_from(["sha256:", "sha512:", "sha256", ""]),
+        st.text(alphabet=_HEX + "AG\u0669", min_size=62, max_size=66),
+        st.sampled_from(["", "\n", " "]),
+    )
+    | st.text(max_size=8)
+)
+@example("sha256:" + "0" * 64 + "\n")
+def test_oci_digest(text: str) -> None:
+    assert oci.is_digest(text) == _whole(_OCI_DIGEST_RE, text)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.text(alphabet="aZ9_.-:/ \n\u00e9", max_size=6)
+    | st.text(alphabet="a.", min_size=126, max_size=130)
+)
+@example("a" * 128)
+@example("a" * 129)
+@example("v1\n")
+def test_oci_tag(text: str) -> None:
+    assert oci.is_tag(text) == _whole(_OCI_TAG_RE, text)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.builds(
+        lambda stamp, hx, tail: "superseded-" + stamp + "-" + hx + tail,
+        st.text(alphabet="0123456789TZ-\u0669", min_size=14, max_size=17),
+        st.text(alphabet=_HEX + "-", min_size=63, max_size=65),
+        st.sampled_from(["", "\n"]),
+    )
+)
+@example("superseded-20261204T101500Z-" + "a" * 64)
+def test_superseded_tag(tag: str) -> None:
+    m = _SUPERSEDED_RE.match(tag)
+    expected = (m.group(1), f"sha256:{m.group(2)}") if m and not tag.endswith("\n") else None
+    assert oci.parse_superseded_tag(tag) == expected
