@@ -17,11 +17,16 @@ tuples never loads :mod:`dataclasses` (with :mod:`inspect`, milliseconds).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import os
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
+
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+    from typing import Any
+
     from artifactd.build.demo import DemoResult
     from artifactd.build.shapes import Shapes
     from artifactd.fingerprint.diff import FactDiff, FingerprintDiff, Side
@@ -60,8 +65,8 @@ def jsonable(value: Any) -> Any:  # noqa: PLR0911 - one return per kind of value
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
     return value
 
 

@@ -20,7 +20,7 @@ from artifactd.errors import TargetError
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.format.config import ArtifactConfig, FamilyTree
 from artifactd.restore.journal import RestoreJournal
-from artifactd.restore.marker import RestoreMarker
+from artifactd.restore.markertypes import RestoreMarker
 
 SCHEMA_BASE = "https://artifactd.dev/schema/"
 

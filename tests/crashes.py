@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
 
@@ -46,18 +46,20 @@ from artifactd.restore.destination import (
     JOURNAL_NAME,
     STATE_DIR,
     CacheVolume,
-    StepHook,
     no_hook,
     render_env_file,
 )
 from artifactd.restore.install import RestoreResult, restore
-from artifactd.restore.marker import RestoreMarker
+from artifactd.restore.markertypes import RestoreMarker
 from artifactd.restore.policy import RestoreRequest, run_restore
 from artifactd.restore.resolve import noop_plan, plan_restore
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
 from artifactd.stores.layout import LayoutStore
 from artifactd.trust.policy import UNSAFE_NO_VERIFICATION
+
+if TYPE_CHECKING:
+    from artifactd.restore.destination import StepHook
 
 PYTHON = sys.executable
 FAMILIES = ("triton", "generic")

@@ -35,7 +35,7 @@ from artifactd.families import FAMILIES
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash, scope_key
 from artifactd.fingerprint.model import from_raw
 from artifactd.fingerprint.probe import probe_request
-from artifactd.restore.marker import MarkerFormatError, RestoreMarker, load
+from artifactd.restore.marker import RESTORE_MARKER, MarkerFormatError, load
 from artifactd.trust.keys import generate, key_ids_of_pem, verification_key_ids
 from artifactd.trust.policy import TrustPolicy
 
@@ -162,7 +162,7 @@ def test_the_light_marker_check_and_the_published_schema_agree() -> None:
     verdicts = []
     for name, doc in _markers():
         try:
-            load(RestoreMarker, json.dumps(doc).encode())
+            load(RESTORE_MARKER, json.dumps(doc).encode())
             light = True
         except MarkerFormatError:
             light = False

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from artifactd.families.base import Family
     from artifactd.format.archive import PackedLayer
     from artifactd.restore.installed import Installed
-    from artifactd.restore.marker import RestoreMarker
+    from artifactd.restore.markertypes import RestoreMarker
     from artifactd.trust.keys import PrivateKey
 
 

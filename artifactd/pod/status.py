@@ -38,7 +38,7 @@ from artifactd.pod.verdict import FamilyVerdict, Recorded, judge, not_restored, 
 from artifactd.reports import jsonable, versioned
 from artifactd.restore import installed
 from artifactd.restore.destination import CacheVolume
-from artifactd.restore.marker import RestoreMarker
+from artifactd.restore.markertypes import RestoreMarker
 
 if TYPE_CHECKING:
     from artifactd.pod.readiness import Readiness

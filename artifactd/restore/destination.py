@@ -30,15 +30,11 @@ a journal exists.
 from __future__ import annotations
 
 import errno
-import functools
 import os
-import re
 import stat
 import time
-from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.errors import ArtifactdError, ConfigError, NoSpaceError, TargetError, UsageError
 from artifactd.fsutil import (
@@ -50,10 +46,15 @@ from artifactd.fsutil import (
     write_temp,
 )
 from artifactd.hashing import sha256_hex
-from artifactd.restore.marker import MarkerFormatError, RestoreMarker, dump, load
+from artifactd.records import Record
+from artifactd.restore.marker import RESTORE_MARKER, MarkerFormatError, dump, load
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from artifactd.restore.journal import JournalEntry, RestoreJournal
+    from artifactd.restore.markertypes import RestoreMarker
 
 STATE_DIR = ".artifactd"
 MARKER_NAME = "restored.json"
@@ -74,8 +75,11 @@ DEFAULT_LOCK_TIMEOUT = 600.0
 PER_FILE_OVERHEAD = 4096
 SPACE_MARGIN = 1 << 20
 
-#: Called with the name of each step boundary of an install; tests inject crashes here.
-StepHook = Callable[[str], None]
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    #: Called with the name of each step boundary of an install; tests inject crashes here.
+    StepHook: TypeAlias = Callable[[str], None]
 
 
 def no_hook(step: str) -> None:
@@ -99,7 +103,7 @@ def os_error(exc: OSError, doing: str) -> ArtifactdError:
     return TargetError(f"cannot write the target ({detail})")
 
 
-class Swap(NamedTuple):
+class Swap(Record):
     """One component directory to install: the staged tree and its live place."""
 
     family: str
@@ -107,7 +111,8 @@ class Swap(NamedTuple):
     dest: Path
 
 
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]*$")
+#: What an env value may hold and be written unquoted (anything else is quoted).
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:@%+=,-")
 
 
 def parse_env_file(path: Path) -> dict[str, str]:
@@ -172,7 +177,7 @@ def render_env_file(env: dict[str, str]) -> str:
     for key in sorted(env):
         value = env[key]
         check_env_text(value, f"the env value for {key}")
-        if not _SAFE_VALUE.match(value):
+        if not _SAFE_CHARS.issuperset(value):
             import shlex  # noqa: PLC0415  # only a value with shell syntax in it needs quoting
 
             value = shlex.quote(value)
@@ -227,7 +232,10 @@ class CacheVolume:
     def read_marker(self) -> RestoreMarker | None:
         """Return the marker, or None when it is missing or malformed."""
         try:
-            return load(RestoreMarker, read_regular(self.marker_path, MAX_STATE_FILE))
+            marker: RestoreMarker = load(
+                RESTORE_MARKER, read_regular(self.marker_path, MAX_STATE_FILE)
+            )
+            return marker
         except (OSError, MarkerFormatError):
             return None
 
@@ -339,11 +347,11 @@ class CacheVolume:
         if data is not None:
             # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
             from artifactd.restore.journal import (  # noqa: PLC0415
-                RestoreJournal,  # only a crashed install leaves one
+                RESTORE_JOURNAL,  # only a crashed install leaves one
             )
 
             try:
-                journal = load(RestoreJournal, data)
+                journal = load(RESTORE_JOURNAL, data)
             except MarkerFormatError:
                 outcome = "discarded"
         if journal is not None and not self._plausible(journal):
@@ -646,17 +654,23 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-@functools.cache
+#: libc's renameat2 once looked up ([None] where there is none).
+_RENAMEAT2: list[object] = []
+
+
 def _renameat2() -> object:
     """Return libc's renameat2, or None where libc lacks it (old glibc, musl, macOS)."""
-    # lazy: ctypes is off the fast path (artifactd/cli/fast.py allows it for the GPU probe only)
-    import ctypes  # noqa: PLC0415
+    if not _RENAMEAT2:
+        # lazy: ctypes is off the fast path (artifactd/cli/fast.py allows it for the GPU probe only)
+        import ctypes  # noqa: PLC0415
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)  # the libc this process already loaded
-    except OSError:
-        return None
-    return getattr(libc, "renameat2", None)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)  # the libc this process already loaded
+        except OSError:
+            _RENAMEAT2.append(None)
+        else:
+            _RENAMEAT2.append(getattr(libc, "renameat2", None))
+    return _RENAMEAT2[0]
 
 
 def _exchange(a: str | Path, b: str | Path) -> bool:

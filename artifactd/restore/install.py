@@ -33,7 +33,7 @@ from artifactd.restore.destination import (
     os_error,
     remove_tree,
 )
-from artifactd.restore.marker import FamilyMarker, RestoreMarker
+from artifactd.restore.markertypes import FamilyMarker, RestoreMarker
 from artifactd.restore.resolve import FamilyPlan, RestorePlan, noop_plan
 from artifactd.workers import Pool
 

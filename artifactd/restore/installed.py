@@ -32,7 +32,7 @@ from artifactd.families import get_family
 from artifactd.fsutil import atomic_write, read_regular
 
 if TYPE_CHECKING:
-    from artifactd.restore.marker import RestoreMarker
+    from artifactd.restore.markertypes import RestoreMarker
     from artifactd.restore.resolve import FamilyPlan
 
 RECORD_NAME = "installed.json"

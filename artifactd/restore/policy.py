@@ -17,9 +17,6 @@ functions here import where they are needed.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.errors import (
     ArtifactdError,
@@ -31,11 +28,11 @@ from artifactd.errors import (
     UnboundError,
     UsageError,
 )
-from artifactd.events import EventSink, discard
+from artifactd.events import discard
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+from artifactd.records import Record
 from artifactd.restore.destination import (
     CacheVolume,
-    StepHook,
     check_env_text,
     no_hook,
     os_error,
@@ -45,10 +42,15 @@ from artifactd.restore.source import StoreSource
 from artifactd.stores import default_store, open_store
 from artifactd.stores.layout import LayoutStore
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
+    from pathlib import Path
+    from typing import Any, Literal, TypeAlias
 
+    from artifactd.events import EventSink
     from artifactd.format.views import FingerprintView
+    from artifactd.restore.destination import StepHook
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.nodefill import FillResult, Lookup
     from artifactd.restore.predict import Prediction, PredictOptions
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
     from artifactd.stores.mirrors import MirrorSettings
 
 
-class RestoreRequest(NamedTuple):
+class RestoreRequest(Record):
     """Everything the init container is told (flags or ``ARTIFACTD_*`` variables).
 
     ``store`` None means the default: the store baked into this image for this
@@ -102,7 +104,7 @@ class RestoreRequest(NamedTuple):
     predict: PredictOptions | None = None
 
 
-class Failure(NamedTuple):
+class Failure(Record):
     """Why a restore changed nothing: the error's class, message and advice."""
 
     kind: str
@@ -112,10 +114,11 @@ class Failure(NamedTuple):
     error: BaseException
 
 
-Status = Literal["restored", "noop", "miss", "failed", "dry_run"]
+if TYPE_CHECKING:
+    Status: TypeAlias = Literal["restored", "noop", "miss", "failed", "dry_run"]
 
 
-class RestoreOutcome(NamedTuple):
+class RestoreOutcome(Record):
     """What :func:`run_restore` did, and the exit code the policy gives it."""
 
     status: Status

@@ -27,19 +27,22 @@ artifact's own content says; under a signature policy that content is signed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from artifactd.errors import StoreError
 from artifactd.families import get_family, select_families, select_names
 from artifactd.fingerprint.key import scope_key
 from artifactd.format.oci import FULL_TAG_PREFIX, family_tag, full_tag
+from artifactd.records import Record
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.source import Want
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+    from typing import Any, Literal
+
     # Only planning a miss or executing needs these; a no-op restore never imports them.
     from artifactd.families import Family
     from artifactd.fingerprint.declare import ToMatch
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint.model import Fingerprint
     from artifactd.format.canary import Canary
     from artifactd.format.views import FingerprintView, LayerView
-    from artifactd.restore.marker import RestoreMarker
+    from artifactd.restore.markertypes import RestoreMarker
     from artifactd.restore.source import Found, RestoreSource
     from artifactd.stores.artifacts import Artifact
     from artifactd.trust.policy import Basis
@@ -61,7 +64,7 @@ ABSENT_FROM_ARTIFACT = "the matching artifact has no such cache"
 _NONE: Mapping[str, Any] = MappingProxyType({})
 
 
-class FamilyPlan(NamedTuple):
+class FamilyPlan(Record):
     """What restore will do for one family (:meth:`hit` fills in a hit's sizes)."""
 
     family: str
@@ -119,7 +122,7 @@ class FamilyPlan(NamedTuple):
         return self.layer.size if self.layer else 0
 
 
-class ClosestSampled(NamedTuple):
+class ClosestSampled(Record):
     """The closest of the artifacts a miss read, a hint for the operator.
 
     Not the nearest in the store: a miss reads at most :data:`SAMPLE_SIZE`
@@ -144,7 +147,7 @@ class ClosestSampled(NamedTuple):
         return ("artifact",)
 
 
-class RestorePlan(NamedTuple):
+class RestorePlan(Record):
     """The result of resolution: per-family hits and misses and where things will go."""
 
     store: str

@@ -26,17 +26,20 @@ restore nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
-
 from artifactd.errors import ArtifactdError, IntegrityError
-from artifactd.events import EventSink
 from artifactd.format.oci import FULL_TAG_PREFIX
 from artifactd.hashing import verifier_of
+from artifactd.records import Record
 from artifactd.stores.base import Store, progress_events
 
+TYPE_CHECKING = False
+
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from pathlib import Path
+    from typing import Protocol
+
+    from artifactd.events import EventSink
     from artifactd.format.canary import Canary
     from artifactd.format.unpack import UnpackResult
     from artifactd.format.views import LayerView
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
     from artifactd.trust.policy import Basis
 
 
-class Want(NamedTuple):
+class Want(Record):
     """One tag the selection rule reads: the whole artifact's, or one family's scope tag."""
 
     tag: str
@@ -56,7 +59,7 @@ class Want(NamedTuple):
     key: str
 
 
-class Current(NamedTuple):
+class Current(Record):
     """What a tag names now, as a cheap lookup tells it."""
 
     digest: str
@@ -65,7 +68,7 @@ class Current(NamedTuple):
     claimed: str | None = None
 
 
-class Found(NamedTuple):
+class Found(Record):
     """The artifact a tag names, read and verified: what resolving needs of it."""
 
     tag: str
@@ -85,42 +88,44 @@ class Found(NamedTuple):
     canaries: Sequence[Canary] = ()
 
 
-class RestoreSource(Protocol):
-    """Where a restore's artifacts come from (see the module's docstring)."""
+if TYPE_CHECKING:
 
-    @property
-    def ref(self) -> str:
-        """How plans, markers and reports name this source."""
+    class RestoreSource(Protocol):
+        """Where a restore's artifacts come from (see the module's docstring)."""
 
-    def __enter__(self) -> RestoreSource: ...
+        @property
+        def ref(self) -> str:
+            """How plans, markers and reports name this source."""
 
-    def __exit__(self, *exc: object) -> None: ...
+        def __enter__(self) -> RestoreSource: ...
 
-    def current(self, want: Want) -> Current | None:
-        """Return what ``want``'s tag names now (a cheap lookup); None when nothing."""
+        def __exit__(self, *exc: object) -> None: ...
 
-    def find(self, want: Want, *, trust: Basis) -> Found | None:
-        """Read and verify what ``want``'s tag names; None when nothing.
+        def current(self, want: Want) -> Current | None:
+            """Return what ``want``'s tag names now (a cheap lookup); None when nothing."""
 
-        Under a :class:`~artifactd.trust.policy.TrustPolicy`, its signature is
-        checked before its content is read (:class:`~artifactd.errors.TrustError`
-        when no key signed it); under ``UNSAFE_NO_VERIFICATION``, it is not.
-        """
+        def find(self, want: Want, *, trust: Basis) -> Found | None:
+            """Read and verify what ``want``'s tag names; None when nothing.
 
-    def stage_layer(
-        self,
-        plan: FamilyPlan,
-        staging: Path,
-        *,
-        relocate: Callable[[str, bytes], bytes],
-        keep_mtimes: bool,
-        max_tar_bytes: int,
-        on_event: EventSink,
-    ) -> UnpackResult:
-        """Verify and extract the layer ``plan`` hit into ``staging`` (``<staging>/<family>``)."""
+            Under a :class:`~artifactd.trust.policy.TrustPolicy`, its signature is
+            checked before its content is read (:class:`~artifactd.errors.TrustError`
+            when no key signed it); under ``UNSAFE_NO_VERIFICATION``, it is not.
+            """
 
-    def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
-        """Return up to ``limit`` whole artifacts (tag, artifact) to explain a miss, or none."""
+        def stage_layer(
+            self,
+            plan: FamilyPlan,
+            staging: Path,
+            *,
+            relocate: Callable[[str, bytes], bytes],
+            keep_mtimes: bool,
+            max_tar_bytes: int,
+            on_event: EventSink,
+        ) -> UnpackResult:
+            """Verify and extract the layer ``plan`` hit into ``<staging>/<family>``."""
+
+        def sample(self, limit: int) -> Sequence[tuple[str, Artifact]]:
+            """Return up to ``limit`` whole artifacts (tag, artifact) to explain a miss, or none."""
 
 
 class StoreSource:

@@ -33,17 +33,19 @@ Modules:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
 from artifactd.errors import UsageError
+from artifactd.records import Record
 from artifactd.stores.base import ManifestRef, Store
 from artifactd.stores.layout import LayoutStore
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import TracebackType
+
     from artifactd.stores.mirrors import MirrorSettings
 
 __all__ = [
@@ -102,7 +104,7 @@ def open_store(
     )
 
 
-class ArtifactRef(NamedTuple):
+class ArtifactRef(Record):
     """A store plus a tag or digest inside it."""
 
     store: str
@@ -143,18 +145,38 @@ def parse_manifest_ref(text: str) -> tuple[str, str]:
     return parsed.store, parsed.reference
 
 
-@contextmanager
-def opened(store: Store | str, *, create: bool = False, insecure: bool = False) -> Iterator[Store]:
-    """Yield ``store`` itself, or the store a reference names, open for the block.
+def opened(store: Store | str, *, create: bool = False, insecure: bool = False) -> _Opened:
+    """Give ``store`` itself, or the store a reference names, open for a ``with`` block.
 
     Library entry points take either, so a command passes the reference it was
     given and a caller that already holds a store passes that (it stays open).
     """
-    if not isinstance(store, str):
-        yield store
-        return
-    with open_store(store, create=create, insecure=insecure) as st:
-        yield st
+    return _Opened(store, create=create, insecure=insecure)
+
+
+class _Opened:
+    """The block of :func:`opened` (a class: ``contextlib`` is off a pod start's path)."""
+
+    def __init__(self, store: Store | str, *, create: bool, insecure: bool) -> None:
+        self._given = store
+        self._create = create
+        self._insecure = insecure
+        self._opened: Store | None = None
+
+    def __enter__(self) -> Store:
+        if not isinstance(self._given, str):
+            return self._given
+        self._opened = open_store(self._given, create=self._create, insecure=self._insecure)
+        return self._opened.__enter__()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._opened is not None:
+            self._opened.__exit__(kind, error, trace)
 
 
 def list_tags(ref: str, *, insecure: bool = False) -> list[str]:

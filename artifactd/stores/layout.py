@@ -15,19 +15,24 @@ restore reads a layout and loads neither.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
 
 from artifactd.errors import IntegrityError, NoSpaceError, NotFoundError, StoreError
 from artifactd.format.oci import ANN_REF_NAME, INDEX_MEDIA_TYPE, check_digest, check_tag, is_digest
 from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
-from artifactd.stores.base import ManifestRef, Progress, Store
+from artifactd.jsontext import dumps, loads
+from artifactd.stores.base import ManifestRef, Store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any, BinaryIO
+
+    from artifactd.stores.base import Progress
 
 _LAYOUT = {"imageLayoutVersion": "1.0.0"}
 #: Registries refuse manifests over 4 MiB; so do we, before reading one whole.
@@ -67,7 +72,7 @@ class LayoutStore(Store):
         try:
             (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
             if not (self.root / "oci-layout").exists():
-                atomic_write(self.root / "oci-layout", json.dumps(_LAYOUT).encode())
+                atomic_write(self.root / "oci-layout", dumps(_LAYOUT).encode())
             if not (self.root / "index.json").exists():
                 with self._locked_index():
                     pass  # creates index.json under the lock, never over another's
@@ -177,7 +182,7 @@ class LayoutStore(Store):
             data = self._read_manifest(path, reference)
             _verify(data, reference)
             try:
-                media_type = str(json.loads(data).get("mediaType", ""))
+                media_type = str(loads(data).get("mediaType", ""))
             except (ValueError, AttributeError):
                 raise IntegrityError(f"{self.ref}: {reference} is not a JSON manifest") from None
             return ManifestRef(data=data, digest=reference, media_type=media_type)
@@ -304,7 +309,7 @@ class LayoutStore(Store):
             out.add(digest)
             data = self._read_manifest(self._blob_path(digest), digest)
             try:
-                doc = json.loads(data)
+                doc = loads(data)
             except ValueError:
                 raise IntegrityError(
                     f"{self.ref}: manifest {digest} is not JSON",
@@ -335,7 +340,7 @@ class LayoutStore(Store):
     # -- index.json --------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
         try:
-            doc = json.loads(read_regular(self.root / "index.json", MAX_INDEX_BYTES))
+            doc = loads(read_regular(self.root / "index.json", MAX_INDEX_BYTES))
         except InputFileError as exc:
             if exc.reason == "missing":
                 return {"manifests": []}
@@ -369,6 +374,8 @@ class LayoutStore(Store):
         return entries
 
     def _write_index(self, index: dict[str, Any]) -> None:
+        import json  # noqa: PLC0415  # lazy: indented, as written since the first layout; a no-op only reads
+
         atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode())
 
     @contextmanager
