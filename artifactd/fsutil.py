@@ -26,7 +26,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path, PurePosixPath
-    from typing import BinaryIO, Literal
+    from typing import BinaryIO, Literal, TypeAlias
+
+    #: A path as text or as a Path: the pod-start path holds text (see :func:`as_path`).
+    StrPath: TypeAlias = "str | os.PathLike[str]"
 
     #: Why :func:`open_regular` refused a file.
     Refusal = Literal["missing", "unreadable", "not_regular", "too_large"]
@@ -64,6 +67,31 @@ _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISLNK, "a symlink"),
 )
+
+
+def as_path(path: str | os.PathLike[str]) -> Path:
+    """Return ``path`` as a :class:`pathlib.Path`, importing :mod:`pathlib` on first use.
+
+    The modules a pod start loads hold paths as text (``pathlib`` imports ``re``,
+    ``fnmatch`` and ``urllib.parse``: more than half a bare Python start); what
+    they hand to the rest of the library, which works on ``Path`` objects, goes
+    through here.
+    """
+    from pathlib import Path  # noqa: PLC0415  # lazy: see the docstring
+
+    return Path(path)
+
+
+def path_text(path: str) -> str:
+    """Return ``str(Path(path))`` without :mod:`pathlib`: slashes collapsed, ``.`` parts dropped.
+
+    ``..`` stays (as ``pathlib`` keeps it); a leading ``//`` stays, as POSIX allows.
+    """
+    if path.startswith("//") and not path.startswith("///"):
+        root = "//"
+    else:
+        root = "/" if path.startswith("/") else ""
+    return root + "/".join(p for p in path.split("/") if p and p != ".") or "."
 
 
 def file_kind(mode: int) -> str:

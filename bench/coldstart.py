@@ -210,13 +210,16 @@ def startup(  # noqa: PLR0917 - a benchmark's one call site
         argv, cmd_env = commands[name]
         shutil.rmtree(real, ignore_errors=True)
         lines.append(
-            f"{name} imported: {', '.join(heavy_imports(py, argv[3:], cmd_env)) or 'none'}"
+            f"{name} imported: {', '.join(heavy_imports(py, argv[1:], cmd_env)) or 'none'}"
         )
     return lines, passed
 
 
 def heavy_imports(py: str, args: list[str], env: dict[str, str]) -> list[str]:
-    """Run ``artifactd ARGS`` in a Python that then lists the heavy modules it loaded."""
+    """Run ``artifactd ARGS`` in a Python that then lists the heavy modules it loaded.
+
+    ``args`` follow the command (``argv[1:]`` of the launcher's command line).
+    """
     code = (
         "import sys\n"
         "from artifactd.cli import main\n"

@@ -47,8 +47,8 @@ from artifactd.restore.destination import (
     STATE_DIR,
     CacheVolume,
     no_hook,
-    render_env_file,
 )
+from artifactd.restore.envfile import render_env_file
 from artifactd.restore.install import RestoreResult, restore
 from artifactd.restore.markertypes import RestoreMarker
 from artifactd.restore.policy import RestoreRequest, run_restore

@@ -40,7 +40,7 @@ from artifactd.build.harvest import harvest
 from artifactd.format.canary import Canary, CanaryPrompt, CanarySpec, RecordedOn
 from artifactd.pod.canary import Observed, compare, logprobs_digest, observe, restored_canary
 from artifactd.pod.readiness import CANARY_FAILED_EXIT, NOT_READY_EXIT, probe_health
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import read_artifact
 

@@ -8,9 +8,10 @@ init container uses must take the fast path, and then click is not imported.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import click
@@ -114,7 +115,10 @@ def test_fast_parser_reads_ordinary_lines_as_click_does(
 ) -> None:
     fast = parse_options(command, args, env)
     assert fast is not None
-    assert fast == click_params(command, args, env)
+    # A path is text from the fast parser (no pathlib at a pod start), a Path from click's.
+    clicked = click_params(command, args, env)
+    assert clicked is not None
+    assert fast == {k: os.fspath(v) if isinstance(v, PurePath) else v for k, v in clicked.items()}
 
 
 @pytest.mark.parametrize(("command", "args", "env"), DEFER)
@@ -124,10 +128,10 @@ def test_fast_parser_defers_everything_else(
     assert parse_options(command, args, env) is None
 
 
-def test_the_env_file_and_target_are_paths() -> None:
+def test_the_env_file_and_target_are_paths_as_text() -> None:
     values = parse_options("restore", ["--target", "t", "--env-file", "e"], {})
     assert values is not None
-    assert values["target"] == Path("t") and values["env_file"] == Path("e")
+    assert values["target"] == "t" and values["env_file"] == "e"
 
 
 def _imported(*args: str, cwd: Path, code: int = 0) -> set[str]:

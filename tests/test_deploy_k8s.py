@@ -75,7 +75,7 @@ from artifactd.pod.nodefeatures import (
     fingerprint_label,
     valid_label_key,
 )
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 # The session fixtures of tests/engine.py and the init image of test_image_build.py, by name.
 __all__ = ["base", "engine", "init_image", "python_base"]

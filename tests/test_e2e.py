@@ -22,7 +22,7 @@ from conftest import DEMO_MATRIX, PYTHON, WARMUP, clean_env
 from conftest import run_artifactd_json as artifactd
 from producer_checks import restored_at
 
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 pytestmark = pytest.mark.slow
 

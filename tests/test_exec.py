@@ -17,7 +17,7 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 
-from artifactd.restore.destination import render_env_file
+from artifactd.restore.envfile import render_env_file
 
 
 def env_target(root: Path, env: dict[str, str]) -> Path:

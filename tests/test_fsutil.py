@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from artifactd import fsutil
 
@@ -30,3 +32,9 @@ def test_start_writeback_asks_libc_and_tolerates_what_cannot_be_written_back(
         os.close(write)
     monkeypatch.setattr(fsutil, "_SYNC_FILE_RANGE", [None])  # a libc without it
     fsutil.start_writeback(0, 0, 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="/.ab", max_size=12))
+def test_path_text_is_what_pathlib_writes(path: str) -> None:
+    assert fsutil.path_text(path) == str(PurePosixPath(path))

@@ -33,7 +33,7 @@ from artifactd.errors import UsageError
 from artifactd.images.append import LABEL_ARTIFACT, LABEL_FAMILIES, LABEL_FINGERPRINT
 from artifactd.images.build import INIT_UID, render_dockerfile
 from artifactd.images.wheels import source_ignore
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 # The session fixtures of tests/engine.py, used here by name.
 __all__ = ["engine", "python_base"]

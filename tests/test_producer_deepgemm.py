@@ -38,7 +38,7 @@ from fakecuda import build_fake_cuda
 
 from artifactd.families.layouts import DEEPGEMM_META_COST
 from artifactd.pod.verdict import wait_past, written_after
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
 PRODUCER = Path(__file__).resolve().parent / "engines" / "deepgemm_op.py"

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from conftest import PYTHON, clean_env, run_artifactd
 
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 pytestmark = pytest.mark.slow
 

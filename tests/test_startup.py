@@ -150,6 +150,15 @@ def _pod_start(args: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
     return status, set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
 
 
+#: Standard library modules whose import costs a sizeable part of a bare start (cli/fast.py).
+COSTLY = frozenset(
+    {"typing", "re", "json", "pathlib", "contextlib", "functools", "collections", "enum"}
+    | {"threading", "dataclasses"}
+)
+#: The no-op forms that load FIRST alone (artifactd/cli/fast.py).
+FLOOR_FORMS = ("plain", "env-file", "gpu-arch, workload")
+
+
 @pytest.mark.parametrize("form", list(NOOP_FORMS))
 def test_every_noop_form_loads_only_the_fast_path(
     form: str, signed_store: tuple[str, str], tmp_path: Path
@@ -172,6 +181,10 @@ def test_every_noop_form_loads_only_the_fast_path(
         assert "artifactd.restore.marker" in loaded  # the no-op did read the marker
         if form == "verify-key":
             assert "artifactd.trust.keys" in loaded  # key ids from the PEM, no crypto library
+        if form in FLOOR_FORMS:
+            # Held to the first modules alone, and none of the costly standard library.
+            assert {m for m in loaded if m.startswith("artifactd")} <= FIRST, how
+            assert loaded & COSTLY == set(), how
 
 
 def test_fingerprint_hash_loads_nothing_heavy() -> None:
@@ -189,8 +202,7 @@ def test_fingerprint_hash_loads_nothing_heavy() -> None:
     # The first modules alone (artifactd/cli/fast.py FIRST), and none of the standard
     # library modules whose import costs a sizeable part of a bare start.
     assert {m for m in loaded if m.startswith("artifactd")} <= FIRST
-    costly = {"typing", "re", "json", "pathlib", "contextlib", "functools", "collections"}
-    assert loaded & (costly | {"enum", "threading", "dataclasses"}) == set()
+    assert loaded & COSTLY == set()
 
 
 #: Also says, at exit, whether pydantic scanned for plugins: its cache of them stays

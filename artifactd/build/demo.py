@@ -27,7 +27,7 @@ from artifactd.build.published import pod_environ, pod_flags
 from artifactd.build.run import BuildResult, build, cell_environ, run_cell
 from artifactd.errors import BuildError
 from artifactd.events import EventSink, discard
-from artifactd.restore.destination import parse_env_file  # re-exported: used from here
+from artifactd.restore.envfile import parse_env_file  # re-exported: used from here
 from artifactd.stores import Store, opened
 
 

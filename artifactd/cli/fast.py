@@ -52,24 +52,34 @@ import, at module level and inside functions, to these lists):
   ``artifactd.format``,
   ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
   ``artifactd.reports``, ``artifactd.restore``,
-  ``artifactd.restore.destination``, ``artifactd.restore.marker``,
+  ``artifactd.restore.destination``, ``artifactd.restore.envfile``,
+  ``artifactd.restore.marker``,
   ``artifactd.restore.nodefill``, ``artifactd.restore.policy``,
   ``artifactd.restore.resolve``, ``artifactd.restore.source``,
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
   ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
 * of those, the modules of :data:`FIRST` (what ``fingerprint`` loads, and
-  every pod start first) import at module level nothing but the standard
+  a plain no-op ``restore``) import at module level nothing but the standard
   library modules of :data:`FLOOR`: ``__future__``, ``_collections_abc``,
-  ``_json``, ``_sha2`` or ``_sha256``, ``atexit``, ``errno``, ``os``,
-  ``pwd``, ``select``, ``stat``, ``sys``, ``time``, and artifactd modules of
-  FIRST: ``artifactd``, ``artifactd.bounds``, ``artifactd.cli``,
-  ``artifactd.cli.fast`` (this module), ``artifactd.cli.main``, ``artifactd.cli.progress``,
+  ``_json``, ``_sha2`` or ``_sha256``, ``abc``, ``atexit``, ``errno``,
+  ``os``, ``pwd``, ``select``, ``stat``, ``sys``, ``time``, ``types``, and
+  artifactd modules of FIRST: ``artifactd``, ``artifactd.bounds``,
+  ``artifactd.cli``, ``artifactd.cli.fast`` (this module),
+  ``artifactd.cli.main``, ``artifactd.cli.progress``,
   ``artifactd.cli.render``, ``artifactd.cli.specs``, ``artifactd.constants``,
-  ``artifactd.errors``, ``artifactd.fingerprint``,
-  ``artifactd.fingerprint.key``, ``artifactd.fingerprint.probe``,
-  ``artifactd.fingerprint.probecache``, ``artifactd.fingerprint.tools``,
-  ``artifactd.fsutil``, ``artifactd.hashing``, ``artifactd.jsontext``,
-  ``artifactd.records``. Importing ``typing``, ``re``, ``json``,
+  ``artifactd.errors``, ``artifactd.events``, ``artifactd.families``,
+  ``artifactd.fingerprint``, ``artifactd.fingerprint.key``,
+  ``artifactd.fingerprint.probe``, ``artifactd.fingerprint.probecache``,
+  ``artifactd.fingerprint.tools``, ``artifactd.format``,
+  ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
+  ``artifactd.jsontext``, ``artifactd.records``, ``artifactd.reports``,
+  ``artifactd.restore``, ``artifactd.restore.destination``,
+  ``artifactd.restore.envfile``, ``artifactd.restore.marker``,
+  ``artifactd.restore.policy``, ``artifactd.restore.resolve``,
+  ``artifactd.restore.source``, ``artifactd.stores``,
+  ``artifactd.stores.base``, ``artifactd.stores.layout``. Paths are text
+  there (:func:`artifactd.fsutil.as_path` makes a ``Path`` for the rest of
+  the library). Importing ``typing``, ``re``, ``json``,
   ``pathlib``, ``contextlib``, ``functools``, ``collections``, ``enum`` or
   ``threading`` costs from 4 to 43 million instructions each (a bare Python
   start is 36 million), so these modules name their types under ``if
@@ -128,10 +138,10 @@ from artifactd.cli.specs import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-    from pathlib import Path
     from typing import Any
 
     from artifactd.events import EventSink
+    from artifactd.fsutil import StrPath
     from artifactd.restore.policy import RestoreOutcome
     from artifactd.restore.predict import PredictOptions
 
@@ -177,6 +187,7 @@ FLOOR = frozenset(
         "_json",
         "_sha2",
         "_sha256",
+        "abc",
         "atexit",
         "errno",
         "os",
@@ -185,9 +196,10 @@ FLOOR = frozenset(
         "stat",
         "sys",
         "time",
+        "types",
     }
 )
-#: The modules every pod start loads first, and ``fingerprint`` loads alone: held to FLOOR.
+#: What ``fingerprint`` and a plain no-op ``restore`` load: held to FLOOR.
 FIRST = frozenset(
     {
         "artifactd",
@@ -200,15 +212,30 @@ FIRST = frozenset(
         "artifactd.cli.specs",
         "artifactd.constants",
         "artifactd.errors",
+        "artifactd.events",
+        "artifactd.families",
         "artifactd.fingerprint",
         "artifactd.fingerprint.key",
         "artifactd.fingerprint.probe",
         "artifactd.fingerprint.probecache",
         "artifactd.fingerprint.tools",
+        "artifactd.format",
+        "artifactd.format.oci",
         "artifactd.fsutil",
         "artifactd.hashing",
         "artifactd.jsontext",
         "artifactd.records",
+        "artifactd.reports",
+        "artifactd.restore",
+        "artifactd.restore.destination",
+        "artifactd.restore.envfile",
+        "artifactd.restore.marker",
+        "artifactd.restore.policy",
+        "artifactd.restore.resolve",
+        "artifactd.restore.source",
+        "artifactd.stores",
+        "artifactd.stores.base",
+        "artifactd.stores.layout",
     }
 )
 #: What the probe loads on a host with an NVIDIA driver, and only there.
@@ -241,6 +268,7 @@ LIGHT = frozenset(
         "artifactd.reports",
         "artifactd.restore",
         "artifactd.restore.destination",
+        "artifactd.restore.envfile",
         "artifactd.restore.marker",
         "artifactd.restore.nodefill",
         "artifactd.restore.policy",
@@ -370,9 +398,7 @@ def _convert(spec: Opt, text: str) -> Any:
         word = text.strip().lower()
         return True if word in TRUE else False if word in FALSE else None
     if spec.kind == "path":
-        from pathlib import Path  # lazy: fingerprint takes no path (FIRST)
-
-        return Path(text)
+        return text  # a path as text: a no-op restore loads no pathlib (click gives a Path)
     if spec.bound is not None:
         return spec.bound.read(text)  # None: click refuses it, stating the range
     return text
@@ -412,12 +438,12 @@ def restore(
     store: str | None,
     node_store: str | None,
     node_link: str,
-    from_dir: Path | None,
+    from_dir: StrPath | None,
     insecure: bool,
     mirrors: Sequence[str],
-    hosts_dir: Path | None,
-    registries_conf: Path | None,
-    target: Path,
+    hosts_dir: StrPath | None,
+    registries_conf: StrPath | None,
+    target: StrPath,
     families: Sequence[str],
     gpu_arch: str | None,
     image_digest: str | None,
@@ -425,13 +451,13 @@ def restore(
     overrides: Sequence[str],
     software_from: str | None,
     verify_keys: Sequence[str],
-    env_file: Path | None,
+    env_file: StrPath | None,
     consumer_user: str | None,
     require: bool,
     dry_run: bool,
     max_bytes: int | None,
     lock_timeout: float | None,
-    metrics_file: Path | None,
+    metrics_file: StrPath | None,
     as_json: bool,
     predict: bool = False,
     require_hit: bool = False,
@@ -496,8 +522,11 @@ def restore(
 
 def _predict_options(pod: Mapping[str, Any], require_hit: bool) -> PredictOptions:
     """``restore --predict``'s inputs, read as ``predict`` reads them (one reader)."""
+    from artifactd.fsutil import as_path
     from artifactd.restore.predict import PredictOptions, pod_inputs
 
+    paths = {spec.dest for spec in COMMANDS["restore"] if spec.kind == "path"}
+    pod = {k: as_path(v) if k in paths and v is not None else v for k, v in pod.items()}
     return PredictOptions(pod_inputs(environ=C.current_environ(), **pod), require_hit=require_hit)
 
 
@@ -512,10 +541,11 @@ def _printing_predictions(events: EventSink) -> EventSink:
     return show
 
 
-def _write_metrics(path: Path, outcome: RestoreOutcome) -> None:
+def _write_metrics(path: StrPath, outcome: RestoreOutcome) -> None:
     """Write the restore's metrics; a failure to is reported, never fatal to the restore."""
+    from artifactd.fsutil import as_path
     from artifactd.pod.metrics import restore_registry, write_textfile
 
-    warning = write_textfile(path, restore_registry(outcome))
+    warning = write_textfile(as_path(path), restore_registry(outcome))
     if warning is not None:
         render.echo(warning, err=True)

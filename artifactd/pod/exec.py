@@ -3,7 +3,7 @@
 A restore writes ``<target>/artifactd.env``: the ``KEY=VALUE`` lines that
 point each library at its restored directory. Something has to put them into
 the engine's environment; ``artifactd exec --target DIR -- CMD ARGS...`` is
-that something: it reads the env file (as :func:`artifactd.restore.destination.parse_env_file`
+that something: it reads the env file (as :func:`artifactd.restore.envfile.parse_env_file`
 reads it), overlays it on its own environment and replaces itself with CMD
 (``os.execvpe``, no shell). CMD keeps artifactd's process id, so signals sent
 to the container's main process and CMD's exit status pass through untouched.
@@ -54,7 +54,8 @@ from artifactd.constants import current_environ
 from artifactd.errors import ArtifactdError, TargetError, UsageError
 from artifactd.fsutil import open_append
 from artifactd.pod.phases import MAX_LINE_BYTES, MAX_LOG_BYTES, stamp_line
-from artifactd.restore.destination import CacheVolume, parse_env_file
+from artifactd.restore.destination import CacheVolume
+from artifactd.restore.envfile import parse_env_file
 
 #: Exit codes of a CMD that cannot be started, as POSIX shells use them.
 EXIT_NOT_FOUND = 127

@@ -8,6 +8,7 @@ Modules:
 * :mod:`~artifactd.restore.install`: the mechanism: stage, swap, write the marker.
 * :mod:`~artifactd.restore.policy`: the policy: :func:`run_restore`, node store, misses.
 * :mod:`~artifactd.restore.destination`: the target directory: lock, staging, swap.
+* :mod:`~artifactd.restore.envfile`: the env file a restore writes beside the caches.
 * :mod:`~artifactd.restore.journal`: the journal that makes an interrupted restore recoverable.
 * :mod:`~artifactd.restore.marker`: the marker a restore leaves (what is installed).
 * :mod:`~artifactd.restore.markertypes`: the marker as typed dictionaries (for mypy, schemas).

@@ -33,25 +33,27 @@ import errno
 import os
 import stat
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
-from artifactd.errors import ArtifactdError, ConfigError, NoSpaceError, TargetError, UsageError
+from artifactd.errors import ArtifactdError, NoSpaceError, TargetError, UsageError
 from artifactd.fsutil import (
+    as_path,
     atomic_write,
     fsync_dir,
     read_regular,
     sync_filesystem,
-    utf8_argument,
     write_temp,
 )
 from artifactd.hashing import sha256_hex
 from artifactd.records import Record
+from artifactd.restore.envfile import MAX_ENV_FILE, render_env_file
 from artifactd.restore.marker import RESTORE_MARKER, MarkerFormatError, dump, load
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
+    from pathlib import Path
+    from types import TracebackType
+    from typing import IO
 
     from artifactd.restore.journal import JournalEntry, RestoreJournal
     from artifactd.restore.markertypes import RestoreMarker
@@ -65,7 +67,7 @@ LOCK_NAME = "lock"
 ENV_FILE_NAME = "artifactd.env"
 ENV_TMP_PREFIX = ".tmp-artifactd-env-"
 #: An env file holds a few lines a restore wrote; a larger one is not read.
-MAX_ENV_FILE = 1 << 20
+
 #: The marker and the journal hold a few paths per family; a larger one is not read.
 MAX_STATE_FILE = 16 << 20
 #: Seconds a restore waits for another restore's lock on the same target.
@@ -111,112 +113,60 @@ class Swap(Record):
     dest: Path
 
 
-#: What an env value may hold and be written unquoted (anything else is quoted).
-_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:@%+=,-")
-
-
-def parse_env_file(path: Path) -> dict[str, str]:
-    """Read the ``KEY=VALUE`` lines of an env file a restore wrote (see :func:`render_env_file`).
-
-    The file is opened as :func:`~artifactd.fsutil.read_regular` opens input
-    (a FIFO or a device is refused at once, never waited on) and may hold at
-    most :data:`MAX_ENV_FILE` bytes: an ``OSError`` otherwise, and a
-    ``UnicodeError`` for bytes that are not UTF-8. A line that cannot become an
-    environment variable (a NUL byte, no name before ``=``, unbalanced quotes)
-    is a :class:`ConfigError` naming the line, never its content.
-    """
-    # lazy: only reading an env file needs it; a no-op restore never loads shlex
-    import shlex  # noqa: PLC0415
-
-    env: dict[str, str] = {}
-    text = read_regular(path, MAX_ENV_FILE, follow=True).decode("utf-8")
-    # Lines end at "\n" only, as for the shell: a value may hold other line breaks.
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, _, value = line.partition("=")
-        key = key.strip()
-        problem = (
-            "holds a NUL byte"
-            if "\0" in line
-            else "has no variable name before '='"
-            if not key
-            else None
-        )
-        try:
-            parts = shlex.split(value) if value else [""]
-        except ValueError:
-            problem = problem or "has unbalanced quotes"
-        if problem is not None:
-            raise ConfigError(
-                f"env file {path} line {number} {problem}: not a KEY=VALUE line",
-                hint="a restore writes this file; restore again, or fix or remove the file",
-            )
-        env[key] = parts[0] if parts else ""
-    return env
-
-
-def check_env_text(text: str, what: str) -> None:
-    """Refuse text an env file cannot carry: it holds one variable a line, so no newline.
-
-    A restore calls it on what ends up in env values (the target, the consumer
-    user) before it creates anything, and :func:`render_env_file` on each value.
-    The file is UTF-8 text, so a name with bytes that are not UTF-8 is refused too.
-    """
-    utf8_argument(text, what)
-    if "\n" in text or "\0" in text:
-        raise UsageError(
-            f"{what} {text!r} holds a newline or NUL byte, which the env file cannot carry",
-            hint="choose a path (and user name) without control characters",
-        )
-
-
-def render_env_file(env: dict[str, str]) -> str:
-    """Render ``KEY=VALUE`` lines (quoted only when needed), for docker/systemd or ``set -a; .``."""
-    lines = ["# Written by artifactd restore. Load with: set -a; . THIS_FILE; set +a"]
-    for key in sorted(env):
-        value = env[key]
-        check_env_text(value, f"the env value for {key}")
-        if not _SAFE_CHARS.issuperset(value):
-            import shlex  # noqa: PLC0415  # only a value with shell syntax in it needs quoting
-
-            value = shlex.quote(value)
-        lines.append(f"{key}={value}")
-    return "\n".join(lines) + "\n"
-
-
 class CacheVolume:
     """A restore target directory and the state restore keeps in it."""
 
     def __init__(
         self,
-        root: Path,
+        root: str | os.PathLike[str],
         *,
-        env_file: Path | None = None,
+        env_file: str | os.PathLike[str] | None = None,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         step_hook: StepHook = no_hook,
     ) -> None:
-        self.root = Path(os.path.normpath(root.absolute()))
-        self.state = self.root / STATE_DIR
-        self.env_file = Path(os.path.normpath((env_file or self.root / ENV_FILE_NAME).absolute()))
+        # Held as text: a no-op restore reads the marker without loading pathlib;
+        # the Path views below load it when an install or a command asks for them.
+        #: The target, absolute and normalised.
+        self.root_dir = os.path.abspath(root)
+        #: ``<target>/.artifactd``.
+        self.state_dir = os.path.join(self.root_dir, STATE_DIR)
+        #: The env file (default ``<target>/artifactd.env``), absolute and normalised.
+        self.env_path = os.path.abspath(
+            env_file if env_file is not None else os.path.join(self.root_dir, ENV_FILE_NAME)
+        )
         self.lock_timeout = lock_timeout
         self._hook = step_hook
 
     @property
+    def root(self) -> Path:
+        """The target directory."""
+        return as_path(self.root_dir)
+
+    @property
+    def state(self) -> Path:
+        """``<target>/.artifactd``."""
+        return as_path(self.state_dir)
+
+    @property
+    def env_file(self) -> Path:
+        """The env file the restore writes."""
+        return as_path(self.env_path)
+
+    @property
     def marker_path(self) -> Path:
         """``<target>/.artifactd/restored.json``."""
-        return self.state / MARKER_NAME
+        return as_path(os.path.join(self.state_dir, MARKER_NAME))
 
     @property
     def journal_path(self) -> Path:
         """``<target>/.artifactd/journal.json``."""
-        return self.state / JOURNAL_NAME
+        return as_path(os.path.join(self.state_dir, JOURNAL_NAME))
 
     # -- reading -------------------------------------------------------------
     @property
     def canary_path(self) -> Path:
         """``<target>/.artifactd/canary.json``."""
-        return self.state / CANARY_NAME
+        return as_path(os.path.join(self.state_dir, CANARY_NAME))
 
     def write_canaries(self, doc: bytes | None) -> None:
         """Replace the canary document (``None``: remove it); before the marker, under the lock.
@@ -232,9 +182,8 @@ class CacheVolume:
     def read_marker(self) -> RestoreMarker | None:
         """Return the marker, or None when it is missing or malformed."""
         try:
-            marker: RestoreMarker = load(
-                RESTORE_MARKER, read_regular(self.marker_path, MAX_STATE_FILE)
-            )
+            data = read_regular(os.path.join(self.state_dir, MARKER_NAME), MAX_STATE_FILE)
+            marker: RestoreMarker = load(RESTORE_MARKER, data)
             return marker
         except (OSError, MarkerFormatError):
             return None
@@ -247,17 +196,20 @@ class CacheVolume:
         says. This is the one check a no-op restore trusts.
         """
         try:
-            if self.journal_path.exists():
-                return None
+            os.stat(os.path.join(self.state_dir, JOURNAL_NAME))
+        except FileNotFoundError:
+            pass
         except OSError:  # the target cannot be looked into (no permission, a name too long)
             return None
+        else:
+            return None  # a journal: an install in progress, or interrupted
         marker = self.read_marker()
         if marker is None or not all(
             _is_dir(d) for fam in marker["families"].values() for d in fam["dirs"].values()
         ):
             return None
         try:
-            text = read_regular(self.env_file, MAX_ENV_FILE, follow=True).decode("utf-8")
+            text = read_regular(self.env_path, MAX_ENV_FILE, follow=True).decode("utf-8")
             if text != render_env_file(marker["env"]):
                 return None
         except (OSError, UnicodeError, UsageError):
@@ -265,39 +217,13 @@ class CacheVolume:
         return marker
 
     # -- locking and repair --------------------------------------------------
-    @contextmanager
-    def locked(self, *, timeout: float | None = None) -> Iterator[None]:
-        """Hold the target's exclusive lock; raise :class:`TargetError` if it cannot be had.
+    def locked(self, *, timeout: float | None = None) -> _TargetLock:
+        """Hold the target's exclusive lock in a ``with`` block; :class:`TargetError` if it cannot.
 
         Waits up to ``timeout`` seconds (default: the volume's lock timeout; 0:
         one try).
         """
-        # lazy: only an install takes the lock; a no-op restore never loads fcntl
-        import fcntl  # noqa: PLC0415
-
-        try:
-            self.state.mkdir(parents=True, exist_ok=True)
-            handle = (self.state / LOCK_NAME).open("a")
-        except OSError as exc:
-            raise os_error(exc, f"creating {self.state / LOCK_NAME}") from None
-        with handle:
-            wait = self.lock_timeout if timeout is None else timeout
-            deadline = time.monotonic() + wait
-            while True:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise TargetError(
-                            f"another restore has held the lock on {self.root} for more than "
-                            f"{wait:.0f} s",
-                            hint="is another init container stuck on this volume?",
-                        ) from None
-                    time.sleep(0.05)
-                except OSError as exc:
-                    raise os_error(exc, f"locking {self.state / LOCK_NAME}") from None
-            yield
+        return _TargetLock(self, self.lock_timeout if timeout is None else timeout)
 
     def tidy(self) -> bool:
         """Remove what a restore killed after its commit left in staging (the old trees).
@@ -308,7 +234,7 @@ class CacheVolume:
         whether it tidied.
         """
         try:
-            names = os.listdir(self.state)
+            names = os.listdir(self.state_dir)
         except OSError:
             return False
         if not any(n.startswith(("staging-", "trash-")) for n in names):
@@ -370,9 +296,7 @@ class CacheVolume:
                 committed = False
             if committed:
                 try:
-                    atomic_write(
-                        Path(journal["env_file"]), journal["env_text"].encode(), durable=True
-                    )
+                    atomic_write(journal["env_file"], journal["env_text"].encode(), durable=True)
                     outcome = "completed"
                 except OSError:
                     # Committed, but its env file cannot be written (any more): the
@@ -391,14 +315,14 @@ class CacheVolume:
 
     def _plausible(self, journal: RestoreJournal) -> bool:
         """Whether every path in ``journal`` is one this volume's restore writes."""
-        staging = Path(os.path.normpath(journal["staging"]))
+        staging = as_path(os.path.normpath(journal["staging"]))
         if staging.parent != self.state or not staging.name.startswith("staging-"):
             return False
-        if Path(os.path.normpath(journal["env_file"])) != self.env_file:
+        if os.path.normpath(journal["env_file"]) != self.env_path:
             return False
         for entry in journal["entries"]:
-            staged = Path(os.path.normpath(entry["staged"]))
-            dest = Path(os.path.normpath(entry["dest"]))
+            staged = as_path(os.path.normpath(entry["staged"]))
+            dest = as_path(os.path.normpath(entry["dest"]))
             if not staged.is_relative_to(staging) or staged == staging:
                 return False
             if not dest.is_relative_to(self.root) or dest.is_relative_to(self.state):
@@ -551,6 +475,58 @@ class CacheVolume:
             # the next restore's repair puts back: keep them.
             if not self.journal_path.exists():
                 remove_tree(staging)
+
+
+class _TargetLock:
+    """The target's lock, held while a ``with`` block runs (see :meth:`CacheVolume.locked`).
+
+    A class, not a generator under ``contextlib``: ``contextlib`` (with
+    ``functools`` and ``collections``) is off a no-op restore's path.
+    """
+
+    def __init__(self, volume: CacheVolume, wait: float) -> None:
+        self._volume = volume
+        self._wait = wait
+        self._handle: IO[str] | None = None
+
+    def __enter__(self) -> None:
+        # lazy: only an install takes the lock; a no-op restore never loads fcntl
+        import fcntl  # noqa: PLC0415
+
+        lock_path = os.path.join(self._volume.state_dir, LOCK_NAME)
+        try:
+            os.makedirs(self._volume.state_dir, exist_ok=True)
+            handle = open(lock_path, "a")
+        except OSError as exc:
+            raise os_error(exc, f"creating {lock_path}") from None
+        deadline = time.monotonic() + self._wait
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.close()
+                    raise TargetError(
+                        f"another restore has held the lock on {self._volume.root_dir} for more "
+                        f"than {self._wait:.0f} s",
+                        hint="is another init container stuck on this volume?",
+                    ) from None
+                time.sleep(0.05)
+            except OSError as exc:
+                handle.close()
+                raise os_error(exc, f"locking {lock_path}") from None
+        self._handle = handle
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file releases the lock
+            self._handle = None
 
 
 def _plan_swaps(swaps: list[Swap]) -> list[JournalEntry]:

@@ -16,6 +16,7 @@ functions here import where they are needed.
 
 from __future__ import annotations
 
+import os
 import time
 
 from artifactd.errors import (
@@ -30,13 +31,10 @@ from artifactd.errors import (
 )
 from artifactd.events import discard
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+from artifactd.fsutil import as_path
 from artifactd.records import Record
-from artifactd.restore.destination import (
-    CacheVolume,
-    check_env_text,
-    no_hook,
-    os_error,
-)
+from artifactd.restore.destination import CacheVolume, no_hook, os_error
+from artifactd.restore.envfile import check_env_text
 from artifactd.restore.resolve import RestorePlan, noop_plan, plan_restore, whole_want
 from artifactd.restore.source import StoreSource
 from artifactd.stores import default_store, open_store
@@ -45,11 +43,11 @@ from artifactd.stores.layout import LayoutStore
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-    from pathlib import Path
     from typing import Any, Literal, TypeAlias
 
     from artifactd.events import EventSink
     from artifactd.format.views import FingerprintView
+    from artifactd.fsutil import StrPath
     from artifactd.restore.destination import StepHook
     from artifactd.restore.install import RestoreResult
     from artifactd.restore.nodefill import FillResult, Lookup
@@ -68,25 +66,25 @@ class RestoreRequest(Record):
     """
 
     store: str | None
-    target: Path
+    target: StrPath
     families: Sequence[str] | None = None
     #: An unpacked artifact or image to restore from instead of a store
     #: (:mod:`artifactd.restore.mounted`).
-    from_dir: Path | None = None
+    from_dir: StrPath | None = None
     #: An artifact whose fingerprint gives the software fields (the init image's case).
     software_from: str | None = None
     #: ``oci:PATH`` on the node's disk: restore from it, fetching into it what it lacks.
     node_store: str | None = None
     consumer_user: str | None = None
-    env_file: Path | None = None
+    env_file: StrPath | None = None
     require: bool = False
     dry_run: bool = False
     insecure: bool = False
     #: ``--mirror`` URLs, ``--hosts-dir``, ``--registries-conf``: where pulls find mirrors
     #: (:mod:`artifactd.stores.mirrors`; unset: their ``ARTIFACTD_*`` variables, else defaults).
     mirrors: Sequence[str] = ()
-    hosts_dir: Path | None = None
-    registries_conf: Path | None = None
+    hosts_dir: StrPath | None = None
+    registries_conf: StrPath | None = None
     max_bytes: int | None = None
     lock_timeout: float | None = None
     #: Key specs (``--verify-key``): install only manifests one of these keys signed.
@@ -99,7 +97,7 @@ class RestoreRequest(Record):
     node_link: str = "auto"
     #: Set by the node store's own restore: the node store's root, read through its
     #: unpacked layers (:class:`~artifactd.restore.nodefill.NodeSource`).
-    node_trees: Path | None = None
+    node_trees: StrPath | None = None
     #: ``--predict``: predict the engine's own hit from the plan before any layer is fetched.
     predict: PredictOptions | None = None
 
@@ -167,7 +165,7 @@ def run_restore(
     (:class:`UsageError`, :class:`ConfigError`); everything else becomes the outcome's failure.
     """
     # Checked before anything is created: each ends up in the env file.
-    check_env_text(str(request.target.absolute()), "--target")
+    check_env_text(os.path.abspath(request.target), "--target")
     if request.consumer_user is not None:
         check_env_text(request.consumer_user, "--consumer-user")
     if request.software_from is not None:
@@ -481,7 +479,11 @@ def _mirror_settings(request: RestoreRequest, ref: str | None = None) -> MirrorS
     from artifactd.stores.mirrors import MirrorSettings  # noqa: PLC0415
 
     return MirrorSettings.from_environ(
-        urls=request.mirrors, hosts_dir=request.hosts_dir, registries_conf=request.registries_conf
+        urls=request.mirrors,
+        hosts_dir=None if request.hosts_dir is None else os.fspath(request.hosts_dir),
+        registries_conf=None
+        if request.registries_conf is None
+        else os.fspath(request.registries_conf),
     )
 
 
@@ -558,7 +560,7 @@ def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
         # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
         from artifactd.restore.mounted import open_dir  # noqa: PLC0415
 
-        found = open_dir(request.from_dir, fp_hash)
+        found = open_dir(as_path(request.from_dir), fp_hash)
         if not isinstance(found, str):
             return found
         ref = found

@@ -408,12 +408,12 @@ def noop_plan(
     ]
     return RestorePlan(
         store=store.ref,
-        target=str(volume.root),
+        target=volume.root_dir,
         fingerprint_hash=fingerprint_hash,
         match=marker["match"],
         families=plans,
         env=dict(marker["env"]),
-        env_file=str(volume.env_file),
+        env_file=volume.env_path,
         flat=flat,
         noop=True,
         trusted=list(trusted) if trusted is not None else None,

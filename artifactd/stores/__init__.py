@@ -33,10 +33,11 @@ Modules:
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from artifactd.constants import DEFAULT_PREBUILT, DEFAULT_STORE, ENV_PREBUILT, current_environ
 from artifactd.errors import UsageError
+from artifactd.fsutil import path_text
 from artifactd.records import Record
 from artifactd.stores.base import ManifestRef, Store
 from artifactd.stores.layout import LayoutStore
@@ -81,7 +82,7 @@ def open_store(
         path = ref[4:]
         if not path:
             raise UsageError("empty path in store reference 'oci:'", hint="use oci:PATH")
-        return LayoutStore(Path(path), ref=ref, create=create)
+        return LayoutStore(path, ref=ref, create=create)
     # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
     from artifactd.stores.reference import RegistryRef, looks_like_registry, parse_registry_ref  # noqa: PLC0415
 
@@ -196,14 +197,16 @@ def default_store(fingerprint_hash: str, environ: Mapping[str, str] | None = Non
     the local default, ``oci:.artifactd/store``.
     """
     env = current_environ() if environ is None else environ
-    prebuilt = Path(env.get(ENV_PREBUILT) or DEFAULT_PREBUILT)
-    baked = prebuilt / fingerprint_hash
-    if (baked / "oci-layout").is_file():
+    prebuilt = path_text(env.get(ENV_PREBUILT) or DEFAULT_PREBUILT)
+    baked = os.path.join(prebuilt, fingerprint_hash)
+    if os.path.isfile(os.path.join(baked, "oci-layout")):
         return f"oci:{baked}"
     try:
-        stores = [d for d in prebuilt.iterdir() if (d / "oci-layout").is_file()]
+        names = os.listdir(prebuilt)
     except OSError:
-        stores = []
+        names = []
+    stores = [os.path.join(prebuilt, n) for n in names]
+    stores = [d for d in stores if os.path.isfile(os.path.join(d, "oci-layout"))]
     if len(stores) == 1:
         return f"oci:{stores[0]}"
     return DEFAULT_STORE

@@ -17,20 +17,19 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from contextlib import contextmanager
-from pathlib import Path
 
 from artifactd.errors import IntegrityError, NoSpaceError, NotFoundError, StoreError
 from artifactd.format.oci import ANN_REF_NAME, INDEX_MEDIA_TYPE, check_digest, check_tag, is_digest
-from artifactd.fsutil import InputFileError, atomic_write, open_regular, read_regular
+from artifactd.fsutil import InputFileError, as_path, atomic_write, open_regular, read_regular
 from artifactd.hashing import copy_hashed, digest_of
 from artifactd.jsontext import dumps, loads
 from artifactd.stores.base import ManifestRef, Store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from typing import Any, BinaryIO
+    from pathlib import Path
+    from types import TracebackType
+    from typing import IO, Any, BinaryIO
 
     from artifactd.stores.base import Progress
 
@@ -45,9 +44,12 @@ MAX_INDEX_BYTES = 64 << 20
 class LayoutStore(Store):
     """A store backed by an OCI image layout directory."""
 
-    def __init__(self, root: Path, *, ref: str | None = None, create: bool = False) -> None:
-        self.root = root
-        self.ref = ref or f"oci:{root}"
+    def __init__(
+        self, root: str | os.PathLike[str], *, ref: str | None = None, create: bool = False
+    ) -> None:
+        #: The layout's directory, as given (text: a no-op restore loads no pathlib).
+        self.root_dir = os.fspath(root)
+        self.ref = ref or f"oci:{self.root_dir}"
         if create:
             self._init()
         elif not self._is_layout():
@@ -56,10 +58,18 @@ class LayoutStore(Store):
                 hint="build or harvest into it first, or check the path",
             )
 
+    @property
+    def root(self) -> Path:
+        """The layout's directory."""
+        return as_path(self.root_dir)
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.root_dir, *parts)
+
     def _is_layout(self) -> bool:
         """Whether ``root/oci-layout`` is a file; a root that cannot be looked into raises."""
         try:
-            return stat.S_ISREG(os.stat(self.root / "oci-layout").st_mode)
+            return stat.S_ISREG(os.stat(self._path("oci-layout")).st_mode)
         except (FileNotFoundError, NotADirectoryError):
             return False
         except OSError as exc:  # no permission, a name too long, an I/O error
@@ -70,61 +80,51 @@ class LayoutStore(Store):
 
     def _init(self) -> None:
         try:
-            (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-            if not (self.root / "oci-layout").exists():
-                atomic_write(self.root / "oci-layout", dumps(_LAYOUT).encode())
-            if not (self.root / "index.json").exists():
+            os.makedirs(self._path("blobs", "sha256"), exist_ok=True)
+            if not os.path.exists(self._path("oci-layout")):
+                atomic_write(self._path("oci-layout"), dumps(_LAYOUT).encode())
+            if not os.path.exists(self._path("index.json")):
                 with self._locked_index():
                     pass  # creates index.json under the lock, never over another's
         except OSError as exc:
-            raise StoreError(f"cannot create OCI layout at {self.root}: {exc}") from exc
+            raise StoreError(f"cannot create OCI layout at {self.root_dir}: {exc}") from exc
 
-    @contextmanager
-    def _writing(self, what: str) -> Iterator[None]:
+    def _writing(self, what: str) -> _Writing:
         """Turn a failure to write ``what`` into this layout into the error a user can act on.
 
         A full disk is :class:`NoSpaceError` (exit 9); anything else (no
         permission, a read-only mount, a name too long) :class:`StoreError`.
         """
-        try:
-            yield
-        except OSError as exc:
-            detail = f"{self.ref}: cannot write {what} ({exc.strerror or exc})"
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise NoSpaceError(
-                    f"{detail}: out of space", hint="free space on its disk, or prune the store"
-                ) from None
-            raise StoreError(
-                detail, hint="check that this user may write the directory, and that it is a layout"
-            ) from None
+        return _Writing(self.ref, what)
 
     # -- blobs -------------------------------------------------------------
-    def _blob_path(self, digest: str) -> Path:
-        return self.root / "blobs" / "sha256" / check_digest(digest).split(":", 1)[1]
+    def _blob_path(self, digest: str) -> str:
+        return self._path("blobs", "sha256", check_digest(digest).split(":", 1)[1])
 
     def has_blob(self, digest: str) -> bool:
         """Whether the blob file exists."""
-        return self._blob_path(digest).is_file()
+        return os.path.isfile(self._blob_path(digest))
 
     def put_blob(self, path: Path, digest: str, size: int, progress: Progress | None = None) -> int:
         """Copy a local file in as a blob, verifying its digest; return bytes written."""
         dest = self._blob_path(digest)
-        if dest.is_file() and dest.stat().st_size == size:
+        if os.path.isfile(dest) and os.stat(dest).st_size == size:
             return 0
         # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
         import tempfile  # noqa: PLC0415
 
         with self._writing(f"blob {digest}"):
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".tmp-")
             try:
-                with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
                     copied = copy_hashed(src, out, progress=progress)
                 if not copied.matches(digest, size):
                     raise IntegrityError(f"{path} does not match {digest} ({size} bytes)")
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, dest)
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
                 raise
         return size
 
@@ -132,20 +132,18 @@ class LayoutStore(Store):
         """Store small in-memory content (configs, manifests); return its digest."""
         digest = digest_of(data)
         dest = self._blob_path(digest)
-        if not dest.is_file():
+        if not os.path.isfile(dest):
             with self._writing(f"blob {digest}"):
                 atomic_write(dest, data)
         return digest
 
-    @contextmanager
-    def open_blob(self, digest: str, size: int) -> Iterator[BinaryIO]:
-        """Open the blob file for reading; read errors become :class:`StoreError`."""
+    def open_blob(self, digest: str, size: int) -> _StoreReader:
+        """Open the blob file for reading (a ``with`` block closes it); read errors: StoreError."""
         try:
             f = open_regular(self._blob_path(digest))
         except InputFileError as exc:
             raise self._input_error(exc, f"blob {digest}") from None
-        with f:
-            yield _StoreReader(f, f"{self.ref} blob {digest[:19]}")  # type: ignore[misc]
+        return _StoreReader(f, f"{self.ref} blob {digest[:19]}")
 
     # -- manifests ---------------------------------------------------------
     def put_manifest(self, data: bytes, media_type: str, tags: list[str]) -> str:
@@ -177,7 +175,7 @@ class LayoutStore(Store):
         """Find a manifest by tag (index annotation) or by digest."""
         if is_digest(reference):
             path = self._blob_path(reference)
-            if not path.is_file():
+            if not os.path.isfile(path):
                 return None
             data = self._read_manifest(path, reference)
             _verify(data, reference)
@@ -194,14 +192,14 @@ class LayoutStore(Store):
                 return ManifestRef(data=data, digest=digest, media_type=desc.get("mediaType", ""))
         return None
 
-    def _read_manifest(self, path: Path, reference: str) -> bytes:
+    def _read_manifest(self, path: str, reference: str) -> bytes:
         """Read a manifest blob, refusing one too large to be a manifest."""
         try:
             return read_regular(path, MAX_MANIFEST_BYTES)
         except InputFileError as exc:
             if exc.reason == "missing":
                 raise IntegrityError(
-                    f"{self.ref}: {reference} points at missing blob {path.name}"
+                    f"{self.ref}: {reference} points at missing blob {os.path.basename(path)}"
                 ) from None
             raise self._input_error(exc, f"manifest {reference}") from None
 
@@ -284,7 +282,7 @@ class LayoutStore(Store):
         removed: dict[str, int] = {}
         with self._locked_index() as index:
             live = self.referenced([str(d["digest"]) for d in index["manifests"]])
-            with os.scandir(self.root / "blobs" / "sha256") as it:
+            with os.scandir(self._path("blobs", "sha256")) as it:
                 entries = [e for e in it if e.is_file(follow_symlinks=False)]
             for entry in entries:
                 digest = f"sha256:{entry.name}"
@@ -326,7 +324,7 @@ class LayoutStore(Store):
     def blob_digests(self) -> dict[str, int]:
         """Every blob in the layout: digest -> size on disk."""
         out: dict[str, int] = {}
-        with os.scandir(self.root / "blobs" / "sha256") as it:
+        with os.scandir(self._path("blobs", "sha256")) as it:
             for entry in it:
                 if entry.is_file(follow_symlinks=False) and len(entry.name) == 64:
                     out[f"sha256:{entry.name}"] = entry.stat(follow_symlinks=False).st_size
@@ -335,26 +333,28 @@ class LayoutStore(Store):
     def remove_blob(self, digest: str) -> None:
         """Delete one blob (a garbage collector's job: the caller checked nothing uses it)."""
         with self._writing(f"blob {digest}"):
-            self._blob_path(digest).unlink(missing_ok=True)
+            path = self._blob_path(digest)
+            if os.path.lexists(path):
+                os.unlink(path)
 
     # -- index.json --------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
         try:
-            doc = loads(read_regular(self.root / "index.json", MAX_INDEX_BYTES))
+            doc = loads(read_regular(self._path("index.json"), MAX_INDEX_BYTES))
         except InputFileError as exc:
             if exc.reason == "missing":
                 return {"manifests": []}
             raise StoreError(f"{self.ref}: {exc}") from None
         except ValueError as exc:
-            raise StoreError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
+            raise StoreError(f"cannot read {self._path('index.json')}: {exc}") from exc
         if not isinstance(doc, dict):
-            raise StoreError(f"{self.root / 'index.json'} is not a JSON object")
+            raise StoreError(f"{self._path('index.json')} is not a JSON object")
         return doc
 
     def _entries(self) -> list[dict[str, Any]]:
         """Return the index's manifest descriptors, each checked for the members we read."""
         entries = self._read_index().get("manifests", [])
-        where = self.root / "index.json"
+        where = self._path("index.json")
         if not isinstance(entries, list):
             raise IntegrityError(f"{where}: 'manifests' is not a list")
         for i, desc in enumerate(entries):
@@ -376,30 +376,103 @@ class LayoutStore(Store):
     def _write_index(self, index: dict[str, Any]) -> None:
         import json  # noqa: PLC0415  # lazy: indented, as written since the first layout; a no-op only reads
 
-        atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode())
+        atomic_write(self._path("index.json"), json.dumps(index, indent=2).encode())
 
-    @contextmanager
-    def _locked_index(self) -> Iterator[dict[str, Any]]:
-        """Read, yield for changes, then write index.json, all under one flock."""
+    def _locked_index(self) -> _LockedIndex:
+        """Read index.json for changes in a ``with`` block, then write it, all under one flock."""
+        return _LockedIndex(self)
+
+
+class _Writing:
+    """The block of :meth:`LayoutStore._writing` (a class: ``contextlib`` is off a no-op's path)."""
+
+    def __init__(self, ref: str, what: str) -> None:
+        self._ref = ref
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if not isinstance(exc, OSError):
+            return
+        detail = f"{self._ref}: cannot write {self._what} ({exc.strerror or exc})"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpaceError(
+                f"{detail}: out of space", hint="free space on its disk, or prune the store"
+            ) from None
+        raise StoreError(
+            detail, hint="check that this user may write the directory, and that it is a layout"
+        ) from None
+
+
+class _LockedIndex:
+    """The block of :meth:`LayoutStore._locked_index`: the index under the layout's flock."""
+
+    def __init__(self, layout: LayoutStore) -> None:
+        self._layout = layout
+        self._writing = layout._writing("index.json")
+        self._lock: IO[str] | None = None
+        self._index: dict[str, Any] = {}
+
+    def __enter__(self) -> dict[str, Any]:
         # lazy: a write takes the lock; a no-op restore only reads and never loads fcntl
         import fcntl  # noqa: PLC0415
 
-        with self._writing("index.json"), (self.root / ".index.lock").open("a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            index = self._read_index()
-            index.setdefault("manifests", [])
-            index.setdefault("schemaVersion", 2)
-            index.setdefault("mediaType", INDEX_MEDIA_TYPE)
-            yield index
-            self._write_index(index)
+        self._writing.__enter__()
+        try:
+            self._lock = open(self._layout._path(".index.lock"), "a")
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX)
+            index = self._layout._read_index()
+        except BaseException as exc:
+            self._close()
+            self._writing.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        index.setdefault("manifests", [])
+        index.setdefault("schemaVersion", 2)
+        index.setdefault("mediaType", INDEX_MEDIA_TYPE)
+        self._index = index
+        return index
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        try:
+            if exc is None:
+                self._layout._write_index(self._index)
+        except OSError as failed:
+            self._close()
+            self._writing.__exit__(type(failed), failed, failed.__traceback__)
+            raise
+        self._close()
+        self._writing.__exit__(kind, exc, trace)
+
+    def _close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the flock
+            self._lock = None
 
 
 class _StoreReader:
-    """A blob file whose read errors (EIO, a vanished mount) are store errors."""
+    """A blob file whose read errors (EIO, a vanished mount) are store errors (``with``: closed)."""
 
     def __init__(self, handle: BinaryIO, what: str) -> None:
         self._handle = handle
         self._what = what
+
+    def __enter__(self) -> BinaryIO:
+        return self  # type: ignore[return-value]  # read() is all a blob's reader uses
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()
 
     def read(self, n: int = -1, /) -> bytes:
         """Read up to ``n`` bytes."""
