@@ -13,6 +13,7 @@ newline (which ``$`` lets through under :func:`re.match`) is refused.
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from artifactd.errors import UsageError
 from artifactd.fingerprint import key, probe, tools
 from artifactd.format import oci
+from artifactd.trust import keys
 
 
 def _parsed(fn: object, text: str) -> object:
@@ -187,3 +189,44 @@ def test_superseded_tag(tag: str) -> None:
     m = _SUPERSEDED_RE.match(tag)
     expected = (m.group(1), f"sha256:{m.group(2)}") if m and not tag.endswith("\n") else None
     assert oci.parse_superseded_tag(tag) == expected
+
+
+_PUBLIC_PEM = re.compile(
+    rb"-----BEGIN PUBLIC KEY-----\s*([A-Za-z0-9+/=\s]+?)\s*-----END PUBLIC KEY-----"
+)
+_PEM_PIECES = [
+    b"-----BEGIN PUBLIC KEY-----",
+    b"-----END PUBLIC KEY-----",
+    b"MFkw",
+    b"QQ==",
+    b"\n",
+    b" \t",
+    b"-",
+    b"!",
+    b"\x00",
+    b"-----BEGIN PRIVATE KEY-----",
+]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(_PEM_PIECES), max_size=10).map(b"".join))
+@example(b"-----BEGIN PUBLIC KEY-----\nMFkw\nQQ==\n-----END PUBLIC KEY-----\n")
+@example(b"-----BEGIN PUBLIC KEY----- \n-----END PUBLIC KEY-----")
+def test_public_key_blocks(pem: bytes) -> None:
+    by_re = [(m.group(0), b"".join(m.group(1).split())) for m in _PUBLIC_PEM.finditer(pem)]
+    written = [(whole, b"".join(body.split())) for whole, body in keys.public_blocks(pem)]
+    assert written == by_re
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=12) | st.text(alphabet="QUJDab+/=\n!", max_size=12).map(str.encode))
+def test_strict_base64(data: bytes) -> None:
+    try:
+        expected: object = base64.b64decode(data, validate=True)
+    except ValueError:
+        expected = "refused"
+    try:
+        got: object = keys._b64decode_strict(data)
+    except ValueError:
+        got = "refused"
+    assert got == expected

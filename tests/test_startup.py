@@ -156,7 +156,7 @@ COSTLY = frozenset(
     | {"threading", "dataclasses"}
 )
 #: The no-op forms that load FIRST alone (artifactd/cli/fast.py).
-FLOOR_FORMS = ("plain", "env-file", "gpu-arch, workload")
+FLOOR_FORMS = ("plain", "env-file", "gpu-arch, workload", "verify-key")
 
 
 @pytest.mark.parametrize("form", list(NOOP_FORMS))

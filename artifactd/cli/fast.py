@@ -34,7 +34,7 @@ import, at module level and inside functions, to these lists):
   ``_collections_abc`` (what ``collections.abc`` re-exports, loaded with
   ``os``), ``_json`` (the ``json`` package's C half), ``_sha2`` (Python 3.12
   and later) or ``_sha256`` (earlier; CPython's own SHA-256, see
-  :mod:`artifactd.hashing`), ``abc``, ``atexit``, ``base64``, ``collections``,
+  :mod:`artifactd.hashing`), ``abc``, ``atexit``, ``base64``, ``binascii``, ``collections``,
   ``contextlib``, ``errno``, ``fcntl``, ``functools``, ``hashlib``, ``importlib``, ``json``, ``os``,
   ``pathlib``, ``pwd``, ``re``, ``select``, ``shlex``, ``stat``, ``sys``,
   ``sysconfig``, ``threading``, ``time``, ``types``, ``typing``;
@@ -59,9 +59,9 @@ import, at module level and inside functions, to these lists):
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
   ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
 * of those, the modules of :data:`FIRST` (what ``fingerprint`` loads, and
-  a plain no-op ``restore``) import at module level nothing but the standard
+  a no-op ``restore``, but from a node store) import at module level nothing but the standard
   library modules of :data:`FLOOR`: ``__future__``, ``_collections_abc``,
-  ``_json``, ``_sha2`` or ``_sha256``, ``abc``, ``atexit``, ``errno``,
+  ``_json``, ``_sha2`` or ``_sha256``, ``abc``, ``atexit``, ``binascii``, ``errno``,
   ``os``, ``pwd``, ``select``, ``stat``, ``sys``, ``time``, ``types``, and
   artifactd modules of FIRST: ``artifactd``, ``artifactd.bounds``,
   ``artifactd.cli``, ``artifactd.cli.fast`` (this module),
@@ -77,7 +77,8 @@ import, at module level and inside functions, to these lists):
   ``artifactd.restore.envfile``, ``artifactd.restore.marker``,
   ``artifactd.restore.policy``, ``artifactd.restore.resolve``,
   ``artifactd.restore.source``, ``artifactd.stores``,
-  ``artifactd.stores.base``, ``artifactd.stores.layout``. Paths are text
+  ``artifactd.stores.base``, ``artifactd.stores.layout``,
+  ``artifactd.trust``, ``artifactd.trust.keys``. Paths are text
   there (:func:`artifactd.fsutil.as_path` makes a ``Path`` for the rest of
   the library). Importing ``typing``, ``re``, ``json``,
   ``pathlib``, ``contextlib``, ``functools``, ``collections``, ``enum`` or
@@ -156,6 +157,7 @@ STDLIB = frozenset(
         "abc",
         "atexit",
         "base64",
+        "binascii",
         "collections",
         "contextlib",
         "errno",
@@ -189,6 +191,7 @@ FLOOR = frozenset(
         "_sha256",
         "abc",
         "atexit",
+        "binascii",
         "errno",
         "os",
         "pwd",
@@ -199,7 +202,7 @@ FLOOR = frozenset(
         "types",
     }
 )
-#: What ``fingerprint`` and a plain no-op ``restore`` load: held to FLOOR.
+#: What ``fingerprint`` and a no-op ``restore`` (but from a node store) load: held to FLOOR.
 FIRST = frozenset(
     {
         "artifactd",
@@ -236,6 +239,8 @@ FIRST = frozenset(
         "artifactd.stores",
         "artifactd.stores.base",
         "artifactd.stores.layout",
+        "artifactd.trust",
+        "artifactd.trust.keys",
     }
 )
 #: What the probe loads on a host with an NVIDIA driver, and only there.

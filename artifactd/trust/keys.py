@@ -18,19 +18,21 @@ key id, ``sha256:`` of the public key's DER bytes (:func:`key_id`).
 
 from __future__ import annotations
 
-import base64
+import binascii
 import os
-import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+import sys
 
 from artifactd.constants import ENV_KEY_PASSWORD, current_environ
 from artifactd.errors import UsageError
 from artifactd.fsutil import InputFileError, read_regular
 from artifactd.hashing import digest_of
+from artifactd.records import Record
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
     from cryptography.hazmat.primitives.asymmetric.ec import (
         EllipticCurvePrivateKey,
         EllipticCurvePublicKey,
@@ -40,9 +42,11 @@ if TYPE_CHECKING:
 ENV_SCHEME = "env://"
 #: A key file larger than this is not a key (and is not read whole).
 MAX_KEY_FILE = 64 << 10
-_PUBLIC_PEM = re.compile(
-    rb"-----BEGIN PUBLIC KEY-----\s*([A-Za-z0-9+/=\s]+?)\s*-----END PUBLIC KEY-----"
-)
+_BEGIN = b"-----BEGIN PUBLIC KEY-----"
+_END = b"-----END PUBLIC KEY-----"
+#: What a PEM block's body may hold: base64 and whitespace (as ``bytes.split`` knows it).
+_BASE64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_BODY = _BASE64 | frozenset(b"= \t\n\r\x0b\x0c")
 
 
 class KeyFileError(UsageError):
@@ -51,9 +55,9 @@ class KeyFileError(UsageError):
     kind = "key"
 
 
-# Named tuples, not dataclasses: a no-op restore under a policy imports this
-# module, and importing ``dataclasses`` costs it several milliseconds.
-class PublicKey(NamedTuple):
+# Records, not dataclasses or named tuples: a no-op restore under a policy imports
+# this module, and importing ``dataclasses`` or ``typing`` costs it milliseconds.
+class PublicKey(Record):
     """A public key that verifies signatures, named by its :func:`key_id_of`."""
 
     id: str
@@ -64,7 +68,7 @@ class PublicKey(NamedTuple):
         return f"PublicKey({self.id}, from {self.spec})"
 
 
-class PrivateKey(NamedTuple):
+class PrivateKey(Record):
     """A private key that signs; its repr names the key id, never the key."""
 
     id: str
@@ -117,13 +121,44 @@ def key_ids_of_pem(pem: bytes) -> list[str]:
     parses the keys properly (:func:`load_public_keys`).
     """
     out = []
-    for match in _PUBLIC_PEM.finditer(pem):
+    for _, body in public_blocks(pem):
         try:
-            der = base64.b64decode(b"".join(match.group(1).split()), validate=True)
+            der = _b64decode_strict(b"".join(body.split()))
         except ValueError:
             continue
         out.append(key_id(der))
     return out
+
+
+def public_blocks(pem: bytes) -> list[tuple[bytes, bytes]]:
+    """Return the ``PUBLIC KEY`` blocks in ``pem`` (the whole block, its body), in order.
+
+    A block is the BEGIN line's marker, then at least one byte of base64 or
+    whitespace, then the END marker; a BEGIN whose body holds anything else, or
+    that has no END, is no block (the next BEGIN is tried).
+    """
+    blocks = []
+    at = pem.find(_BEGIN)
+    while at != -1:
+        start = at + len(_BEGIN)
+        stop = pem.find(b"-", start)
+        body = pem[start:stop] if stop != -1 else b""
+        if body and _BODY.issuperset(body) and pem.startswith(_END, stop):
+            blocks.append((pem[at : stop + len(_END)], body))
+            at = pem.find(_BEGIN, stop + len(_END))
+        else:
+            at = pem.find(_BEGIN, at + 1)
+    return blocks
+
+
+def _b64decode_strict(data: bytes) -> bytes:
+    """``base64.b64decode(data, validate=True)``, without ``base64`` (which imports ``re``)."""
+    if sys.version_info >= (3, 11):
+        return binascii.a2b_base64(data, strict_mode=True)
+    stripped = data.rstrip(b"=")  # pragma: no cover - Python 3.10's check, written out
+    if len(data) - len(stripped) > 2 or not _BASE64.issuperset(stripped):
+        raise binascii.Error("Non-base64 digit found")
+    return binascii.a2b_base64(data)
 
 
 def read_spec(spec: str, *, what: str, environ: Mapping[str, str] | None = None) -> bytes:
@@ -224,15 +259,15 @@ def load_public_keys(
                 f"verification key {spec} holds a private key",
                 hint="pass the public key (PREFIX.pub); keep the private key out of pods",
             )
-        blocks = list(_PUBLIC_PEM.finditer(data))
+        blocks = public_blocks(data)
         if not blocks:
             raise KeyFileError(
                 f"verification key {spec} holds no PEM PUBLIC KEY block",
                 hint="pass PREFIX.pub from `artifactd keygen` or cosign.pub",
             )
-        for block in blocks:
+        for block, _ in blocks:
             try:
-                pub = serialization.load_pem_public_key(block.group(0))
+                pub = serialization.load_pem_public_key(block)
             except Exception:  # several types for malformed DER
                 raise KeyFileError(
                     f"verification key {spec} holds a malformed public key"
@@ -257,7 +292,7 @@ def verification_key_ids(
     return ids
 
 
-class KeyPair(NamedTuple):
+class KeyPair(Record):
     """What :func:`generate` wrote."""
 
     private: str
