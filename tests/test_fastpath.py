@@ -112,7 +112,7 @@ def test_the_floor_checker_sees_what_it_must_refuse() -> None:
     for code in (
         "import typing\n",
         "from pathlib import Path\n",
-        "import artifactd.stores.nodestore\n",
+        "import artifactd.format.unpack\n",
     ):
         assert len(first_violations(name, source + "\n" + code)) == 1, code
     for code in (

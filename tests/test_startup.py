@@ -155,8 +155,8 @@ COSTLY = frozenset(
     {"typing", "re", "json", "pathlib", "contextlib", "functools", "collections", "enum"}
     | {"threading", "dataclasses"}
 )
-#: The no-op forms that load FIRST alone (artifactd/cli/fast.py).
-FLOOR_FORMS = ("plain", "env-file", "gpu-arch, workload", "verify-key")
+#: The no-op forms held to FIRST alone (artifactd/cli/fast.py): every one.
+FLOOR_FORMS = ("plain", "env-file", "gpu-arch, workload", "verify-key", "node-store")
 
 
 @pytest.mark.parametrize("form", list(NOOP_FORMS))

@@ -59,9 +59,9 @@ import, at module level and inside functions, to these lists):
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
   ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
 * of those, the modules of :data:`FIRST` (what ``fingerprint`` loads, and
-  a no-op ``restore``, but from a node store) import at module level nothing but the standard
+  every no-op ``restore`` form) import at module level nothing but the standard
   library modules of :data:`FLOOR`: ``__future__``, ``_collections_abc``,
-  ``_json``, ``_sha2`` or ``_sha256``, ``abc``, ``atexit``, ``binascii``, ``errno``,
+  ``_json``, ``_sha2`` or ``_sha256``, ``abc``, ``atexit``, ``binascii``, ``errno``, ``fcntl``,
   ``os``, ``pwd``, ``select``, ``stat``, ``sys``, ``time``, ``types``, and
   artifactd modules of FIRST: ``artifactd``, ``artifactd.bounds``,
   ``artifactd.cli``, ``artifactd.cli.fast`` (this module),
@@ -75,9 +75,10 @@ import, at module level and inside functions, to these lists):
   ``artifactd.jsontext``, ``artifactd.records``, ``artifactd.reports``,
   ``artifactd.restore``, ``artifactd.restore.destination``,
   ``artifactd.restore.envfile``, ``artifactd.restore.marker``,
-  ``artifactd.restore.policy``, ``artifactd.restore.resolve``,
-  ``artifactd.restore.source``, ``artifactd.stores``,
-  ``artifactd.stores.base``, ``artifactd.stores.layout``,
+  ``artifactd.restore.nodefill``, ``artifactd.restore.policy``,
+  ``artifactd.restore.resolve``, ``artifactd.restore.source``,
+  ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
+  ``artifactd.stores.nodestore``,
   ``artifactd.trust``, ``artifactd.trust.keys``. Paths are text
   there (:func:`artifactd.fsutil.as_path` makes a ``Path`` for the rest of
   the library). Importing ``typing``, ``re``, ``json``,
@@ -193,6 +194,7 @@ FLOOR = frozenset(
         "atexit",
         "binascii",
         "errno",
+        "fcntl",
         "os",
         "pwd",
         "select",
@@ -202,7 +204,7 @@ FLOOR = frozenset(
         "types",
     }
 )
-#: What ``fingerprint`` and a no-op ``restore`` (but from a node store) load: held to FLOOR.
+#: What ``fingerprint`` and every no-op ``restore`` form load: held to FLOOR.
 FIRST = frozenset(
     {
         "artifactd",
@@ -233,12 +235,14 @@ FIRST = frozenset(
         "artifactd.restore.destination",
         "artifactd.restore.envfile",
         "artifactd.restore.marker",
+        "artifactd.restore.nodefill",
         "artifactd.restore.policy",
         "artifactd.restore.resolve",
         "artifactd.restore.source",
         "artifactd.stores",
         "artifactd.stores.base",
         "artifactd.stores.layout",
+        "artifactd.stores.nodestore",
         "artifactd.trust",
         "artifactd.trust.keys",
     }

@@ -273,7 +273,7 @@ def node_features(*, store: str, out: Path, max_labels: int, prefix: str, as_jso
     from artifactd.pod.nodefeatures import write_features
     from artifactd.stores.nodestore import node_root
 
-    keys = write_features(node_root(store), out, max_labels=max_labels, prefix=prefix)
+    keys = write_features(Path(node_root(store)), out, max_labels=max_labels, prefix=prefix)
     if as_json:
         from artifactd.reports import versioned
 

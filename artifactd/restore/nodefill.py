@@ -30,14 +30,14 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
 
 from artifactd.errors import ArtifactdError, NoSpaceError, StoreError
-from artifactd.events import EventSink, discard
+from artifactd.events import discard
 from artifactd.families import get_family
 from artifactd.fingerprint.key import flatten, hashed_view, raw_hash
+from artifactd.fsutil import as_path
+from artifactd.records import Record
 from artifactd.restore.resolve import picks, wants, whole_want
 from artifactd.restore.source import StoreSource
 from artifactd.stores import open_store
@@ -52,9 +52,13 @@ from artifactd.stores.nodestore import (
     record_use,
 )
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator, Sequence
+    from pathlib import Path
+    from typing import Any
 
+    from artifactd.events import EventSink
     from artifactd.format.unpack import UnpackResult
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores import Store
@@ -62,7 +66,7 @@ if TYPE_CHECKING:
     from artifactd.stores.mirrors import MirrorSettings
 
 
-class Lookup(NamedTuple):
+class Lookup(Record):
     """What a restore looks tags up by: the fingerprint's hash, its hashed fields, the families.
 
     The node store's fill and set-aside name the tags a restore may read from
@@ -198,7 +202,7 @@ def fill(
 
 def restore_tags(lookup: Lookup) -> list[str]:
     """Every tag a restore of ``lookup`` may read: the whole artifact's, the families'."""
-    return [w.tag for w in wants(*lookup)]
+    return [w.tag for w in wants(lookup.fingerprint_hash, lookup.flat, lookup.families)]
 
 
 class VerifiedPins(Mapping[str, str]):
@@ -256,7 +260,10 @@ class VerifiedPins(Mapping[str, str]):
 
 def _wanted(node: LayoutStore, lookup: Lookup) -> list[str]:
     """Return the tags a restore from the node reads (:func:`artifactd.restore.resolve.picks`)."""
-    return [w.tag for w in picks(StoreSource(node), *lookup)]
+    return [
+        w.tag
+        for w in picks(StoreSource(node), lookup.fingerprint_hash, lookup.flat, lookup.families)
+    ]
 
 
 def _signed(node: LayoutStore, tag: str) -> bool:
@@ -283,7 +290,7 @@ def _fetch(
     then picks what resolving against the registry would, whole artifact or
     families, and names a tag there that is bound to something else.
     """
-    wanted = wants(*lookup)
+    wanted = wants(lookup.fingerprint_hash, lookup.flat, lookup.families)
     remote_digests = {w.tag: remote.tag_digest(w.tag) for w in wanted}
     tags = [t for t, d in remote_digests.items() if d is not None]
     same = [t for t in tags if node.tag_digest(t) == remote_digests[t]]
@@ -300,24 +307,24 @@ def _fetch(
         fetched: list[str] = []
         try:
             # The scratch is on the node's disk: a kill leaves it to the next fill to remove.
-            with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root) as tmp:
+            with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=node.root_dir) as tmp:
                 if tags:  # (an empty list would mean "every artifact")
                     # Unverified here, with its signatures: every pod's restore reads
                     # the node store under its own policy, as it would the registry.
                     copied = copy_artifacts(
-                        remote, node, tags, Path(tmp), trust=UNSAFE_NO_VERIFICATION
+                        remote, node, tags, as_path(tmp), trust=UNSAFE_NO_VERIFICATION
                     )
                     fetched += copied.tags + copied.attached
                     result.bytes_fetched = copied.bytes_uploaded
                 for tag in unsigned:
                     digest = node.tag_digest(tag)
                     if digest is not None:
-                        fetched += copy_attached(remote, node, digest, Path(tmp))
+                        fetched += copy_attached(remote, node, digest, as_path(tmp))
         except (OSError, NoSpaceError) as exc:
             if isinstance(exc, NoSpaceError) or exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 why = exc.message if isinstance(exc, NoSpaceError) else exc.strerror
                 raise NoSpaceError(
-                    f"the node store {node.root} is out of space ({why})",
+                    f"the node store {node.root_dir} is out of space ({why})",
                     hint="collect it (artifactd gc --store oci:PATH --max-bytes SIZE) "
                     "or give its disk more room",
                 ) from None

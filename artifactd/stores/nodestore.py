@@ -43,15 +43,10 @@ repair or a gc does is imported in the function that does it.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
-import json
 import os
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.errors import (
     ArtifactdError,
@@ -61,12 +56,20 @@ from artifactd.errors import (
     TargetError,
     UsageError,
 )
-from artifactd.events import EventSink, discard
+from artifactd.events import discard
 from artifactd.fsutil import atomic_write, read_regular
 from artifactd.hashing import copy_hashed
+from artifactd.jsontext import dumps, loads
+from artifactd.records import Record
 from artifactd.stores.layout import MAX_INDEX_BYTES
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+    from artifactd.events import EventSink
+    from artifactd.fsutil import StrPath
     from artifactd.stores.layout import LayoutStore
 
 #: The node store's lock: exclusive to fill or collect, shared while a restore reads.
@@ -92,7 +95,7 @@ MAX_QUARANTINED = 1024
 MAX_QUARANTINE_BYTES = 4 << 20
 
 
-class Quarantined(NamedTuple):
+class Quarantined(Record):
     """One quarantined artifact: its manifest digest, its layers, since when and why."""
 
     digest: str
@@ -101,13 +104,13 @@ class Quarantined(NamedTuple):
     why: str
 
 
-def read_quarantine(root: Path) -> dict[str, Quarantined]:
+def read_quarantine(root: StrPath) -> dict[str, Quarantined]:
     """Return the node's quarantine by manifest digest; empty when missing or unreadable.
 
     Read as a regular file of at most :data:`MAX_QUARANTINE_BYTES`, never waited on.
     """
     try:
-        doc = json.loads(read_regular(root / QUARANTINE_NAME, MAX_QUARANTINE_BYTES))
+        doc = loads(read_regular(os.path.join(root, QUARANTINE_NAME), MAX_QUARANTINE_BYTES))
     except (OSError, ValueError):
         return {}
     out: dict[str, Quarantined] = {}
@@ -125,18 +128,19 @@ def read_quarantine(root: Path) -> dict[str, Quarantined]:
     return out
 
 
-def refused_digests(root: Path) -> frozenset[str]:
+def refused_digests(root: StrPath) -> frozenset[str]:
     """Every manifest and layer digest the node's quarantine names."""
     return frozenset(d for q in read_quarantine(root).values() for d in (q.digest, *q.layers))
 
 
-def _write_quarantine(root: Path, entries: dict[str, Quarantined]) -> None:
+def _write_quarantine(root: StrPath, entries: dict[str, Quarantined]) -> None:
     kept = sorted(entries.values(), key=lambda q: q.since)[-MAX_QUARANTINED:]
     doc = {q.digest: {"layers": q.layers, "since": q.since, "why": q.why} for q in kept}
-    atomic_write(root / QUARANTINE_NAME, json.dumps(doc, sort_keys=True).encode(), durable=True)
+    data = dumps(doc, sort_keys=True).encode()
+    atomic_write(os.path.join(root, QUARANTINE_NAME), data, durable=True)
 
 
-def quarantine(root: Path, digest: str, layers: Sequence[str], why: str) -> Quarantined:
+def quarantine(root: StrPath, digest: str, layers: Sequence[str], why: str) -> Quarantined:
     """Quarantine the artifact ``digest`` (and its ``layers``) on this node; return the record.
 
     Under the node store's exclusive lock; a node store that cannot be made or
@@ -144,7 +148,7 @@ def quarantine(root: Path, digest: str, layers: Sequence[str], why: str) -> Quar
     """
     entry = Quarantined(digest, sorted(set(layers)), round(time.time(), 3), why[:1000])
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        os.makedirs(root, exist_ok=True)
         with node_lock(root):
             entries = read_quarantine(root)
             entries[digest] = entry
@@ -157,7 +161,7 @@ def quarantine(root: Path, digest: str, layers: Sequence[str], why: str) -> Quar
     return entry
 
 
-def release(root: Path, digest: str) -> bool:
+def release(root: StrPath, digest: str) -> bool:
     """Take ``digest`` out of the node's quarantine; return whether it was there."""
     try:
         with node_lock(root):
@@ -173,54 +177,83 @@ def release(root: Path, digest: str) -> bool:
     return found
 
 
-def node_root(ref: str) -> Path:
+def node_root(ref: str) -> str:
     """Return the directory of a node store reference: only a local OCI layout, ``oci:PATH``."""
     if not ref.startswith("oci:") or not ref[4:]:
         raise UsageError(
             f"node store {ref!r} must be a local OCI layout, oci:PATH",
             hint="a hostPath on the node's disk, e.g. --node-store oci:/var/lib/artifactd/store",
         )
-    return Path(ref[4:])
+    return ref[4:]
 
 
-@contextlib.contextmanager
-def node_lock(root: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold the node store's lock (exclusive, or ``shared``) for the block; wait ``timeout`` s.
+def node_lock(root: StrPath, *, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> NodeLock:
+    """Hold the node store's lock (exclusive, or ``shared``) for a ``with`` block; wait ``timeout``.
 
     A node store that cannot be made or locked (a file where its directory
     belongs, no permission, a full disk) is a :class:`TargetError` (a full
     disk: :class:`NoSpaceError`), as one that stays locked is.
     """
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        detail = f"the node store {root} cannot be used ({exc.strerror or exc})"
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpaceError(
-                f"{detail}: out of space",
-                hint="collect it (artifactd gc) or give its disk more room",
+    return NodeLock(root, shared=shared, timeout=timeout)
+
+
+class NodeLock:
+    """The node store's lock for a ``with`` block (see :func:`node_lock`).
+
+    A class, not a generator under ``contextlib``: a no-op restore from the node
+    store takes it, and ``contextlib`` is off a pod start's first modules.
+    """
+
+    def __init__(self, root: StrPath, *, shared: bool, timeout: float) -> None:
+        self._root = root
+        self._shared = shared
+        self._timeout = timeout
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        root = self._root
+        try:
+            os.makedirs(root, exist_ok=True)
+            fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            detail = f"the node store {os.fspath(root)} cannot be used ({exc.strerror or exc})"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpaceError(
+                    f"{detail}: out of space",
+                    hint="collect it (artifactd gc) or give its disk more room",
+                ) from None
+            raise TargetError(
+                detail,
+                hint="point --node-store at a directory (made if missing) this user can write",
             ) from None
-        raise TargetError(
-            detail, hint="point --node-store at a directory (made if missing) this user can write"
-        ) from None
-    try:
-        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        deadline = time.monotonic() + timeout
+        mode = fcntl.LOCK_SH if self._shared else fcntl.LOCK_EX
+        deadline = time.monotonic() + self._timeout
         while True:
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
+                    os.close(fd)
                     raise TargetError(
-                        f"the node store {root} stayed locked for {timeout:.0f} s",
+                        f"the node store {os.fspath(root)} stayed locked for {self._timeout:.0f} s",
                         hint="another pod is filling it, or a gc is running; retry",
                     ) from None
                 time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+            except BaseException:
+                os.close(fd)
+                raise
+        self._fd = fd
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
 
 
 def clear_leftovers(node: LayoutStore) -> list[str]:
@@ -232,7 +265,8 @@ def clear_leftovers(node: LayoutStore) -> list[str]:
     writer's. Returns the names removed.
     """
     removed: list[str] = []
-    for directory in (node.root, node.root / "blobs" / "sha256", node.root / TREES_DIR):
+    root = node.root_dir
+    for directory in (root, os.path.join(root, "blobs", "sha256"), os.path.join(root, TREES_DIR)):
         try:
             entries = list(os.scandir(directory))
         except FileNotFoundError:
@@ -246,8 +280,10 @@ def clear_leftovers(node: LayoutStore) -> list[str]:
 
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
-                with contextlib.suppress(FileNotFoundError):
+                try:  # noqa: SIM105 - contextlib is off a pod start's first modules
                     os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass
             removed.append(entry.name)
     return removed
 
@@ -301,18 +337,18 @@ def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = No
     """Record that these manifests were just resolved to (for :func:`gc`'s LRU order)."""
     if not digests:
         return
-    usage = read_usage(node.root)
+    usage = read_usage(node.root_dir)
     stamp = round(time.time() if now is None else now, 3)
     for digest in digests:
         usage[digest] = stamp
-    atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
+    atomic_write(os.path.join(node.root_dir, USAGE_NAME), dumps(usage, sort_keys=True).encode())
 
 
-def read_usage(root: Path) -> dict[str, float]:
+def read_usage(root: StrPath) -> dict[str, float]:
     """Return the last-use record (manifest digest -> time); empty when missing or unreadable."""
     try:
         # One entry a manifest: the index's own limit bounds it too.
-        doc = json.loads(read_regular(root / USAGE_NAME, MAX_INDEX_BYTES))
+        doc = loads(read_regular(os.path.join(root, USAGE_NAME), MAX_INDEX_BYTES))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict):
@@ -325,7 +361,7 @@ def read_usage(root: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------
 
 
-class Evicted(NamedTuple):
+class Evicted(Record):
     """One tag gc removed, and when its manifest was last used."""
 
     tag: str
@@ -333,7 +369,7 @@ class Evicted(NamedTuple):
     last_used: float | None
 
 
-class GcResult(NamedTuple):
+class GcResult(Record):
     """What :func:`gc` removed (or, with ``dry_run``, would remove)."""
 
     store: str
@@ -372,7 +408,7 @@ def gc(
         raise UsageError(f"gc --max-bytes must be 0 or more, not {max_bytes}")
     if min_free_pct is not None and not 0 <= min_free_pct <= 100:
         raise UsageError(f"gc --min-free must be a percentage (0-100), not {min_free_pct}")
-    with node_lock(node.root, timeout=timeout):
+    with node_lock(node.root_dir, timeout=timeout):
         return _collect(node, max_bytes, min_free_pct, dry_run, on_event)
 
 
@@ -388,7 +424,7 @@ def _collect(
 
     blobs = node.blob_digests()
     before = sum(blobs.values())
-    usage = read_usage(node.root)
+    usage = read_usage(node.root_dir)
     every = node.tag_digests()
     # Signatures and attestations are not evicted on their own (they would go
     # first: nothing records their use); they live as long as their subject.
@@ -398,7 +434,7 @@ def _collect(
     kept = dict(tags)
     evicted: list[Evicted] = []
     size = before
-    stat = os.statvfs(node.root)
+    stat = os.statvfs(node.root_dir)
     free = stat.f_bavail * stat.f_frsize
     total = stat.f_blocks * stat.f_frsize or 1
 
@@ -423,15 +459,16 @@ def _collect(
         node.remove_tags([e.tag for e in evicted] + orphans)
         for digest in unreferenced:
             node.remove_blob(digest)
-        _prune_trees(node.root, [d for d in blobs if d in referenced])
+        _prune_trees(node.root_dir, [d for d in blobs if d in referenced])
         live = {d for d in tags.values() if d in set(kept.values())}
         usage = {d: t for d, t in usage.items() if d in live}
-        atomic_write(node.root / USAGE_NAME, json.dumps(usage, sort_keys=True).encode())
-    evictions = read_evictions(node.root) + (0 if dry_run else len(evicted))
+        atomic_write(os.path.join(node.root_dir, USAGE_NAME), dumps(usage, sort_keys=True).encode())
+    evictions = read_evictions(node.root_dir) + (0 if dry_run else len(evicted))
     if not dry_run and evicted:
         # Kept across runs so that the exported counter only grows: Prometheus'
         # increase() then sees every eviction, not one gc's count.
-        atomic_write(node.root / GC_STATS_NAME, json.dumps({"evictions": evictions}).encode())
+        stats = dumps({"evictions": evictions}).encode()
+        atomic_write(os.path.join(node.root_dir, GC_STATS_NAME), stats)
     note = (
         None if satisfied(size, free) else "every artifact was evicted and the targets still fail"
     )
@@ -451,12 +488,12 @@ def _collect(
     return result
 
 
-def _prune_trees(root: Path, keep: Sequence[str]) -> list[str]:
+def _prune_trees(root: StrPath, keep: Sequence[str]) -> list[str]:
     """Remove every unpacked layer whose blob is not in ``keep`` (digests): a tree goes with it.
 
     Under the exclusive lock (gc): no restore is reading a tree. Returns the names removed.
     """
-    base = root / TREES_DIR
+    base = os.path.join(root, TREES_DIR)
     wanted = {d.partition(":")[2] for d in keep}
     try:
         names = os.listdir(base)
@@ -468,14 +505,14 @@ def _prune_trees(root: Path, keep: Sequence[str]) -> list[str]:
         import shutil  # noqa: PLC0415
 
         for name in removed:
-            shutil.rmtree(base / name, ignore_errors=True)
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
     return removed
 
 
-def read_evictions(root: Path) -> int:
+def read_evictions(root: StrPath) -> int:
     """Return how many artifacts gc has evicted from the node store at ``root`` (0 unrecorded)."""
     try:
-        doc = json.loads(read_regular(root / GC_STATS_NAME, 4096))
+        doc = loads(read_regular(os.path.join(root, GC_STATS_NAME), 4096))
     except (OSError, ValueError):
         return 0
     count = doc.get("evictions") if isinstance(doc, dict) else None
