@@ -151,9 +151,12 @@ def _pod_start(args: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
 
 
 #: Standard library modules whose import costs a sizeable part of a bare start (cli/fast.py).
+#: From Python 3.12, ``sysconfig`` (which the probe reads SOABI and EXT_SUFFIX from) imports
+#: ``threading`` itself: there it is the standard library's cost, not ours.
 COSTLY = frozenset(
     {"typing", "re", "json", "pathlib", "contextlib", "functools", "collections", "enum"}
-    | {"threading", "dataclasses"}
+    | {"dataclasses"}
+    | ({"threading"} if sys.version_info < (3, 12) else set())
 )
 #: The no-op forms held to FIRST alone (artifactd/cli/fast.py): every one.
 FLOOR_FORMS = ("plain", "env-file", "gpu-arch, workload", "verify-key", "node-store")
