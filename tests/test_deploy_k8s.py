@@ -756,20 +756,26 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     # The engine: the rendered `artifactd exec --target ... --`, then python3 for vLLM.
     run = next(argv for what, argv in exec_arrays(ENGINE) if what == "run")
     prefix = run[: run.index("--") + 1]
+    # What the engine saw goes to a file on the cache volume, not to its stdout: with
+    # --engine-log a forked copier passes the engine's output on, and when the engine (the
+    # container's first process) exits at once, the kernel ends the copier with it.
+    mount = next(m["mountPath"] for m in ENGINE["volumeMounts"] if m["name"] == cache_volume)
     script = (
         "import hashlib, json, os\n"
         "root = os.environ['ARTIFACTD_GENERIC_DIR']\n"
         "files = {os.path.relpath(os.path.join(d, f), root):\n"
         "         hashlib.sha256(open(os.path.join(d, f), 'rb').read()).hexdigest()\n"
         "         for d, _, names in os.walk(root) for f in names}\n"
-        "print(json.dumps({'environ': dict(os.environ), 'files': files}))\n"
+        f"with open({mount + '/engine-saw.json'!r}, 'w') as out:\n"
+        "    json.dump({'environ': dict(os.environ), 'files': files}, out)\n"
     )
     engine_env = {e["name"]: str(e["value"]) for e in ENGINE.get("env") or [] if "value" in e}
     binds = _binds(ENGINE, volumes, only={cache_volume})
     argv = [*prefix[1:], "python3", "-c", script]
-    seen = json.loads(
-        run_in(client, image, *argv, entrypoint=prefix[0], environment=engine_env, volumes=binds)
-    )
+    run_in(client, image, *argv, entrypoint=prefix[0], environment=engine_env, volumes=binds)
+    saw = volumes / cache_volume / "engine-saw.json"
+    seen = json.loads(saw.read_text())
+    saw.unlink()
     for key, value in env_file.items():
         assert seen["environ"].get(key) == value, f"the engine's {key}"
         if value.startswith("/"):

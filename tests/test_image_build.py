@@ -206,7 +206,7 @@ def test_without_the_docker_sdk_the_error_names_the_extra(tmp_path: Path) -> Non
 @pytest.mark.podman
 @pytest.mark.image
 def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
-    engine: Engine, init_image: dict[str, Any]
+    engine: Engine, init_image: dict[str, Any], tmp_path: Path
 ) -> None:
     client = docker_client(engine)
     image = init_image["image_id"]
@@ -226,11 +226,17 @@ def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
     )
     # The command is the launcher the image writes, which imports no re (the base's
     # pip 23 writes one that does: two thirds of a bare start at every pod start).
+    # The import lines go to a file on a bind mount: a container this short-lived can end
+    # before the engine's log has all of its output.
     script = "/opt/artifactd/bin/artifactd"
-    loaded = run_in(
-        client, image, "-c", f"python3 -X importtime {script} --version 2>&1 >/dev/null",
-        entrypoint="sh",
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # the image runs as INIT_UID
+    run_in(
+        client, image, "-c", f"python3 -X importtime {script} --version 2>/out/imports.txt",
+        entrypoint="sh", volumes={str(out): {"bind": "/out", "mode": "rw"}},
     )  # fmt: skip
+    loaded = (out / "imports.txt").read_text()
     modules = {line.rsplit("|", 1)[-1].strip() for line in loaded.splitlines() if "|" in line}
     assert "artifactd.cli.main" in modules
     assert modules & {"re", "typing", "json", "pathlib"} == set()

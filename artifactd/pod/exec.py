@@ -21,7 +21,11 @@ forked before the exec reads two pipes that become the engine's stdout and
 stderr, writes every byte through to where they pointed, and appends the
 stamped lines to FILE. The engine keeps the process id; the copier ignores
 SIGINT and SIGTERM and ends when the last writer of the pipes (the engine
-and its workers) is gone, so the engine's last lines are kept.
+and its workers) is gone, so the engine's last lines are kept; except where
+the engine is a container's first process (PID 1, as in a pod): when it
+exits, the kernel ends every other process of the container, the copier
+with it, and what the copier had not yet passed on is lost (a known gap:
+making the copier the parent that forwards signals would close it).
 
 The log is an add-on, and the rule of every add-on holds
 (:func:`artifactd.fsutil.open_append`): it never blocks or fails the engine,
