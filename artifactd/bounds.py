@@ -20,7 +20,7 @@ through it:
 The docs' table "Bounds of every input" (docs/reference/bounds.md) lists these with the size and
 count caps of the files and documents artifactd reads. Light on purpose: the
 fast path imports this module at every pod start (nothing of the standard
-library, not even ``math``: see :data:`artifactd.cli.fast.FIRST`).
+library, not even ``math``: see :data:`artifactd.cli.fast.FLOOR`).
 """
 
 from __future__ import annotations

@@ -350,7 +350,7 @@ def write_temp(
     Used to get the bytes of a later rename onto disk first: the rename itself
     needs no space, so it cannot fail for a full disk.
     """
-    from pathlib import Path  # noqa: PLC0415  # lazy: off the first modules (cli/fast.py FIRST)
+    from pathlib import Path  # noqa: PLC0415  # lazy: off a pod start (cli/fast.py FLOOR)
 
     return Path(_write_temp(directory, data, mode=mode, durable=durable, prefix=prefix))
 
@@ -374,7 +374,7 @@ def _write_temp(
 
 def _unlink(path: str) -> None:
     """Remove ``path`` if it is there (``Path.unlink(missing_ok=True)``)."""
-    try:  # noqa: SIM105 - contextlib is off the first modules (cli/fast.py FIRST)
+    try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
         os.unlink(path)
     except FileNotFoundError:
         pass

@@ -3,7 +3,8 @@
 Why this module exists: ``typing.NamedTuple`` and ``dataclasses`` each cost
 more than a pod start can spare (``typing`` with ``re``: 41 million
 instructions; ``dataclasses`` loads ``inspect``: 43 million; a bare Python
-start is 36 million), and the modules :data:`artifactd.cli.fast.FIRST` names
+start is 36 million), and the modules a pod start loads (:data:`artifactd.cli.fast.LIGHT`, held to
+:data:`~artifactd.cli.fast.FLOOR`)
 need a few small records (a command-line option, a number range, an installed
 distribution). :class:`Record` gives them what a named tuple gave: fields
 declared as class annotations, defaults as class attributes, positional or

@@ -1,9 +1,9 @@
 """Patterns written out by hand read as the regular expressions they replaced.
 
-The modules a pod start loads first (``artifactd/cli/fast.py`` FIRST, and the
-OCI names a no-op restore checks) import no ``re`` (25 million instructions,
-most of a bare Python start), so the few patterns they matched are written
-out. Each was a regular expression; each is checked here against it, on
+The modules a pod start loads (``artifactd/cli/fast.py``'s light modules)
+import no ``re`` (25 million instructions, most of a bare Python start), so
+the few patterns they matched are written out. Each was a regular
+expression; each is checked here against it, on
 generated text built from the characters that matter to it (with non-ASCII
 digits, spaces and word characters among them, where ``re`` counts those).
 Where the written-out form is deliberately stricter, the test says so:

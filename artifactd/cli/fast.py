@@ -58,37 +58,21 @@ import, at module level and inside functions, to these lists):
   ``artifactd.restore.resolve``, ``artifactd.restore.source``,
   ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
   ``artifactd.stores.nodestore``, ``artifactd.trust``, ``artifactd.trust.keys``;
-* of those, the modules of :data:`FIRST` (what ``fingerprint`` loads, and
-  every no-op ``restore`` form) import at module level nothing but the standard
-  library modules of :data:`FLOOR`: ``__future__``, ``_collections_abc``,
-  ``_json``, ``_sha2`` or ``_sha256``, ``abc``, ``atexit``, ``binascii``, ``errno``, ``fcntl``,
-  ``os``, ``pwd``, ``select``, ``stat``, ``sys``, ``time``, ``types``, and
-  artifactd modules of FIRST: ``artifactd``, ``artifactd.bounds``,
-  ``artifactd.cli``, ``artifactd.cli.fast`` (this module),
-  ``artifactd.cli.main``, ``artifactd.cli.progress``,
-  ``artifactd.cli.render``, ``artifactd.cli.specs``, ``artifactd.constants``,
-  ``artifactd.errors``, ``artifactd.events``, ``artifactd.families``,
-  ``artifactd.fingerprint``, ``artifactd.fingerprint.key``,
-  ``artifactd.fingerprint.probe``, ``artifactd.fingerprint.probecache``,
-  ``artifactd.fingerprint.tools``, ``artifactd.format``,
-  ``artifactd.format.oci``, ``artifactd.fsutil``, ``artifactd.hashing``,
-  ``artifactd.jsontext``, ``artifactd.records``, ``artifactd.reports``,
-  ``artifactd.restore``, ``artifactd.restore.destination``,
-  ``artifactd.restore.envfile``, ``artifactd.restore.marker``,
-  ``artifactd.restore.nodefill``, ``artifactd.restore.policy``,
-  ``artifactd.restore.resolve``, ``artifactd.restore.source``,
-  ``artifactd.stores``, ``artifactd.stores.base``, ``artifactd.stores.layout``,
-  ``artifactd.stores.nodestore``,
-  ``artifactd.trust``, ``artifactd.trust.keys``. Paths are text
-  there (:func:`artifactd.fsutil.as_path` makes a ``Path`` for the rest of
-  the library). Importing ``typing``, ``re``, ``json``,
-  ``pathlib``, ``contextlib``, ``functools``, ``collections``, ``enum`` or
-  ``threading`` costs from 4 to 43 million instructions each (a bare Python
-  start is 36 million), so these modules name their types under ``if
-  TYPE_CHECKING:`` (a module constant ``TYPE_CHECKING = False``: type checkers
-  read the name, and ``typing`` stays unloaded), build their records on
-  :class:`artifactd.records.Record` and read and write JSON with
-  :mod:`artifactd.jsontext`;
+* at module level, the modules of :data:`LIGHT` and this one import only
+  standard library modules of :data:`FLOOR`: ``__future__``,
+  ``_collections_abc``, ``_json``, ``_sha2`` or ``_sha256``, ``abc``,
+  ``atexit``, ``binascii``, ``errno``, ``fcntl``, ``os``, ``pwd``,
+  ``select``, ``stat``, ``sys``, ``time``, ``types``; the rest of
+  :data:`STDLIB` only inside a function. Importing ``typing``, ``re``,
+  ``json``, ``pathlib``, ``contextlib``, ``functools``, ``collections``,
+  ``enum`` or ``threading`` costs from 4 to 43 million instructions each (a
+  bare Python start is 36 million), so these modules name their types under
+  ``if TYPE_CHECKING:`` (a module constant ``TYPE_CHECKING = False``: type
+  checkers read the name, and ``typing`` stays unloaded), build their records
+  on :class:`artifactd.records.Record`, read and write JSON with
+  :mod:`artifactd.jsontext`, and hold paths as text
+  (:func:`artifactd.fsutil.as_path` makes a ``Path`` for the rest of the
+  library);
 * inside a function only, :data:`LATER`: what a pod start needs when it is not
   a no-op (installing, planning a miss, a registry, signatures, a report of
   dataclasses, ``--metrics-file``; click, for every other command line):
@@ -182,7 +166,8 @@ STDLIB = frozenset(
         "typing",
     }
 )
-#: The standard library modules FIRST may import at module level: each costs next to nothing.
+#: The standard library modules LIGHT (and this module) may import at module level: each costs
+#: next to nothing. STDLIB says what their functions may import besides.
 FLOOR = frozenset(
     {
         "__future__",
@@ -202,49 +187,6 @@ FLOOR = frozenset(
         "sys",
         "time",
         "types",
-    }
-)
-#: What ``fingerprint`` and every no-op ``restore`` form load: held to FLOOR.
-FIRST = frozenset(
-    {
-        "artifactd",
-        "artifactd.bounds",
-        "artifactd.cli",
-        "artifactd.cli.fast",
-        "artifactd.cli.main",
-        "artifactd.cli.progress",
-        "artifactd.cli.render",
-        "artifactd.cli.specs",
-        "artifactd.constants",
-        "artifactd.errors",
-        "artifactd.events",
-        "artifactd.families",
-        "artifactd.fingerprint",
-        "artifactd.fingerprint.key",
-        "artifactd.fingerprint.probe",
-        "artifactd.fingerprint.probecache",
-        "artifactd.fingerprint.tools",
-        "artifactd.format",
-        "artifactd.format.oci",
-        "artifactd.fsutil",
-        "artifactd.hashing",
-        "artifactd.jsontext",
-        "artifactd.records",
-        "artifactd.reports",
-        "artifactd.restore",
-        "artifactd.restore.destination",
-        "artifactd.restore.envfile",
-        "artifactd.restore.marker",
-        "artifactd.restore.nodefill",
-        "artifactd.restore.policy",
-        "artifactd.restore.resolve",
-        "artifactd.restore.source",
-        "artifactd.stores",
-        "artifactd.stores.base",
-        "artifactd.stores.layout",
-        "artifactd.stores.nodestore",
-        "artifactd.trust",
-        "artifactd.trust.keys",
     }
 )
 #: What the probe loads on a host with an NVIDIA driver, and only there.

@@ -87,7 +87,7 @@ class Display:
         tick_s: float = TICK_S,
     ) -> None:
         # lazy: a display is made on a terminal only; the fast path loads this module for
-        # human_bytes, and threading is off its first modules (cli/fast.py FIRST)
+        # human_bytes, and threading is off its modules (cli/fast.py FLOOR)
         import threading  # noqa: PLC0415
 
         self._stream = stream if stream is not None else sys.stderr

@@ -242,7 +242,7 @@ def probe_gpu_nvml() -> tuple[Raw, Raw, str | None] | None:
         gpu, driver = gpu_from_nvml(pynvml)
         topology = topology_from_nvml(pynvml)
     finally:
-        try:  # noqa: SIM105 - contextlib is off the first modules (cli/fast.py FIRST)
+        try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
             pynvml.nvmlShutdown()
         except Exception:  # noqa: S110 - a failed shutdown changes nothing we report
             pass
