@@ -500,22 +500,24 @@ class _TargetLock:
         except OSError as exc:
             raise os_error(exc, f"creating {lock_path}") from None
         deadline = time.monotonic() + self._wait
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    handle.close()
-                    raise TargetError(
-                        f"another restore has held the lock on {self._volume.root_dir} for more "
-                        f"than {self._wait:.0f} s",
-                        hint="is another init container stuck on this volume?",
-                    ) from None
-                time.sleep(0.05)
-            except OSError as exc:
-                handle.close()
-                raise os_error(exc, f"locking {lock_path}") from None
+        try:
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TargetError(
+                            f"another restore has held the lock on {self._volume.root_dir} "
+                            f"for more than {self._wait:.0f} s",
+                            hint="is another init container stuck on this volume?",
+                        ) from None
+                    time.sleep(0.05)
+                except OSError as exc:
+                    raise os_error(exc, f"locking {lock_path}") from None
+        except BaseException:  # not held: the file goes (an interrupt in the wait too)
+            handle.close()
+            raise
         self._handle = handle
 
     def __exit__(

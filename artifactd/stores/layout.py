@@ -449,10 +449,10 @@ class _LockedIndex:
             if exc is None:
                 self._layout._write_index(self._index)
         except OSError as failed:
-            self._close()
-            self._writing.__exit__(type(failed), failed, failed.__traceback__)
+            self._writing.__exit__(type(failed), failed, failed.__traceback__)  # raises its own
             raise
-        self._close()
+        finally:
+            self._close()  # whatever the block or the write raised: the flock goes with it
         self._writing.__exit__(kind, exc, trace)
 
     def _close(self) -> None:
