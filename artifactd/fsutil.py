@@ -438,8 +438,12 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # type: ignore[operator]  # -1: a hint lost
 
 
-def sync_filesystem(path: Path) -> None:
-    """Flush the dirty data of the filesystem holding ``path`` (syncfs(2); sync(2) without it)."""
+def sync_filesystem(path: StrPath) -> None:
+    """Flush the dirty data of the filesystem holding ``path`` (syncfs(2); sync(2) without it).
+
+    It waits for every writer's dirty pages on that filesystem, not only the
+    caller's: :func:`make_durable` decides when that is cheap.
+    """
     # lazy: ctypes is off the fast path (artifactd/cli/fast.py allows it for the GPU probe only)
     import ctypes  # noqa: PLC0415
 
@@ -450,6 +454,132 @@ def sync_filesystem(path: Path) -> None:
             os.sync()
     finally:
         os.close(fd)
+
+
+#: Other writers' dirty page cache, in bytes, up to which one ``syncfs`` is the
+#: cheaper way to make a restore's files durable (at about 1 GB/s of disk, 64 MiB
+#: more is 60 ms more); above it, :func:`make_durable` syncs the files one by one.
+FOREIGN_DIRTY_MAX = 64 << 20
+#: Threads that fsync a tree's files: concurrent fsyncs share journal commits.
+FSYNC_THREADS = 8
+
+
+def dirty_bytes() -> int | None:
+    """Return the machine's dirty and under-writeback page cache in bytes; None if unknown.
+
+    Read from ``/proc/meminfo``: every filesystem's, not one's.
+    """
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            return parse_dirty(f.read(1 << 16))
+    except OSError:
+        return None
+
+
+def parse_dirty(meminfo: bytes) -> int | None:
+    """Return the ``Dirty`` and ``Writeback`` lines of a ``/proc/meminfo`` text, summed, in bytes.
+
+    None unless both are there, each as ``<digits> kB``.
+    """
+    total, seen = 0, 0
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(b":")
+        if name in (b"Dirty", b"Writeback"):
+            fields = rest.split()
+            if len(fields) != 2 or fields[1] != b"kB" or not fields[0].isdigit():
+                return None
+            total += int(fields[0]) << 10
+            seen += 1
+    return total if seen == 2 else None
+
+
+def make_durable(root: StrPath, written: int) -> str:
+    """Make every file and directory under ``root`` durable; return the way taken.
+
+    ``written`` is about how many bytes the caller wrote there. ``syncfs`` is
+    one call however many files there are, but it also waits for every other
+    writer's dirty pages on the filesystem: on a node where another pod is
+    writing gigabytes (model weights), that is seconds to minutes. So when
+    the page cache holds more than :data:`FOREIGN_DIRTY_MAX` bytes besides
+    ``written``, each file and directory under ``root`` is fsynced instead
+    (:func:`fsync_tree`), which waits for those alone. Either way the tree is
+    on disk when this returns. Returns ``"syncfs"`` or ``"fsync"``.
+    """
+    dirty = dirty_bytes()
+    if dirty is None or dirty - written <= FOREIGN_DIRTY_MAX:
+        sync_filesystem(root)
+        return "syncfs"
+    fsync_tree(root)
+    return "fsync"
+
+
+def fsync_tree(root: StrPath) -> None:
+    """Flush every regular file and directory under ``root`` with fsync (symlinks not followed).
+
+    On :data:`FSYNC_THREADS` threads, files first, then directories deepest
+    first, ``root`` last. A file this user may not open (mode 000 as a
+    non-root user) is flushed with the filesystem instead. Raises the first
+    ``OSError`` of an fsync (an I/O error: the data may not be on disk).
+    """
+    files: list[str] = []
+    dirs: list[str] = []  # each directory before the ones inside it
+    stack = [os.fspath(root)]
+    while stack:
+        top = stack.pop()
+        dirs.append(top)
+        with os.scandir(top) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(entry.path)
+    denied = _fsync_all(files)
+    denied += _fsync_all(dirs[::-1], directory=True)
+    if denied:
+        sync_filesystem(root)
+
+
+def _fsync_all(paths: list[str], *, directory: bool = False) -> int:
+    """Flush ``paths`` with fsync on a few threads; return how many this user may not open."""
+    # lazy: only a restore on a busy disk syncs file by file
+    import threading  # noqa: PLC0415
+
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    if directory:
+        flags |= os.O_DIRECTORY
+    denied: list[str] = []
+    failed: list[OSError] = []
+
+    def run(part: list[str]) -> None:
+        for path in part:
+            if failed:
+                return
+            try:
+                fd = os.open(path, flags)
+            except PermissionError:
+                denied.append(path)
+                continue
+            except OSError as exc:
+                failed.append(exc)
+                return
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EROFS):  # a filesystem without fsync
+                    failed.append(exc)
+                    return
+            finally:
+                os.close(fd)
+
+    count = min(FSYNC_THREADS, len(paths))
+    threads = [threading.Thread(target=run, args=(paths[i::count],)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return len(denied)
 
 
 def link_inside(rel: PurePosixPath, target: str) -> bool:

@@ -38,3 +38,81 @@ def test_start_writeback_asks_libc_and_tolerates_what_cannot_be_written_back(
 @given(st.text(alphabet="/.ab", max_size=12))
 def test_path_text_is_what_pathlib_writes(path: str) -> None:
     assert fsutil.path_text(path) == str(PurePosixPath(path))
+
+
+MEMINFO = b"""MemTotal:       24554112 kB
+MemFree:         1021236 kB
+Dirty:             81920 kB
+Writeback:          2048 kB
+WritebackTmp:          0 kB
+"""
+
+
+def test_dirty_bytes_sums_dirty_and_writeback_and_refuses_what_it_cannot_read() -> None:
+    assert fsutil.parse_dirty(MEMINFO) == (81920 + 2048) << 10
+    assert fsutil.parse_dirty(MEMINFO.replace(b"Writeback:", b"Writebock:")) is None
+    assert fsutil.parse_dirty(MEMINFO.replace(b"2048 kB", b"2048 MB")) is None
+    assert fsutil.parse_dirty(MEMINFO.replace(b"81920", b"-81920")) is None
+    assert fsutil.parse_dirty(b"") is None
+    real = fsutil.dirty_bytes()  # this machine's: Linux always has both lines
+    assert real is not None and real >= 0
+
+
+def _tree(root: Path) -> tuple[set[tuple[int, int]], Path]:
+    """A staged tree: files, nested directories, a symlink out of it; return what it holds."""
+    (root / "a" / "b").mkdir(parents=True)
+    for rel in ("f1", "a/f2", "a/b/f3"):
+        (root / rel).write_bytes(rel.encode())
+    outside = root.parent / "outside"
+    outside.write_bytes(b"not ours")
+    (root / "a" / "out").symlink_to(outside)
+    (root / "a" / "b" / "dirlink").symlink_to(root.parent)
+    held = {
+        (p.stat().st_dev, p.stat().st_ino) for p in [root, *root.rglob("*")] if not p.is_symlink()
+    }
+    return held, outside
+
+
+def test_a_busy_disk_makes_a_tree_durable_file_by_file_and_a_quiet_one_with_one_syncfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer's gigabytes in the page cache must not hold a restore's commit."""
+    held, outside = _tree(tmp_path / "staging")
+    synced: list[tuple[int, int]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((st.st_dev, st.st_ino))
+        real_fsync(fd)
+
+    syncfs: list[str] = []
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(fsutil, "sync_filesystem", lambda path: syncfs.append(str(path)))
+    written = 3 << 20
+    # Quiet: little dirty besides what the restore wrote: one syncfs, no per-file work.
+    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: written + fsutil.FOREIGN_DIRTY_MAX)
+    assert fsutil.make_durable(tmp_path / "staging", written) == "syncfs"
+    assert syncfs == [str(tmp_path / "staging")] and synced == []
+    # Busy: every file and directory of the tree, each once, nothing the symlinks lead to.
+    syncfs.clear()
+    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: written + fsutil.FOREIGN_DIRTY_MAX + 1)
+    assert fsutil.make_durable(tmp_path / "staging", written) == "fsync"
+    assert sorted(synced) == sorted(held) and syncfs == []
+    assert (outside.stat().st_dev, outside.stat().st_ino) not in synced
+    # Unknown (no /proc): the syncfs, which is always right.
+    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: None)
+    assert fsutil.make_durable(tmp_path / "staging", written) == "syncfs"
+
+
+def test_an_fsync_that_fails_fails_the_durable_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tree(tmp_path / "staging")
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="Input/output"):
+        fsutil.fsync_tree(tmp_path / "staging")

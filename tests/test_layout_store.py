@@ -21,6 +21,7 @@ from artifactd.fingerprint.model import Fingerprint
 from artifactd.fingerprint.probe import probe_fingerprint
 from artifactd.format.oci import ANN_REF_NAME, MANIFEST_MEDIA_TYPE, family_tag, full_tag
 from artifactd.format.unpack import unpack_layer
+from artifactd.stores import layout as layout_module
 from artifactd.stores import open_store
 from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.layout import LayoutStore
@@ -204,6 +205,43 @@ def test_put_manifest_tags_and_retag(tmp_path: Path) -> None:
     index = json.loads((store.root / "index.json").read_bytes())
     assert len(index["manifests"]) == 2
     assert list(store.iter_tags("a")) == ["a"]
+
+
+def test_the_index_is_parsed_once_per_version_and_any_rewrite_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lookups reuse the last read while index.json is the same file; a change is read again."""
+    parsed: list[int] = []
+    real_loads = layout_module.loads  # type: ignore[attr-defined]
+
+    def counting_loads(data: bytes) -> object:
+        parsed.append(len(data))
+        return real_loads(data)
+
+    monkeypatch.setattr(layout_module, "loads", counting_loads)
+    writer = LayoutStore(tmp_path / "s", create=True)
+    d1 = writer.put_manifest(manifest_bytes(1), MANIFEST_MEDIA_TYPE, ["a"])
+    reader = LayoutStore(tmp_path / "s")
+    parsed.clear()
+    looked_up = [reader.tag_digest("a"), reader.tag_digest("b"), reader.tag_digest("a")]
+    assert looked_up == [d1, None, d1]
+    assert len(parsed) == 1, "three lookups, one parse"
+    # Another writer (another process, in life) replaces the file by rename: seen at once.
+    d2 = writer.put_manifest(manifest_bytes(2), MANIFEST_MEDIA_TYPE, ["b"])
+    assert reader.tag_digest("b") == d2
+    # A tool that rewrites index.json in place (same inode, new bytes) is seen too.
+    index = tmp_path / "s" / "index.json"
+    inode = index.stat().st_ino
+    doc = json.loads(index.read_bytes())
+    doc["manifests"] = [m for m in doc["manifests"] if m["digest"] != d2]
+    with open(index, "r+b") as f:
+        f.truncate(0)
+        f.write(json.dumps(doc).encode())
+    assert index.stat().st_ino == inode
+    assert reader.tag_digest("b") is None
+    # Gone altogether: an empty index, not the last one read.
+    index.unlink()
+    assert reader.tag_digest("a") is None
 
 
 def test_invalid_tag_is_rejected_before_writing(tmp_path: Path) -> None:

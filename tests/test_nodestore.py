@@ -26,7 +26,14 @@ from registry_server import RegistryServer
 from artifactd.errors import TargetError
 from artifactd.stores.artifacts import read_artifact
 from artifactd.stores.layout import LayoutStore
-from artifactd.stores.nodestore import USAGE_NAME, gc, node_lock, read_usage
+from artifactd.stores.nodestore import (
+    USAGE_NAME,
+    USE_RESOLUTION_S,
+    gc,
+    node_lock,
+    read_usage,
+    record_use,
+)
 
 
 def _dead_registry() -> str:
@@ -251,6 +258,26 @@ def test_gc_evicts_least_recently_used_and_keeps_what_remains_whole(
             assert desc.digest in blobs, (tag, desc.digest)
     assert set(read_usage(node.root)) <= {node.tag_digest(t) for t in node.list_tags()}
     assert (node.root / USAGE_NAME).is_file()
+
+
+def test_a_use_is_recorded_once_a_minute_and_a_new_or_stale_one_at_once(tmp_path: Path) -> None:
+    """Pods restarting in a loop do not rewrite the last-use record at every start."""
+    node = LayoutStore(tmp_path / "node", create=True)
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    record = node.root / USAGE_NAME
+    record_use(node, [a], now=1000.0)
+    first = record.stat().st_ino
+    record_use(node, [a], now=1000.0 + USE_RESOLUTION_S - 1)
+    assert read_usage(node.root) == {a: 1000.0} and record.stat().st_ino == first
+    # A digest not yet recorded is written at once, and the others with it.
+    record_use(node, [a, b], now=1010.0)
+    assert read_usage(node.root) == {a: 1010.0, b: 1010.0}
+    # A minute on, the same use is written again.
+    record_use(node, [a], now=1010.0 + USE_RESOLUTION_S)
+    assert read_usage(node.root)[a] == 1010.0 + USE_RESOLUTION_S
+    # A record from the future (a clock set back) is no reason to keep it.
+    record_use(node, [b], now=500.0)
+    assert read_usage(node.root)[b] == 500.0
 
 
 def test_gc_waits_for_a_restore_in_progress(

@@ -39,8 +39,8 @@ from artifactd.fsutil import (
     as_path,
     atomic_write,
     fsync_dir,
+    make_durable,
     read_regular,
-    sync_filesystem,
     write_temp,
 )
 from artifactd.hashing import sha256_hex
@@ -432,8 +432,9 @@ class CacheVolume:
             )
             # The staged files' bytes reach the disk before anything points at
             # them: after a power cut, a committed marker must not describe
-            # files the page cache never wrote back.
-            sync_filesystem(staging)
+            # files the page cache never wrote back. Not by waiting on the
+            # whole disk's writeback when another pod is writing (make_durable).
+            make_durable(staging, sum(f["bytes"] for f in marker["families"].values()))
             self._hook("before-journal")
             done: list[JournalEntry] = []
             try:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from artifactd.events import EventSink, discard
 from artifactd.families import get_family
 from artifactd.format.unpack import check_layer
-from artifactd.fsutil import sync_filesystem
+from artifactd.fsutil import FOREIGN_DIRTY_MAX, dirty_bytes, sync_filesystem
 from artifactd.restore import installed
 from artifactd.restore.destination import (
     CacheVolume,
@@ -283,6 +283,10 @@ class _Flusher:
     describe files the page cache has not written); syncing every
     :data:`FLUSH_EVERY_S` while staging overlaps most of that writeback with
     the download, so the final sync has only the last moments' bytes left.
+    Not on a disk another writer keeps busy (more than
+    :data:`~artifactd.fsutil.FOREIGN_DIRTY_MAX` dirty when staging starts):
+    ``syncfs`` would wait on that writer's pages, and the install then syncs
+    its own files one by one (:func:`~artifactd.fsutil.make_durable`).
     """
 
     def __init__(self, staging: Path) -> None:
@@ -291,6 +295,9 @@ class _Flusher:
         self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
 
     def _run(self) -> None:
+        dirty = dirty_bytes()
+        if dirty is not None and dirty > FOREIGN_DIRTY_MAX:
+            return
         while not self._stop.wait(FLUSH_EVERY_S):
             try:
                 sync_filesystem(self._staging)

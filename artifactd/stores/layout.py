@@ -50,6 +50,8 @@ class LayoutStore(Store):
         #: The layout's directory, as given (text: a no-op restore loads no pathlib).
         self.root_dir = os.fspath(root)
         self.ref = ref or f"oci:{self.root_dir}"
+        #: The last index.json read: its file's identity and its checked entries.
+        self._seen: tuple[tuple[int, ...], list[dict[str, Any]]] | None = None
         if create:
             self._init()
         elif not self._is_layout():
@@ -342,22 +344,52 @@ class LayoutStore(Store):
 
     # -- index.json --------------------------------------------------------
     def _read_index(self) -> dict[str, Any]:
+        """Read and parse index.json (a missing one is an empty index)."""
+        return self._read_index_file()[0]
+
+    def _read_index_file(self) -> tuple[dict[str, Any], tuple[int, ...] | None]:
+        """Return index.json parsed, and the identity of the file read (None if missing)."""
+        where = self._path("index.json")
         try:
-            doc = loads(read_regular(self._path("index.json"), MAX_INDEX_BYTES))
+            with open_regular(where, max_bytes=MAX_INDEX_BYTES) as f:
+                read = _identity(os.fstat(f.fileno()))
+                data = f.read(MAX_INDEX_BYTES + 1)
+            if len(data) > MAX_INDEX_BYTES:
+                raise InputFileError(
+                    where, f"is larger than {MAX_INDEX_BYTES} bytes", reason="too_large"
+                )
+            doc = loads(data)
         except InputFileError as exc:
             if exc.reason == "missing":
-                return {"manifests": []}
+                return {"manifests": []}, None
             raise StoreError(f"{self.ref}: {exc}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {where}: {exc.strerror or exc}") from None
         except ValueError as exc:
-            raise StoreError(f"cannot read {self._path('index.json')}: {exc}") from exc
+            raise StoreError(f"cannot read {where}: {exc}") from exc
         if not isinstance(doc, dict):
-            raise StoreError(f"{self._path('index.json')} is not a JSON object")
-        return doc
+            raise StoreError(f"{where} is not a JSON object")
+        return doc, read
 
     def _entries(self) -> list[dict[str, Any]]:
-        """Return the index's manifest descriptors, each checked for the members we read."""
-        entries = self._read_index().get("manifests", [])
+        """Return the index's manifest descriptors, each checked for the members we read.
+
+        Read once per version of the file: while ``index.json`` is the file
+        read last (the same device, inode, size, and change and modify times),
+        its entries are returned again. Every writer of a layout
+        replaces the file by rename (a new inode), so a pod start that looks up
+        several tags parses the index once. Callers must not change what this
+        returns.
+        """
         where = self._path("index.json")
+        if self._seen is not None:
+            try:
+                if _identity(os.lstat(where)) == self._seen[0]:
+                    return self._seen[1]
+            except OSError:
+                pass  # gone or unreadable now: the read below says which
+        index, read = self._read_index_file()
+        entries = index.get("manifests", [])
         if not isinstance(entries, list):
             raise IntegrityError(f"{where}: 'manifests' is not a list")
         for i, desc in enumerate(entries):
@@ -374,11 +406,13 @@ class LayoutStore(Store):
                     "(no valid digest, annotations or ref name)",
                     hint="the layout was damaged or written by another tool; re-copy the store",
                 )
+        self._seen = (read, entries) if read is not None else None
         return entries
 
     def _write_index(self, index: dict[str, Any]) -> None:
         import json  # noqa: PLC0415  # lazy: indented, as written since the first layout; a no-op only reads
 
+        self._seen = None
         atomic_write(self._path("index.json"), json.dumps(index, indent=2).encode())
 
     def _locked_index(self) -> _LockedIndex:
@@ -489,3 +523,8 @@ def _verify(data: bytes, digest: str) -> None:
     actual = digest_of(data)
     if actual != digest:
         raise IntegrityError(f"manifest {digest} is corrupt (content hashes to {actual})")
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """Return what tells one version of a file from another without reading it."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

@@ -76,6 +76,9 @@ if TYPE_CHECKING:
 LOCK_NAME = ".artifactd-node.lock"
 #: When each manifest was last resolved to by a restore or prefetch on this node.
 USAGE_NAME = ".artifactd-last-used.json"
+#: How fine the last-use record is, in seconds: a use this soon after the
+#: recorded one is not written again (:func:`record_use`).
+USE_RESOLUTION_S = 60.0
 #: How many artifacts gc has evicted from this node store in all (a counter for the metrics).
 GC_STATS_NAME = ".artifactd-gc-stats.json"
 #: How long a restore waits for another pod's fill, at most (seconds).
@@ -334,11 +337,20 @@ def _intact(node: LayoutStore, digest: str, size: int) -> bool:
 
 
 def record_use(node: LayoutStore, digests: Sequence[str], now: float | None = None) -> None:
-    """Record that these manifests were just resolved to (for :func:`gc`'s LRU order)."""
+    """Record that these manifests were just resolved to (for :func:`gc`'s LRU order).
+
+    Kept to :data:`USE_RESOLUTION_S`: when every one of ``digests`` was
+    recorded as used less than that long ago (and not in the future), the
+    record is left as it is. A node whose pods restart in a loop then writes
+    it once a minute, not at every start; gc's order is only coarser by that.
+    """
     if not digests:
         return
     usage = read_usage(node.root_dir)
-    stamp = round(time.time() if now is None else now, 3)
+    clock = time.time() if now is None else now
+    if all(0.0 <= clock - usage.get(d, float("-inf")) < USE_RESOLUTION_S for d in digests):
+        return
+    stamp = round(clock, 3)
     for digest in digests:
         usage[digest] = stamp
     atomic_write(os.path.join(node.root_dir, USAGE_NAME), dumps(usage, sort_keys=True).encode())

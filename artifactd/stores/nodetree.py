@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from artifactd.errors import ArtifactdError
 from artifactd.format.unpack import check_name, current_umask
-from artifactd.fsutil import atomic_write, read_regular, sync_filesystem
+from artifactd.fsutil import atomic_write, make_durable, read_regular
 from artifactd.hashing import sha256_hex
 from artifactd.stores.nodestore import LINKINGS, TREES_DIR
 from artifactd.workers import Pool
@@ -250,7 +250,7 @@ def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtim
             if rel != comp:
                 dirs.append(rel.replace(os.sep, "/"))
             subdirs.sort()
-    sync_filesystem(tree)
+    make_durable(tree, record.unpacked_size)
     doc = {"schema_version": 1, "layer": record.digest, "blob": list(blob), "mtime_ns": made}
     doc["dirs"] = dirs
     doc["record"] = record_identity(record)
