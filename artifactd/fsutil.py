@@ -456,10 +456,14 @@ def sync_filesystem(path: StrPath) -> None:
         os.close(fd)
 
 
-#: Other writers' dirty page cache, in bytes, up to which one ``syncfs`` is the
-#: cheaper way to make a restore's files durable (at about 1 GB/s of disk, 64 MiB
-#: more is 60 ms more); above it, :func:`make_durable` syncs the files one by one.
+#: Other writers' dirty page cache, in bytes, that one ``syncfs`` may wait for
+#: at least (at about 1 GB/s of disk, 64 MiB is about 60 ms) before
+#: :func:`make_durable` syncs a tree's files one by one instead.
 FOREIGN_DIRTY_MAX = 64 << 20
+#: What one file's fsync costs, as bytes of writeback: 60-90 us a file on 8
+#: threads here (``bench/busy_disk.py``), what about 64 KiB take at 1 GB/s. A
+#: tree of many files may wait for that much more of other writers' data.
+FSYNC_COST_BYTES = 64 << 10
 #: Threads that fsync a tree's files: concurrent fsyncs share journal commits.
 FSYNC_THREADS = 8
 
@@ -493,20 +497,22 @@ def parse_dirty(meminfo: bytes) -> int | None:
     return total if seen == 2 else None
 
 
-def make_durable(root: StrPath, written: int) -> str:
+def make_durable(root: StrPath, written: int, files: int) -> str:
     """Make every file and directory under ``root`` durable; return the way taken.
 
-    ``written`` is about how many bytes the caller wrote there. ``syncfs`` is
-    one call however many files there are, but it also waits for every other
-    writer's dirty pages on the filesystem: on a node where another pod is
-    writing gigabytes (model weights), that is seconds to minutes. So when
-    the page cache holds more than :data:`FOREIGN_DIRTY_MAX` bytes besides
-    ``written``, each file and directory under ``root`` is fsynced instead
+    ``written`` and ``files`` are about how many bytes and files the caller
+    wrote there. ``syncfs`` is one call however many files there are, but it
+    also waits for every other writer's dirty pages on the filesystem: on a
+    node where another pod is writing gigabytes (model weights), that is
+    seconds to minutes. So when the page cache holds more than
+    :data:`FOREIGN_DIRTY_MAX` bytes besides ``written`` (plus
+    :data:`FSYNC_COST_BYTES` a file: fsyncing many files costs time too),
+    each file and directory under ``root`` is fsynced instead
     (:func:`fsync_tree`), which waits for those alone. Either way the tree is
     on disk when this returns. Returns ``"syncfs"`` or ``"fsync"``.
     """
     dirty = dirty_bytes()
-    if dirty is None or dirty - written <= FOREIGN_DIRTY_MAX:
+    if dirty is None or dirty - written <= FOREIGN_DIRTY_MAX + files * FSYNC_COST_BYTES:
         sync_filesystem(root)
         return "syncfs"
     fsync_tree(root)

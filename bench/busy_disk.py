@@ -11,7 +11,8 @@ which goes first round by round:
   syncfs        ``artifactd.fsutil.sync_filesystem``, what every restore did before
   make_durable  ``artifactd.fsutil.make_durable``, which fsyncs the tree's own
                 files when the page cache holds more than FOREIGN_DIRTY_MAX
-                besides them, and takes the syncfs otherwise
+                (plus FSYNC_COST_BYTES a file) besides them, and takes the
+                syncfs otherwise
 
 and prints the medians and the per-round ratio syncfs / make_durable, for a
 quiet disk (no foreign data: make_durable must cost what syncfs costs) and
@@ -74,7 +75,7 @@ def round_once(work: Path, tag: str, way: str, files: int, foreign_mib: int) -> 
         sync_filesystem(tree)
         taken = "syncfs"
     else:
-        taken = make_durable(tree, written)
+        taken = make_durable(tree, written, files)
     return time.perf_counter() - t0, taken
 
 

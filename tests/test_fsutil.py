@@ -89,20 +89,25 @@ def test_a_busy_disk_makes_a_tree_durable_file_by_file_and_a_quiet_one_with_one_
     syncfs: list[str] = []
     monkeypatch.setattr(os, "fsync", recording_fsync)
     monkeypatch.setattr(fsutil, "sync_filesystem", lambda path: syncfs.append(str(path)))
-    written = 3 << 20
+    written, files = 3 << 20, 3
+    allowance = fsutil.FOREIGN_DIRTY_MAX + files * fsutil.FSYNC_COST_BYTES
     # Quiet: little dirty besides what the restore wrote: one syncfs, no per-file work.
-    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: written + fsutil.FOREIGN_DIRTY_MAX)
-    assert fsutil.make_durable(tmp_path / "staging", written) == "syncfs"
+    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: written + allowance)
+    assert fsutil.make_durable(tmp_path / "staging", written, files) == "syncfs"
     assert syncfs == [str(tmp_path / "staging")] and synced == []
+    # A tree of many files may wait for more of others' data: its fsyncs cost too.
+    syncfs.clear()
+    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: written + allowance + 1)
+    assert fsutil.make_durable(tmp_path / "staging", written, files + 1) == "syncfs"
+    assert synced == []
     # Busy: every file and directory of the tree, each once, nothing the symlinks lead to.
     syncfs.clear()
-    monkeypatch.setattr(fsutil, "dirty_bytes", lambda: written + fsutil.FOREIGN_DIRTY_MAX + 1)
-    assert fsutil.make_durable(tmp_path / "staging", written) == "fsync"
+    assert fsutil.make_durable(tmp_path / "staging", written, files) == "fsync"
     assert sorted(synced) == sorted(held) and syncfs == []
     assert (outside.stat().st_dev, outside.stat().st_ino) not in synced
     # Unknown (no /proc): the syncfs, which is always right.
     monkeypatch.setattr(fsutil, "dirty_bytes", lambda: None)
-    assert fsutil.make_durable(tmp_path / "staging", written) == "syncfs"
+    assert fsutil.make_durable(tmp_path / "staging", written, files) == "syncfs"
 
 
 def test_an_fsync_that_fails_fails_the_durable_step(

@@ -434,7 +434,9 @@ class CacheVolume:
             # them: after a power cut, a committed marker must not describe
             # files the page cache never wrote back. Not by waiting on the
             # whole disk's writeback when another pod is writing (make_durable).
-            make_durable(staging, sum(f["bytes"] for f in marker["families"].values()))
+            families = marker["families"].values()
+            written = sum(f["bytes"] for f in families)
+            make_durable(staging, written, sum(f["files"] for f in families))
             self._hook("before-journal")
             done: list[JournalEntry] = []
             try:

@@ -250,7 +250,7 @@ def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtim
             if rel != comp:
                 dirs.append(rel.replace(os.sep, "/"))
             subdirs.sort()
-    make_durable(tree, record.unpacked_size)
+    make_durable(tree, record.unpacked_size, len(record.files))
     doc = {"schema_version": 1, "layer": record.digest, "blob": list(blob), "mtime_ns": made}
     doc["dirs"] = dirs
     doc["record"] = record_identity(record)
