@@ -2,6 +2,8 @@
 
 exec replaces itself with CMD (``os.execvpe``, no shell), so CMD keeps the
 process id: its exit status and the signals sent to it are the container's.
+With ``--engine-log`` it stays CMD's parent instead, passes signals on, and
+exits as CMD did once CMD's last output is through.
 These tests run the real entry point as a new process each time. The real
 CPU demo warm-up also runs through exec in ``test_status.py``.
 """
@@ -9,6 +11,7 @@ CPU demo warm-up also runs through exec in ``test_status.py``.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -213,3 +216,122 @@ def test_exec_is_listed_and_teaches_by_example() -> None:
     assert proc.returncode == 0
     assert "artifactd exec --target /cache -- vllm serve" in proc.stdout
     assert "--restore" in proc.stdout and "ARTIFACTD_EXEC_RESTORE" in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# --engine-log: exec stays the engine's parent
+# --------------------------------------------------------------------------
+
+#: An engine that writes a burst and ends at once, as a crash does: 20,000 lines,
+#: then END, then ``_exit`` without a flush or a goodbye.
+BURST = (
+    "import os\n"
+    "data = b''.join(b'line %06d ' % i + b'x' * 40 + b'\\n' for i in range(20000)) + b'END\\n'\n"
+    "view = memoryview(data)\n"
+    "while view:\n"
+    "    view = view[os.write(1, view):]\n"
+    "os._exit(3)\n"
+)
+
+
+def _pid_namespace() -> list[str]:
+    """``unshare`` as a new PID namespace's first process, or skip where it may not be made."""
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", "echo $$"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != "1":
+        pytest.skip(f"cannot make a PID namespace here (unshare: {probe.stderr.strip()[:200]})")
+    return ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def test_an_engine_log_keeps_a_crashing_engines_last_lines_as_a_containers_first_process(
+    tmp_path: Path,
+) -> None:
+    """As a pod's main process (PID 1), exec used to lose what its copier had not passed on.
+
+    When a PID namespace's first process exits, the kernel ends every other
+    process in it. The copier was forked beside the engine, which exec'd into
+    PID 1: the engine's last lines (here about 1,400 of them and END) never
+    reached the container's log nor the engine log.
+    """
+    target = env_target(tmp_path / "t", {})
+    log = tmp_path / "engine.log"
+    argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target), "--engine-log", str(log)]
+    proc = subprocess.run(
+        [*_pid_namespace(), *argv, "--", PYTHON, "-c", BURST],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 20_001 and lines[-1] == "END", (len(lines), lines[-1:])
+    logged = log.read_text().splitlines()
+    assert len(logged) == 1 + 20_001 and logged[-1].endswith("| END"), logged[-1:]
+
+
+def test_with_an_engine_log_exec_passes_signals_on_and_ends_as_the_engine_did(
+    tmp_path: Path,
+) -> None:
+    target = env_target(tmp_path / "t", {})
+    argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target)]
+    argv += ["--engine-log", str(tmp_path / "engine.log"), "--"]
+    waits = (
+        "import os, signal, sys\n"
+        "def stop(n, f):\n"
+        "    print('got', n, os.getppid(), flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "signal.signal(signal.SIGHUP, stop)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    signal.pause()\n"
+    )
+    for sent in (signal.SIGTERM, signal.SIGHUP):
+        proc = subprocess.Popen(
+            [*argv, PYTHON, "-c", waits], stdout=subprocess.PIPE, text=True, env=clean_env()
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "ready\n"  # its handlers are in place
+            proc.send_signal(sent)
+            assert proc.stdout.read() == f"got {int(sent)} {proc.pid}\n"  # exec is its parent
+            assert proc.wait(timeout=60) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+    # An engine that dies of a signal: exec dies of it too, as with a plain exec.
+    killed = subprocess.run(
+        [*argv, PYTHON, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+        capture_output=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGTERM, killed.stderr
+    missing = subprocess.run(
+        [*argv, "no-such-engine-binary"], capture_output=True, text=True, env=clean_env()
+    )
+    assert missing.returncode == 127
+    assert missing.stderr.startswith("artifactd: error: cannot run no-such-engine-binary")
+
+
+def test_as_a_containers_first_process_exec_exits_128_plus_the_engines_signal(
+    tmp_path: Path,
+) -> None:
+    """A namespace's first process cannot die of a signal it does not handle: 128 + N."""
+    target = env_target(tmp_path / "t", {})
+    argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target)]
+    argv += ["--engine-log", str(tmp_path / "engine.log"), "--"]
+    engine = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    proc = subprocess.run(
+        [*_pid_namespace(), *argv, PYTHON, "-c", engine],
+        capture_output=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert os.path.getsize(tmp_path / "engine.log") > 0

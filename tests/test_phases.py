@@ -164,7 +164,9 @@ def test_exec_engine_log_copies_both_streams_stamped(tmp_path: Path) -> None:
     assert stamps == sorted(stamps)
 
 
-def test_exec_keeps_the_process_and_its_exit_status_with_an_engine_log(tmp_path: Path) -> None:
+def test_exec_is_the_engines_parent_and_keeps_its_exit_status_with_an_engine_log(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "artifactd.env").write_text("")
     log = tmp_path / "engine.log"
     proc = subprocess.run(
@@ -180,13 +182,14 @@ def test_exec_keeps_the_process_and_its_exit_status_with_an_engine_log(tmp_path:
             "--",
             PYTHON,
             "-c",
-            "import os, sys; print(os.getpid()); sys.exit(7)",
+            "import os, sys; print(os.getppid()); sys.exit(7)",
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 7
+    # The started line names exec's own process, which the engine runs under.
     assert "(pid " + proc.stdout.strip() + ")" in log.read_text()
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from artifactd.pod.canary import CanaryResult
+    from artifactd.pod.exec import Tee
     from artifactd.pod.readiness import Level, Prewarm, Readiness
     from artifactd.pod.status import FamilyStatus, TargetStatus
 
@@ -122,10 +123,11 @@ def exec_(
     CMD not run). A CMD that is not found exits 127, one not executable 126.
 
     --engine-log FILE keeps a stamped copy of CMD's output for `artifactd
-    status --engine-log FILE` (a copier process forked first; CMD keeps the
-    process id and its output still reaches the container's log). A FILE
-    that is no regular file (a FIFO, a device, a symlink) or cannot be
-    written is one warning, and CMD runs anyway.
+    status --engine-log FILE` (a copier process forked first). Then exec
+    stays CMD's parent, as tini does: signals passed on, CMD's exit status
+    its own, and CMD's last lines reach the container's log and FILE before
+    it ends. A FILE that is no regular file (a FIFO, a device, a symlink) or
+    cannot be written is one warning, and CMD runs anyway.
 
     --on-canary-fail cold --engine-url URL keeps exec as the engine's parent
     (signals passed on): once URL/health answers, the restored artifact's
@@ -141,7 +143,7 @@ def exec_(
     """
     from pathlib import Path
 
-    from artifactd.pod.exec import exec_plan, run, tee_output
+    from artifactd.pod.exec import exec_plan, exit_like, run, run_logged
 
     if not command:
         raise UsageError(
@@ -175,10 +177,7 @@ def exec_(
             render.echo(json.dumps({**line, "message": plan.warning}, sort_keys=True), err=True)
         else:
             render.echo(plan.warning, err=True)
-    if engine_log is not None:
-        warning = tee_output(Path(engine_log), plan.argv)
-        if warning is not None:
-            render.echo(warning, err=True)
+    tee = _engine_log(engine_log, plan.argv)
     if on_canary_fail is not None and engine_url is not None:
         from artifactd.pod.coldstart import supervise
 
@@ -190,8 +189,25 @@ def exec_(
             node_store=opts.get("node_store") if restore else None,
             on_event=render.event_printer(opts["as_json"]),
         )
+        if tee is not None:
+            tee.finish()  # the engine's last lines reach the log before this process ends
         sys.exit(status)
+    if tee is not None:
+        exit_like(run_logged(plan, tee))
     run(plan)
+
+
+def _engine_log(engine_log: str | None, argv: Sequence[str]) -> Tee | None:
+    """Start keeping ``--engine-log``; None without one, or with the warning printed."""
+    from artifactd.pod.exec import tee_output
+
+    if engine_log is None:
+        return None
+    kept = tee_output(Path(engine_log), argv)
+    if isinstance(kept, str):  # the log cannot be kept: CMD runs as without it
+        render.echo(kept, err=True)
+        return None
+    return kept
 
 
 def _restore_first(opts: dict[str, Any], command: Sequence[str]) -> None:

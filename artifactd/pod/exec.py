@@ -17,15 +17,18 @@ With ``--engine-log FILE`` (:func:`tee_output`), the engine's standard
 output and error also go, line by line and stamped with the time each was
 read, into FILE for ``status --engine-log FILE`` (the start's phases,
 :mod:`artifactd.pod.phases`, and the compile evidence): a copier process
-forked before the exec reads two pipes that become the engine's stdout and
-stderr, writes every byte through to where they pointed, and appends the
-stamped lines to FILE. The engine keeps the process id; the copier ignores
-SIGINT and SIGTERM and ends when the last writer of the pipes (the engine
-and its workers) is gone, so the engine's last lines are kept; except where
-the engine is a container's first process (PID 1, as in a pod): when it
-exits, the kernel ends every other process of the container, the copier
-with it, and what the copier had not yet passed on is lost (a known gap:
-making the copier the parent that forwards signals would close it).
+forked first reads two pipes that become the engine's stdout and stderr,
+writes every byte through to where they pointed, and appends the stamped
+lines to FILE. Then artifactd does not replace itself: it starts CMD as its
+child (:func:`run_logged`) and stays its parent, as ``tini`` does. It passes
+on every signal a container runtime, ``kubectl`` or a terminal sends
+(:data:`FORWARDED`), reaps the processes a container's first process (PID 1)
+adopts, and when CMD exits, waits up to :data:`DRAIN_S` for the copier to
+pass on CMD's last bytes before it exits with CMD's status (dying of CMD's
+signal where it can, else 128 + N, as a shell reports it). The copier could
+not be the parent's sibling: in a pod, when the container's first process
+exits, the kernel ends every other process of the container at once, and
+a crash's last lines (its traceback) were lost with the copier.
 
 The log is an add-on, and the rule of every add-on holds
 (:func:`artifactd.fsutil.open_append`): it never blocks or fails the engine,
@@ -44,6 +47,7 @@ that gets EPIPE instead of dying of SIGPIPE behaves differently in a pipe.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -52,6 +56,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import NamedTuple, NoReturn
 
 from artifactd.constants import current_environ
@@ -168,29 +173,106 @@ def run(plan: ExecPlan) -> NoReturn:
     except OSError as exc:
         for number, handler in old.items():  # artifactd goes on: its own settings again
             signal.signal(number, handler)  # type: ignore[arg-type]
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise ExecError(
-                f"cannot run {command}: not found",
-                hint="give an absolute path, or check PATH (the env file can change it)",
-                exit_code=EXIT_NOT_FOUND,
-            ) from None
-        raise ExecError(
-            f"cannot run {command}: {exc.strerror or exc}", exit_code=EXIT_NOT_EXECUTABLE
-        ) from None
+        raise _start_error(command, exc) from None
 
 
-def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
+def _start_error(command: str, exc: OSError) -> ExecError:
+    """Return the error of a CMD that cannot be started: not found (127), else 126."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return ExecError(
+            f"cannot run {command}: not found",
+            hint="give an absolute path, or check PATH (the env file can change it)",
+            exit_code=EXIT_NOT_FOUND,
+        )
+    return ExecError(f"cannot run {command}: {exc.strerror or exc}", exit_code=EXIT_NOT_EXECUTABLE)
+
+
+#: Signals passed on to CMD while artifactd stays its parent (``--engine-log``):
+#: what a container runtime or ``kubectl`` sends, and ``kill`` by hand. SIGKILL
+#: and SIGSTOP cannot be caught; job control (SIGTSTP, SIGTTIN, SIGTTOU) stays
+#: the terminal's.
+FORWARDED = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGWINCH",
+        "SIGALRM",
+        "SIGCONT",
+    )
+    if hasattr(signal, name)
+)
+#: Signals a terminal sends to its whole foreground process group, CMD included:
+#: not passed on again while artifactd is in that group (CMD would get two).
+_FROM_TERMINAL = frozenset(getattr(signal, n) for n in ("SIGINT", "SIGQUIT") if hasattr(signal, n))
+#: Once CMD has exited, how long the copier may go on passing on output, in
+#: seconds: what CMD wrote last, and what its workers (holding the pipes) still write.
+DRAIN_S = 5.0
+#: Signals whose default action ends a process without a core dump: artifactd
+#: dies of one of these when CMD did, and exits with 128 + N for any other.
+_ENDING = frozenset(
+    getattr(signal, name)
+    for name in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGTERM",
+        "SIGKILL",
+        "SIGPIPE",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+    )
+    if hasattr(signal, name)
+)
+
+
+class Tee:
+    """An engine log being kept (:func:`tee_output`): the copier, and fds 1 and 2 as they were."""
+
+    def __init__(self, copier: int, saved: tuple[int, int]) -> None:
+        #: The copier's process id.
+        self.copier = copier
+        self._saved: tuple[int, int] | None = saved
+
+    def detach(self) -> None:
+        """Point this process's stdout and stderr back where they pointed (CMD keeps the pipes).
+
+        Once no process but CMD (and what it starts) holds the pipes, the
+        copier sees their end when CMD's output ends. Does nothing the second time.
+        """
+        if self._saved is None:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, target in zip(self._saved, (1, 2), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        self._saved = None
+
+    def finish(self, grace_s: float = DRAIN_S) -> bool:
+        """Detach, then wait up to ``grace_s`` for the copier to end; return whether it did."""
+        self.detach()
+        return _wait_exit(self.copier, grace_s)
+
+
+def tee_output(log_path: Path, argv: Sequence[str]) -> Tee | str:
     """Copy this process's stdout and stderr, from now on, into ``log_path`` too.
 
-    Call it just before :func:`run`. Appends a stamped
-    ``artifactd-exec: started ...`` line (the engine's process start), forks
-    the copier and points fds 1 and 2 at its pipes. Returns a warning line
-    when the log cannot be kept (nothing is changed then): ``log_path`` is not
-    a regular file (a FIFO, a device, a directory, a symlink: refused without
-    blocking and never followed, :func:`artifactd.fsutil.open_append`), cannot
-    be created, or its first line cannot be written (a full disk); or there are
-    no pipes or process to copy with. The log stops growing at
-    :data:`MAX_LOG_BYTES`, saying so in one last line.
+    Call it just before :func:`run_logged`. Appends a stamped
+    ``artifactd-exec: started ...`` line (the engine's start; the pid is this
+    process's, CMD's parent), forks the copier and points fds 1 and 2 at its
+    pipes. Returns the :class:`Tee`, or a warning line when the log cannot be
+    kept (nothing is changed then, and CMD is to be run as without it):
+    ``log_path`` is not a regular file (a FIFO, a device, a directory, a
+    symlink: refused without blocking and never followed,
+    :func:`artifactd.fsutil.open_append`), cannot be created, or its first
+    line cannot be written (a full disk); or there are no pipes or process to
+    copy with. The log stops growing at :data:`MAX_LOG_BYTES`, saying so in
+    one last line.
     """
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +283,10 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
             f"artifactd: warning: cannot open the engine log {log_path} ({why}); {_without(argv)}"
         )
     try:
-        started = f"artifactd-exec: started {' '.join(argv)[:500]} (pid {os.getpid()})\n"
+        # One line, whatever CMD's arguments hold: a newline in one must not
+        # make a line of its own (a stamped line that CMD never wrote).
+        shown = " ".join(argv)[:500].replace("\r", "\\r").replace("\n", "\\n")
+        started = f"artifactd-exec: started {shown} (pid {os.getpid()})\n"
         room = MAX_LOG_BYTES - os.fstat(log_fd).st_size
         if room > 0:
             line = stamp_line(started.encode())
@@ -209,7 +294,7 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
             room -= len(line)
         sys.stdout.flush()
         sys.stderr.flush()
-        pipes = _fork_copier(log_fd, room)
+        pipes, copier = _fork_copier(log_fd, room)
     except OSError as exc:
         return (
             f"artifactd: warning: cannot write the engine log {log_path} "
@@ -217,18 +302,136 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> str | None:
         )
     finally:
         os.close(log_fd)
+    saved = (os.dup(1), os.dup(2))
     for fd, target in zip(pipes, (1, 2), strict=True):
         os.dup2(fd, target)
         os.close(fd)
-    return None
+    return Tee(copier, saved)
+
+
+def run_logged(plan: ExecPlan, tee: Tee) -> int:
+    """Run the plan's command as this process's child while ``tee`` logs it; return its status.
+
+    The status is as :mod:`subprocess` gives it: the exit code, or -N for a
+    death by signal N (:func:`exit_like` turns it into this process's end).
+    Every signal in :data:`FORWARDED` this process gets is passed on to CMD;
+    every child that ends meanwhile is reaped (a container's first process
+    adopts the orphans of the processes in it). Once CMD has exited, waits up
+    to :data:`DRAIN_S` for the copier to pass on the last of its output.
+    Raises :class:`ExecError` as :func:`run` does when CMD cannot be started.
+    """
+    # lazy: only exec --engine-log starts CMD as a child
+    import subprocess  # noqa: PLC0415
+
+    started: list[int] = []
+    pending: list[int] = []  # got before CMD was there to pass them to
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        del frame
+        if signum in _FROM_TERMINAL and _in_foreground():
+            return  # the terminal sent it to CMD too
+        if not started:
+            pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started[0], signum)
+
+    old = {number: signal.signal(number, forward) for number in FORWARDED}
+    try:
+        try:
+            # restore_signals (the default): SIGPIPE and SIGXFSZ are CMD's defaults again
+            proc = subprocess.Popen(plan.argv, env=plan.env)  # no shell, on purpose
+        except OSError as exc:
+            tee.finish()  # nothing writes to the copier's pipes now: it ends at once
+            raise _start_error(plan.argv[0], exc) from None
+        started.append(proc.pid)
+        for signum in pending:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+        tee.detach()
+        proc.returncode = status = _wait_child(proc.pid)
+    finally:
+        for number, handler in old.items():
+            signal.signal(number, handler)
+    tee.finish()
+    return status
+
+
+def exit_like(status: int) -> NoReturn:
+    """End this process as CMD ended: its exit code, or death by its signal.
+
+    ``status`` is as :func:`run_logged` returns it. A signal whose default
+    action ends a process without a core dump is raised on this process
+    again; when that does not end it (a container's first process ignores
+    signals it has no handler for) or for any other signal, the exit code is
+    128 + N, as a shell and a container runtime report it.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status >= 0:
+        sys.exit(status)
+    number = -status
+    if number in _ENDING:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+    sys.exit(128 + number)
+
+
+def _in_foreground() -> bool:
+    """Whether this process is in its terminal's foreground group (a container has no terminal)."""
+    try:
+        return os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _wait_child(pid: int) -> int:
+    """Reap children until ``pid`` ends; return its status (-N: killed by signal N)."""
+    while True:
+        try:
+            reaped, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # pragma: no cover - pid is this process's child
+            return 0
+        if reaped == pid:
+            return os.waitstatus_to_exitcode(status)
+        # the copier (ended early), or an orphan this process adopted as a container's PID 1
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for child ``pid`` to end, and reap it; whether it did."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):  # no pidfd (Linux before 5.3): look every 10 ms
+        fd = None
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    return True
+            except ChildProcessError:  # reaped already (it ended while CMD ran)
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if fd is not None:
+                select.select([fd], [], [], left)
+            else:
+                time.sleep(min(0.01, left))
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _without(argv: Sequence[str]) -> str:
     return f"{argv[0]} runs without it"
 
 
-def _fork_copier(log_fd: int, room: int) -> tuple[int, int]:
-    """Fork the copier; return the write ends of its stdout and stderr pipes.
+def _fork_copier(log_fd: int, room: int) -> tuple[tuple[int, int], int]:
+    """Fork the copier; return the write ends of its stdout and stderr pipes, and its pid.
 
     Nothing is left open when a pipe or the fork fails (``OSError``).
     """
@@ -249,7 +452,7 @@ def _fork_copier(log_fd: int, room: int) -> tuple[int, int]:
         _copy({out_r: 1, err_r: 2}, log_fd, room)
     os.close(out_r)
     os.close(err_r)
-    return out_w, err_w
+    return (out_w, err_w), pid
 
 
 def _copy(pipes: dict[int, int], log_fd: int, room: int) -> NoReturn:
