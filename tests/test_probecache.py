@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from artifactd.fingerprint import probecache
 from artifactd.fingerprint.probe import record_digest
 from artifactd.fingerprint.probecache import CACHE_FILE_NAME, ProbeCache, default_path
+from artifactd.fingerprint.tools import COMPILER_NAMES, Version
 
 
 class Counting:
@@ -233,3 +236,85 @@ def test_record_digest_of_any_mix_of_line_endings_is_the_decoded_texts(
     path = tmp_path_factory.mktemp("record") / "RECORD"
     path.write_bytes(b"".join(pieces))
     assert record_digest(path) == (_text_digest(path) if pieces else None)
+
+
+# --------------------------------------------------------------------------
+# A tool's --version, kept by the binary's identity
+# --------------------------------------------------------------------------
+
+VERSION_C = r"""
+#include <stdio.h>
+int main(void) { puts("Cuda compilation tools, release 13.0, V13.0.%s"); return 0; }
+"""
+
+
+def _compile(path: Path, patch: str) -> Path:
+    """A real ELF executable at ``path`` that prints an nvcc-like --version (the C compiler's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.with_suffix(".c")
+    src.write_text(VERSION_C % patch)
+    subprocess.run(["cc", "-o", str(path), str(src)], check=True)
+    return path
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to make a binary")
+def test_a_tools_version_is_kept_for_its_own_binary_and_asked_again_when_it_changes(
+    tmp_path: Path, settled: None
+) -> None:
+    tool = _compile(tmp_path / "bin" / "nvcc", "88")
+    cache_file = tmp_path / CACHE_FILE_NAME
+    first = ProbeCache(cache_file)
+    asked = Version(str(tool), first, ("nvcc",))
+    assert asked.ran and "V13.0.88" in (asked.output() or "")
+    first.save()
+    warm = Version(str(tool), ProbeCache(cache_file), ("nvcc",))
+    assert not warm.ran, "the same binary: answered from the cache"
+    assert "V13.0.88" in (warm.output() or "")
+    # Rebuilt (a new inode at the same path): asked again, and the new answer kept.
+    new = _compile(tmp_path / "nvcc.new", "99")
+    new.replace(tool)
+    again = Version(str(tool), ProbeCache(cache_file), ("nvcc",))
+    assert again.ran and "V13.0.99" in (again.output() or "")
+    # Found through PATH and a symlink, as `cc` is: kept by the file it leads to.
+    (tmp_path / "path").mkdir()
+    (tmp_path / "path" / "cc").symlink_to(_compile(tmp_path / "x86_64-linux-gnu-gcc-12", "1"))
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path / 'path'}{os.pathsep}{old_path}"
+    try:
+        cache = ProbeCache(cache_file)
+        cold = Version("cc", cache, COMPILER_NAMES)
+        assert cold.ran and cold.output() == "Cuda compilation tools, release 13.0, V13.0.1\n"
+        cache.save()
+        assert not Version("cc", ProbeCache(cache_file), COMPILER_NAMES).ran
+    finally:
+        os.environ["PATH"] = old_path
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to make a binary")
+def test_a_wrapper_or_a_script_is_asked_every_time(tmp_path: Path, settled: None) -> None:
+    """A script or ccache as cc answers with another binary, whose identity is not kept."""
+    cache_file = tmp_path / CACHE_FILE_NAME
+    real = _compile(tmp_path / "cuda" / "nvcc", "88")
+    script = tmp_path / "bin" / "nvcc"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    script.chmod(0o755)
+    wrapper = _compile(tmp_path / "ccache", "88")  # an ELF, but not the compiler itself
+    (tmp_path / "bin" / "cc").symlink_to(wrapper)
+    for program, names in ((script, ("nvcc",)), (tmp_path / "bin" / "cc", COMPILER_NAMES)):
+        for _ in range(2):
+            cache = ProbeCache(cache_file)
+            version = Version(str(program), cache, names)
+            assert version.ran, program
+            assert "V13.0.88" in (version.output() or "")
+            cache.save()
+    # A tool that fails is not kept either; a missing one answers None.
+    failing = tmp_path / "ptxas"
+    failing.write_bytes(real.read_bytes())
+    failing.chmod(0o644)  # not executable: it cannot run
+    for _ in range(2):
+        cache = ProbeCache(cache_file)
+        version = Version(str(failing), cache, ("ptxas",))
+        assert version.ran and version.output() is None
+        cache.save()
+    assert Version(str(tmp_path / "absent"), ProbeCache(cache_file), ("nvcc",)).output() is None

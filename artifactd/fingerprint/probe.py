@@ -22,7 +22,9 @@ Where each fact comes from:
   kept in the :mod:`probe cache <artifactd.fingerprint.probecache>` while the file is unchanged.
 * Toolchains: ``nvcc --version`` (the nvcc the JIT libraries run:
   ``$CUDA_HOME/bin/nvcc`` first, :func:`~artifactd.fingerprint.tools.nvcc_path`),
-  Triton's bundled ``ptxas --version``, ``cc --version``, run concurrently.
+  Triton's bundled ``ptxas --version``, ``cc --version``, run concurrently;
+  each output is kept in the probe cache by the binary's identity
+  (:class:`~artifactd.fingerprint.tools.Version`), so a warm start runs none.
 * Python ABI, platform, glibc, CPU ISA level (Inductor compiles with ``-march=native``).
 """
 
@@ -43,7 +45,8 @@ from artifactd.fingerprint.key import (
 )
 from artifactd.fingerprint.probecache import ProbeCache, default_path
 from artifactd.fingerprint.tools import (
-    Tool,
+    COMPILER_NAMES,
+    Version,
     compiler_identity,
     cuda_release,
     nvcc_path,
@@ -520,7 +523,8 @@ class PendingProbe:
 
     Creating one checks the arguments (a bad ``gpu_arch`` raises here, before
     any work) and starts the slow part: the ``nvcc``, ``ptxas`` and ``cc``
-    subprocesses, and the NVML query on a thread. :meth:`result` does the rest and
+    subprocesses (those the probe cache does not answer), and the NVML query
+    on a thread. :meth:`result` does the rest and
     returns the document :func:`probe_raw` returns. A restore imports its own
     modules in between, so the two overlap. Arguments as :func:`probe_raw`'s;
     ``overrides`` are applied as :func:`probe_request` applies them.
@@ -551,11 +555,11 @@ class PendingProbe:
             if triton
             else None
         )
-        self._tools = {"nvcc": Tool([nvcc_path(environ), "--version"])}
+        self._tools = {"nvcc": Version(nvcc_path(environ), self._cache, ("nvcc",))}
         if ptxas_path:
-            self._tools["ptxas"] = Tool([ptxas_path, "--version"])
+            self._tools["ptxas"] = Version(ptxas_path, self._cache, ("ptxas",))
         self._cc = environ.get(CC, "cc")
-        self._tools["cc"] = Tool([self._cc, "--version"])
+        self._tools["cc"] = Version(self._cc, self._cache, COMPILER_NAMES)
         self._bg = _Background()
         if use_nvml and has_nvidia_driver():  # no thread on a CPU host
             self._bg.start("nvml", probe_gpu_nvml)
@@ -580,9 +584,9 @@ class PendingProbe:
 
         dists = self._dists
         libraries = {name: library_info(d, self._cache) for name, d in sorted(dists.items())}
-        self._cache.save()
         cpu, cpu_model = probe_cpu()
         found = self._bg.results() | {name: t.output() for name, t in self._tools.items()}
+        self._cache.save()
 
         nvml = found.get("nvml")
         topology = None

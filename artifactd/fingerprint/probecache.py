@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     #: ``[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns]``.
     Identity: TypeAlias = list[int]
 
+    from artifactd.fsutil import StrPath
+
 SCHEMA_VERSION = 1
 CACHE_FILE_NAME = "probe-cache.json"
 #: A file whose modification or change time is closer than this to now is not cached.
@@ -91,26 +93,58 @@ class ProbeCache:
         change while it reads shows up as a different identity next time).
         Errors from ``compute`` propagate unchanged; nothing is cached for them.
         """
-        where: str | os.PathLike[str] = file
-        key = os.path.abspath(os.fspath(where))
+        found, seen = self.lookup(file)
+        if found is not None:
+            return found
+        value = compute(file)
+        if seen is not None:
+            self.remember(file, seen, value)
+        return value
+
+    def lookup(self, file: StrPath, *, kind: str = "") -> tuple[str | None, os.stat_result | None]:
+        """Return what is kept for ``file`` (None on a miss), and its stat as of now.
+
+        ``kind`` names what is kept, when one file has more than one fact
+        (a tool's ``--version`` output, say, beside nothing else): each kind is
+        an entry of its own. The stat is None when the file cannot be looked
+        at; nothing is kept for it then. Give the stat to :meth:`remember`
+        with what was computed from the file after it was taken.
+        """
+        path = os.path.abspath(os.fspath(file))
         try:
-            st = os.stat(key)
+            st = os.stat(path)
         except OSError:
-            return compute(file)
-        ident = identity(st)
+            return None, None
+        key = _key(path, kind)
         entries = self._load()
         hit = entries.get(key)
-        if hit is not None and hit.get("stat") == ident and isinstance(hit.get("value"), str):
+        if (
+            hit is not None
+            and hit.get("stat") == identity(st)
+            and isinstance(hit.get("value"), str)
+        ):
             # Most recently used last: what :meth:`save` trims is what no probe asked for.
             entries[key] = entries.pop(key)
-            return str(hit["value"])
-        value = compute(file)
-        settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= SETTLE_NS
-        if self.path is not None and value is not None and settled:
-            entries.pop(key, None)
-            entries[key] = {"stat": ident, "value": value}
-            self._dirty = True
-        return value
+            return str(hit["value"]), st
+        return None, st
+
+    def remember(
+        self, file: StrPath, seen: os.stat_result, value: str | None, *, kind: str = ""
+    ) -> None:
+        """Keep ``value``, computed from ``file`` as ``seen`` stated it, for later lookups.
+
+        Not kept: a None value, or a file changed less than :data:`SETTLE_NS`
+        before now (a rewrite within the filesystem clock's tick could keep
+        its identity).
+        """
+        settled = time.time_ns() - max(seen.st_mtime_ns, seen.st_ctime_ns) >= SETTLE_NS
+        if self.path is None or value is None or not settled:
+            return
+        key = _key(os.path.abspath(os.fspath(file)), kind)
+        entries = self._load()
+        entries.pop(key, None)
+        entries[key] = {"stat": identity(seen), "value": value}
+        self._dirty = True
 
     def save(self) -> None:
         """Write the cache back if a lookup added to it; any failure just leaves it unsaved."""
@@ -124,6 +158,14 @@ class ProbeCache:
         except OSError:
             return
         self._dirty = False
+
+
+def _key(path: str, kind: str) -> str:
+    """Return an entry's key: the absolute ``path``, after ``kind:`` when there is a kind.
+
+    An absolute path starts with ``/``, so ``kind:/path`` is never a path's own key.
+    """
+    return f"{kind}:{path}" if kind else path
 
 
 def _read(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:

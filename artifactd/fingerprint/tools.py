@@ -18,10 +18,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from artifactd.fingerprint.probecache import ProbeCache
+
 #: Seconds a ``tool --version`` may take before it counts as failed.
 TOOL_TIMEOUT_S = 10.0
 #: Where the JIT libraries look for the CUDA toolkit when nothing names one.
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
+#: The probe cache's kind for a tool's ``--version`` output (:class:`Version`).
+VERSION_KIND = "version"
 
 
 def nvcc_path(environ: Mapping[str, str] | None = None) -> str:
@@ -128,6 +132,71 @@ class Tool:
         if os.waitstatus_to_exitcode(status) != 0:
             return None
         return b"".join(chunks).decode("utf-8", "replace")
+
+
+#: The names the C compiler's own binary has (``gcc``, ``x86_64-linux-gnu-gcc-12``,
+#: ``clang-16``, ``cc``): one of them is a ``-``-separated part of its file name.
+COMPILER_NAMES = ("gcc", "clang", "cc")
+
+
+class Version:
+    """``program --version``: from the probe cache while the binary is the same file, else run.
+
+    The ``--version`` text of ``nvcc``, ``ptxas`` and a C compiler's driver
+    is built into their binaries, so the probe cache
+    (:mod:`artifactd.fingerprint.probecache`) keeps it by the identity of the
+    file run (the one ``PATH`` finds, symlinks followed), as it keeps a
+    ``RECORD``'s digest: a warm pod start spawns none of them. Kept only when
+    that file is the tool itself: an ELF executable with one of ``names`` as
+    a ``-``-separated part of its name. A script (``exec
+    /usr/local/cuda-13.0/bin/nvcc "$@"``) or a wrapper named otherwise
+    (``ccache``, ``sccache``, ``distcc`` as ``cc``) answers with another
+    binary's text, whose identity the cache would not see: it runs every
+    time, as does a program that cannot be found or read. A binary replaced,
+    rebuilt or touched is a new identity and runs again; a failed or too
+    slow run is never kept.
+    """
+
+    def __init__(self, program: str, cache: ProbeCache, names: tuple[str, ...]) -> None:
+        self._cache = cache
+        found = program if "/" in program else _on_path(program, None)
+        self._binary = found if found is not None and _is_own_binary(found, names) else None
+        self._kept: str | None = None
+        self._seen: os.stat_result | None = None
+        if self._binary is not None:
+            self._kept, self._seen = cache.lookup(self._binary, kind=VERSION_KIND)
+        self._tool = Tool([program, "--version"]) if self._kept is None else None
+
+    @property
+    def ran(self) -> bool:
+        """Whether the tool was started (the cache did not keep its answer)."""
+        return self._tool is not None
+
+    def output(self) -> str | None:
+        """Return the tool's stdout when it exited 0, else None (kept in the cache if it ran)."""
+        if self._tool is None:
+            return self._kept
+        out = self._tool.output()
+        if self._binary is not None and self._seen is not None:
+            self._cache.remember(self._binary, self._seen, out, kind=VERSION_KIND)
+        return out
+
+
+def _is_own_binary(path: str, names: tuple[str, ...]) -> bool:
+    """Whether ``path`` (symlinks followed) is an ELF file with one of ``names`` in its name."""
+    real = os.path.realpath(path)
+    if not any(part in names for part in os.path.basename(real).split("-")):
+        return False
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, 4) == b"\x7fELF"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def run_version(argv: list[str]) -> str | None:
