@@ -117,6 +117,9 @@ def test_every_cell_process_is_started_by_the_one_launcher() -> None:
     # Not a cell: `exec --on-canary-fail cold` runs the pod's engine as its own child,
     # in the pod's session, forwarding signals to it (the engine is the workload).
     engine = "artifactd/pod/coldstart.py: Popen"
+    # Nor is `exec --engine-log`: it stays the engine's parent (signals passed on), so
+    # the log's copier outlives the engine even as a container's first process.
+    logged = "artifactd/pod/exec.py: Popen"
     # Not a cell either: `predict` asks the engine's own Python for vLLM's factors,
     # one bounded child (its answer capped, killed at its deadline).
     factors = "artifactd/restore/engineside.py: Popen"
@@ -124,5 +127,6 @@ def test_every_cell_process_is_started_by_the_one_launcher() -> None:
         f"{rel}: Popen",
         f"{rel}: start_new_session",
         engine,
+        logged,
         factors,
     ], starters

@@ -8,6 +8,7 @@ and ``ARTIFACTD_*`` variable means the same with ``exec --restore``.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from artifactd.pod.canary import CanaryResult
-    from artifactd.pod.exec import Tee
     from artifactd.pod.readiness import Level, Prewarm, Readiness
     from artifactd.pod.status import FamilyStatus, TargetStatus
 
@@ -143,7 +143,7 @@ def exec_(
     """
     from pathlib import Path
 
-    from artifactd.pod.exec import exec_plan, exit_like, run, run_logged
+    from artifactd.pod.exec import exec_plan, exit_like, run, run_logged, tee_output
 
     if not command:
         raise UsageError(
@@ -177,7 +177,8 @@ def exec_(
             render.echo(json.dumps({**line, "message": plan.warning}, sort_keys=True), err=True)
         else:
             render.echo(plan.warning, err=True)
-    tee = _engine_log(engine_log, plan.argv)
+    warn = functools.partial(render.echo, err=True)  # the log cannot be kept: CMD runs anyway
+    tee = tee_output(Path(engine_log), plan.argv, warn) if engine_log is not None else None
     if on_canary_fail is not None and engine_url is not None:
         from artifactd.pod.coldstart import supervise
 
@@ -195,19 +196,6 @@ def exec_(
     if tee is not None:
         exit_like(run_logged(plan, tee))
     run(plan)
-
-
-def _engine_log(engine_log: str | None, argv: Sequence[str]) -> Tee | None:
-    """Start keeping ``--engine-log``; None without one, or with the warning printed."""
-    from artifactd.pod.exec import tee_output
-
-    if engine_log is None:
-        return None
-    kept = tee_output(Path(engine_log), argv)
-    if isinstance(kept, str):  # the log cannot be kept: CMD runs as without it
-        render.echo(kept, err=True)
-        return None
-    return kept
 
 
 def _restore_first(opts: dict[str, Any], command: Sequence[str]) -> None:

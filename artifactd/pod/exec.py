@@ -54,7 +54,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import NamedTuple, NoReturn
@@ -259,14 +259,15 @@ class Tee:
         return _wait_exit(self.copier, grace_s)
 
 
-def tee_output(log_path: Path, argv: Sequence[str]) -> Tee | str:
+def tee_output(log_path: Path, argv: Sequence[str], warn: Callable[[str], object]) -> Tee | None:
     """Copy this process's stdout and stderr, from now on, into ``log_path`` too.
 
     Call it just before :func:`run_logged`. Appends a stamped
     ``artifactd-exec: started ...`` line (the engine's start; the pid is this
     process's, CMD's parent), forks the copier and points fds 1 and 2 at its
-    pipes. Returns the :class:`Tee`, or a warning line when the log cannot be
-    kept (nothing is changed then, and CMD is to be run as without it):
+    pipes. Returns the :class:`Tee`; or None, after calling ``warn`` with one
+    line, when the log cannot be kept (nothing is changed then, and CMD is to
+    be run as without it):
     ``log_path`` is not a regular file (a FIFO, a device, a directory, a
     symlink: refused without blocking and never followed,
     :func:`artifactd.fsutil.open_append`), cannot be created, or its first
@@ -279,9 +280,8 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> Tee | str:
         log_fd = open_append(log_path)
     except OSError as exc:
         why = getattr(exc, "problem", None) or exc.strerror or str(exc)
-        return (
-            f"artifactd: warning: cannot open the engine log {log_path} ({why}); {_without(argv)}"
-        )
+        warn(f"artifactd: warning: cannot open the engine log {log_path} ({why}); {_without(argv)}")
+        return None
     try:
         # One line, whatever CMD's arguments hold: a newline in one must not
         # make a line of its own (a stamped line that CMD never wrote).
@@ -294,15 +294,21 @@ def tee_output(log_path: Path, argv: Sequence[str]) -> Tee | str:
             room -= len(line)
         sys.stdout.flush()
         sys.stderr.flush()
-        pipes, copier = _fork_copier(log_fd, room)
+        saved = _dup_out()  # where fds 1 and 2 point now, for CMD's parent to point back at
+        try:
+            pipes, copier = _fork_copier(log_fd, room)
+        except OSError:
+            for fd in saved:
+                os.close(fd)
+            raise
     except OSError as exc:
-        return (
-            f"artifactd: warning: cannot write the engine log {log_path} "
-            f"({exc.strerror or exc}); {_without(argv)}"
+        why = exc.strerror or str(exc)
+        warn(
+            f"artifactd: warning: cannot write the engine log {log_path} ({why}); {_without(argv)}"
         )
+        return None
     finally:
         os.close(log_fd)
-    saved = (os.dup(1), os.dup(2))
     for fd, target in zip(pipes, (1, 2), strict=True):
         os.dup2(fd, target)
         os.close(fd)
@@ -424,6 +430,16 @@ def _wait_exit(pid: int, timeout: float) -> bool:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _dup_out() -> tuple[int, int]:
+    """Return copies of fds 1 and 2 (``OSError``, with nothing left open, when there are none)."""
+    out = os.dup(1)
+    try:
+        return out, os.dup(2)
+    except OSError:
+        os.close(out)
+        raise
 
 
 def _without(argv: Sequence[str]) -> str:
