@@ -180,6 +180,43 @@ def test_a_warm_node_store_links_what_the_family_never_writes_and_copies_the_res
     assert str(tmp_path / "a") not in group.read_text()
 
 
+def test_on_a_busy_disk_a_restore_syncs_its_own_files_never_the_whole_disk(
+    origin: tuple[str, Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another pod's gigabytes of dirty pages: no syncfs waits on them, and all is still durable.
+
+    The node store's trees and the pod's staging are fsynced file by file
+    (``fsutil.make_durable``); the background flusher stays off. The page
+    cache's state is the one thing stood in for: this machine's disk is quiet.
+    """
+    # lazy: the install's own names for the flusher's check, patched like fsutil's
+    from artifactd import fsutil  # noqa: PLC0415
+    from artifactd.restore import install  # noqa: PLC0415
+
+    ways: list[str] = []
+    real_fsync_tree = fsutil.fsync_tree
+
+    def fsync_tree(root: str) -> None:
+        ways.append("fsync")
+        real_fsync_tree(root)
+
+    def no_syncfs(path: str) -> None:
+        ways.append(f"syncfs {path}")
+
+    busy = 1 << 40  # a terabyte dirty: far more than any restore here writes
+    for module in (fsutil, install):
+        monkeypatch.setattr(module, "dirty_bytes", lambda: busy)
+        monkeypatch.setattr(module, "sync_filesystem", no_syncfs)
+    monkeypatch.setattr(fsutil, "fsync_tree", fsync_tree)
+    node = tmp_path / "node"
+    _restore(origin, node, tmp_path / "a")
+    # Two layers' trees made in the node store, then the pod's staging: each on its own.
+    assert ways == ["fsync"] * 3, ways
+    cubin = tmp_path / "a" / "generic" / "sub" / "k3.cubin"
+    assert cubin.read_bytes() == (origin[1] / "sub" / "k3.cubin").read_bytes()
+    assert (tmp_path / "a" / ".artifactd" / "restored.json").is_file()
+
+
 def test_every_family_states_which_files_it_writes_in_place() -> None:
     for name, family in FAMILIES.items():
         assert "written_in_place" in type(family).__dict__, f"{name} does not say"
