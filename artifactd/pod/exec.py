@@ -246,8 +246,7 @@ class Tee:
         """
         if self._saved is None:
             return
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush()
         for fd, target in zip(self._saved, (1, 2), strict=True):
             os.dup2(fd, target)
             os.close(fd)
@@ -372,8 +371,7 @@ def exit_like(status: int) -> NoReturn:
     signals it has no handler for) or for any other signal, the exit code is
     128 + N, as a shell and a container runtime report it.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush()
     if status >= 0:
         sys.exit(status)
     number = -status
@@ -382,6 +380,13 @@ def exit_like(status: int) -> NoReturn:
             signal.signal(number, signal.SIG_DFL)
             os.kill(os.getpid(), number)
     sys.exit(128 + number)
+
+
+def _flush() -> None:
+    """Flush Python's stdout and stderr; a reader gone (EPIPE) is no reason to fail the engine."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
 
 
 def _in_foreground() -> bool:
