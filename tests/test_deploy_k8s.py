@@ -756,9 +756,11 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     # The engine: the rendered `artifactd exec --target ... --`, then python3 for vLLM.
     run = next(argv for what, argv in exec_arrays(ENGINE) if what == "run")
     prefix = run[: run.index("--") + 1]
-    # What the engine saw goes to a file on the cache volume, not to its stdout: with
-    # --engine-log a forked copier passes the engine's output on, and when the engine (the
-    # container's first process) exits at once, the kernel ends the copier with it.
+    # What the engine saw goes to a file on the cache volume. Its stdout is a burst
+    # it writes just before it ends, as a crash's traceback is: with --engine-log, exec
+    # stays the engine's parent and the container's first process, and waits for the
+    # log's copier to pass every line on (were the copier the engine's sibling, the
+    # kernel would end it with the container's first process, and the lines with it).
     mount = next(m["mountPath"] for m in ENGINE["volumeMounts"] if m["name"] == cache_volume)
     script = (
         "import hashlib, json, os\n"
@@ -768,11 +770,22 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
         "         for d, _, names in os.walk(root) for f in names}\n"
         f"with open({mount + '/engine-saw.json'!r}, 'w') as out:\n"
         "    json.dump({'environ': dict(os.environ), 'files': files}, out)\n"
+        "burst = b''.join(b'line %05d\\n' % i for i in range(5000)) + b'END\\n'\n"
+        "view = memoryview(burst)\n"
+        "while view:\n"
+        "    view = view[os.write(1, view):]\n"
+        "os._exit(0)\n"
     )
     engine_env = {e["name"]: str(e["value"]) for e in ENGINE.get("env") or [] if "value" in e}
     binds = _binds(ENGINE, volumes, only={cache_volume})
     argv = [*prefix[1:], "python3", "-c", script]
-    run_in(client, image, *argv, entrypoint=prefix[0], environment=engine_env, volumes=binds)
+    said = run_in(client, image, *argv, entrypoint=prefix[0], environment=engine_env, volumes=binds)
+    lines = said.splitlines()
+    assert len(lines) == 5001 and lines[-1] == "END", (len(lines), lines[-2:])
+    engine_log = setting(ENGINE, run[1:], "--engine-log") or ""
+    assert engine_log.startswith(mount + "/"), engine_log
+    logged = (volumes / cache_volume / engine_log[len(mount) + 1 :]).read_text().splitlines()
+    assert logged[-1].endswith("| END"), logged[-2:]
     saw = volumes / cache_volume / "engine-saw.json"
     seen = json.loads(saw.read_text())
     saw.unlink()
