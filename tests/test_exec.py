@@ -2,8 +2,9 @@
 
 exec replaces itself with CMD (``os.execvpe``, no shell), so CMD keeps the
 process id: its exit status and the signals sent to it are the container's.
-With ``--engine-log`` it stays CMD's parent instead, passes signals on, and
-exits as CMD did once CMD's last output is through.
+With ``--engine-log`` or ``--on-canary-fail`` it stays CMD's parent instead,
+passes signals on, reaps orphans, and exits as CMD did (with a log, once
+CMD's last output is through).
 These tests run the real entry point as a new process each time. The real
 CPU demo warm-up also runs through exec in ``test_status.py``.
 """
@@ -274,30 +275,57 @@ def test_an_engine_log_keeps_a_crashing_engines_last_lines_as_a_containers_first
     assert len(logged) == 1 + 20_001 and logged[-1].endswith("| END"), logged[-1:]
 
 
-def test_with_an_engine_log_exec_passes_signals_on_and_ends_as_the_engine_did(
-    tmp_path: Path,
+#: The two ways exec stays the engine's parent, as options after ``exec --target T``
+#: (the name is the test's id): one owner (``pod.exec.Forwarder`` and
+#: ``wait_reaping``) does the signals and the reaping for both. The engine URL
+#: is never asked: the targets here hold no canary.
+PARENTS = {
+    "engine-log": lambda tmp: ["--engine-log", str(tmp / "engine.log")],
+    "on-canary-fail": lambda tmp: [
+        "--on-canary-fail",
+        "cold",
+        "--engine-url",
+        "http://127.0.0.1:9",
+    ],
+}
+
+
+@pytest.mark.parametrize("parent", sorted(PARENTS))
+def test_as_the_engines_parent_exec_passes_signals_on_and_ends_as_the_engine_did(
+    tmp_path: Path, parent: str
 ) -> None:
+    """SIGHUP and SIGUSR1 too: ``--on-canary-fail`` passed on SIGTERM and SIGINT only
+    (a SIGHUP ended exec and left the engine running), and exited 128 + N
+    where the engine died of signal N."""
     target = env_target(tmp_path / "t", {})
     argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target)]
-    argv += ["--engine-log", str(tmp_path / "engine.log"), "--"]
+    argv += [*PARENTS[parent](tmp_path), "--"]
     waits = (
         "import os, signal, sys\n"
-        "def stop(n, f):\n"
+        "def got(n, f):\n"
         "    print('got', n, os.getppid(), flush=True)\n"
-        "    sys.exit(0)\n"
-        "signal.signal(signal.SIGTERM, stop)\n"
-        "signal.signal(signal.SIGHUP, stop)\n"
+        "    if n != signal.SIGUSR1:\n"
+        "        sys.exit(0)\n"
+        "for n in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):\n"
+        "    signal.signal(n, got)\n"
+        "signal.alarm(120)  # a signal not passed on fails the test; it never hangs\n"
         "print('ready', flush=True)\n"
         "while True:\n"
         "    signal.pause()\n"
     )
     for sent in (signal.SIGTERM, signal.SIGHUP):
         proc = subprocess.Popen(
-            [*argv, PYTHON, "-c", waits], stdout=subprocess.PIPE, text=True, env=clean_env()
+            [*argv, PYTHON, "-c", waits],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=clean_env(),
         )
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline() == "ready\n"  # its handlers are in place
+            proc.send_signal(signal.SIGUSR1)  # passed on; the engine goes on
+            assert proc.stdout.readline() == f"got {int(signal.SIGUSR1)} {proc.pid}\n"
             proc.send_signal(sent)
             assert proc.stdout.read() == f"got {int(sent)} {proc.pid}\n"  # exec is its parent
             assert proc.wait(timeout=60) == 0
@@ -316,7 +344,46 @@ def test_with_an_engine_log_exec_passes_signals_on_and_ends_as_the_engine_did(
         [*argv, "no-such-engine-binary"], capture_output=True, text=True, env=clean_env()
     )
     assert missing.returncode == 127
-    assert missing.stderr.startswith("artifactd: error: cannot run no-such-engine-binary")
+    assert "artifactd: error: cannot run no-such-engine-binary" in missing.stderr
+
+
+#: An engine whose child leaves a grandchild behind: the grandchild is
+#: orphaned, ends, and is a zombie until the namespace's first process reaps
+#: it. Prints ``reaped`` once its /proc entry is gone, ``zombie`` if it
+#: is still there after a minute.
+ORPHAN = """\
+import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode())
+        os._exit(0)
+    os._exit(0)
+os.close(w)
+os.wait()
+orphan = int(os.read(r, 64))
+deadline = time.monotonic() + 60
+while os.path.exists(f"/proc/{orphan}"):
+    if time.monotonic() > deadline:
+        print("zombie", flush=True)
+        sys.exit(1)
+    time.sleep(0.01)
+print("reaped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("parent", sorted(PARENTS))
+def test_as_a_containers_first_process_exec_reaps_the_orphans_it_adopts(
+    tmp_path: Path, parent: str
+) -> None:
+    """``--on-canary-fail`` waited for its engine only: every orphan stayed a zombie."""
+    target = env_target(tmp_path / "t", {})
+    argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target)]
+    argv += [*PARENTS[parent](tmp_path), "--", PYTHON, "-c", ORPHAN]
+    proc = subprocess.run(
+        [*_pid_namespace(), *argv], capture_output=True, text=True, env=clean_env(), check=False
+    )
+    assert (proc.returncode, proc.stdout) == (0, "reaped\n"), proc.stderr
 
 
 def test_as_a_containers_first_process_exec_exits_128_plus_the_engines_signal(

@@ -114,12 +114,10 @@ def test_every_cell_process_is_started_by_the_one_launcher() -> None:
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Popen":
                 starters.append(f"{path.relative_to(REPO)}: Popen")
     rel = "artifactd/build/launch.py"
-    # Not a cell: `exec --on-canary-fail cold` runs the pod's engine as its own child,
-    # in the pod's session, forwarding signals to it (the engine is the workload).
-    engine = "artifactd/pod/coldstart.py: Popen"
-    # Nor is `exec --engine-log`: it stays the engine's parent (signals passed on), so
-    # the log's copier outlives the engine even as a container's first process.
-    logged = "artifactd/pod/exec.py: Popen"
+    # Not a cell: `exec --engine-log` and `exec --on-canary-fail cold` run the pod's
+    # engine as their own child, in the pod's session, passing signals on to it (the
+    # engine is the workload), through one starter (pod.exec.start).
+    engine = "artifactd/pod/exec.py: Popen"
     # Not a cell either: `predict` asks the engine's own Python for vLLM's factors,
     # one bounded child (its answer capped, killed at its deadline).
     factors = "artifactd/restore/engineside.py: Popen"
@@ -127,6 +125,5 @@ def test_every_cell_process_is_started_by_the_one_launcher() -> None:
         f"{rel}: Popen",
         f"{rel}: start_new_session",
         engine,
-        logged,
         factors,
     ], starters

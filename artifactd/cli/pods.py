@@ -192,7 +192,7 @@ def exec_(
         )
         if tee is not None:
             tee.finish()  # the engine's last lines reach the log before this process ends
-        sys.exit(status)
+        exit_like(status)
     if tee is not None:
         exit_like(run_logged(plan, tee))
     run(plan)

@@ -4,12 +4,17 @@ Plain ``exec`` replaces itself with the engine. With ``--on-canary-fail cold``
 (and ``--engine-url``) it stays as the engine's parent instead, for one check:
 
 1. the engine starts with the restored caches' environment
-   (:func:`artifactd.pod.exec.exec_plan`), SIGTERM and SIGINT passed on to it;
+   (:func:`artifactd.pod.exec.exec_plan`) as this process's child; as with
+   ``--engine-log`` (:func:`artifactd.pod.exec.run_logged`, the same owner),
+   every signal a container runtime, ``kubectl`` or a terminal sends is
+   passed on to it (:class:`artifactd.pod.exec.Forwarder`), and every child
+   that ends is reaped, the orphans a container's first process adopts
+   included (:func:`artifactd.pod.exec.wait_reaping`);
 2. once ``GET <engine-url>/health`` answers 200 (within ``ready_timeout_s``),
    the restored artifact's canary is replayed (:func:`artifactd.pod.canary.replay`,
    one short request);
 3. ``verified`` or ``drift``: the engine goes on serving; this process waits
-   for it and exits with its status;
+   for it and ends as it did (:func:`artifactd.pod.exec.exit_like`);
 4. ``failed`` (other tokens, NaN, an empty output, an error): the artifact is
    quarantined in the node store when one is given
    (:func:`artifactd.pod.canary.quarantine_restored`), the engine is stopped
@@ -17,7 +22,8 @@ Plain ``exec`` replaces itself with the engine. With ``--on-canary-fail cold``
    under ``<target>/.artifactd/aside-<time>/`` (an empty one in its place),
    and the engine is started once more, cold: it compiles as if nothing had
    been restored, rather than serve wrong answers. There is no second check
-   and no second restart.
+   and no second restart, and none at all once a signal asked the pod to
+   stop (:attr:`artifactd.pod.exec.Forwarder.STOPPING`).
 
 No canary to replay (none restored, a partial restore) is one event, and the
 engine runs as with plain ``exec``. Events (``stage: "exec"``) say what
@@ -31,13 +37,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 
 from artifactd.events import EventSink, discard
 from artifactd.pod.canary import quarantine_restored, replay, restored_canary
-from artifactd.pod.exec import ExecPlan
+from artifactd.pod.exec import ExecPlan, Forwarder, start, wait_reaping
 from artifactd.pod.readiness import probe_health
 from artifactd.restore.destination import CacheVolume
 
@@ -45,32 +49,6 @@ from artifactd.restore.destination import CacheVolume
 STOP_GRACE_S = 30.0
 #: Health polling: the first interval and the longest.
 POLL_FIRST_S, POLL_MAX_S = 0.05, 1.0
-
-
-def _exit_status(returncode: int) -> int:
-    """Return a child's status as a shell reports it: 128 + N for a death by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-@contextlib.contextmanager
-def _forwarding(
-    current: Callable[[], subprocess.Popen[bytes] | None], signalled: list[int]
-) -> Iterator[None]:
-    """Pass SIGTERM and SIGINT on to the engine running now (and note them in ``signalled``)."""
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        del frame
-        signalled.append(signum)
-        proc = current()
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for number, handler in old.items():
-            signal.signal(number, handler)
 
 
 def _wait_healthy(engine_url: str, proc: subprocess.Popen[bytes], deadline: float) -> bool:
@@ -133,26 +111,28 @@ def supervise(
 ) -> int:
     """Run the engine, replay the canary once it is up, restart it cold once if it fails.
 
-    Returns the exit status of the engine that ran last (see the module doc).
-    Raises :class:`OSError` when the command cannot be started.
+    Returns the status of the engine that ran last as :mod:`subprocess` gives
+    it (-N for a death by signal N: :func:`artifactd.pod.exec.exit_like` ends
+    this process the same way). Raises :class:`artifactd.pod.exec.ExecError`
+    when the command cannot be started.
     """
     canary, _, why = restored_canary(target, cell, env_file=env_file)
-    running: list[subprocess.Popen[bytes]] = []
-    signalled: list[int] = []
+    with Forwarder() as forwarder:
 
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(plan.argv, env=plan.env)
-        running.append(proc)
-        return proc
+        def run(proc: subprocess.Popen[bytes]) -> int:
+            """Wait for the engine to end, reaping every other child meanwhile."""
+            proc.returncode = status = wait_reaping(proc.pid)
+            forwarder.child(None)
+            return status
 
-    with _forwarding(lambda: running[-1] if running else None, signalled):
-        proc = start()
+        proc = start(plan)
+        forwarder.child(proc.pid)
         if canary is None:
             on_event({"stage": "exec", "event": "no_canary", "why": why})
-            return _exit_status(proc.wait())
+            return run(proc)
         if not _wait_healthy(engine_url, proc, time.monotonic() + ready_timeout_s):
             on_event({"stage": "exec", "event": "canary_skipped", "why": "the engine is not up"})
-            return _exit_status(proc.wait())
+            return run(proc)
         result = replay(canary, engine_url)
         on_event(
             {
@@ -164,15 +144,16 @@ def supervise(
             }
         )
         if result.ready:
-            return _exit_status(proc.wait())
+            return run(proc)
         quarantined = None
         if node_store is not None:
             quarantined = quarantine_restored(
                 target, node_store, f"canary failed: {result.why}", env_file=env_file
             )
         _stop(proc, STOP_GRACE_S)
-        if signalled:  # the pod is being stopped: no restart
-            return _exit_status(proc.wait())
+        forwarder.child(None)  # no engine until the cold one: a signal now is held for it
+        if forwarder.stopping():  # the pod is being stopped: no restart
+            return proc.wait()
         moved = set_aside(target, env_file)
         on_event(
             {
@@ -183,7 +164,9 @@ def supervise(
                 "quarantined": quarantined,
             }
         )
-        return _exit_status(start().wait())
+        cold = start(plan)
+        forwarder.child(cold.pid)
+        return run(cold)
 
 
 __all__ = ["set_aside", "supervise"]

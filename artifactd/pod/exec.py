@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from artifactd.constants import current_environ
 from artifactd.errors import ArtifactdError, TargetError, UsageError
@@ -65,6 +65,9 @@ from artifactd.fsutil import open_append
 from artifactd.pod.phases import MAX_LINE_BYTES, MAX_LOG_BYTES, stamp_line
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.envfile import parse_env_file
+
+if TYPE_CHECKING:
+    import subprocess
 
 #: Exit codes of a CMD that cannot be started, as POSIX shells use them.
 EXIT_NOT_FOUND = 127
@@ -148,9 +151,13 @@ def exec_plan(
     return ExecPlan(list(argv), env, path, overlay, None)
 
 
-def _reset_signals() -> dict[int, object]:
+#: A signal's disposition, as ``signal.signal`` takes and returns it.
+_Handler = Callable[[int, FrameType | None], object] | int | None
+
+
+def _reset_signals() -> dict[int, _Handler]:
     """Give CMD the default dispositions Python replaced with "ignore"; return the old ones."""
-    old: dict[int, object] = {}
+    old: dict[int, _Handler] = {}
     for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
         number = getattr(signal, name, None)
         if number is not None:
@@ -172,7 +179,7 @@ def run(plan: ExecPlan) -> NoReturn:
         os.execvpe(command, plan.argv, plan.env)  # noqa: S606 - no shell, on purpose
     except OSError as exc:
         for number, handler in old.items():  # artifactd goes on: its own settings again
-            signal.signal(number, handler)  # type: ignore[arg-type]
+            signal.signal(number, handler)
         raise _start_error(command, exc) from None
 
 
@@ -314,52 +321,106 @@ def tee_output(log_path: Path, argv: Sequence[str], warn: Callable[[str], object
     return Tee(copier, saved)
 
 
+class Forwarder:
+    """Pass every signal in :data:`FORWARDED` this process gets on to its child CMD.
+
+    The one owner of what a parent that stays CMD's parent does with signals
+    (:func:`run_logged`, and ``exec --on-canary-fail``'s supervisor): a
+    context manager that installs the handlers and puts the old ones back.
+    A signal got before CMD is there (:meth:`child` not yet called, or called
+    with None between two engines) is held and sent once it is. SIGINT and
+    SIGQUIT are not sent again while this process is in its terminal's
+    foreground group: the terminal sent them to CMD too. :attr:`got` lists
+    every signal got, in order, whether passed on or not.
+    """
+
+    #: The signals that ask the pod to stop (a supervisor starts no engine after one).
+    STOPPING = frozenset(
+        getattr(signal, n) for n in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM") if hasattr(signal, n)
+    )
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self._pid: int | None = None
+        self._held: list[int] = []
+        self._old: dict[int, _Handler] = {}
+
+    def __enter__(self) -> Forwarder:
+        self._old = {number: signal.signal(number, self._forward) for number in FORWARDED}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._old.items():
+            signal.signal(number, handler)
+        self._old = {}
+
+    def child(self, pid: int | None) -> None:
+        """Pass signals on to ``pid`` from now on (None: hold them); send what was held."""
+        self._pid = pid
+        if pid is None:
+            return
+        held, self._held = self._held, []
+        for signum in held:
+            self._send(signum)
+
+    def stopping(self) -> bool:
+        """Whether a signal that asks to stop (:attr:`STOPPING`) came."""
+        return any(signum in self.STOPPING for signum in self.got)
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.got.append(signum)
+        if signum in _FROM_TERMINAL and _in_foreground():
+            return  # the terminal sent it to CMD too
+        if self._pid is None:
+            self._held.append(signum)
+        else:
+            self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        if self._pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signum)
+
+
 def run_logged(plan: ExecPlan, tee: Tee) -> int:
     """Run the plan's command as this process's child while ``tee`` logs it; return its status.
 
     The status is as :mod:`subprocess` gives it: the exit code, or -N for a
     death by signal N (:func:`exit_like` turns it into this process's end).
-    Every signal in :data:`FORWARDED` this process gets is passed on to CMD;
-    every child that ends meanwhile is reaped (a container's first process
-    adopts the orphans of the processes in it). Once CMD has exited, waits up
-    to :data:`DRAIN_S` for the copier to pass on the last of its output.
-    Raises :class:`ExecError` as :func:`run` does when CMD cannot be started.
+    Every signal in :data:`FORWARDED` this process gets is passed on to CMD
+    (:class:`Forwarder`); every child that ends meanwhile is reaped
+    (:func:`wait_reaping`). Once CMD has exited, waits up to :data:`DRAIN_S`
+    for the copier to pass on the last of its output. Raises
+    :class:`ExecError` as :func:`run` does when CMD cannot be started.
     """
-    # lazy: only exec --engine-log starts CMD as a child
-    import subprocess  # noqa: PLC0415
-
-    started: list[int] = []
-    pending: list[int] = []  # got before CMD was there to pass them to
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        del frame
-        if signum in _FROM_TERMINAL and _in_foreground():
-            return  # the terminal sent it to CMD too
-        if not started:
-            pending.append(signum)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(started[0], signum)
-
-    old = {number: signal.signal(number, forward) for number in FORWARDED}
-    try:
+    with Forwarder() as forwarder:
         try:
-            # restore_signals (the default): SIGPIPE and SIGXFSZ are CMD's defaults again
-            proc = subprocess.Popen(plan.argv, env=plan.env)  # no shell, on purpose
-        except OSError as exc:
+            proc = start(plan)
+        except ExecError:
             tee.finish()  # nothing writes to the copier's pipes now: it ends at once
-            raise _start_error(plan.argv[0], exc) from None
-        started.append(proc.pid)
-        for signum in pending:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signum)
+            raise
+        forwarder.child(proc.pid)
         tee.detach()
-        proc.returncode = status = _wait_child(proc.pid)
-    finally:
-        for number, handler in old.items():
-            signal.signal(number, handler)
+        proc.returncode = status = wait_reaping(proc.pid)
+        forwarder.child(None)
     tee.finish()
     return status
+
+
+def start(plan: ExecPlan) -> subprocess.Popen[bytes]:
+    """Start the plan's command as this process's child (no shell); raise :class:`ExecError`.
+
+    ``SIGPIPE`` and ``SIGXFSZ`` are CMD's defaults again, as with :func:`run`.
+    """
+    # lazy: only a parent that stays CMD's parent starts it as a child
+    import subprocess  # noqa: PLC0415
+
+    try:
+        # restore_signals (the default): SIGPIPE and SIGXFSZ are CMD's defaults again
+        return subprocess.Popen(plan.argv, env=plan.env)  # no shell, on purpose
+    except OSError as exc:
+        raise _start_error(plan.argv[0], exc) from None
 
 
 def exit_like(status: int) -> NoReturn:
@@ -397,8 +458,12 @@ def _in_foreground() -> bool:
         return False
 
 
-def _wait_child(pid: int) -> int:
-    """Reap children until ``pid`` ends; return its status (-N: killed by signal N)."""
+def wait_reaping(pid: int) -> int:
+    """Reap children until ``pid`` ends; return its status (-N: killed by signal N).
+
+    A container's first process (PID 1) adopts the orphans of every process in
+    it: reaping whichever child ends keeps them from staying zombies.
+    """
     while True:
         try:
             reaped, status = os.waitpid(-1, 0)
