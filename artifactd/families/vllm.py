@@ -135,7 +135,7 @@ FLASHINFER_AUTOTUNE_DIR = "flashinfer_autotune_cache"
 HARVESTED = frozenset({COMPILE_DIR, STARTUP_PLAN_DIR})
 #: Depth of a table under ``flashinfer_autotune_cache/``: version, archs, config hash, file.
 _AUTOTUNE_TABLE_DEPTH = 4
-_AUTOTUNE_TABLE = re.compile(r"^autotune_configs(_dp\d+_rank\d+)?\.json$")
+_AUTOTUNE_TABLE = r"^autotune_configs(_dp\d+_rank\d+)?\.json$"
 
 
 def cache_root(environ: Mapping[str, str]) -> Path:
@@ -323,15 +323,17 @@ FACTORS_PATH_COST = (
     " and recompiles"
 )
 
-_PORT_KEY = re.compile(r"(?:^|[^A-Z])PORTS?(?:$|[^A-Z])")
-_RAY_KEY = re.compile(r"BUNDLE|PLACEMENT_?GROUP")
-_ADDRESS_KEY = re.compile(r"(^|_)(HOST_?IP|NODE_?IP|MASTER_?(ADDR|IP)|HOST_?ADDR(ESS)?)$")
+# Patterns as text: ``re`` compiles each on its first use and keeps it (compiling
+# them all as the module loads cost about 1 ms of every restore that installs).
+_PORT_KEY = r"(?:^|[^A-Z])PORTS?(?:$|[^A-Z])"
+_RAY_KEY = r"BUNDLE|PLACEMENT_?GROUP"
+_ADDRESS_KEY = r"(^|_)(HOST_?IP|NODE_?IP|MASTER_?(ADDR|IP)|HOST_?ADDR(ESS)?)$"
 _MODEL_KEYS = frozenset({"model", "tokenizer", "model_path", "served_model_path"})
-_IPV4 = re.compile(r"(?<![\d.])(\d{1,3}(?:\.\d{1,3}){3})(?![\d.])")
-_IPV6 = re.compile(r"(?<![\w:.])([0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*)(?![\w:])")
+_IPV4 = r"(?<![\d.])(\d{1,3}(?:\.\d{1,3}){3})(?![\d.])"
+_IPV6 = r"(?<![\w:.])([0-9A-Fa-f:]*:[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*)(?![\w:])"
 # A "/tmp" component at the start of a path: "/data//tmp/x" is /data/tmp/x, not under /tmp.
-_TMP_PATH = re.compile(r"(?<![\w.~/-])/tmp(?=/|$|[\s,;:'\")\]])")
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_TMP_PATH = r"(?<![\w.~/-])/tmp(?=/|$|[\s,;:'\")\]])"
+_SCHEME = r"^[a-zA-Z][a-zA-Z0-9+.-]*://"
 
 
 def _strings(value: Any) -> list[str]:
@@ -367,14 +369,14 @@ def _address_why(text: str) -> str | None:
     """Why ``text`` names a pod's address (loopback and unspecified are the same everywhere)."""
     import ipaddress  # noqa: PLC0415  # lazy: only classifying hash factors needs it
 
-    for m in _IPV4.finditer(text):
+    for m in re.finditer(_IPV4, text):
         try:
             addr4 = ipaddress.IPv4Address(m.group(1))
         except ValueError:
             continue
         if not (addr4.is_loopback or addr4.is_unspecified):
             return WHY_IPV4
-    for m in _IPV6.finditer(text):
+    for m in re.finditer(_IPV6, text):
         try:
             addr6 = ipaddress.IPv6Address(m.group(1).split("%", 1)[0])
         except ValueError:
@@ -388,7 +390,7 @@ def _ip_literal(text: str) -> _Address | None:
     """Parse ``10.1.2.3``, ``10.1.2.3:8000``, ``[fd00::1]:80``, ``tcp://host:port/x``."""
     import ipaddress  # noqa: PLC0415  # lazy: only classifying hash factors needs it
 
-    s = _SCHEME.sub("", text.strip()).split("/", 1)[0]
+    s = re.sub(_SCHEME, "", text.strip()).split("/", 1)[0]
     if s.startswith("["):
         s = s[1:].split("]", 1)[0]
     elif s.count(":") == 1:
@@ -404,12 +406,12 @@ def _ip_why(_upper: str, _name: str, value: Any) -> str | None:
 
 
 def _port_why(upper: str, _name: str, value: Any) -> str | None:
-    hit = _PORT_KEY.search(upper) and any(_is_port(v) for v in _scalars(value))
+    hit = re.search(_PORT_KEY, upper) and any(_is_port(v) for v in _scalars(value))
     return WHY_PORT if hit else None
 
 
 def _address_key_why(upper: str, _name: str, value: Any) -> str | None:
-    hit = _ADDRESS_KEY.search(upper) and isinstance(value, str) and _ip_literal(value) is None
+    hit = re.search(_ADDRESS_KEY, upper) and isinstance(value, str) and _ip_literal(value) is None
     return WHY_ADDRESS if hit else None
 
 
@@ -419,12 +421,12 @@ def _model_why(_upper: str, name: str, value: Any) -> str | None:
 
 
 def _tmp_why(_upper: str, _name: str, value: Any) -> str | None:
-    return WHY_TMP if any(_TMP_PATH.search(t) for t in _strings(value)) else None
+    return WHY_TMP if any(re.search(_TMP_PATH, t) for t in _strings(value)) else None
 
 
 #: ``(category, why(NAME_IN_UPPER_CASE, name, value))``, first match wins.
 _RULES: tuple[tuple[str, Callable[[str, str, Any], str | None]], ...] = (
-    ("ray", lambda upper, _name, _value: WHY_RAY if _RAY_KEY.search(upper) else None),
+    ("ray", lambda upper, _name, _value: WHY_RAY if re.search(_RAY_KEY, upper) else None),
     ("ip", _ip_why),
     ("port", _port_why),
     ("address", _address_key_why),
@@ -523,7 +525,7 @@ def autotune_table_problems(root: Path) -> dict[PurePosixPath, str]:
     bad: dict[PurePosixPath, str] = {}
     for path in sorted(root.glob("*/*/*/autotune_configs*.json")):
         rel = PurePosixPath(path.relative_to(root).as_posix())
-        if len(rel.parts) != _AUTOTUNE_TABLE_DEPTH or not _AUTOTUNE_TABLE.match(rel.name):
+        if len(rel.parts) != _AUTOTUNE_TABLE_DEPTH or not re.match(_AUTOTUNE_TABLE, rel.name):
             continue
         try:
             doc = json.loads(path.read_bytes())
