@@ -32,7 +32,7 @@ plain environment made for the run (bench/plainenv.py): a development
 checkout's editable install would otherwise load its finder, pathlib and more
 into every process, the bare start's too, and every ratio would read low.
 
-Usage: python bench/coldstart.py [--runs 9] [--demo-runs 5] [--only startup]
+Usage: python bench/coldstart.py [--runs 9] [--demo-runs 10] [--only startup]
 
 The start-up rows always run against a store holding one small generic cache
 (built with and without the --workload form's workload, and signed for the
@@ -274,7 +274,9 @@ def progress(line: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=9, help="start-up runs per command")
-    parser.add_argument("--demo-runs", type=int, default=5, help="demo rounds")
+    parser.add_argument(
+        "--demo-runs", type=int, default=10, help="demo rounds (pairs of them decide: see demo())"
+    )
     parser.add_argument("--only", choices=["startup"], help="run only this part")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="artifactd-bench-"))
