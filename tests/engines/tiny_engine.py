@@ -77,8 +77,15 @@ CRASH_STATUS = 3
 
 
 def log(message: str) -> None:
-    """Write one line to stderr (the runner's log)."""
-    print(f"tiny-engine: {message}", file=sys.stderr, flush=True)
+    """Write one line to stderr (the runner's log), in one write.
+
+    Not ``print``: it writes the text and its newline in two calls to the
+    unbuffered stderr, and the request threads' lines and the exit line on
+    stdout (the same log file) could land between them, gluing the exit line
+    to the end of another line where the tests could not find it.
+    """
+    sys.stderr.write(f"tiny-engine: {message}\n")
+    sys.stderr.flush()
 
 
 def token_ids(text: str) -> list[int]:
