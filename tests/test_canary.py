@@ -266,6 +266,37 @@ def test_a_hostile_canary_document_is_a_reason_never_a_hang(
         assert canary is not None and why is None
 
 
+@pytest.mark.parametrize("engine_log", [False, True], ids=["plain", "engine-log"])
+def test_on_canary_fail_an_engine_that_ends_before_its_health_answers_keeps_its_status(
+    restored: tuple[Path, str], tmp_path: Path, engine_log: bool
+) -> None:
+    """The supervisor polls the engine's health; an engine that ends meanwhile is reaped there.
+
+    Its status must be the one kept then: waiting for it again reaped the other
+    children instead, and returned 0 when there were none (exit 3 lost) or
+    waited forever for the engine log's copier, which ends only once this
+    process lets go of the pipes.
+    """
+    target, artifact = restored
+    doc = {"schema_version": 1, "artifact": artifact, "canaries": [recorded([1, 2]).model_dump()]}
+    (target / ".artifactd" / "canary.json").write_text(json.dumps(doc))
+    argv = [PYTHON, "-m", "artifactd", "exec", "--target", str(target), "--json"]
+    argv += ["--on-canary-fail", "cold", "--engine-url", f"http://127.0.0.1:{free_port()}"]
+    if engine_log:
+        argv += ["--engine-log", str(tmp_path / "engine.log")]
+    proc = subprocess.run(
+        [*argv, "--", PYTHON, "-c", "import sys; sys.exit(3)"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,  # the bug this holds was a wait without end: fail, never hang
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr
+    events = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
+    assert [e["event"] for e in events if e.get("stage") == "exec"] == ["canary_skipped"]
+
+
 # --------------------------------------------------------------------------
 # The tiny engine, end to end
 # --------------------------------------------------------------------------

@@ -120,10 +120,17 @@ def supervise(
     with Forwarder() as forwarder:
 
         def run(proc: subprocess.Popen[bytes]) -> int:
-            """Wait for the engine to end, reaping every other child meanwhile."""
-            proc.returncode = status = wait_reaping(proc.pid)
+            """Wait for the engine to end, reaping every other child meanwhile.
+
+            An engine that ended while its health was polled is reaped already:
+            its status is the one ``Popen`` kept (waiting again would wait for
+            the other children, the engine log's copier among them, and never
+            see it).
+            """
+            if proc.returncode is None:
+                proc.returncode = wait_reaping(proc.pid)
             forwarder.child(None)
-            return status
+            return proc.returncode
 
         proc = start(plan)
         forwarder.child(proc.pid)
