@@ -21,6 +21,7 @@ import pytest
 from cachetrees import make_generic_tree
 from conftest import PYTHON, clean_env, run_artifactd, run_artifactd_json
 
+from artifactd.pod.exec import Forwarder
 from artifactd.restore.envfile import render_env_file
 
 
@@ -402,3 +403,23 @@ def test_as_a_containers_first_process_exec_exits_128_plus_the_engines_signal(
     )
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert os.path.getsize(tmp_path / "engine.log") > 0
+
+
+def test_the_forwarder_keeps_what_it_got_bounded_however_many_signals_come() -> None:
+    """A pod's PID 1 runs for days: every signal it got was kept in a list, each held one too.
+
+    Held while there is no engine, a signal is sent once however often it
+    came (the kernel keeps one pending signal of a kind), and what was got is
+    a set: both are bounded by the signals forwarded.
+    """
+    before = signal.getsignal(signal.SIGUSR1)
+    with Forwarder() as forwarder:
+        for _ in range(500):
+            os.kill(os.getpid(), signal.SIGWINCH)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert forwarder.got == {signal.SIGWINCH, signal.SIGUSR1}
+        assert sorted(forwarder._held) == sorted([signal.SIGWINCH, signal.SIGUSR1])
+        assert not forwarder.stopping()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert forwarder.stopping()
+    assert signal.getsignal(signal.SIGUSR1) is before  # the handlers are this process's own again

@@ -328,10 +328,12 @@ class Forwarder:
     (:func:`run_logged`, and ``exec --on-canary-fail``'s supervisor): a
     context manager that installs the handlers and puts the old ones back.
     A signal got before CMD is there (:meth:`child` not yet called, or called
-    with None between two engines) is held and sent once it is. SIGINT and
-    SIGQUIT are not sent again while this process is in its terminal's
-    foreground group: the terminal sent them to CMD too. :attr:`got` lists
-    every signal got, in order, whether passed on or not.
+    with None between two engines) is held and sent once it is; held twice,
+    it is sent once, as the kernel keeps one pending signal of a kind. SIGINT
+    and SIGQUIT are not sent again while this process is in its terminal's
+    foreground group: the terminal sent them to CMD too. :attr:`got` is the
+    set of signals got, passed on or not. Both stay bounded by
+    :data:`FORWARDED` however long the engine runs and however many come.
     """
 
     #: The signals that ask the pod to stop (a supervisor starts no engine after one).
@@ -340,7 +342,7 @@ class Forwarder:
     )
 
     def __init__(self) -> None:
-        self.got: list[int] = []
+        self.got: set[int] = set()
         self._pid: int | None = None
         self._held: list[int] = []
         self._old: dict[int, _Handler] = {}
@@ -365,15 +367,16 @@ class Forwarder:
 
     def stopping(self) -> bool:
         """Whether a signal that asks to stop (:attr:`STOPPING`) came."""
-        return any(signum in self.STOPPING for signum in self.got)
+        return not self.STOPPING.isdisjoint(self.got)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        self.got.append(signum)
+        self.got.add(signum)
         if signum in _FROM_TERMINAL and _in_foreground():
             return  # the terminal sent it to CMD too
         if self._pid is None:
-            self._held.append(signum)
+            if signum not in self._held:
+                self._held.append(signum)
         else:
             self._send(signum)
 
