@@ -11,7 +11,8 @@ the ``json`` package's byte for byte (``tests/test_jsontext.py`` compares the
 two on generated documents on every Python the suite runs). Where ``_json``
 is missing (an interpreter built without it), the ``json`` package does the work.
 
-What it serves: :func:`dumps` (``json.dumps`` with ``sort_keys``,
+What it serves: :func:`json_type` (a value's JSON type, for messages),
+:func:`dumps` (``json.dumps`` with ``sort_keys``,
 ``ensure_ascii``, ``allow_nan`` and the compact separators as arguments; no
 indent, no ``default``) and :func:`loads` (``json.loads`` of text or bytes:
 the same values, and a :class:`ValueError` for what ``json`` refuses, with
@@ -124,3 +125,16 @@ def loads(text: str | bytes) -> Any:
     if end != len(text) and text[end:].lstrip(_SPACE):
         raise ValueError(f"Extra data: char {end}")
     return value
+
+
+def json_type(value: Any) -> str:
+    """Name ``value``'s JSON type, for messages: object, array, string, number, boolean, null."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"

@@ -151,3 +151,88 @@ def test_wrong_password_and_anonymous_are_refused(
     asked = tokens.recorded()[before:]
     assert asked and all(not r.sent_credentials for r in asked), asked
     assert all(r.status == 200 and r.access == [] for r in asked), asked
+
+
+def _private_ca(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA of its own and a server certificate for 127.0.0.1 it signed: (ca, cert, key)."""
+    ca_key, ca, key, csr, cert = (
+        tmp / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem")
+    )
+    ext = tmp / "srv.ext"
+    ext.write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
+        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
+    )
+    for argv in (
+        ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=artifactd test CA"],
+        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+         "-out", cert, "-days", "2", "-extfile", ext],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+@pytest.mark.parametrize("bundle_env", [False, True], ids=["plain", "REQUESTS_CA_BUNDLE"])
+def test_a_registry_behind_a_private_ca_is_asked_with_its_own_ca_token_realm_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bundle_env: bool
+) -> None:
+    # A mirror configured with its own CA (hosts.toml ``ca``) whose Bearer realm is on
+    # the same host: every request, the token request too, trusts that CA, whatever
+    # CA bundle the pod's environment names. (Two defects: oras-py's handshake asked
+    # the realm with ``verify=True``, the system's CAs; and requests lets
+    # REQUESTS_CA_BUNDLE override a session's own bundle, so the mirror's CA was
+    # ignored wherever the environment set one, as many images do.)
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    if bundle_env:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", requests.certs.where())
+    import ssl  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: PLC0415
+
+    from artifactd.stores.transport import Transport  # noqa: PLC0415
+
+    ca, cert, key = _private_ca(tmp_path)
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            port = self.server.server_address[1]
+            if self.path.startswith("/token?"):
+                status, body, headers = 200, b'{"token": "t0k"}', {}
+            elif self.headers.get("Authorization") == "Bearer t0k":
+                status, body, headers = 200, b"blob bytes", {}
+            else:
+                realm = f"https://127.0.0.1:{port}/token"
+                challenge = f'Bearer realm="{realm}",service="s",scope="repository:r:pull"'
+                status, body, headers = 401, b"{}", {"WWW-Authenticate": challenge}
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    transport = Transport(host, plain_http=False, credentials=None, name=host, verify=str(ca))
+    try:
+        resp = transport.send("GET", f"https://{host}/v2/r/blobs/b", what="blob")
+        assert resp.content == b"blob bytes"
+        assert [p.split("?")[0] for p in asked] == ["/v2/r/blobs/b", "/token", "/v2/r/blobs/b"]
+    finally:
+        transport.close()
+        server.shutdown()
+        server.server_close()

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from cachetrees import make_generic_tree
 from conftest import clean_env, run_artifactd
+from registry_server import RegistryServer
 
 from artifactd.cli.fast import LATER, LIGHT
 from artifactd.cli.specs import COMMANDS
@@ -258,6 +259,26 @@ def test_a_restore_that_installs_loads_no_pydantic_and_no_signing(
     assert proc.stderr.rsplit("\nPLUGINS ", 1)[1].split("\n", 1)[0] == "'not loaded'"
     # and without the modules only signing, verifying or a second registry use.
     assert loaded & NOT_INSTALLING == set()
+
+
+def test_a_restore_from_a_registry_loads_neither_pydantic_nor_oras(
+    store: str, registry: RegistryServer, tmp_path: Path
+) -> None:
+    # A registry that asks for no token (as an in-cluster registry or a node's mirror):
+    # oras-py, and the jsonschema it imports, load only to answer a Bearer challenge
+    # (tests/test_registry_token_auth.py); pydantic not at all. Together about 80 ms
+    # of every pod start that restores from a registry.
+    ref = registry.ref("startup/no-models")
+    copied = run_artifactd("copy", store, ref)
+    assert copied.returncode == 0, copied.stderr[-2000:]
+    args = ["restore", "--json", "--store", ref, "--target", str(tmp_path / "t")]
+    proc = run_artifactd(*args, prelude=LOADED)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "restored"
+    loaded = set(proc.stderr.rsplit("\nLOADED ", 1)[1].split())
+    assert "requests" in loaded  # it did speak HTTP to the registry
+    roots = {m.split(".")[0] for m in loaded}
+    assert roots & {"pydantic", "pydantic_core", "oras", "jsonschema"} == set()
 
 
 def test_the_plugin_switch_ends_with_the_restore(store: str, tmp_path: Path) -> None:

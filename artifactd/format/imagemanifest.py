@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from artifactd.errors import SchemaError
 from artifactd.format.oci import ARTIFACT_TYPE, DIGEST_PATTERN
 from artifactd.hashing import canonical_json
+from artifactd.jsontext import json_type
 
 
 class _Model(BaseModel):
@@ -89,19 +90,6 @@ def parse_document(
     if _deeper_than(doc, max_depth):
         raise SchemaError(f"{source} nests deeper than {max_depth} levels")
     return doc
-
-
-def json_type(value: Any) -> str:
-    """Name ``value``'s JSON type, for messages: object, array, string, number, boolean, null."""
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
 
 
 def _deeper_than(doc: Any, limit: int) -> bool:

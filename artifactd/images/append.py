@@ -54,7 +54,7 @@ from artifactd.errors import (
     UsageError,
 )
 from artifactd.events import EventSink, discard
-from artifactd.format.imagemanifest import json_type, parse_document
+from artifactd.format.imagemanifest import parse_document
 from artifactd.format.oci import (
     INDEX_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -63,6 +63,7 @@ from artifactd.format.oci import (
     is_digest,
 )
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
+from artifactd.jsontext import json_type
 from artifactd.stores import open_store, parse_artifact_ref
 from artifactd.stores.artifacts import Artifact, open_artifact, read_artifact
 from artifactd.stores.base import progress_events

@@ -36,8 +36,8 @@ from typing import NamedTuple
 from urllib.parse import urljoin, urlsplit
 
 from artifactd.errors import StoreError
-from artifactd.format.imagemanifest import json_type
 from artifactd.format.oci import is_tag
+from artifactd.jsontext import json_type
 
 #: The most tags one listing holds (a registry repository or a layout's
 #: ``index.json``, whose 64 MiB cap is about as many descriptors).

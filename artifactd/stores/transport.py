@@ -1,10 +1,15 @@
 """HTTP to a registry: sessions, authentication, timeouts and bounded retries.
 
-oras-py does the authentication handshake (Basic, and Bearer tokens fetched
-from the realm the registry's challenge names); everything else is ours,
-because oras-py 0.2.x has no request timeouts, no bounded retries and no limit
-on how long a body may take. Nothing from oras-py (exceptions, log lines)
-leaves this module: every failure becomes a :class:`StoreError`.
+oras-py fetches Bearer tokens from the realm a registry's challenge names;
+everything else is ours (Basic answers too), because oras-py 0.2.x has no
+request timeouts, no bounded retries and no limit on how long a body may
+take. oras-py is imported at the first Bearer challenge, not before: a
+registry that asks for no token (an in-cluster registry or pull-through
+cache, a node's mirror, a Basic-only registry) never needs it, and importing
+it (with the ``jsonschema`` it loads) costs about 40 ms of a pod's start.
+Nothing from
+oras-py (exceptions, log lines) leaves this module: every failure becomes a
+:class:`StoreError`.
 
 A transport holds the credentials of its own registry only (found for its host
 by :func:`~artifactd.stores.credentials.find_credentials`), so whatever a
@@ -36,13 +41,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
+from http.cookiejar import DefaultCookiePolicy
 from pathlib import Path
 from typing import Any
 
-import oras.provider
 import requests
 import urllib3
-from oras.logger import logger as oras_logger
 
 from artifactd.errors import StoreError
 from artifactd.stores.base import Progress
@@ -67,8 +71,23 @@ _CHUNK = 1 << 20
 _REALM_RE = re.compile(r'realm="[^"]+"')  # the key as oras-py matches it
 
 
-def _quiet_oras() -> None:
-    """Keep oras-py's own log lines (which may name endpoints) out of our output."""
+def _token_auth(
+    session: requests.Session,
+    *,
+    plain_http: bool,
+    verify: bool | str,
+    credentials: Credentials | None,
+) -> Any:
+    """Return oras-py's Bearer token handshake, sharing ``session``, its log lines silenced.
+
+    The token request gets the session's TLS settings (a private CA bundle
+    too), and the registry's own credentials for the realm, if it has any.
+    """
+    # lazy: only a Bearer challenge needs oras-py (see the module docstring)
+    import oras.auth  # noqa: PLC0415
+    from oras.logger import logger as oras_logger  # noqa: PLC0415
+
+    # Keep oras-py's own log lines (which may name endpoints) out of our output.
     for name in ("oras", "oras.logger", "oras.provider", "oras.auth"):
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     try:
@@ -76,6 +95,10 @@ def _quiet_oras() -> None:
         oras_logger.level = logging.CRITICAL + 1
     except AttributeError:  # a logger without these knobs: the levels above still hold
         pass
+    auth = oras.auth.get_auth_backend("token", session, plain_http, tls_verify=verify)
+    if credentials is not None:
+        auth.set_basic_auth(credentials.username, credentials.password)
+    return auth
 
 
 def _default_timeout(session: Any) -> None:
@@ -190,9 +213,11 @@ def read_document(resp: Any, what: str, *, grace: float | None = None) -> None:
 
 @dataclass
 class _Session:
-    """One thread's oras client (a requests session plus token state) and cached auth."""
+    """One thread's requests session, its Bearer handshake (made when first challenged), auth."""
 
-    client: Any
+    http: requests.Session
+    #: oras-py's token handshake on ``http``: see :func:`_token_auth`.
+    token_auth: Any = None
     basic: str | None = None
     bearer: str | None = None
 
@@ -200,8 +225,8 @@ class _Session:
 class Transport:
     """Requests to one registry, safe to use from many threads.
 
-    Each thread gets its own session (oras clients are not thread-safe);
-    :meth:`close` closes all of them.
+    Each thread gets its own session (requests sessions and oras-py's token
+    state are not thread-safe); :meth:`close` closes all of them.
     """
 
     def __init__(
@@ -227,7 +252,6 @@ class Transport:
         self._cert = cert
         self._lock = threading.Lock()
         self._sessions: dict[int, _Session] = {}
-        _quiet_oras()
 
     def _session(self) -> _Session:
         """Return the calling thread's session, made on first use."""
@@ -237,17 +261,16 @@ class Transport:
         if session is not None:
             return session
 
-        client = oras.provider.Registry(
-            hostname=self.host, insecure=self.plain_http, auth_backend="token"
-        )
-        _default_timeout(client.session)
-        if self._verify is not True:
-            client.session.verify = self._verify
+        http = requests.Session()
+        # No cookies: some registries (Harbor) take one as a sign of a browser and
+        # start asking for CSRF tokens.
+        http.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+        _default_timeout(http)
+        # TLS verification is passed with every request (see _attempt), not set here.
         if self._cert is not None:
-            client.session.cert = self._cert[0] if self._cert[1] is None else self._cert
-        if self.credentials is not None:
-            client.auth.set_basic_auth(self.credentials.username, self.credentials.password)
-        session = _Session(client)
+            cert_file, key_file = self._cert
+            http.cert = cert_file if key_file is None else (cert_file, key_file)
+        session = _Session(http)
         with self._lock:
             self._sessions[key] = session
         return session
@@ -258,7 +281,7 @@ class Transport:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
-            session.client.session.close()
+            session.http.close()
 
     def _authenticate(self, session: _Session, response: Any, headers: dict[str, str]) -> bool:
         """Answer a 401 challenge; True if the request can be retried with ``headers``."""
@@ -271,7 +294,14 @@ class Transport:
         if not _REALM_RE.search(challenge):
             return False  # no Bearer challenge we could answer: an auth error for the caller
 
-        auth = session.client.auth
+        if session.token_auth is None:
+            session.token_auth = _token_auth(
+                session.http,
+                plain_http=self.plain_http,
+                verify=self._verify,
+                credentials=self.credentials,
+            )
+        auth = session.token_auth
         try:
             auth.token = None  # a token for another scope must not be reused
             new_headers, changed = auth.authenticate_request(response, dict(headers))
@@ -328,7 +358,7 @@ class Transport:
         attempts = ATTEMPTS if self.attempts is None else self.attempts
         while attempt < attempts:
             resp, last_error = _attempt(
-                session.client,
+                session.http,
                 method,
                 url=url,
                 headers=hdrs,
@@ -336,6 +366,7 @@ class Transport:
                 stream=stream,
                 progress=progress,
                 timeout=self.timeout or TIMEOUT,
+                verify=self._verify,
             )
             if resp is not None and resp.status_code in (401, 403) and not authed:
                 authed = True  # one challenge answered per call; not counted as an attempt
@@ -411,7 +442,7 @@ def retry_after(value: str | None, *, now: float | None = None) -> float | None:
 
 
 def _attempt(
-    client: Any,
+    http: requests.Session,
     method: str,
     *,
     url: str,
@@ -420,6 +451,7 @@ def _attempt(
     stream: bool,
     progress: Progress | None = None,
     timeout: tuple[float, float] = TIMEOUT,
+    verify: bool | str = True,
 ) -> tuple[Any, str]:
     """One HTTP exchange; a file body is reopened each time so a retry resends it all."""
     handle = body.open("rb") if isinstance(body, Path) else None
@@ -428,7 +460,7 @@ def _attempt(
         data = _CountingFile(handle, progress) if progress else handle
     resp = None
     try:
-        resp = client.session.request(
+        resp = http.request(
             method,
             url,
             headers=headers,
@@ -436,6 +468,10 @@ def _attempt(
             stream=True,  # small bodies too: read below, under MIN_RATE and a size cap
             timeout=timeout,
             allow_redirects=True,
+            # Per request: requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the
+            # environment override a session's own CA bundle, never a request's. A
+            # mirror's ``ca`` (hosts.toml) must hold whatever the pod's environment says.
+            verify=verify,
         )
         if not stream:
             read_document(resp, f"{method} {url.rsplit('/', 2)[-2]}", grace=timeout[1])
