@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,8 +189,8 @@ def test_a_registry_behind_a_private_ca_is_asked_with_its_own_ca_token_realm_too
     for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
     if bundle_env:
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", requests.certs.where())
-    import ssl  # noqa: PLC0415
+        # The system's bundle (a real one, without the test's CA), as images set it.
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", ssl.get_default_verify_paths().openssl_cafile)
     import threading  # noqa: PLC0415
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: PLC0415
 
@@ -201,15 +202,16 @@ def test_a_registry_behind_a_private_ca_is_asked_with_its_own_ca_token_realm_too
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             asked.append(self.path)
-            port = self.server.server_address[1]
+            headers: dict[str, str] = {}
             if self.path.startswith("/token?"):
-                status, body, headers = 200, b'{"token": "t0k"}', {}
+                status, body = 200, b'{"token": "t0k"}'
             elif self.headers.get("Authorization") == "Bearer t0k":
-                status, body, headers = 200, b"blob bytes", {}
+                status, body = 200, b"blob bytes"
             else:
-                realm = f"https://127.0.0.1:{port}/token"
+                realm = f"https://{self.headers['Host']}/token"
                 challenge = f'Bearer realm="{realm}",service="s",scope="repository:r:pull"'
-                status, body, headers = 401, b"{}", {"WWW-Authenticate": challenge}
+                status, body = 401, b"{}"
+                headers["WWW-Authenticate"] = challenge
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
