@@ -58,7 +58,7 @@ are the median of the per-round ratios, with their range.
 Usage: python bench/restore_network.py [--size-mib 400] [--rates 1g,10g,off]
            [--rounds 7] [--rtt-ms 0.5] [--per-conn off] [--baseline skopeo|curl|stream]
            [--tree mixed|small|big] [--big-gib 1] [--against DIR]
-           [--skip-local] [--skip-mirror] [--drop-caches] [--keep]
+           [--skip-local] [--skip-mirror] [--drop-caches] [--keep] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -498,6 +498,16 @@ def timed_rounds(
                   file=sys.stderr, flush=True)  # fmt: skip
 
 
+def work_parent(given: Path | None) -> Path:
+    """Where the work dir goes: ``given`` (it must exist), else .artifactd/, else the temp dir."""
+    if given is not None:
+        if not given.is_dir():
+            sys.exit(f"--dir {given}: no such directory")
+        return given
+    parent = REPO / ".artifactd"
+    return parent if parent.is_dir() else Path(tempfile.gettempdir())
+
+
 def fmt(value: float | None, spec: str = "7.2f") -> str:
     return (
         format(value, spec) if value is not None else "-".rjust(int(spec.split(".", maxsplit=1)[0]))
@@ -536,6 +546,12 @@ def main() -> None:
     )
     parser.add_argument("--drop-caches", action="store_true", help="drop the page cache per run")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        help="where the work dir goes (default: .artifactd/ in the checkout, else the temp "
+        "dir); a filesystem nothing deleted many files on lately (see above)",
+    )
     args = parser.parse_args()
     if args.baseline == "skopeo" and shutil.which("skopeo") is None:
         sys.exit("skopeo not installed (scripts/setup.sh); or pass --baseline curl")
@@ -543,8 +559,7 @@ def main() -> None:
     rates = [parse_rate(r) for r in args.rates.split(",")]
     per_conn = parse_rate(args.per_conn)
     start = time.perf_counter()
-    parent = REPO / ".artifactd"
-    parent = parent if parent.is_dir() else Path(tempfile.gettempdir())
+    parent = work_parent(args.dir)
     # Source tree, registry, layout, warm-up restore, then every run's target.
     runs = args.rounds * (
         (3 if args.against else 2) * len(rates)

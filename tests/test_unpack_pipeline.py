@@ -442,3 +442,10 @@ def test_a_header_read_past_tarfile_reads_as_tarfile_reads_it(
         return
     theirs = tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
     assert mine == (theirs.name, theirs.type, theirs.mode, theirs.size)
+
+
+@settings(deadline=None, database=None, derandomize=True, max_examples=300)
+@given(block=st.binary(min_size=512, max_size=512) | st.sampled_from([b"\xff" * 512, b"\0" * 512]))
+def test_a_header_blocks_sum_is_its_bytes_sum(block: bytes) -> None:
+    """The checksum's sum, taken from two Adler-32s, is the plain sum of the block's bytes."""
+    assert unpack_mod._block_sum(block) == sum(block)
