@@ -61,7 +61,14 @@ from engine import Engine, engine, python_base
 from registry_server import RegistryServer
 from test_ci_examples import artifactd_argv, listed_options, run_help, split_path, used_options
 from test_fanout_examples import PINNED, container_env, container_lines
-from test_image_build import base, docker_client, init_image, run_in, tree_digests
+from test_image_build import (
+    base,
+    container_output,
+    docker_client,
+    init_image,
+    run_in,
+    tree_digests,
+)
 
 from artifactd import __version__
 from artifactd.bounds import SIZE
@@ -710,16 +717,16 @@ def test_the_pods_containers_restore_and_start_the_engine_on_podman(
     env["ARTIFACTD_SOFTWARE_FROM"] = f"{store}:fp-{fp_hash}"
     volumes = tmp_path / "volumes"
     volumes.mkdir()
-    out = client.containers.run(
+    reported = container_output(
+        client,
         image,
         [*RESTORE_C["args"], "--require", "--json"],
         environment=env,
         user=_user(DEPLOYMENT, RESTORE_C),
         volumes=_binds(RESTORE_C, volumes),
         network_mode="host",
-        remove=True,
     )
-    doc = json.loads(bytes(out).decode())
+    doc = json.loads(reported.decode())
     assert doc["status"] == "restored" and doc["match"] == "full", doc
     assert doc["restored"] == ["generic"]
     assert doc["node_store"]["outcome"] == "fetched", doc["node_store"]

@@ -67,12 +67,36 @@ def image_build(*args: str, env: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
+def container_output(client: Any, image: str, command: list[str], **kwargs: Any) -> bytes:
+    """Run a throwaway container of ``image`` to its end; return its stdout, whole.
+
+    Not ``containers.run(remove=True)``: the docker SDK opens the log stream
+    before the container starts and reads it only after removing the
+    container, and podman ends that stream at the removal, so a long output
+    came back cut (5,001 lines as 4,196, on a loaded machine). Here the logs
+    are read once the container has exited, before it is removed. A nonzero
+    exit raises the SDK's ``ContainerError``, as ``containers.run`` does.
+    """
+    container = client.containers.run(image, command, detach=True, **kwargs)
+    try:
+        status = container.wait()["StatusCode"]
+        if status != 0:
+            # lazy: the docker SDK is optional (docker_client says so when it is missing)
+            from docker.errors import ContainerError  # noqa: PLC0415
+
+            err = container.logs(stdout=False, stderr=True)
+            raise ContainerError(container, status, command, image, err)
+        return bytes(container.logs(stdout=True, stderr=False))
+    finally:
+        container.remove(force=True)
+
+
 def run_in(client: Any, image: str, *argv: str, entrypoint: str, **kwargs: Any) -> str:
     """Run ``entrypoint ARGV`` in a throwaway container of ``image``; its stdout."""
-    out = client.containers.run(
-        image, list(argv), entrypoint=[entrypoint], remove=True, network_mode="host", **kwargs
+    out = container_output(
+        client, image, list(argv), entrypoint=[entrypoint], network_mode="host", **kwargs
     )
-    return bytes(out).decode()
+    return out.decode()
 
 
 def skopeo(*args: str) -> str:
@@ -321,20 +345,20 @@ def test_init_container_restores_the_cpu_demo_and_the_warm_up_compiles_nothing(
         "--workload", "model=artifactd/cpu-demo,dtype=float32", "--consumer-user", "root",
         "--require", "--json",
     ]  # fmt: skip
-    blind = client.containers.run(
+    blind = container_output(
+        client,
         init_image["image_id"],
         [*argv, "--dry-run"],
-        remove=True,
         network_mode="host",
         volumes={str(volume): {"bind": str(volume), "mode": "rw"}},
     )
     # Without the runtime image's software, only families that do not depend on it could hit.
     assert json.loads(bytes(blind).decode())["match"] != "full"
     t0 = time.monotonic()
-    out = client.containers.run(
+    out = container_output(
+        client,
         init_image["image_id"],
         [*argv, "--software-from", f"{store}:fp-{fp_hash}"],
-        remove=True,
         network_mode="host",
         volumes={str(volume): {"bind": str(volume), "mode": "rw"}},
     )
@@ -499,10 +523,10 @@ def test_an_appended_image_runs_and_restores_its_baked_caches_with_no_network(
     volume.mkdir()
     os.chown(volume, INIT_UID, INIT_UID)
     client.images.pull(warm)
-    out = client.containers.run(
+    out = container_output(
+        client,
         warm,
         ["--target", "/cache", "--require", "--json"],
-        remove=True,
         network_mode="none",
         volumes={str(volume): {"bind": "/cache", "mode": "rw"}},
     )
