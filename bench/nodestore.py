@@ -196,6 +196,8 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.files <= 1_000_000 or not 1 <= args.rounds <= 100:
         parser.error("--files 1-1000000, --rounds 1-100")
+    if args.dir is not None and not args.dir.is_dir():
+        sys.exit(f"--dir {args.dir}: no such directory")
     work = Path(tempfile.mkdtemp(prefix="artifactd-nodestore-", dir=args.dir))
     PY[0] = plain_python(work)  # starts as an installed artifactd does
     ok = True

@@ -70,6 +70,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -515,6 +516,9 @@ def fmt(value: float | None, spec: str = "7.2f") -> str:
 
 
 def main() -> None:
+    # A SIGTERM (a timeout, a CI cancel) ends the run through its finally blocks,
+    # which stop the registry and the throttle instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=400, help="unpacked artifact size")
     parser.add_argument("--rates", default="1g,10g,off", help="link rates, bits/s (off: direct)")

@@ -149,6 +149,8 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("zstd") is None or shutil.which("tar") is None:
         parser.error("needs zstd and tar on PATH")
+    if args.work is not None and not args.work.is_dir():
+        sys.exit(f"--work {args.work}: no such directory")
     work = Path(tempfile.mkdtemp(prefix="artifactd-bench-scale-", dir=args.work))
     cases = [(f"{n} x 4 KiB", n, 4096) for n in map(int, filter(None, args.files.split(",")))]
     sizes = [int(s) for s in args.sizes.split(",") if s] + ([5000] if args.big else [])

@@ -449,3 +449,74 @@ def test_a_header_read_past_tarfile_reads_as_tarfile_reads_it(
 def test_a_header_blocks_sum_is_its_bytes_sum(block: bytes) -> None:
     """The checksum's sum, taken from two Adler-32s, is the plain sum of the block's bytes."""
     assert unpack_mod._block_sum(block) == sum(block)
+
+
+class _Pieces:
+    """A source that returns ``data`` in the given piece sizes (then the rest, then b"")."""
+
+    def __init__(self, data: bytes, sizes: list[int]) -> None:
+        self._data = data
+        self._at = 0
+        self._sizes = iter(sizes)
+
+    def read(self, n: int = -1, /) -> bytes:
+        size = next(self._sizes, n)
+        piece = self._data[self._at : self._at + min(size, n)]
+        self._at += len(piece)
+        return piece
+
+
+_OPS = st.tuples(
+    st.sampled_from(["peek", "read", "take", "skip", "member", "seek"]), st.integers(0, 700)
+)
+
+
+@settings(deadline=None, database=None, derandomize=True, max_examples=400)
+@given(
+    size=st.integers(0, 6000),
+    pieces=st.lists(st.integers(1, 1500), max_size=12),
+    join=st.sampled_from([1, 7, 64, 512]),
+    ops=st.lists(_OPS, max_size=40),
+)
+def test_the_tar_readers_buffer_serves_the_stream_as_it_is_whatever_its_pieces(
+    size: int, pieces: list[int], join: int, ops: list[tuple[str, int]]
+) -> None:
+    """Every read, peek, take, skip, member and seek gives the stream's bytes at its offset.
+
+    Small pieces and a small join make every member straddle pieces, so the
+    joined buffer, a longer join, and the return to a piece in place all run.
+    """
+    data = bytes((i * 7 + i // 251) % 256 for i in range(size))
+    bounded = unpack_mod._Bounded(_Pieces(data, pieces), limit=size, digest="sha256:x")
+    old_join, unpack_mod._JOIN = unpack_mod._JOIN, join
+    try:
+        at = 0
+        for op, n in ops:
+            assert bounded.tell() == at
+            if op == "peek":
+                assert bounded.peek(n) == data[at : at + n]
+            elif op == "read":
+                assert bounded.read(n) == data[at : at + n]
+                at = min(at + n, size)
+            elif op == "take":
+                got = bytes(bounded.take(n))
+                assert got == data[at : at + len(got)]
+                assert got or n == 0 or at == size  # empty only when asked none, or at the end
+                at += len(got)
+            elif op == "skip":
+                bounded.skip(n)
+                at = min(at + n, size)
+            elif op == "seek":
+                assert bounded.seek(at + n) == min(at + n, size)
+                at = min(at + n, size)
+            else:
+                padded = -(-n // 512) * 512
+                if at + 512 + n > size:  # the data ends inside: tarfile's error
+                    with pytest.raises(tarfile.ReadError):
+                        bounded.member(n, padded)
+                    return
+                assert bytes(bounded.member(n, padded)) == data[at + 512 : at + 512 + n]
+                at = min(at + 512 + padded, size)
+        assert bounded.read(-1) == data[at:]
+    finally:
+        unpack_mod._JOIN = old_join

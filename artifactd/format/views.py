@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from artifactd.hashing import canonical_json
 
@@ -114,6 +114,7 @@ class ConfigView(Protocol):
 
 #: The fields of :class:`FileView` and :class:`LayerView` (the test holds both readers to them).
 FILE_FIELDS = ("path", "size", "sha256", "mode", "mtime", "link", "rewrite")
+_FILE_KEYS = frozenset(FILE_FIELDS)
 LAYER_FIELDS = (
     "family",
     "scope_key",
@@ -138,6 +139,19 @@ _RECENT_MAX = 4
 _RECENT_LOCK = threading.Lock()
 
 
+def _file_fields(entry: FileView) -> Mapping[str, Any]:
+    """Return a file entry's fields by name: its own ``__dict__`` when that holds exactly them.
+
+    Both readers keep an entry's fields there (a light document's is a copy of
+    the config's entry, a frozen model's its validated values), so the
+    tree document of tens of thousands of entries needs no new dict per entry.
+    """
+    fields = getattr(entry, "__dict__", None)
+    if fields is not None and fields.keys() == _FILE_KEYS:
+        return cast("Mapping[str, Any]", fields)
+    return {f: getattr(entry, f) for f in FILE_FIELDS}
+
+
 def tree_document(record: LayerView) -> bytes:
     """Return the tree document a format-2 layer of ``record`` carries, as its canonical bytes.
 
@@ -158,7 +172,7 @@ def tree_document(record: LayerView) -> bytes:
             "scope_key": record.scope_key,
             "scope": record.scope,
             "components": list(record.components),
-            "files": [{f: getattr(e, f) for f in FILE_FIELDS} for e in record.files],
+            "files": [_file_fields(e) for e in record.files],
             "unpacked_size": record.unpacked_size,
         }
     )
