@@ -484,7 +484,7 @@ class _Bounded:
         self._joined = 0
 
     def _fill(self, want: int) -> bool:
-        """Make more unread bytes available (``want``, if it can); False at the end of the stream."""
+        """Make more unread bytes available (``want`` if it can); False at the stream's end."""
         piece = self._piece
         if piece is not None:
             if self._pos >= self._joined:  # only the piece's bytes are left: serve it in place
