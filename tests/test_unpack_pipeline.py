@@ -520,3 +520,32 @@ def test_the_tar_readers_buffer_serves_the_stream_as_it_is_whatever_its_pieces(
         assert bounded.read(-1) == data[at:]
     finally:
         unpack_mod._JOIN = old_join
+
+
+def test_the_writers_budget_counts_the_buffers_that_small_files_keep_alive(tmp_path: Path) -> None:
+    """A small file handed over as a view holds its whole decompressed buffer: that is charged.
+
+    Else small files between large ones (each large file streamed at once,
+    each small one holding a different 4 MiB buffer) could keep many times
+    the budget in memory while the writers lag.
+    """
+    extractor = unpack_mod._Extractor(
+        tmp_path / "stage", [], None, False, components=frozenset({"cache"})
+    )
+    charged: list[int] = []
+    extractor._submit = lambda size, fn, *args: charged.append(size)  # type: ignore[method-assign]
+    buffers = [bytes(4 << 20) for _ in range(3)]
+
+    def entry(i: int) -> Any:
+        return SimpleNamespace(path=f"cache/f{i}", size=1024, rewrite=False)
+
+    for i, buf in enumerate(buffers):  # three files, each in a buffer of its own
+        extractor._accept(f"cache/f{i}", entry(i), memoryview(buf)[:1024])
+    extractor._flush()
+    for i in range(3, 6):  # three files in one buffer
+        extractor._accept(f"cache/f{i}", entry(i), memoryview(buffers[0])[i << 10 : (i + 1) << 10])
+    extractor._flush()
+    extractor._accept("cache/f6", entry(6), bytes(1024))  # bytes: its own size
+    extractor._flush()
+    assert charged == [3 * (4 << 20), 4 << 20, 1024]
+    extractor.abort()

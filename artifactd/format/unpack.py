@@ -412,7 +412,8 @@ _STREAM_AHEAD = 8
 #: A streamed file asks the kernel to start writing each run of this many bytes
 #: to disk as soon as it is written (see :func:`_stream_member`).
 _WRITEBACK = 8 << 20
-#: Bytes read ahead of the writer threads, at most.
+#: Bytes read ahead of the writer threads, at most: the files' bytes, or the
+#: decompressed buffers their views keep alive, whichever is more (see ``_accept``).
 _IN_FLIGHT = 256 << 20
 #: Two writers overlap file creation with parsing; more contend on this disk (measured).
 _WRITERS = 2
@@ -816,6 +817,9 @@ class _Extractor:
         self._error: BaseException | None = None
         self._batch: list[_Write] = []
         self._batch_bytes = 0
+        #: The buffers this batch's views keep alive: the last one, and their bytes.
+        self._pinned: object = None
+        self._pinned_bytes = 0
 
     def prepare(self) -> None:
         """Make every directory the record implies, parents first, before any member."""
@@ -872,8 +876,9 @@ class _Extractor:
 
     def _flush(self) -> None:
         if self._batch:
-            batch, size = self._batch, self._batch_bytes
+            batch, size = self._batch, max(self._batch_bytes, self._pinned_bytes)
             self._batch, self._batch_bytes = [], 0
+            self._pinned, self._pinned_bytes = None, 0
             self._submit(size, self._write_batch, batch)
 
     def _write_batch(self, batch: list[_Write]) -> None:
@@ -986,6 +991,12 @@ class _Extractor:
                 ) from None
         self._batch.append((f"{self.root}/{name}", data, entry, relocate is None))
         self._batch_bytes += len(data)
+        if type(data) is memoryview and data.obj is not self._pinned:
+            # A view keeps its whole buffer (up to 4 MiB) alive until written: the
+            # budget counts the buffer, so small files between large ones cannot
+            # hold more memory than it allows.
+            self._pinned = data.obj
+            self._pinned_bytes += memoryview(data.obj).nbytes
         if len(self._batch) >= _BATCH_FILES or self._batch_bytes >= _BATCH_BYTES:
             self._flush()
 
