@@ -549,3 +549,34 @@ def test_the_writers_budget_counts_the_buffers_that_small_files_keep_alive(tmp_p
     extractor._flush()
     assert charged == [3 * (4 << 20), 4 << 20, 1024]
     extractor.abort()
+
+
+def test_the_extractor_keeps_the_same_names_whichever_way_it_checks_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain record's names, checked a field at a time, give what each entry checked gives."""
+
+    def entry(path: str, size: int) -> Any:
+        return SimpleNamespace(
+            path=path, size=size, link=None, mode=0o644, rewrite=False, sha256="0" * 64
+        )
+
+    entries = [
+        entry("cache/a/b/c.json", 10),
+        entry("cache/a/d.bin", 2 << 20),  # large: streamed, not on the tight path
+        entry("cache/e", 0),
+        entry("pch/x/y", 5),
+    ]
+    comps = frozenset({"cache", "pch"})
+    assert unpack_mod._plain_entries(entries, comps) is not None  # the plain way applies
+
+    def kept() -> tuple[dict[str, Any], set[str]]:
+        x = unpack_mod._Extractor(tmp_path / "s", entries, None, False, components=comps)
+        x.abort()
+        return x.fast_files, x.record_dirs
+
+    plain = kept()
+    monkeypatch.setattr(unpack_mod, "_plain_entries", lambda entries, components: None)
+    assert kept() == plain
+    assert plain[1] == {"cache", "cache/a", "cache/a/b", "pch", "pch/x"}
+    assert sorted(plain[0]) == ["cache/a/b/c.json", "cache/e", "pch/x/y"]
