@@ -52,7 +52,7 @@ import tarfile
 import threading
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, NamedTuple
 
@@ -258,9 +258,11 @@ def check_layer(
     return bound
 
 
-def _checked_entries(
-    entries: Sequence[FileEntry], components: frozenset[str]
-) -> tuple[set[str], set[str], int]:
+#: A record's file paths, the directories they imply, and the sum of their sizes.
+_Plain = tuple[frozenset[str], frozenset[str], int]
+
+
+def _checked_entries(entries: Sequence[FileEntry], components: frozenset[str]) -> _Plain:
     """Hold each entry to the format's rules; return the paths, the directories, the bytes."""
     files: set[str] = set()
     dirs: set[str] = set()
@@ -273,7 +275,7 @@ def _checked_entries(
         files.add(path)
         _add_parents(path, dirs)
         total += entry.size
-    return files, dirs, total
+    return frozenset(files), frozenset(dirs), total
 
 
 #: One path part that is neither ``.`` nor ``..``: printable ASCII but ``/`` and ``\``.
@@ -284,9 +286,15 @@ _FIRST_PART = operator.methodcaller("partition", "/")
 _PARENT = operator.methodcaller("rpartition", "/")
 
 
-def _plain_entries(
-    entries: Sequence[FileEntry], components: frozenset[str]
-) -> tuple[set[str], set[str], int] | None:
+#: The last few records :func:`_plain_entries` checked (by the id of their list of
+#: entries, which each result keeps alive), so the extractor does not check again
+#: what :func:`check_layer` just checked. Records are read-only.
+_PLAIN_RECENT: dict[int, tuple[Sequence[FileEntry], frozenset[str], _Plain | None]] = {}
+_PLAIN_RECENT_MAX = 4
+_PLAIN_RECENT_LOCK = threading.Lock()
+
+
+def _plain_entries(entries: Sequence[FileEntry], components: frozenset[str]) -> _Plain | None:
     """:func:`_checked_entries` of a record of plain files, in the interpreter's own loops.
 
     A record as artifactd writes it (ASCII paths of plain parts under its
@@ -294,7 +302,22 @@ def _plain_entries(
     over :data:`MAX_REWRITE_BYTES`, no path twice) is checked a
     field at a time: 18,000 entries in a third of the time. Anything else
     returns None, and each entry is checked, which names what is wrong.
+    The same list of entries with the same components is answered from
+    :data:`_PLAIN_RECENT`.
     """
+    with _PLAIN_RECENT_LOCK:
+        hit = _PLAIN_RECENT.get(id(entries))
+    if hit is not None and hit[0] is entries and hit[1] == components:
+        return hit[2]
+    found = _plain_check(entries, components)
+    with _PLAIN_RECENT_LOCK:
+        while len(_PLAIN_RECENT) >= _PLAIN_RECENT_MAX:
+            del _PLAIN_RECENT[next(iter(_PLAIN_RECENT))]
+        _PLAIN_RECENT[id(entries)] = (entries, components, found)
+    return found
+
+
+def _plain_check(entries: Sequence[FileEntry], components: frozenset[str]) -> _Plain | None:
     paths = list(map(operator.attrgetter("path"), entries))
     links = list(map(operator.attrgetter("link"), entries))
     sizes = list(map(operator.attrgetter("size"), entries))
@@ -309,7 +332,7 @@ def _plain_entries(
         or not set(map(operator.itemgetter(0), map(_FIRST_PART, paths))) <= components
     ):
         return None
-    files = set(paths)
+    files = frozenset(paths)
     if len(files) != len(paths):
         return None
     dirs: set[str] = set()
@@ -317,7 +340,7 @@ def _plain_entries(
         if parent not in dirs:
             dirs.add(parent)
             _add_parents(parent, dirs)
-    return files, dirs, sum(sizes)
+    return files, frozenset(dirs), sum(sizes)
 
 
 def _tree_doc_estimate(record: LayerRecord) -> int:
@@ -355,7 +378,7 @@ def tar_bound(
     return _tar_bytes(entries, dirs, prefix)
 
 
-def _tar_bytes(entries: Sequence[FileEntry], dirs: set[str], prefix: str | None) -> int:
+def _tar_bytes(entries: Sequence[FileEntry], dirs: Set[str], prefix: str | None) -> int:
     """:func:`tar_bound` of ``entries``, given every directory they imply (and the components)."""
     lead = f"{prefix}/" if prefix else ""
     bound = 2 * 10240 + EXTRA_DIRS * _header_bound("x" * (MAX_PATH_BYTES + len(lead)))
@@ -798,7 +821,7 @@ class _Extractor:
         if plain is not None:
             # A record as artifactd writes it: every name passed, no link, a field
             # at a time (a third of the time of the loop below, 18,000 entries).
-            self.record_dirs = plain[1]
+            self.record_dirs = set(plain[1])
             big = _BUFFERED_FILE
             self.fast_files = {p: e for p, e in self.expected.items() if e.size <= big}
             entries = ()
