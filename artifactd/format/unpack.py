@@ -509,6 +509,8 @@ class _Bounded:
 
     def _fill(self, want: int) -> bool:
         """Make more unread bytes available (``want`` if it can); False at the stream's end."""
+        if self._eof:  # the source said so once: no piece is pending after it
+            return False
         piece = self._piece
         if piece is not None:
             if self._pos >= self._joined:  # only the piece's bytes are left: serve it in place
