@@ -7,9 +7,8 @@ take. oras-py is imported at the first Bearer challenge, not before: a
 registry that asks for no token (an in-cluster registry or pull-through
 cache, a node's mirror, a Basic-only registry) never needs it, and importing
 it (with the ``jsonschema`` it loads) costs about 40 ms of a pod's start.
-Nothing from
-oras-py (exceptions, log lines) leaves this module: every failure becomes a
-:class:`StoreError`.
+Nothing from oras-py (exceptions, log lines) leaves this module: every
+failure becomes a :class:`StoreError`.
 
 A transport holds the credentials of its own registry only (found for its host
 by :func:`~artifactd.stores.credentials.find_credentials`), so whatever a
