@@ -46,8 +46,15 @@ REPORT_SCHEMA_VERSION = 1
 REPORT_MAX_FILES = 1000
 
 
+#: Values that are JSON already: returned as they are, before any other test (a restore's
+#: report holds thousands of them, and each test of the kinds below is an attribute lookup).
+_PLAIN_JSON = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:  # noqa: PLR0911 - one return per kind of value
     """Turn library results (dataclasses, named tuples, models, paths) into plain JSON data."""
+    if type(value) in _PLAIN_JSON:
+        return value
     if hasattr(type(value), "__dataclass_fields__"):
         import dataclasses  # noqa: PLC0415  # loaded already: ``value`` is a dataclass
 

@@ -314,6 +314,29 @@ def test_vllm_round_trip_relocates_handles_and_group_files(tmp_path: Path) -> No
         assert Path(child).is_file()
 
 
+@pytest.mark.parametrize("name", ["triton", "vllm"])
+def test_a_group_file_is_parsed_once_when_relocated(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore rewrites every Triton group file on its extracting thread: one parse each.
+
+    (A Triton cache has one group file per kernel; the vLLM family used to parse
+    each three times.) Other path-bearing files still take the text rewrite.
+    """
+    family = get_family(name)
+    group = json.dumps(
+        {"child_paths": {"k.cubin": f"{ROOT_PLACEHOLDER}/ab/k.cubin", "k.json": "/elsewhere/k"}}
+    ).encode()
+    parses: list[object] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda data, **kw: parses.append(data) or loads(data, **kw))
+    out = json.loads(family.relocate(group, "/cache/root"))
+    assert len(parses) == 2  # the relocate's one, and this test's own
+    assert out["child_paths"] == {"k.cubin": "/cache/root/ab/k.cubin", "k.json": "/elsewhere/k"}
+    text = f"path = {ROOT_PLACEHOLDER}/x\n".encode()
+    assert family.relocate(text, "/cache/root/") == b"path = /cache/root/x\n"
+
+
 def test_vllm_read_factors_one_per_hash_dir(tmp_path: Path) -> None:
     root = make_vllm_tree(tmp_path / "vllm")
     factors = read_factors(root)

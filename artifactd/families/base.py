@@ -193,20 +193,35 @@ class Family(ABC):
     def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
         """Replace the harvest root in a path-bearing file with the placeholder.
 
-        A Triton group file has its child paths rewritten; any other file has
-        every ``<root>/`` replaced in its text.
+        A Triton group file has its child paths rewritten; any other file goes
+        to :meth:`normalize_text`.
         """
-        if is_group_json(data):
-            return rewrite_group_json(data, roots, ROOT_PLACEHOLDER)
+        doc = group_doc(data)
+        if doc is not None:
+            return rewrite_group_doc(doc, roots, ROOT_PLACEHOLDER)
+        return self.normalize_text(data, roots)
+
+    def normalize_text(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+        """:meth:`normalize` of a file that is not a group file: every ``<root>/`` replaced."""
         text = data.decode("utf-8")
         for root in roots:
             text = text.replace(root.rstrip("/") + "/", ROOT_PLACEHOLDER + "/")
         return text.encode("utf-8")
 
     def relocate(self, data: bytes, root: str) -> bytes:
-        """Replace the placeholder with the restored root (in a group file's child paths)."""
-        if is_group_json(data):
-            return rewrite_group_json(data, (ROOT_PLACEHOLDER,), root)
+        """Replace the placeholder with the restored root (in a group file's child paths).
+
+        Runs on the extracting thread for every file a restore rewrites (a
+        Triton cache has one group file per kernel), so a group file's JSON is
+        parsed once. Any other file goes to :meth:`relocate_text`.
+        """
+        doc = group_doc(data)
+        if doc is not None:
+            return rewrite_group_doc(doc, (ROOT_PLACEHOLDER,), root)
+        return self.relocate_text(data, root)
+
+    def relocate_text(self, data: bytes, root: str) -> bytes:
+        """:meth:`relocate` of a file that is not a group file: every placeholder replaced."""
         return data.decode("utf-8").replace(ROOT_PLACEHOLDER, root.rstrip("/")).encode("utf-8")
 
     def shares_inode(self, component: str, rel: str, rewrite: bool = False) -> bool:
@@ -286,23 +301,33 @@ def is_group_file(rel: PurePosixPath) -> bool:
     return rel.name.startswith("__grp__") and rel.suffix == ".json"
 
 
-def is_group_json(data: bytes) -> bool:
-    """Whether ``data`` is a Triton group file's JSON (an object with ``child_paths``)."""
+def group_doc(data: bytes) -> dict[str, Any] | None:
+    """Return ``data`` parsed if it is a Triton group file (a JSON object with ``child_paths``)."""
     try:
         doc = json.loads(data)
     except ValueError:
-        return False
-    return isinstance(doc, dict) and "child_paths" in doc
+        return None
+    return doc if isinstance(doc, dict) and "child_paths" in doc else None
+
+
+def is_group_json(data: bytes) -> bool:
+    """Whether ``data`` is a Triton group file's JSON (an object with ``child_paths``)."""
+    return group_doc(data) is not None
 
 
 def rewrite_group_json(data: bytes, old: tuple[str, ...], new: str) -> bytes:
-    """Rewrite the child paths of a Triton ``__grp__*.json`` file.
+    """Rewrite the child paths of a Triton ``__grp__*.json`` file (:func:`rewrite_group_doc`)."""
+    return rewrite_group_doc(json.loads(data), old, new)
+
+
+def rewrite_group_doc(doc: dict[str, Any], old: tuple[str, ...], new: str) -> bytes:
+    """Rewrite the child paths of a Triton group file, parsed (:func:`group_doc`); its new bytes.
 
     Triton stores ABSOLUTE paths there and silently recompiles when one does not
     exist, so a cache restored to another root misses unless they are rewritten.
-    Paths under none of ``old`` are left alone (lint reports them).
+    Paths under none of ``old`` are left alone (lint reports them). ``doc`` is
+    changed in place.
     """
-    doc = json.loads(data)
     children = doc.get("child_paths")
     if isinstance(children, dict):
         for key, value in list(children.items()):

@@ -105,7 +105,6 @@ from artifactd.families.base import (
     Located,
     expanduser,
     home,
-    is_group_json,
 )
 from artifactd.families.layouts import (
     DEEP_GEMM_DIR as _DEEP_GEMM_PATH,
@@ -643,19 +642,15 @@ class VLLMFamily(Family):
             component == "cache" and rel.name == HANDLES_FILE
         )
 
-    def normalize(self, data: bytes, roots: tuple[str, ...]) -> bytes:
+    def normalize_text(self, data: bytes, roots: tuple[str, ...]) -> bytes:
         """Store paths under the root relative to the placeholder (group files as the base does)."""
-        if is_group_json(data):
-            return super().normalize(data, roots)
         rewritten = rewrite_handles(data, roots, ROOT_PLACEHOLDER)
-        return super().normalize(data, roots) if rewritten is None else rewritten
+        return super().normalize_text(data, roots) if rewritten is None else rewritten
 
-    def relocate(self, data: bytes, root: str) -> bytes:
-        """Point stored paths at the restored root."""
-        if is_group_json(data):
-            return super().relocate(data, root)
+    def relocate_text(self, data: bytes, root: str) -> bytes:
+        """Point stored paths at the restored root (group files as the base does)."""
         rewritten = rewrite_handles(data, (ROOT_PLACEHOLDER,), root)
-        return super().relocate(data, root) if rewritten is None else rewritten
+        return super().relocate_text(data, root) if rewritten is None else rewritten
 
     def merge_file(
         self, component: str, rel: PurePosixPath, ours: bytes, theirs: bytes
