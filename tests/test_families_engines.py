@@ -7,6 +7,7 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import layers
 import pytest
@@ -329,7 +330,12 @@ def test_a_group_file_is_parsed_once_when_relocated(
     ).encode()
     parses: list[object] = []
     loads = json.loads
-    monkeypatch.setattr(json, "loads", lambda data, **kw: parses.append(data) or loads(data, **kw))
+
+    def counting(data: Any, **kw: Any) -> Any:
+        parses.append(data)
+        return loads(data, **kw)
+
+    monkeypatch.setattr(json, "loads", counting)
     out = json.loads(family.relocate(group, "/cache/root"))
     assert len(parses) == 2  # the relocate's one, and this test's own
     assert out["child_paths"] == {"k.cubin": "/cache/root/ab/k.cubin", "k.json": "/elsewhere/k"}

@@ -310,16 +310,6 @@ def group_doc(data: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and "child_paths" in doc else None
 
 
-def is_group_json(data: bytes) -> bool:
-    """Whether ``data`` is a Triton group file's JSON (an object with ``child_paths``)."""
-    return group_doc(data) is not None
-
-
-def rewrite_group_json(data: bytes, old: tuple[str, ...], new: str) -> bytes:
-    """Rewrite the child paths of a Triton ``__grp__*.json`` file (:func:`rewrite_group_doc`)."""
-    return rewrite_group_doc(json.loads(data), old, new)
-
-
 def rewrite_group_doc(doc: dict[str, Any], old: tuple[str, ...], new: str) -> bytes:
     """Rewrite the child paths of a Triton group file, parsed (:func:`group_doc`); its new bytes.
 
