@@ -33,13 +33,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def plain_python(work: Path) -> str:
-    """Make the plain environment under ``work``; return its interpreter."""
+def plain_python(work: Path, checkout: Path = REPO) -> str:
+    """Make the plain environment under ``work``; return its interpreter.
+
+    ``checkout``: the artifactd source it imports (default: this one).
+    """
     venv = work / "plain-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
     site = venv / "lib" / ver / "site-packages"
-    paths = dict.fromkeys([str(REPO), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    paths = dict.fromkeys(
+        [str(checkout), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    )
     (site / "artifactd-bench.pth").write_text("".join(f"{p}\n" for p in paths))
     python = venv / "bin" / "python"
     launcher = venv / "bin" / "artifactd"

@@ -10,7 +10,10 @@ registry; ``off``: straight to the registry), each into a fresh directory on
 the same disk:
 
   artifactd   ``artifactd restore --store REG --target T --require`` (the whole
-              command: probe, resolve, fetch, verify, extract, install, marker)
+              command: probe, resolve, fetch, verify, extract, install, marker),
+              started as a pod starts it: the console script of a plain
+              environment (``bench/plainenv.py``), not this development
+              venv's ``python -m`` (11-15 ms more per start, which no pod pays)
   hand-built  download every layer to a file, then ``tar --zstd -xf`` each
               into the target: ``skopeo copy docker://REG:TAG dir:D``, an
               independent client (Go; there is no oras CLI here; into a
@@ -48,9 +51,9 @@ files of 2-30 KiB (the per-file cost), ``--tree big`` with two files of
 ``--big-gib`` GiB (the per-byte cost); ``--baseline stream`` compares with
 ``curl BLOB | zstd -dc | tar -x``, every layer at once, which overlaps the
 download and the disk as a restore does. ``--against DIR`` also times the
-restore of another checkout (``git archive main | tar -x -C DIR``), run in
-DIR on its ``PYTHONPATH``, in the same alternating rounds through the same
-link, and prints the per-round ratios of wall and CPU time: a before/after
+restore of another checkout (``git archive main | tar -x -C DIR``), run
+from a plain environment of its own, in the same alternating rounds through
+the same link, and prints the per-round ratios of wall and CPU time: a before/after
 comparison that one machine's load drift does not skew. Every method's CPU
 seconds (user + system of its processes) are printed beside its time. Ratios
 are the median of the per-round ratios, with their range.
@@ -86,6 +89,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from plainenv import command, plain_python  # noqa: E402
 from registry_server import RegistryServer, start_registry  # noqa: E402
 from throttle import Throttle, format_rate, parse_rate  # noqa: E402
 
@@ -359,19 +363,16 @@ class Timing:
     cpu: float = 0.0
 
 
-def restore_cmd(
-    work: Path, store: str, target: Path, *extra: str, code: Path | None = None
-) -> Timing:
+def restore_cmd(work: Path, launcher: list[str], store: str, target: Path, *extra: str) -> Timing:
     """``artifactd restore --store STORE --target TARGET --require`` (with ``--json`` events).
 
-    ``code``: a checkout whose artifactd runs instead (run in it, on its ``PYTHONPATH``).
+    ``launcher``: the ``artifactd`` command of a plain environment (:func:`launchers`).
     """
-    env = clean_env(work) if code is None else clean_env(work, PYTHONPATH=str(code))
     t0 = time.perf_counter()
     proc = run(
-        [PY, "-m", "artifactd", "restore", "--store", store, "--target", str(target),
+        [*launcher, "restore", "--store", store, "--target", str(target),
          "--require", "--json", *extra],
-        env, cwd=code,
+        clean_env(work),
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
     fetch: dict[str, float] = {}
@@ -387,6 +388,21 @@ def restore_cmd(
         sys.exit(f"restore did not restore: {proc.stdout[-2000:]}")
     phases = {"fetch+extract": max(fetch.values(), default=0.0)}
     return Timing(elapsed, phases)
+
+
+def launchers(work: Path, against: Path | None) -> dict[Path | None, list[str]]:
+    """The ``artifactd`` command that a pod runs, for this checkout (None) and ``against``.
+
+    Each is the console script of a plain environment (``bench/plainenv.py``):
+    a wheel's install, not this development venv, whose ``.pth`` files
+    (the editable finder, setuptools' distutils hack, a package's own) cost
+    every Python start here 11-15 ms, nor ``python -m`` (runpy). A pod's
+    init container pays neither.
+    """
+    out: dict[Path | None, list[str]] = {None: command(plain_python(work / "env-this"))}
+    if against is not None:
+        out[against] = command(plain_python(work / "env-against", against.resolve()))
+    return out
 
 
 def hand_built(art: Artifact, host: str, target: Path, scratch: Path, *, tool: str) -> Timing:
@@ -597,7 +613,10 @@ def main() -> None:
         )
         # An untimed restore: artifactd's own cache of library hashes, and the registry's
         # blobs in the page cache, are then as warm for every timed run.
-        restore_cmd(work, server.ref(repo), work / "warm")
+        launch = launchers(work, args.against)
+        restore_cmd(work, launch[None], server.ref(repo), work / "warm")
+        if args.against is not None:
+            restore_cmd(work, launch[args.against], server.ref(repo), work / "warm-against")
 
         for rate in rates:
             proxy = (
@@ -621,7 +640,7 @@ def main() -> None:
             )
 
             def ours_run(dest: Path, store: str = store) -> Timing:
-                return restore_cmd(work, store, dest)
+                return restore_cmd(work, launch[None], store, dest)
 
             def theirs_run(dest: Path, host: str = host) -> Timing:
                 if args.baseline == "stream":
@@ -633,7 +652,7 @@ def main() -> None:
                 rows[f"{link}|against"] = Row(link, f"artifactd restore ({args.against.name})")
 
                 def against_run(dest: Path, store: str = store) -> Timing:
-                    return restore_cmd(work, store, dest, code=args.against)
+                    return restore_cmd(work, launch[args.against], store, dest)
 
                 methods[f"{link}|against"] = against_run
             try:
@@ -653,7 +672,7 @@ def main() -> None:
             rows["local|cp"] = Row("local layout", "cp -a (unpacked tree)")
 
             def local_run(dest: Path) -> Timing:
-                return restore_cmd(work, f"oci:{layout}", dest)
+                return restore_cmd(work, launch[None], f"oci:{layout}", dest)
 
             def cp_run(dest: Path) -> Timing:
                 return cp_a(src, dest)
@@ -663,7 +682,10 @@ def main() -> None:
                 rounds=args.rounds, drop_caches=args.drop_caches, proxy=None,
             )  # fmt: skip
         if not args.skip_mirror:
-            mirror_rows(work, server, repo, rate=rates[0], per_conn=per_conn, rows=rows, args=args)
+            mirror_rows(
+                work, launch[None], server, repo,
+                rate=rates[0], per_conn=per_conn, rows=rows, args=args,
+            )  # fmt: skip
     finally:
         server.stop()
         if not args.keep:
@@ -676,6 +698,7 @@ def main() -> None:
 
 def mirror_rows(
     work: Path,
+    launcher: list[str],
     server: RegistryServer,
     repo: str,
     *,
@@ -695,15 +718,16 @@ def mirror_rows(
     store = f"{proxy.host if proxy is not None else server.host}/{repo}"
     flag = ("--mirror", f"http://{mirror.host}")
     try:
-        restore_cmd(work, store, work / "mirror-warm", *flag)  # the mirror fetches every blob
+        # The mirror fetches every blob: then it is warm.
+        restore_cmd(work, launcher, store, work / "mirror-warm", *flag)
         rows["mirror|through"] = Row(link, "artifactd restore --mirror (warm)")
         rows["mirror|direct"] = Row(link, "artifactd restore, registry only")
 
         def through(dest: Path) -> Timing:
-            return restore_cmd(work, store, dest, *flag)
+            return restore_cmd(work, launcher, store, dest, *flag)
 
         def direct(dest: Path) -> Timing:
-            return restore_cmd(work, store, dest)
+            return restore_cmd(work, launcher, store, dest)
 
         timed_rounds(
             {"mirror|through": through, "mirror|direct": direct}, rows, work,
