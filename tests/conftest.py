@@ -19,11 +19,19 @@ from typing import Any
 import pytest
 from cachetrees import build_caches
 from forkserver import ENV_FORK, ForkServer, needs_new_interpreter
+from hypothesis import HealthCheck, settings
 from registry_server import RegistryServer, start_registry
 
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.fingerprint.probe import probe_fingerprint
+
+# Property tests have no wall-clock limit: on a loaded machine (CI runs the suite on two
+# workers beside real compiles) an example is slower, not wrong. Hypothesis's 200 ms
+# deadline per example and its "too slow to generate" health check are such limits; a
+# test's own @settings keep them off too (its other fields inherit this profile).
+settings.register_profile("artifactd", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("artifactd")
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MATRIX = REPO / "warmup_matrices" / "cpu-demo.yaml"
