@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 from cachetrees import build_caches
+from diskfaults import mount_tmpfs, unmount
 from forkserver import ENV_FORK, ForkServer, needs_new_interpreter
 from hypothesis import HealthCheck, settings
 from registry_server import RegistryServer, start_registry
@@ -25,6 +29,7 @@ from registry_server import RegistryServer, start_registry
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.fingerprint.probe import probe_fingerprint
+from artifactd.format import unpack
 
 # Property tests have no wall-clock limit: on a loaded machine (CI runs the suite on two
 # workers beside real compiles) an example is slower, not wrong. Hypothesis's 200 ms
@@ -301,6 +306,51 @@ def run_artifactd_json(
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return doc
+
+
+# --------------------------------------------------------------------------
+# The extractor's two writers
+# --------------------------------------------------------------------------
+
+#: The C batch writer (where it was built) and the Python loop, its reference.
+BATCH_WRITERS = ("c", "python")
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """Mount a tmpfs of ``size`` (``8m``) at ``path`` for the block; skip where not permitted."""
+    why = mount_tmpfs(path, size)
+    if why is not None:
+        pytest.skip(why)
+    try:
+        yield path
+    finally:
+        unmount(path)
+
+
+def built_natively() -> bool:
+    """Whether ``pip install`` here builds the C batch writer: a C compiler and Python's headers.
+
+    The extension is optional (a pure wheel where it cannot be built), so a
+    broken build would otherwise pass every test on the Python loop alone.
+    """
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    return shutil.which("cc") is not None and headers.is_file()
+
+
+@pytest.fixture(params=BATCH_WRITERS)
+def batch_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test's in-process extractions with one writer (``any``: leave it as it is).
+
+    ``c`` skips where the extension was not built; tests/test_batchwrite.py
+    fails where it should have been.
+    """
+    writer: str = request.param
+    if writer == "python":
+        monkeypatch.setattr(unpack, "_write_natively", None)
+    elif writer == "c" and unpack._write_natively is None:
+        pytest.skip("the C batch writer is not built here")
+    return writer
 
 
 # --------------------------------------------------------------------------

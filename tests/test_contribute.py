@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PYTHON, clean_env, run_artifactd
-from diskfaults import mount_tmpfs, unmount
+from conftest import PYTHON, clean_env, run_artifactd, tmpfs
 from test_hostile_inputs import UNREADABLE_WRAPPER
 
 from artifactd.pod.contribute import _stage, _written
@@ -78,14 +77,8 @@ def pod(published: str, tmp_path: Path) -> Path:
 @pytest.fixture
 def small_tmp(tmp_path: Path) -> Iterator[Path]:
     """A 32 MiB tmpfs, the temp dir contribute gets (TMPDIR)."""
-    mnt = tmp_path / "tmpfs"
-    why = mount_tmpfs(mnt, "32m")
-    if why is not None:
-        pytest.skip(why)
-    try:
+    with tmpfs(tmp_path / "tmpfs", "32m") as mnt:
         yield mnt
-    finally:
-        unmount(mnt)
 
 
 def _sparse(path: Path, size: int) -> None:

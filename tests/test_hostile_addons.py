@@ -31,8 +31,16 @@ from typing import Any
 
 import pytest
 from cachetrees import make_vllm_tree
-from conftest import PEAK_PRELUDE, PYTHON, clean_env, peak_kib, run_artifactd, run_artifactd_json
-from diskfaults import fill, mount_tmpfs, unmount
+from conftest import (
+    PEAK_PRELUDE,
+    PYTHON,
+    clean_env,
+    peak_kib,
+    run_artifactd,
+    run_artifactd_json,
+    tmpfs,
+)
+from diskfaults import fill
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -123,15 +131,9 @@ def hostile(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Hostile]
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A real tmpfs, filled to ENOSPC; skipped where mounting is not permitted."""
-    mount = tmp_path / "full"
-    why = mount_tmpfs(mount, "1m")
-    if why is not None:
-        pytest.skip(why)
-    try:
+    with tmpfs(tmp_path / "full", "1m") as mount:
         fill(mount / "filler")
         yield mount
-    finally:
-        unmount(mount)
 
 
 def _engine(tmp_path: Path, log: Path) -> subprocess.CompletedProcess[str]:

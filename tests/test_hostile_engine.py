@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env, run_artifactd
-from diskfaults import mount_tmpfs, unmount
+from conftest import clean_env, run_artifactd, tmpfs
 
 from artifactd.boundedhttp import redact_url
 from artifactd.build.cells import MAX_CONCURRENCY, MAX_FAILURE_LINES, send_requests
@@ -471,11 +470,7 @@ def test_derived_graph_sizes_are_computed_not_walked() -> None:
 @pytest.fixture
 def read_only_matrix(tmp_path: Path) -> Iterator[Path]:
     """A serve matrix on a tmpfs remounted read-only (chmod would not stop root)."""
-    mount = tmp_path / "ro"
-    why = mount_tmpfs(mount, "1m")
-    if why is not None:
-        pytest.skip(why)
-    try:
+    with tmpfs(tmp_path / "ro", "1m") as mount:
         matrix = mount / "m.yaml"
         prewarm_matrix(matrix, concurrency=1, repeat=1)
         ro = subprocess.run(
@@ -484,8 +479,6 @@ def read_only_matrix(tmp_path: Path) -> Iterator[Path]:
         if ro.returncode:
             pytest.skip(f"remounting the tmpfs read-only is not permitted: {ro.stderr.strip()}")
         yield matrix
-    finally:
-        unmount(mount)
 
 
 def test_write_into_a_read_only_dir_is_exit_10_and_the_matrix_unchanged(

@@ -24,7 +24,15 @@ from typing import Any
 
 import pytest
 from cachetrees import make_generic_tree
-from conftest import DEMO_MATRIX, PYTHON, REPO, WARMUP, clean_env, run_artifactd
+from conftest import (
+    DEMO_MATRIX,
+    PYTHON,
+    REPO,
+    WARMUP,
+    built_natively,
+    clean_env,
+    run_artifactd,
+)
 from engine import Engine, PythonBase, engine, python_base, require_tool
 from registry_server import RegistryServer
 
@@ -184,13 +192,17 @@ def test_templates_render_and_name_what_is_missing() -> None:
 def test_the_wheel_source_copy_keeps_the_build_package(tmp_path: Path) -> None:
     """``build/`` at a checkout's root is setuptools' state; ``artifactd/build/`` is source."""
     src = tmp_path / "checkout"
-    for rel in ("artifactd/build/run.py", "build/lib/stale.py", "dist/x.whl"):
+    # The batch writer an editable install built in place is build state too: the wheel
+    # builds its own, for the Python that runs `pip wheel`.
+    stale = "artifactd/format/_batchwrite.cpython-311-x86_64-linux-gnu.so"
+    source = ("artifactd/build/run.py", "artifactd/format/_batchwrite.c")
+    for rel in (*source, "build/lib/stale.py", "dist/x.whl", stale):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text("")
     (src / "artifactd" / "__pycache__").mkdir()
     shutil.copytree(src, tmp_path / "copy", ignore=source_ignore(src))
     copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
-    assert copied == ["artifactd", "artifactd/build", "artifactd/build/run.py"]
+    assert copied == sorted(["artifactd", "artifactd/build", "artifactd/format", *source])
 
 
 def test_usage_errors_come_before_any_engine(tmp_path: Path) -> None:
@@ -271,6 +283,7 @@ def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
         "{'uid': os.getuid(), 'gid': os.getgid(), 'wheels': os.path.exists('/wheels'), "
         "'prefix': sys.prefix}))"
     )
+    batch = "from artifactd.format import unpack; print(unpack._write_natively is not None)"
     facts = json.loads(run_in(client, image, "-c", probe, entrypoint="python3"))
     assert facts == {
         "torch": False,
@@ -285,6 +298,10 @@ def test_init_image_holds_artifactd_alone_and_runs_as_non_root(
         "wheels": False,  # the builder stage's context never reaches the final image
         "prefix": "/opt/artifactd",
     }
+    # The C batch writer the host's `pip wheel` built loads in the base (same Python, and
+    # the base's own libcrypto for SHA-256), so pods restore small files with it.
+    loaded = run_in(client, image, "-c", batch, entrypoint="python3").strip()
+    assert loaded == str(built_natively())
     # The wheel built from this checkout ships the templates and every package.
     site = "/opt/artifactd/lib/python3.11/site-packages/artifactd"
     listing = run_in(client, image, "-c", f"cd {site} && find . -name '*.py' -o -name '*.j2'",

@@ -370,6 +370,14 @@ def test_with_the_origin_stopped_the_node_stores_verified_digest_repairs_through
     assert blob.read_bytes() == good
 
 
+def _wait_for_file(path: Path, limit_s: float = 120.0) -> None:
+    """Wait until ``path`` exists (a background writer's commit); fail after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
 def _metric(text: str, name: str) -> dict[str, float]:
     out = {}
     for line in text.splitlines():
@@ -387,6 +395,9 @@ def test_a_blob_tampered_on_the_mirror_is_caught_and_the_origin_serves_it(
     digest = pair.digests["triton"]
     algo, hexd = digest.split(":")
     data = pair.mirror.root / "docker/registry/v2/blobs" / algo / hexd[:2] / hexd / "data"
+    # The pull-through mirror serves the blob while it stores it, and moves it to this path
+    # when it is whole: on a loaded machine that can come after the restore has ended.
+    _wait_for_file(data)
     body = bytearray(data.read_bytes())
     body[len(body) // 2] ^= 0xFF  # same length: only a client that hashes notices
     data.write_bytes(bytes(body))

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 from cachetrees import make_triton_tree
-from conftest import clean_env, run_artifactd
-from diskfaults import mount_tmpfs, unmount
+from conftest import clean_env, run_artifactd, tmpfs
+from diskfaults import unmount
 
 from artifactd.families import FAMILIES
 from artifactd.fingerprint.model import Fingerprint
@@ -338,14 +338,8 @@ def test_copy_linking_never_gives_a_pod_the_node_stores_inode(
 @pytest.fixture
 def other_fs(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs: a filesystem the node store cannot hard link into (EXDEV)."""
-    mount = tmp_path / "other"
-    why = mount_tmpfs(mount, "16m")
-    if why is not None:
-        pytest.skip(why)
-    try:
+    with tmpfs(tmp_path / "other", "16m") as mount:
         yield mount
-    finally:
-        unmount(mount)
 
 
 def test_a_target_on_another_filesystem_gets_copies(

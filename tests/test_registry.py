@@ -29,6 +29,7 @@ from registry_server import RegistryServer, start_registry
 from artifactd.build.harvest import harvest
 from artifactd.errors import ArtifactdError, IntegrityError, StoreError, UsageError
 from artifactd.fingerprint.model import Fingerprint
+from artifactd.format import unpack
 from artifactd.restore.destination import MARKER_NAME, STATE_DIR, CacheVolume
 from artifactd.restore.install import restore
 from artifactd.restore.resolve import noop_plan, plan_restore
@@ -210,8 +211,13 @@ def test_a_registry_restore_hashes_each_layer_blob_once(
     repo: str,
     trees: dict[str, str],
     local_fp: Fingerprint,
+    *,
+    batch_writer: str,
 ) -> None:
-    """The compressed bytes are hashed where they arrive (the pull's verifier), not again."""
+    """The compressed bytes are hashed where they arrive (the pull's verifier), not again.
+
+    Each file's sha256 is checked by hashlib, or by the C batch writer it is handed to.
+    """
     ref = registry.ref(repo)
     with open_store(ref) as st:
         harvest(st, local_fp, environ=trees)
@@ -219,18 +225,29 @@ def test_a_registry_restore_hashes_each_layer_blob_once(
         plan = plan_restore(StoreSource(st), local_fp, tmp_path / "t", trust=UNSAFE_NO_VERIFICATION)
         layers = {fp.family: fp.layer for fp in plan.hits if fp.layer is not None}
         assert set(layers) == {"triton", "generic"}
+        checked_natively: list[str] = []
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(_CountedSha256, "made", [])
             mp.setattr(hashlib, "sha256", _CountedSha256)
+            native = unpack._write_natively
+            if native is not None:
+
+                def write_batch(items: list[Any], umask: int) -> int:
+                    checked_natively.extend(item[3] for item in items if item[3] is not None)
+                    assert native is not None
+                    return native(items, umask)
+
+                mp.setattr(unpack, "_write_natively", write_batch)
             restore(plan, StoreSource(st))
             made = list(_CountedSha256.made)
     digests = [h.hexdigest() for h in made]
+    assert bool(checked_natively) is (batch_writer == "c")
     for family, layer in layers.items():
         assert digests.count(layer.digest.split(":", 1)[1]) == 1, family
         # Every file's sha256 against the record is still checked.
         for entry in layer.files:
             if entry.link is None:
-                assert entry.sha256 in digests, entry.path
+                assert entry.sha256 in digests + checked_natively, entry.path
 
 
 def _same_size_other_bytes(blob: bytes) -> bytes:

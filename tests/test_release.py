@@ -26,7 +26,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
-from conftest import REPO, clean_env, run_artifactd
+from conftest import REPO, built_natively, clean_env, run_artifactd
 
 from artifactd import __version__
 from artifactd.images.wheels import source_ignore
@@ -199,6 +199,7 @@ def _run(argv: list[str | Path], *, env: dict[str, str], cwd: Path) -> str:
 INSTALLED = """
 import importlib.metadata, importlib.util, json, sys
 import artifactd
+from artifactd.format import unpack
 from artifactd.images.build import template_text
 print(json.dumps({
     "file": artifactd.__file__,
@@ -206,6 +207,7 @@ print(json.dumps({
     "torch": importlib.util.find_spec("torch") is not None,
     "templates": {k: template_text(k) for k in ("init", "runtime")},
     "prefix": sys.prefix,
+    "batch_writer": unpack._write_natively is not None,
 }))
 """
 
@@ -240,8 +242,13 @@ def test_the_sdist_and_the_wheel_install_and_run_in_a_clean_venv(tmp_path: Path)
         cwd=tmp_path,
     )
     sdist = dist / f"artifactd-{__version__}.tar.gz"
-    wheel = dist / f"artifactd-{__version__}-py3-none-any.whl"
+    # The batch writer (artifactd/format/_batchwrite.c) makes it a wheel for this Python
+    # and platform where it builds, and a pure one where it cannot.
+    (wheel,) = dist.glob(f"artifactd-{__version__}-*.whl")
     assert sorted(p.name for p in dist.iterdir()) == sorted([sdist.name, wheel.name])
+    native = built_natively()
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}-" if native else "py3-none-any"
+    assert wheel.name.removeprefix(f"artifactd-{__version__}-").startswith(tag), wheel.name
 
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "artifactd").rglob("*.py")}
     templates = {p.name for p in (REPO / "dockerfiles").glob("*.j2")}
@@ -251,6 +258,7 @@ def test_the_sdist_and_the_wheel_install_and_run_in_a_clean_venv(tmp_path: Path)
         top = f"artifactd-{__version__}/"
         in_sdist = {m.name.removeprefix(top) for m in archive.getmembers() if m.isfile()}
     assert modules <= in_sdist, sorted(modules - in_sdist)
+    assert {"artifactd/format/_batchwrite.c", "artifactd/format/_batchwrite.pyi"} <= in_sdist
     wanted = {"pyproject.toml", "README.md", "CHANGELOG.md", "registry-schema/FORMAT.md"}
     assert wanted | {f"dockerfiles/{t}" for t in templates} <= in_sdist
     # At the root only: artifactd/build/ is a package of the source.
@@ -267,6 +275,11 @@ def test_the_sdist_and_the_wheel_install_and_run_in_a_clean_venv(tmp_path: Path)
         metadata = archive.read(f"artifactd-{__version__}.dist-info/METADATA").decode()
     assert modules <= in_wheel, sorted(modules - in_wheel)
     assert {f"artifactd/dockerfiles/{t}" for t in templates} | {"artifactd/py.typed"} <= in_wheel
+    assert "artifactd/format/_batchwrite.pyi" in in_wheel
+    compiled = [
+        n for n in in_wheel if n.startswith("artifactd/format/_batchwrite.") and n.endswith(".so")
+    ]
+    assert len(compiled) == native, compiled
     assert [n for n in in_wheel if "stale" in n or n.endswith(".pyc")] == []
     assert f"\nVersion: {__version__}\n" in metadata
     core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
@@ -291,6 +304,7 @@ def test_the_sdist_and_the_wheel_install_and_run_in_a_clean_venv(tmp_path: Path)
     assert Path(doc["file"]).is_relative_to(venv), doc["file"]
     assert doc["metadata"] == __version__
     assert doc["torch"] is False
+    assert doc["batch_writer"] is native
     for kind, text in doc["templates"].items():
         assert text == (REPO / "dockerfiles" / f"{kind}.Dockerfile.j2").read_text(), kind
     assert os.path.realpath(doc["prefix"]) == os.path.realpath(venv)

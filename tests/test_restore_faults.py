@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
@@ -35,8 +34,8 @@ from typing import Any
 
 import pytest
 from cachetrees import build_caches
-from conftest import clean_env
-from diskfaults import fill, free_bytes, mount_tmpfs, unmount
+from conftest import clean_env, tmpfs
+from diskfaults import fill, free_bytes
 from faultproxy import FaultProxy
 from registry_server import RegistryServer, free_port
 
@@ -257,18 +256,6 @@ def _assert_failed(
     return docs
 
 
-@contextmanager
-def _tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """Mount a tmpfs of ``size`` at ``path``; skip when mounting is not permitted."""
-    why = mount_tmpfs(path, size)
-    if why is not None:
-        pytest.skip(why)
-    try:
-        yield path
-    finally:
-        unmount(path)
-
-
 # --------------------------------------------------------------------------
 # Network faults (through the proxy)
 # --------------------------------------------------------------------------
@@ -477,7 +464,7 @@ def test_dead_registry_fails_open_as_unreachable(scene: Scene) -> None:
 
 def test_full_disk_caught_by_the_preflight_downloads_nothing(scene: Scene) -> None:
     layers = _layers(_publish(scene.registry, scene.repo, scene.trees, scene.fp))
-    with _tmpfs(scene.tmp / "mnt", "8m") as mnt:
+    with tmpfs(scene.tmp / "mnt", "8m") as mnt:
         # Leave less than the layers need (their files plus the 1 MiB margin).
         fill(mnt / "filler", leave=512 << 10)
         target = mnt / "target"
@@ -495,7 +482,7 @@ def test_full_disk_caught_by_the_preflight_downloads_nothing(scene: Scene) -> No
 
 def test_disk_full_mid_extraction_keeps_the_previous_cache(scene: Scene) -> None:
     """The preflight passes; the disk fills (another writer) when the download starts."""
-    with _tmpfs(scene.tmp / "mnt", "24m") as mnt:
+    with tmpfs(scene.tmp / "mnt", "24m") as mnt:
         target = mnt / "target"
         ref = scene.ref
         before, v2 = _good_restore(scene, target)
@@ -526,7 +513,7 @@ def test_disk_full_mid_extraction_keeps_the_previous_cache(scene: Scene) -> None
 
 
 def test_enospc_at_the_marker_write_rolls_the_install_back(scene: Scene) -> None:
-    with _tmpfs(scene.tmp / "mnt", "24m") as mnt:
+    with tmpfs(scene.tmp / "mnt", "24m") as mnt:
         target = mnt / "target"
         ref = scene.ref
         before, _ = _good_restore(scene, target)
@@ -563,7 +550,7 @@ def test_enospc_at_the_marker_write_rolls_the_install_back(scene: Scene) -> None
 
 
 def test_read_only_target_fails_open_as_target(scene: Scene) -> None:
-    with _tmpfs(scene.tmp / "mnt", "32m") as mnt:
+    with tmpfs(scene.tmp / "mnt", "32m") as mnt:
         target = mnt / "target"
         ref = scene.ref
         before, v2 = _good_restore(scene, target)

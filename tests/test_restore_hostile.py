@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
-from conftest import run_artifactd
+from conftest import BATCH_WRITERS, run_artifactd
 from hostile import CASE_NAMES, CASES, EXIT, PWN, Case, blob_path, get_case, honest
 
 from artifactd.build.harvest import harvest
@@ -183,8 +183,18 @@ def test_control_artifact_restores(world: World) -> None:
     assert len(list((world.target / "triton").glob("*/__grp__*.json"))) == 2
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_NAMES)
-def test_hostile_artifact_changes_nothing(case: Case, world: World) -> None:
+def _with_writers() -> Iterator[Any]:
+    """Every case; those refused while streaming once per writer (the C one and Python's)."""
+    for c, name in zip(CASES, CASE_NAMES, strict=True):
+        if c.stage == "stream":
+            for writer in BATCH_WRITERS:
+                yield pytest.param(c, writer, id=f"{name}-{writer}")
+        else:
+            yield pytest.param(c, "any", id=name)
+
+
+@pytest.mark.parametrize(("case", "batch_writer"), list(_with_writers()), indirect=["batch_writer"])
+def test_hostile_artifact_changes_nothing(case: Case, world: World, batch_writer: str) -> None:
     before = world.take()
     case.build(world.store(), world.evil, world.scratch)
     for require in (False, True):

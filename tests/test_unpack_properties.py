@@ -464,7 +464,7 @@ def _unpack(blob: bytes, entries: list[FileEntry], digest: str | None = None) ->
 
 @settings(SETTINGS, max_examples=250)
 @given(data=st.data(), ms=members(), fmt=st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT]))
-def test_unpack_random_members(data: Any, ms: list[Member], fmt: int) -> None:
+def test_unpack_random_members(data: Any, ms: list[Member], fmt: int, batch_writer: str) -> None:
     entries = _entries(data.draw, ms)
     try:
         raw = tar_bytes(ms, fmt)

@@ -446,6 +446,32 @@ _MAX_QUEUED = 1024
 #: or :data:`_BATCH_BYTES` bytes: one hand-over per file cost more than the write.
 _BATCH_FILES = 32
 _BATCH_BYTES = 1 << 20
+
+#: A batch's files as the batch writer takes them: path, bytes, mode, the sha256 to check
+#: (None: already checked), and the mtime to set (None: leave it).
+_NativeItem = tuple[str, "bytes | memoryview", int, "str | None", "int | None"]
+
+
+def _load_batch_writer() -> Callable[[list[_NativeItem], int], int] | None:
+    """Return the C batch writer's ``write_batch``, or None where it was not built.
+
+    ``artifactd/format/_batchwrite.c`` (an optional extension: see pyproject.toml)
+    creates a batch of files with the GIL released once instead of four times per
+    file, and stops at the first file that does not go well; :meth:`_Extractor._write_batch`
+    then does that file and the rest itself, so every error is the Python loop's.
+    It finds SHA-256 in the libcrypto that ``hashlib`` (imported above) loaded; where
+    it cannot, importing it fails, and so does a build for another Python or libc.
+    """
+    try:
+        # Optional: a pure wheel has no such module.
+        from artifactd.format._batchwrite import write_batch  # noqa: PLC0415
+    except ImportError:
+        return None
+    return write_batch
+
+
+#: The batch writer, or None (the pure Python path). Tests set it to None to run that path.
+_write_natively = _load_batch_writer()
 #: Compressed bytes read ahead of the extractor, at most, so the download
 #: keeps going while the extractor parses, hashes and creates files.
 _READ_AHEAD = 32 << 20
@@ -786,7 +812,8 @@ class _Extractor:
     the tar stream and handed in batches to a few writer threads, which check
     each file's sha256 and then create it, because creating files is what
     restore time is made of on real disks (hashing, open + write + close
-    overlap well, and release the GIL). A file marked for rewriting is hashed
+    overlap well, and release the GIL; the C batch writer, where built, does
+    a whole batch in one release: :func:`_load_batch_writer`). A file marked for rewriting is hashed
     and rewritten on this thread first. Anything else (directories the
     record does not imply, symlinks, large files, and every member that
     differs from its record) takes the full check (:func:`check_member`) and
@@ -915,8 +942,23 @@ class _Extractor:
             self._submit(size, self._write_batch, batch)
 
     def _write_batch(self, batch: list[_Write]) -> None:
-        """Writer-thread task: create the files of one batch (their dirs exist)."""
-        for dest, data, entry, unchecked in batch:
+        """Writer-thread task: create the files of one batch (their dirs exist).
+
+        The batch writer (:func:`_load_batch_writer`), where it was built, creates
+        the files it can with the GIL released once and stops before the first
+        one that fails; the loop below, the reference, does that one and the
+        rest, and raises what it always raised.
+        """
+        done = 0
+        native = _write_natively
+        if native is not None:
+            keep = self.keep_mtimes
+            items = [
+                (dest, data, e.mode, e.sha256 if check else None, e.mtime if keep else None)
+                for dest, data, e, check in batch
+            ]
+            done = native(items, self.umask)
+        for dest, data, entry, unchecked in itertools.islice(batch, done, None):
             # OpenSSL's sha256 releases the GIL: the reading thread parses on meanwhile.
             if unchecked and hashlib.sha256(data).hexdigest() != entry.sha256:
                 raise IntegrityError(f"{entry.path}: content does not match its sha256")
@@ -1563,7 +1605,11 @@ def _create(dest: str, entry: FileEntry, umask: int) -> int:
             f"{entry.path}: collides with another member (one of them is not a directory)"
         ) from exc
     if umask & mode:
-        os.fchmod(fd, mode)  # the manifest's mode, whatever the umask
+        try:
+            os.fchmod(fd, mode)  # the manifest's mode, whatever the umask
+        except OSError:
+            os.close(fd)
+            raise
     return fd
 
 

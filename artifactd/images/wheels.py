@@ -33,6 +33,9 @@ _NOT_SOURCE = (
     ".hypothesis",
     ".tox",
     ".nox",
+    # The C batch writer as `pip install -e .` builds it in place, for that Python:
+    # `pip wheel` builds its own.
+    "*.so",
 )
 #: Left out only at the checkout's root: ``build/`` and ``dist/`` are setuptools'
 #: state there, but ``artifactd/build/`` is a package of the source.
