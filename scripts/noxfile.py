@@ -10,12 +10,13 @@ the formats or the pod-start path needs more.
 
 The fast suite (:data:`FAST_SUITE`): the pure core (canonical hashing, digests,
 bounds), fingerprints and their probe cache and diff, the artifact format and
-its pack/unpack property tests, the pod-start fast path (its import rule, its
+its pack/unpack property tests, the C batch writer (built for each Python by
+the editable install) against the Python loop, the pod-start fast path (its import rule, its
 parser, a no-op restore and ``fingerprint --hash`` run for real), restores from
 a local layout store and ``status`` on what they restored, the stage-order and
 layout rules, the document schemas, and that a test which runs torch
 (``@pytest.mark.torch``) skips here; ``-m "not slow"`` within them. No
-registry, container engine, GPU or compiler: the parts of the code whose
+registry, container engine, GPU or CUDA compiler: the parts of the code whose
 behaviour can differ between Pythons (imports, the standard library, typing at
 run time, tarfile and json), in about a minute a Python.
 """
@@ -41,6 +42,7 @@ FAST_SUITE = [
     "tests/test_format_v2.py",
     "tests/test_archive.py",
     "tests/test_unpack_properties.py",
+    "tests/test_batchwrite.py",
     "tests/test_fastpath.py",
     "tests/test_cli_fast.py",
     "tests/test_agreement_fastpath.py",
