@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --tests
-.venv/bin/ruff check artifactd tests bench scripts
-.venv/bin/ruff format --check artifactd tests bench scripts
+.venv/bin/ruff check artifactd tests bench scripts setup.py
+.venv/bin/ruff format --check artifactd tests bench scripts setup.py
 .venv/bin/mypy
 # Two workers (pytest-xdist): each starts its own registries and podman
 # service, so any count works; arguments come last, so `-n 0` runs serially.

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -308,3 +309,48 @@ def test_the_sdist_and_the_wheel_install_and_run_in_a_clean_venv(tmp_path: Path)
     for kind, text in doc["templates"].items():
         assert text == (REPO / "dockerfiles" / f"{kind}.Dockerfile.j2").read_text(), kind
     assert os.path.realpath(doc["prefix"]) == os.path.realpath(venv)
+
+
+@pytest.mark.slow
+def test_without_a_c_compiler_the_wheel_is_pure_and_runs_on_the_python_loop(
+    tmp_path: Path,
+) -> None:
+    """The batch writer is optional: with no compiler (``CC=false``) the build goes on.
+
+    The wheel then holds no compiled module and is tagged ``py3-none-any``
+    (setup.py), not for one Python it does not need, and the installed
+    artifactd extracts with the Python loop.
+    """
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=source_ignore(REPO))
+    env = {k: v for k, v in clean_env().items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env |= {"PYTHONNOUSERSITE": "1", "CC": "false"}
+    dist = tmp_path / "dist"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", dist, source],
+        env=env,
+        cwd=tmp_path,
+    )
+    (wheel,) = dist.glob("artifactd-*.whl")
+    assert wheel.name == f"artifactd-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        assert [n for n in archive.namelist() if n.endswith(".so")] == []
+        assert (
+            "Root-Is-Purelib: true"
+            in archive.read(f"artifactd-{__version__}.dist-info/WHEEL").decode()
+        )
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], env=env, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run([*pip, "--python", python, "install", "--no-deps", wheel], env=env, cwd=tmp_path)
+    # The dependencies from this environment, as plain paths (no .pth file there is read).
+    deps = sysconfig.get_path("purelib", vars={"base": sys.prefix, "platbase": sys.prefix})
+    site = _run(
+        [python, "-c", "import site; print(site.getsitepackages()[0])"], env=env, cwd=tmp_path
+    )
+    Path(site.strip(), "deps.pth").write_text(f"{deps}\n")
+    doc = json.loads(_run([python, "-c", INSTALLED], env=env, cwd=tmp_path))
+    assert Path(doc["file"]).is_relative_to(venv), doc["file"]
+    assert doc["batch_writer"] is False

@@ -455,7 +455,7 @@ _NativeItem = tuple[str, "bytes | memoryview", int, "str | None", "int | None"]
 def _load_batch_writer() -> Callable[[list[_NativeItem], int], int] | None:
     """Return the C batch writer's ``write_batch``, or None where it was not built.
 
-    ``artifactd/format/_batchwrite.c`` (an optional extension: see pyproject.toml)
+    ``artifactd/format/_batchwrite.c`` (an optional extension: see setup.py)
     creates a batch of files with the GIL released once instead of four times per
     file, and stops at the first file that does not go well; :meth:`_Extractor._write_batch`
     then does that file and the rest itself, so every error is the Python loop's.
