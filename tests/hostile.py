@@ -913,6 +913,27 @@ def _zstd_huge_window(store: Store, fp: Fingerprint, tmp: Path) -> Built:
     return publish(store, fp, tmp, [lay])
 
 
+# -- file bytes against the record ------------------------------------------------
+
+
+@case("file_bytes_not_their_sha256", "corrupt", "stream", "does not match its sha256")
+def _file_bytes_not_their_sha256(store: Store, fp: Fingerprint, tmp: Path) -> Built:
+    """A consistent blob whose record claims other bytes for one file (same size)."""
+    lay = layer([ROOT, f("cache/a", b"payload\n")])
+    lay.files[0]["sha256"] = hashlib.sha256(b"PAYLOAD\n").hexdigest()
+    return publish(store, fp, tmp, [lay])
+
+
+@case("file_bytes_not_their_sha256_mid_batch", "corrupt", "stream", "c/k2: content does not")
+def _mid_batch(store: Store, fp: Fingerprint, tmp: Path) -> Built:
+    """The third of five small files (one writer's batch) is not what the record says."""
+    files = [f(f"cache/c/k{i}", f"kernel {i}\n".encode()) for i in range(5)]
+    lay = layer([ROOT, d("cache/c"), *files])
+    (third,) = [e for e in lay.files if e["path"].endswith("/k2")]
+    third["sha256"] = hashlib.sha256(b"kernel X\n").hexdigest()
+    return publish(store, fp, tmp, [lay])
+
+
 # -- path rewriting -------------------------------------------------------------
 TRITON_KEY = "Q" * 52
 
