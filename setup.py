@@ -11,15 +11,22 @@ batch writer").
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 
+SOURCE = "artifactd/format/_batchwrite.c"
+#: Compiled into the module (``source_sha256``): tests/test_batchwrite.py compares it
+#: with the source, so a module built from an older edit of it fails there, not silently.
+SOURCE_SHA256 = hashlib.sha256(Path(__file__).parent.joinpath(SOURCE).read_bytes()).hexdigest()
+
 BATCH_WRITER = Extension(
     "artifactd.format._batchwrite",
-    sources=["artifactd/format/_batchwrite.c"],
+    sources=[SOURCE],
     libraries=["dl"],  # dlopen: in libc from glibc 2.34, in libdl before
+    define_macros=[("SOURCE_SHA256", f'"{SOURCE_SHA256}"')],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
     optional=True,
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import built_natively, tmpfs
+from conftest import REPO, built_natively, tmpfs
 
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.format import unpack
@@ -328,3 +329,14 @@ def test_the_c_writer_is_built_where_a_compiler_and_python_headers_are() -> None
         pytest.skip("no C compiler or no Python headers: the pure wheel is expected")
     assert unpack._write_natively is not None
     assert unpack._write_natively.__module__ == "artifactd.format._batchwrite"
+
+
+def test_the_c_writer_is_built_from_this_source() -> None:
+    """A module compiled from an older edit of ``_batchwrite.c`` would test the wrong code."""
+    _native()
+    built = importlib.import_module("artifactd.format._batchwrite")  # optional: not imported above
+    source = REPO / "artifactd" / "format" / "_batchwrite.c"
+    assert built.source_sha256 == hashlib.sha256(source.read_bytes()).hexdigest(), (
+        "the batch writer was built from another version of its source: "
+        "rebuild it (pip install -e . or python setup.py build_ext --inplace)"
+    )

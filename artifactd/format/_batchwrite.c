@@ -29,6 +29,9 @@
  *   item. Raises only OSError, when a file it created could not be removed again (and
  *   TypeError or MemoryError for the call itself).
  *
+ * source_sha256: the sha256 of this file as setup.py built it (a stale build is caught by
+ * tests/test_batchwrite.py: rebuild with `pip install -e .` after editing this file).
+ *
  * SHA-256 comes from libcrypto, found at import (dlopen; the one hashlib loaded when there is
  * one): no OpenSSL headers are needed to build this, and ImportError (the pure Python path)
  * where there is none.
@@ -213,7 +216,16 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
+#ifndef SOURCE_SHA256
+#define SOURCE_SHA256 "unknown" /* setup.py defines it: the sha256 of this file */
+#endif
+
 PyMODINIT_FUNC PyInit__batchwrite(void) {
     if (load_sha256() < 0) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "source_sha256", SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }
