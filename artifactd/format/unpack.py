@@ -447,6 +447,10 @@ _MAX_QUEUED = 1024
 _BATCH_FILES = 32
 _BATCH_BYTES = 1 << 20
 
+#: Compressed bytes read ahead of the extractor, at most, so the download
+#: keeps going while the extractor parses, hashes and creates files.
+_READ_AHEAD = 32 << 20
+
 #: A batch's files as the batch writer takes them: path, bytes, mode, the sha256 to check
 #: (None: already checked), and the mtime to set (None: leave it).
 _NativeItem = tuple[str, "bytes | memoryview", int, "str | None", "int | None"]
@@ -456,11 +460,12 @@ def _load_batch_writer() -> Callable[[list[_NativeItem], int], int] | None:
     """Return the C batch writer's ``write_batch``, or None where it was not built.
 
     ``artifactd/format/_batchwrite.c`` (an optional extension: see setup.py)
-    creates a batch of files with the GIL released once instead of four times per
-    file, and stops at the first file that does not go well; :meth:`_Extractor._write_batch`
-    then does that file and the rest itself, so every error is the Python loop's.
-    It finds SHA-256 in the libcrypto that ``hashlib`` (imported above) loaded; where
-    it cannot, importing it fails, and so does a build for another Python or libc.
+    creates a batch of files with the GIL released once instead of four times
+    per file, and stops before the first file that does not go well;
+    :meth:`_Extractor._write_batch` then does that file and the rest itself,
+    so every error is the Python loop's. It finds SHA-256 in the libcrypto
+    that ``hashlib`` (imported above) loaded; where it cannot, importing it
+    fails, and so does a build for another Python or libc.
     """
     try:
         # Optional: a pure wheel has no such module.
@@ -472,9 +477,6 @@ def _load_batch_writer() -> Callable[[list[_NativeItem], int], int] | None:
 
 #: The batch writer, or None (the pure Python path). Tests set it to None to run that path.
 _write_natively = _load_batch_writer()
-#: Compressed bytes read ahead of the extractor, at most, so the download
-#: keeps going while the extractor parses, hashes and creates files.
-_READ_AHEAD = 32 << 20
 
 
 class _ByteBudget:
@@ -813,8 +815,8 @@ class _Extractor:
     each file's sha256 and then create it, because creating files is what
     restore time is made of on real disks (hashing, open + write + close
     overlap well, and release the GIL; the C batch writer, where built, does
-    a whole batch in one release: :func:`_load_batch_writer`). A file marked for rewriting is hashed
-    and rewritten on this thread first. Anything else (directories the
+    a whole batch in one release: :func:`_load_batch_writer`). A file marked
+    for rewriting is hashed and rewritten on this thread first. Anything else (directories the
     record does not imply, symlinks, large files, and every member that
     differs from its record) takes the full check (:func:`check_member`) and
     so fails with the same message it always did. Large files stream straight
