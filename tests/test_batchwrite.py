@@ -217,7 +217,7 @@ def test_the_outcomes_compared_are_the_rules_not_just_equal(
     assert error is None
     assert [tree[f"f{i}"][1] for i in range(6)] == [0o644, 0o755, 0o644, 0o755, 0o644, 0o644]
     expected = {name: bytes(data) for name, data, *_ in _files()}
-    assert {k: v[3] for k, v in tree.items()}.keys() == expected.keys()
+    assert {k: v[3] for k, v in tree.items()} == expected
     root = two_roots[1] / "m"
     root.mkdir()
     error, tree = _write(monkeypatch, "c", root, SCENES["sha_mismatch"](root))
