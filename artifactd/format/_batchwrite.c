@@ -55,7 +55,8 @@ typedef struct {
     Py_buffer data;
     int has_data;
     mode_t mode;
-    const char *sha256; /* 64 lowercase hex characters, or NULL */
+    const char *sha256; /* the sha256 to check (its UTF-8), or NULL: none to check */
+    int sha256_malformed; /* not 64 characters: no digest matches it */
     int has_mtime;
     long long mtime;
 } item_t;
@@ -88,7 +89,7 @@ static int parse_item(PyObject *tuple, item_t *it) {
         }
         it->sha256 = PyUnicode_AsUTF8AndSize(sha, &n);
         if (it->sha256 == NULL) return -1;
-        if (n != 2 * DIGEST_BYTES) it->sha256 = "-"; /* can never match: the Python path says so */
+        it->sha256_malformed = n != 2 * DIGEST_BYTES; /* the Python loop then says so */
     }
     if (mtime != Py_None) {
         if (!PyLong_Check(mtime)) {
@@ -107,6 +108,7 @@ static int parse_item(PyObject *tuple, item_t *it) {
 static int digest_matches(const item_t *it) {
     static const char hex[] = "0123456789abcdef";
     unsigned char md[DIGEST_BYTES];
+    if (it->sha256_malformed) return 0; /* and never read past its end */
     if (sha256_oneshot((const unsigned char *)it->data.buf, (size_t)it->data.len, md) == NULL)
         return 0;
     for (int i = 0; i < DIGEST_BYTES; i++) {
