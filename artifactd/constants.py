@@ -140,6 +140,8 @@ USER = "USER"
 USERNAME = "USERNAME"
 #: The lint looks for the user's name under either.
 LOGNAME = "LOGNAME"
+#: ``getpass.getuser`` reads it after ``$LOGNAME`` and ``$USER``, before ``$USERNAME``.
+LNAME = "LNAME"
 #: Other temp-dir variables a warm-up cell must not inherit.
 TEMP = "TEMP"
 TMP = "TMP"
@@ -180,6 +182,9 @@ CACHE_ENV_VARS = (
 #: pydantic's own switch for its plugin scan (at the first model build it reads
 #: the entry points of every installed distribution, and imports each plugin).
 PYDANTIC_DISABLE_PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
+#: python-zstandard's own choice of backend (``cext``, ``cffi``...): when set, the package
+#: decides, so :mod:`artifactd.format.zstd` imports it instead of loading its C backend.
+PYTHON_ZSTANDARD_IMPORT_POLICY = "PYTHON_ZSTANDARD_IMPORT_POLICY"
 
 
 def current_environ() -> Mapping[str, str]:

@@ -24,7 +24,7 @@ from artifactd.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path, PurePosixPath
     from typing import BinaryIO, Literal, TypeAlias
 
@@ -331,28 +331,91 @@ def atomic_write(
     try:
         os.replace(tmp, path)
     except BaseException:
-        _unlink(tmp)
+        unlink_if_there(tmp)
         raise
     if durable:
         fsync_dir(parent)
 
 
 def write_temp(
-    directory: Path,
+    directory: StrPath,
     data: bytes,
     *,
     mode: int = 0o644,
     durable: bool = False,
     prefix: str = ".tmp-",
-) -> Path:
+) -> str:
     """Write ``data`` to a new temp file in ``directory`` and return its path.
 
     Used to get the bytes of a later rename onto disk first: the rename itself
     needs no space, so it cannot fail for a full disk.
     """
-    from pathlib import Path  # noqa: PLC0415  # lazy: off a pod start (cli/fast.py FLOOR)
+    return _write_temp(directory, data, mode=mode, durable=durable, prefix=prefix)
 
-    return Path(_write_temp(directory, data, mode=mode, durable=durable, prefix=prefix))
+
+#: How :func:`rmtree` opens a directory: never through a link.
+_DIR_FLAGS = (
+    os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def rmtree(path: StrPath) -> None:
+    """Remove the directory tree at ``path``, following no link; errors are ignored.
+
+    :func:`shutil.rmtree` with ``ignore_errors``, without importing
+    :mod:`shutil` (which loads ``fnmatch``, ``re``, ``bz2`` and ``lzma``: every
+    restore that installs removes its staging directory). The same walk as
+    its safe form: each directory is opened with ``O_NOFOLLOW`` and read and
+    emptied through its descriptor, so a directory swapped for a link while
+    the walk runs is never followed out of the tree. A loop, not recursion:
+    no depth is too deep.
+    """
+    try:
+        top = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return
+    # Each level: its descriptor, the entries not yet removed, and its name in its parent.
+    stack: list[tuple[int, list[os.DirEntry[str]], str]] = [(top, _entries(top), "")]
+    while stack:
+        fd, entries, _ = stack[-1]
+        if not entries:  # this directory is empty now: close it, remove it from its parent
+            _, _, name = stack.pop()
+            os.close(fd)
+            if stack:
+                try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
+                    os.rmdir(name, dir_fd=stack[-1][0])
+                except OSError:
+                    pass
+            continue
+        entry = entries.pop()
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
+                os.unlink(entry.name, dir_fd=fd)
+            except OSError:
+                pass
+            continue
+        try:
+            child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            continue
+        stack.append((child, _entries(child), entry.name))
+    try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _entries(fd: int) -> list[os.DirEntry[str]]:
+    """List the entries of the open directory ``fd`` ([] when it cannot be read)."""
+    try:
+        with os.scandir(fd) as it:
+            return list(it)
+    except OSError:
+        return []
 
 
 def _write_temp(
@@ -367,13 +430,13 @@ def _write_temp(
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
     except BaseException:
-        _unlink(tmp)
+        unlink_if_there(tmp)
         raise
     return tmp
 
 
-def _unlink(path: str) -> None:
-    """Remove ``path`` if it is there (``Path.unlink(missing_ok=True)``)."""
+def unlink_if_there(path: str) -> None:
+    """Remove the file ``path`` if it is there (``Path.unlink(missing_ok=True)``)."""
     try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
         os.unlink(path)
     except FileNotFoundError:
@@ -548,7 +611,7 @@ def fsync_tree(root: StrPath) -> None:
 def _fsync_all(paths: list[str], *, directory: bool = False) -> int:
     """Flush ``paths`` with fsync on a few threads; return how many this user may not open."""
     # lazy: only a restore on a busy disk syncs file by file
-    import threading  # noqa: PLC0415
+    from artifactd.workers import Thread  # noqa: PLC0415
 
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     if directory:
@@ -578,7 +641,11 @@ def _fsync_all(paths: list[str], *, directory: bool = False) -> int:
                 os.close(fd)
 
     count = min(FSYNC_THREADS, len(paths))
-    threads = [threading.Thread(target=run, args=(paths[i::count],)) for i in range(count)]
+
+    def part(i: int) -> Callable[[], None]:
+        return lambda: run(paths[i::count])
+
+    threads = [Thread(part(i), f"fsync-{i}") for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -13,8 +13,10 @@ is missing (an interpreter built without it), the ``json`` package does the work
 
 What it serves: :func:`json_type` (a value's JSON type, for messages),
 :func:`dumps` (``json.dumps`` with ``sort_keys``,
-``ensure_ascii``, ``allow_nan`` and the compact separators as arguments; no
-indent, no ``default``) and :func:`loads` (``json.loads`` of text or bytes:
+``ensure_ascii``, ``allow_nan``, the compact separators and ``indent`` as
+arguments; no ``default``; an indented document is laid out here, as
+``json``'s own Python encoder lays it out, around ``_json``'s text of each
+string and number) and :func:`loads` (``json.loads`` of text or bytes:
 the same values, and a :class:`ValueError` for what ``json`` refuses, with
 its message where ``_json`` raises it; bytes in UTF-16 or UTF-32 are handed
 to ``json``).
@@ -54,8 +56,13 @@ def dumps(
     compact: bool = False,
     ensure_ascii: bool = True,
     allow_nan: bool = True,
+    indent: int | None = None,
 ) -> str:
-    """Return ``json.dumps(value, ...)`` with these settings (``compact``: ``(",", ":")``)."""
+    """Return ``json.dumps(value, ...)`` with these settings (``compact``: ``(",", ":")``).
+
+    ``indent``: spaces per level, as ``json.dumps(indent=...)`` (its separators
+    are then ``","`` and ``": "``, unless ``compact``).
+    """
     if _json is None:  # pragma: no cover - see the module docstring
         import json  # noqa: PLC0415  # lazy: no accelerator, so json's own code
 
@@ -66,7 +73,14 @@ def dumps(
             separators=separators,
             ensure_ascii=ensure_ascii,
             allow_nan=allow_nan,
+            indent=indent,
         )
+    if indent is not None:
+        out: list[str] = []
+        _Indented(indent, ":" if compact else ": ", sort_keys, ensure_ascii, allow_nan).encode(
+            value, 0, out
+        )
+        return "".join(out)
     encode_string = _json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring
     if isinstance(value, str):
         return str(encode_string(value))  # what json.JSONEncoder.encode does for a string
@@ -82,6 +96,58 @@ def dumps(
         allow_nan,
     )
     return "".join(encoder(value, 0))
+
+
+class _Indented:
+    """``json``'s Python encoder with an indent: containers laid out here, the rest by ``_json``."""
+
+    def __init__(
+        self, indent: int, colon: str, sort_keys: bool, ensure_ascii: bool, allow_nan: bool
+    ) -> None:
+        self.indent = " " * indent
+        self.colon = colon
+        self.sort_keys = sort_keys
+        self.ensure_ascii = ensure_ascii
+        self.allow_nan = allow_nan
+        self.markers: set[int] = set()  # containers being written: a second visit is a cycle
+
+    def scalar(self, value: Any) -> str:
+        """Write a string, number, boolean or null as ``json`` does (TypeError for the rest)."""
+        return dumps(value, ensure_ascii=self.ensure_ascii, allow_nan=self.allow_nan)
+
+    def key(self, key: Any) -> str:
+        """Write an object key: text, or a number, boolean or null as text (as ``json`` does)."""
+        if isinstance(key, str):
+            return self.scalar(key)
+        if key is None or isinstance(key, (bool, int, float)):
+            return self.scalar(self.scalar(key))
+        raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+
+    def encode(self, value: Any, level: int, out: list[str]) -> None:
+        if isinstance(value, (list, tuple)):
+            items: Any = value
+            opening, closing = "[", "]"
+        elif isinstance(value, dict):
+            items = sorted(value.items()) if self.sort_keys else value.items()
+            opening, closing = "{", "}"
+        else:
+            out.append(self.scalar(value))
+            return
+        if not value:
+            out.append(opening + closing)
+            return
+        if id(value) in self.markers:
+            raise ValueError("Circular reference detected")
+        self.markers.add(id(value))
+        inner = "\n" + self.indent * (level + 1)
+        out.append(opening)
+        for i, item in enumerate(items):
+            out.append(inner if i == 0 else "," + inner)
+            if opening == "{":
+                out.append(self.key(item[0]) + self.colon)
+            self.encode(item[1] if opening == "{" else item, level + 1, out)
+        out.append("\n" + self.indent * level + closing)
+        self.markers.discard(id(value))
 
 
 class _Reading:

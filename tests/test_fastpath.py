@@ -81,6 +81,53 @@ def violations(name: str, source: str) -> list[str]:
     ]
 
 
+def installing_violations(name: str, source: str) -> list[str]:
+    """Every module-level import of an INSTALLING module ``name`` the second rule refuses."""
+    found = []
+    for module, top, line in imports(name, source):
+        if not top:
+            continue  # its functions are ordinary code: the run-time test holds a restore's
+        if module.startswith("artifactd"):
+            ok = module in fast.LIGHT | fast.INSTALLING
+        else:
+            ok = module.split(".", maxsplit=1)[0] in fast.FLOOR | fast.INSTALL_FLOOR
+        if not ok:
+            found.append(
+                f"{name}:{line}: imports {module} at module level; "
+                "not in FLOOR, INSTALL_FLOOR, LIGHT or INSTALLING"
+            )
+    return found
+
+
+def test_a_restore_that_installs_imports_only_what_it_declares() -> None:
+    modules = _modules()
+    found = []
+    for name in sorted(fast.INSTALLING):
+        found += installing_violations(name, modules[name].read_text())
+    assert found == [], "\n".join(found)
+
+
+def test_the_installing_checker_sees_what_it_must_refuse() -> None:
+    """Not vacuous: costly module-level imports planted in an installing module are caught."""
+    name = "artifactd.restore.journal"
+    source = _modules()[name].read_text()
+    assert installing_violations(name, source) == []
+    for code in (
+        "import typing\n",
+        "from pathlib import Path\n",
+        "import tarfile\n",
+        "from artifactd.format import archive\n",
+    ):
+        assert len(installing_violations(name, source + "\n" + code)) == 1, code
+    for code in (
+        "import hashlib\n",
+        "from artifactd.format import light\n",
+        "def f() -> None:\n    import re\n",
+        "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import typing\n",
+    ):
+        assert installing_violations(name, source + "\n" + code) == [], code
+
+
 def test_the_fast_path_imports_only_what_it_declares() -> None:
     modules = _modules()
     found = []
@@ -109,7 +156,7 @@ def test_the_floor_checker_sees_what_it_must_refuse() -> None:
 
 def test_the_declared_lists_name_real_modules_each_once() -> None:
     modules = set(_modules())
-    for name in fast.LIGHT | {m for m in fast.LATER if m.startswith("artifactd")}:
+    for name in fast.LIGHT | fast.INSTALLING | {m for m in fast.LATER if m.startswith("artifactd")}:
         assert name in modules, f"{name} is not a module of the package"
     # CPython's own SHA-256 is one private module under two names (3.12 renamed it):
     # the other Python's name is the one that may be missing here.
@@ -118,6 +165,9 @@ def test_the_declared_lists_name_real_modules_each_once() -> None:
     for name in fast.STDLIB - other | {"ctypes", "dataclasses", "shutil", "tempfile", "traceback"}:
         assert name in sys.stdlib_module_names, name
     assert not fast.LIGHT & fast.LATER
+    assert not fast.LIGHT & fast.INSTALLING
+    assert sys.stdlib_module_names >= fast.INSTALL_FLOOR
+    assert not fast.INSTALL_FLOOR & fast.FLOOR
     assert not fast.STDLIB & (fast.LATER | fast.GPU)
     assert fast.FLOOR <= fast.STDLIB
     # Importing a module loads its packages first: they are on the path too.
@@ -131,6 +181,7 @@ def test_the_docstring_names_exactly_the_declared_modules() -> None:
     listed = doc[doc.index("What it may import") :]
     named = set(re.findall(r"``([\w.]+)``", listed))
     declared = fast.STDLIB | fast.GPU | fast.LIGHT | fast.LATER | fast.FLOOR
+    declared |= fast.INSTALLING | fast.INSTALL_FLOOR
     assert declared - named == set(), "declared but not in the docstring"
     assert {n for n in named if n.startswith("artifactd")} - declared == set(), "stale names"
 

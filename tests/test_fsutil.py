@@ -121,3 +121,26 @@ def test_an_fsync_that_fails_fails_the_durable_step(
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="Input/output"):
         fsutil.fsync_tree(tmp_path / "staging")
+
+
+def test_rmtree_removes_a_deep_tree_and_never_follows_a_link(tmp_path: Path) -> None:
+    """shutil.rmtree's safe walk without shutil: links are unlinked, never walked through."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    tree = tmp_path / "tree"
+    deep = tree.joinpath(*["d"] * 300)  # deeper than a recursive walk would like
+    deep.mkdir(parents=True)
+    (deep / "f.bin").write_bytes(b"x")
+    (tree / "a").mkdir()
+    (tree / "a" / "g.bin").write_bytes(b"y")
+    (tree / "a" / "to-outside").symlink_to(outside)
+    (tree / "a" / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tree / "fifo")
+    fsutil.rmtree(tree)
+    assert not tree.exists() and not tree.is_symlink()
+    assert (outside / "keep.txt").read_text() == "keep"  # the link went, not what it names
+    fsutil.rmtree(tree)  # nothing there: nothing to do, no error
+    (tmp_path / "file").write_bytes(b"f")
+    fsutil.rmtree(tmp_path / "file")  # a file is not a directory tree: left alone
+    assert (tmp_path / "file").exists()

@@ -51,10 +51,26 @@ def _same(call: Any, reference: Any) -> tuple[tuple[str, str], tuple[str, str]]:
     return out[0], out[1]
 
 
-@settings(max_examples=400, deadline=None)
-@given(_DOCS, st.booleans(), st.booleans(), st.booleans(), st.booleans())
-def test_dumps_is_json_dumps(
-    doc: Any, sort_keys: bool, compact: bool, ensure_ascii: bool, allow_nan: bool
+_KEYS = st.text() | st.integers(-5, 5) | st.floats(allow_nan=True) | st.booleans() | st.none()
+#: Documents whose objects may have keys json writes as text (numbers, booleans, null).
+_ANY_KEYS = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_KEYS, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    _DOCS | _ANY_KEYS,
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([None, None, 0, 2, 4]),
+)
+def test_dumps_is_json_dumps(  # noqa: PLR0917 - hypothesis passes what it draws by position
+    doc: Any, sort_keys: bool, compact: bool, ensure_ascii: bool, allow_nan: bool, indent: int
 ) -> None:
     mine, theirs = _same(
         lambda: jsontext.dumps(
@@ -63,6 +79,7 @@ def test_dumps_is_json_dumps(
             compact=compact,
             ensure_ascii=ensure_ascii,
             allow_nan=allow_nan,
+            indent=indent,
         ),
         lambda: json.dumps(
             doc,
@@ -70,6 +87,7 @@ def test_dumps_is_json_dumps(
             separators=(",", ":") if compact else None,
             ensure_ascii=ensure_ascii,
             allow_nan=allow_nan,
+            indent=indent,
         ),
     )
     assert mine == theirs
@@ -120,6 +138,8 @@ def test_errors_say_where() -> None:
     circular.append(circular)
     with pytest.raises(ValueError, match=r"[Cc]ircular"):
         jsontext.dumps(circular)
+    with pytest.raises(ValueError, match=r"[Cc]ircular"):
+        jsontext.dumps({"a": [circular]}, indent=2)
     with pytest.raises(TypeError, match="not JSON serializable"):
         jsontext.dumps({"a": {1, 2}})
     with pytest.raises(ValueError, match="Out of range"):
@@ -131,6 +151,7 @@ def test_it_loads_neither_json_nor_re() -> None:
     code = (
         "import sys; from artifactd import jsontext; "
         "jsontext.loads(jsontext.dumps({'a': [1.5, None, 'x']}, sort_keys=True)); "
+        "jsontext.dumps({'a': [1.5, None, 'x']}, sort_keys=True, indent=2); "
         "print(' '.join(m for m in ('json', 're', 'typing') if m in sys.modules))"
     )
     out = subprocess.run(

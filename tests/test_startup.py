@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachetrees import make_generic_tree
+from cachetrees import harvest_environ, make_generic_tree, make_triton_tree
 from conftest import clean_env, run_artifactd
 from registry_server import RegistryServer
 
-from artifactd.cli.fast import LATER, LIGHT
+from artifactd.cli.fast import INSTALLING, LATER, LIGHT
 from artifactd.cli.specs import COMMANDS
 from artifactd.constants import PYDANTIC_DISABLE_PLUGINS, current_environ, pydantic_plugins_off
 from artifactd.errors import UsageError
@@ -259,6 +259,39 @@ def test_a_restore_that_installs_loads_no_pydantic_and_no_signing(
     assert proc.stderr.rsplit("\nPLUGINS ", 1)[1].split("\n", 1)[0] == "'not loaded'"
     # and without the modules only signing, verifying or a second registry use.
     assert loaded & NOT_INSTALLING == set()
+
+
+#: Beyond COSTLY, what a restore that installs from a local layout never loads (the rule of
+#: INSTALLING, artifactd/cli/fast.py): tarfile (a plain layer is read without it), shutil,
+#: tempfile, zstandard's package (its C backend is loaded alone, without platform and typing),
+#: what pathlib loads, and getpass (the user is looked up directly).
+NEVER_INSTALLING = frozenset(
+    {"tarfile", "shutil", "tempfile", "zstandard", "platform", "fnmatch", "urllib.parse"}
+    | {"copy", "getpass", "bz2", "lzma", "ipaddress", "string"}
+)
+
+
+def test_a_restore_that_installs_loads_none_of_the_costly_modules(tmp_path: Path) -> None:
+    """Triton's group files rewritten and a generic cache, from a local layout: a third of
+    the standard library's cost stays off a pod start (bench/coldstart.py times it)."""
+    make_triton_tree(tmp_path / "build" / "triton")
+    make_generic_tree(tmp_path / "build" / "generic")
+    store = f"oci:{tmp_path / 'store'}"
+    env = clean_env(harvest_environ(tmp_path / "build"))
+    harvested = run_artifactd("harvest", "--store", store, env=env)
+    assert harvested.returncode == 0, harvested.stderr[-2000:]
+    # A first pod on the node fills the probe cache (the probe's tools run on threads).
+    assert _pod_start(["--store", store, "--target", str(tmp_path / "first")], clean_env())[0]
+    args = ["--store", store, "--target", str(tmp_path / "t")]
+    status, loaded = _pod_start(args, clean_env())
+    assert status == "restored"
+    assert "artifactd.format.unpack" in loaded and "zstandard.backend_c" in loaded
+    assert loaded & (COSTLY | NEVER_INSTALLING) == set()
+    installed = {m for m in loaded if m.startswith("artifactd.")}
+    assert installed <= LIGHT | INSTALLING | {FAST, "artifactd.format._batchwrite"}
+    # The group file was rewritten for this target (jsontext, not json, did it).
+    groups = list((tmp_path / "t").rglob("__grp__*.json"))
+    assert groups and all(str(tmp_path / "t") in g.read_text() for g in groups)
 
 
 def test_a_restore_from_a_registry_loads_neither_pydantic_nor_oras(

@@ -92,10 +92,35 @@ import, at module level and inside functions, to these lists):
   from the node store's unpacked layers), ``artifactd.stores.reading``,
   ``artifactd.stores.reference``,
   ``artifactd.stores.registry``, ``artifactd.trust.policy``,
-  ``artifactd.trust.signatures``, ``click``, ``cryptography``, ``dataclasses``,
+  ``artifactd.trust.signatures``, ``artifactd.workers`` (threads, for a restore
+  that syncs its files one by one), ``click``, ``cryptography``, ``dataclasses``,
   ``shutil``, ``tempfile``, ``traceback``. ``tests/test_startup.py`` runs every
   no-op form and ``fingerprint --hash`` for real and checks that none of these
   is loaded.
+
+A restore that installs goes on past the no-op, and its modules are held to a
+second rule: each module of :data:`INSTALLING` imports at module level only
+the modules of :data:`FLOOR`, those of :data:`INSTALL_FLOOR` (``_collections``,
+``_thread``, ``hashlib``, ``io``, ``itertools``, ``math``, ``operator``,
+``zlib``: each loads one small C module, ``hashlib`` OpenSSL, which the
+extraction hashes with) and artifactd modules of :data:`LIGHT` or
+:data:`INSTALLING`, so a restore's fixed cost (``bench/coldstart.py``:
+within 3 x a bare start) is not spent on modules it never uses. Their
+functions may import anything: harvesting, merging and linting are not on a
+pod's path, and ``tests/test_startup.py`` runs restores that install and
+checks that none of the costly modules above is loaded. The modules:
+``artifactd.families.base``, ``artifactd.families.layouts``, every family
+module (``artifactd.families.cudajit``, ``artifactd.families.cutedsl``,
+``artifactd.families.deepgemm``, ``artifactd.families.flashinfer``,
+``artifactd.families.generic``, ``artifactd.families.inductor``,
+``artifactd.families.sglang``, ``artifactd.families.tilelang``,
+``artifactd.families.triton``, ``artifactd.families.vllm``: a plan names
+every family's directories), ``artifactd.format.light``,
+``artifactd.format.shapes``, ``artifactd.format.unpack``,
+``artifactd.format.views``, ``artifactd.format.zstd``,
+``artifactd.restore.install``, ``artifactd.restore.installed``,
+``artifactd.restore.journal``, ``artifactd.stores.reading``,
+``artifactd.trust.policy``, ``artifactd.workers``.
 
 These function-local imports are the only ones the fast path keeps, and this
 paragraph is their one explanation: each keeps a module off the path a no-op
@@ -262,6 +287,7 @@ LATER = frozenset(
         "artifactd.stores.registry",
         "artifactd.trust.policy",
         "artifactd.trust.signatures",
+        "artifactd.workers",
         "click",
         "cryptography",
         "dataclasses",
@@ -269,6 +295,40 @@ LATER = frozenset(
         "tempfile",
         "traceback",
     }
+)
+
+#: The artifactd modules a restore that installs loads beyond LIGHT: held to INSTALL_FLOOR at
+#: module level (the module docstring says why).
+INSTALLING = frozenset(
+    {
+        "artifactd.families.base",
+        "artifactd.families.cudajit",
+        "artifactd.families.cutedsl",
+        "artifactd.families.deepgemm",
+        "artifactd.families.flashinfer",
+        "artifactd.families.generic",
+        "artifactd.families.inductor",
+        "artifactd.families.layouts",
+        "artifactd.families.sglang",
+        "artifactd.families.tilelang",
+        "artifactd.families.triton",
+        "artifactd.families.vllm",
+        "artifactd.format.light",
+        "artifactd.format.shapes",
+        "artifactd.format.unpack",
+        "artifactd.format.views",
+        "artifactd.format.zstd",
+        "artifactd.restore.install",
+        "artifactd.restore.installed",
+        "artifactd.restore.journal",
+        "artifactd.stores.reading",
+        "artifactd.trust.policy",
+        "artifactd.workers",
+    }
+)
+#: The standard library modules INSTALLING may import at module level beyond FLOOR.
+INSTALL_FLOOR = frozenset(
+    {"_collections", "_thread", "hashlib", "io", "itertools", "math", "operator", "zlib"}
 )
 
 

@@ -20,22 +20,38 @@ caches, and the library sources that was read from, is in ``docs/families.md``.
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import os
-import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, NamedTuple
 
-from artifactd.constants import HOME, TEMP, TMP, TMPDIR
+from artifactd import jsontext
+from artifactd.constants import (
+    HOME,
+    LNAME,
+    LOGNAME,
+    TEMP,
+    TMP,
+    TMPDIR,
+    USER,
+    USERNAME,
+    current_environ,
+)
+from artifactd.fsutil import path_text
+from artifactd.records import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Mapping
+    from pathlib import Path, PurePosixPath
+    from typing import Any, ClassVar
+
+    from artifactd.fsutil import StrPath
 
 #: Stands for the component's root in stored path-bearing files.
 ROOT_PLACEHOLDER = "@ARTIFACTD_ROOT@"
 
 
-class Component(NamedTuple):
+class Component(Record):
     """One directory a family owns.
 
     ``restore_subdir`` is relative to the restore target. ``env`` maps the
@@ -48,7 +64,7 @@ class Component(NamedTuple):
     env: Mapping[str, str]
 
 
-class Located(NamedTuple):
+class Located(Record):
     """A component found on disk at harvest time."""
 
     component: Component
@@ -75,11 +91,13 @@ class Family(ABC):
     keep_mtimes: ClassVar[bool] = False
     #: Directory names skipped anywhere in the tree.
     exclude_dirs: ClassVar[frozenset[str]] = frozenset({"locks", "lock"})
-    #: Name patterns skipped anywhere in the tree (files and dirs).
-    exclude_patterns: ClassVar[tuple[re.Pattern[str], ...]] = (
-        re.compile(r".*\.lock$"),
-        re.compile(r".*\.tmp$"),
-        re.compile(r"^tmp\.pid_\d+_.*"),
+    #: Name patterns skipped anywhere in the tree (files and dirs): regular
+    #: expressions matched at the start of the name (``re.match``), compiled on
+    #: first use (:func:`_compiled`).
+    exclude_patterns: ClassVar[tuple[str, ...]] = (
+        r".*\.lock$",
+        r".*\.tmp$",
+        r"^tmp\.pid_\d+_.*",
     )
     #: Components whose Triton group files (``__grp__*.json``) are rewritten on restore.
     triton_group_components: ClassVar[frozenset[str]] = frozenset()
@@ -127,7 +145,7 @@ class Family(ABC):
         """
         if is_group_file(rel):
             return False
-        return any(fnmatch.fnmatchcase(rel.name, p) for p in self.informational_files)
+        return any(fnmatchcase(rel.name, p) for p in self.informational_files)
 
     def informational_reason(self, rel: PurePosixPath) -> str:
         """Return the cost of a build path in ``rel`` that :meth:`informational` calls information.
@@ -140,7 +158,7 @@ class Family(ABC):
 
     def records_at_restore(self, path: str) -> bool:
         """Whether the restore records ``<component>/<rel>`` (:attr:`rewritten_at_load`)."""
-        return any(fnmatch.fnmatchcase(path, p) for p in self.rewritten_at_load)
+        return any(fnmatchcase(path, p) for p in self.rewritten_at_load)
 
     @abstractmethod
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
@@ -152,7 +170,7 @@ class Family(ABC):
         name = rel.name
         if is_dir and name in self.exclude_dirs:
             return True
-        return any(p.match(name) for p in self.exclude_patterns)
+        return any(p.match(name) for p in _compiled(self.exclude_patterns))
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Return partial or corrupt cache entries (paths relative to ``root``) and why.
@@ -243,7 +261,7 @@ class Family(ABC):
         name = rel.rpartition("/")[2]
         if name in self.load_rewrites:
             return False
-        return not any(fnmatch.fnmatchcase(name, p) for p in self.written_in_place)
+        return not any(fnmatchcase(name, p) for p in self.written_in_place)
 
     def keyed(self, component: str, rel: PurePosixPath) -> bool:
         """Whether ``rel`` is a key: a path the library derives from what it compiled.
@@ -281,18 +299,28 @@ class Family(ABC):
         del component, rel, ours, theirs
         return None
 
+    def restore_subdirs(self, *, user: str | None = None) -> dict[str, str]:
+        """Return where each component is installed, relative to the restore target."""
+        name = sanitize_user(user)
+        return {c.name: c.restore_subdir.format(user=name) for c in self.components}
+
     def restore_dirs(self, target: Path, *, user: str | None = None) -> dict[str, Path]:
         """Return where each component is installed under ``target``."""
-        subs = {c.name: c.restore_subdir.format(user=sanitize_user(user)) for c in self.components}
-        return {name: target / sub for name, sub in subs.items()}
+        return {name: target / sub for name, sub in self.restore_subdirs(user=user).items()}
 
-    def restore_env(self, target: Path, *, user: str | None = None) -> dict[str, str]:
-        """Return the env vars that point the library at the restored directories."""
+    def restore_env(self, target: StrPath, *, user: str | None = None) -> dict[str, str]:
+        """Return the env vars that point the library at the restored directories.
+
+        The paths are written as ``str(Path(...))`` writes them (:func:`path_text`),
+        whether ``target`` is a ``Path`` or text.
+        """
+        root = path_text(os.fspath(target))
+        subs = self.restore_subdirs(user=user)
         env: dict[str, str] = {}
-        dirs = self.restore_dirs(target, user=user)
         for comp in self.components:
+            where = path_text(os.path.join(root, subs[comp.name]))
             for key, template in comp.env.items():
-                env[key] = template.format(dir=dirs[comp.name], target=target)
+                env[key] = template.format(dir=where, target=root)
         return env
 
 
@@ -304,7 +332,7 @@ def is_group_file(rel: PurePosixPath) -> bool:
 def group_doc(data: bytes) -> dict[str, Any] | None:
     """Return ``data`` parsed if it is a Triton group file (a JSON object with ``child_paths``)."""
     try:
-        doc = json.loads(data)
+        doc = jsontext.loads(data)
     except ValueError:
         return None
     return doc if isinstance(doc, dict) and "child_paths" in doc else None
@@ -328,11 +356,13 @@ def rewrite_group_doc(doc: dict[str, Any], old: tuple[str, ...], new: str) -> by
                 if value.startswith(p):
                     children[key] = new.rstrip("/") + "/" + value[len(p) :]
                     break
-    return json.dumps(doc).encode("utf-8")
+    return jsontext.dumps(doc).encode("utf-8")  # json.dumps(doc), byte for byte
 
 
 def gettempdir(environ: Mapping[str, str]) -> Path:
     """Return the temp dir a process with ``environ`` would use (as ``tempfile`` does)."""
+    from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
     for key in (TMPDIR, TEMP, TMP):
         value = environ.get(key)
         if value:
@@ -342,24 +372,113 @@ def gettempdir(environ: Mapping[str, str]) -> Path:
 
 def home(environ: Mapping[str, str]) -> Path:
     """Return the home directory a process with ``environ`` would use."""
+    from pathlib import Path  # noqa: PLC0415  # lazy: as in gettempdir
+
     value = environ.get(HOME)
     return Path(value) if value else Path.home()
 
 
 def expanduser(value: str, environ: Mapping[str, str]) -> Path:
     """``os.path.expanduser`` with the HOME of ``environ``."""
+    from pathlib import Path  # noqa: PLC0415  # lazy: as in gettempdir
+
     if value == "~" or value.startswith("~/"):
         return home(environ) / value[2:]
     return Path(os.path.expanduser(value))
 
 
-def sanitize_user(user: str | None) -> str:
-    """Return the user name as torch puts it into ``torchinductor_<user>``."""
-    if user is None:
-        import getpass  # noqa: PLC0415  # lazy: it loads termios,: only when no user was given
+#: What torch replaces with ``_`` in a user name (``re.sub(r'[\\/:*?"<>|]', "_", user)``).
+_NOT_IN_USER = str.maketrans(dict.fromkeys('\\/:*?"<>|', "_"))
 
+
+def sanitize_user(user: str | None) -> str:
+    """Return the user name as torch puts it into ``torchinductor_<user>``.
+
+    No user given: ``getpass.getuser()``'s (:func:`_login`), else ``uid_<uid>``.
+    A restore plans every family's directories with this.
+    """
+    if user is None:
         try:
-            user = getpass.getuser()
+            user = _login()
         except (KeyError, OSError):
             user = f"uid_{os.getuid()}"
-    return re.sub(r'[\\/:*?"<>|]', "_", user)
+    return user.translate(_NOT_IN_USER)
+
+
+def _login() -> str:
+    """Return ``getpass.getuser()`` without importing :mod:`getpass` (it loads ``termios``).
+
+    ``getpass``'s own lookup, in its order: the first of ``$LOGNAME``, ``$USER``,
+    ``$LNAME`` and ``$USERNAME`` that is set and not empty, else the password
+    database's name for the uid (a KeyError when it has none).
+    """
+    environ = current_environ()
+    for key in (LOGNAME, USER, LNAME, USERNAME):
+        value = environ.get(key)
+        if value:
+            return value
+    import pwd  # noqa: PLC0415  # lazy: POSIX only, imported where getpass imports it
+
+    return pwd.getpwuid(os.getuid())[0]
+
+
+def fnmatchcase(name: str, pattern: str) -> bool:
+    """Return ``fnmatch.fnmatchcase(name, pattern)``; without ``re`` when ``*`` is its one wildcard.
+
+    A restore asks this of every file it installs (:meth:`Family.shares_inode`,
+    :meth:`Family.records_at_restore`), and every family's patterns there are
+    names or ``*`` globs: ``*`` matches any run of characters, ``/`` and
+    newlines included, and every other character itself. A pattern with ``?``
+    or ``[`` goes to :mod:`fnmatch`.
+    """
+    if "?" in pattern or "[" in pattern:
+        from fnmatch import fnmatchcase as match  # noqa: PLC0415  # lazy: it compiles (re)
+
+        return match(name, pattern)
+    parts = pattern.split("*")
+    if len(parts) == 1:
+        return name == pattern
+    head, tail = parts[0], parts[-1]
+    end = len(name) - len(tail)
+    if end < len(head) or not name.startswith(head) or not name.endswith(tail):
+        return False
+    at = len(head)
+    for part in parts[1:-1]:  # in order, each as early as it fits: as a regex would
+        at = name.find(part, at, end)
+        if at < 0:
+            return False
+        at += len(part)
+    return True
+
+
+#: Each tuple of :attr:`Family.exclude_patterns` compiled, made on first use.
+_COMPILED: dict[tuple[str, ...], tuple[re.Pattern[str], ...]] = {}
+
+
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """Return ``patterns`` compiled (``re.compile``), once per tuple: a walk matches every name."""
+    found = _COMPILED.get(patterns)
+    if found is None:
+        import re  # noqa: PLC0415  # lazy: only a walk of a tree matches names, never a restore
+
+        found = _COMPILED.setdefault(patterns, tuple(re.compile(p) for p in patterns))
+    return found
+
+
+#: The paths :func:`pure_path` made, by their text.
+_PURE: dict[str, PurePosixPath] = {}
+
+
+def pure_path(text: str) -> PurePosixPath:
+    """Return ``PurePosixPath(text)``, made once per text: pathlib is imported on first use.
+
+    The family modules hold the relative paths they compare walked paths with
+    as text (:mod:`artifactd.families.layouts`): a restore imports every one of
+    them, and walks no tree.
+    """
+    found = _PURE.get(text)
+    if found is None:
+        from pathlib import PurePosixPath  # noqa: PLC0415  # lazy: see the docstring
+
+        found = _PURE.setdefault(text, PurePosixPath(text))
+    return found

@@ -22,11 +22,12 @@ fact near it, SGLang 0.5.23 redirecting ``CUDA_CACHE_PATH`` to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-
 from artifactd.constants import CUDA_CACHE_PATH
 from artifactd.families.base import Component, Family, Located, home
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class CudaJitFamily(Family):
@@ -46,6 +47,8 @@ class CudaJitFamily(Family):
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way the driver does: CUDA_CACHE_PATH, else ~/.nv/ComputeCache."""
+        from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
         configured = environ.get(CUDA_CACHE_PATH)
         path = Path(configured) if configured else home(environ) / ".nv" / "ComputeCache"
         return [Located(self.components[0], path)] if path.is_dir() else []

@@ -84,11 +84,8 @@ the machine, and the site-packages path.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import zlib
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
 
 from artifactd.constants import (
     CUTE_DSL_CACHE_DIR,
@@ -99,6 +96,11 @@ from artifactd.constants import (
     USERNAME,
 )
 from artifactd.families.base import Component, Family, Located, gettempdir, sanitize_user
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path, PurePosixPath
 
 CACHE_DIRNAME = "cutlass_python_cache"
 FA4_DIRNAME = "flash_attention_cute_dsl_cache"
@@ -130,6 +132,8 @@ def dsl_user(environ: Mapping[str, str]) -> str | None:
 
 def dsl_cache_dir(environ: Mapping[str, str]) -> Path:
     """Return the dir CuTe DSL caches in for ``environ`` (``get_default_generated_ir_path``)."""
+    from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
     configured = environ.get(CUTE_DSL_CACHE_DIR)
     if configured:
         return Path(configured)
@@ -184,11 +188,13 @@ class CuteDSLFamily(Family):
     )
     exclude_patterns = (
         *Family.exclude_patterns,
-        re.compile(r"^\..+\.tmp\.o$"),  # FA4's export temp files
+        r"^\..+\.tmp\.o$",  # FA4's export temp files
     )
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find each dir as its library does (env var, else the per-user temp default)."""
+        from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
         found: list[Located] = []
         tmp = gettempdir(environ)
         cache = dsl_cache_dir(environ)
@@ -202,6 +208,8 @@ class CuteDSLFamily(Family):
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """CuTe DSL files failing their CRC32; empty FA4 objects."""
+        from pathlib import Path, PurePosixPath  # noqa: PLC0415  # lazy: a harvest's and a lint's
+
         bad: dict[PurePosixPath, str] = {}
         if component == "cache":
             try:

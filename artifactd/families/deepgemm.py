@@ -60,8 +60,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
 
 from artifactd.constants import DG_JIT_CACHE_DIR, DJ_JIT_CACHE_DIR
 from artifactd.families.base import Component, Family, Located, home
@@ -74,6 +72,11 @@ from artifactd.families.layouts import (
     deepgemm_meta,
     deepgemm_partial_entries,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path, PurePosixPath
 
 #: Files every entry needs; with either missing DeepGEMM aborts the process.
 ENTRY_FILES = DEEPGEMM_ENTRY_FILES
@@ -90,6 +93,8 @@ def cache_dir(environ: Mapping[str, str]) -> Path | None:
     reads the others, so only the first is harvested. Unset: the first existing
     default (:data:`DEFAULT_DIRS`).
     """
+    from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
     configured = environ.get(DG_JIT_CACHE_DIR) or environ.get(DJ_JIT_CACHE_DIR)
     if configured:
         path = Path(configured.split(":", 1)[0])

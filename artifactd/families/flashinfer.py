@@ -63,9 +63,6 @@ restores under another root and user, and ninja has no work there. Summed up in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
-
 from artifactd.constants import FLASHINFER_WORKSPACE_BASE
 from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import (
@@ -75,6 +72,11 @@ from artifactd.families.layouts import (
     flashinfer_excluded,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path, PurePosixPath
+
 #: The cache dir relative to the workspace base (HOME by default).
 CACHE_SUBDIR = FLASHINFER_SUBDIR
 #: Where the component lands under a restore target, and the base it implies.
@@ -83,6 +85,8 @@ RESTORE_HOME = "flashinfer-home"
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
     """Return FlashInfer's cache dir for a process with ``environ``."""
+    from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
     base = environ.get(FLASHINFER_WORKSPACE_BASE)
     return (Path(base) if base else home(environ)) / CACHE_SUBDIR
 

@@ -8,11 +8,12 @@ depends on the target architecture, the nvcc release and the platform.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-
 from artifactd.constants import ENV_GENERIC_DIR
 from artifactd.families.base import Component, Family, Located
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class GenericFamily(Family):
@@ -31,6 +32,8 @@ class GenericFamily(Family):
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Only an explicitly configured dir: there is no default for loose binaries."""
+        from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
         configured = environ.get(ENV_GENERIC_DIR)
         if configured and Path(configured).is_dir():
             return [Located(self.components[0], Path(configured))]

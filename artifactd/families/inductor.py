@@ -21,11 +21,20 @@ the scope. The GPU name and torch's CUDA version enter Inductor's system info.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
-
 from artifactd.constants import ENV_MEGACACHE_DIR, TMPDIR, TORCHINDUCTOR_CACHE_DIR
-from artifactd.families.base import Component, Family, Located, gettempdir, sanitize_user
+from artifactd.families.base import (
+    Component,
+    Family,
+    Located,
+    gettempdir,
+    pure_path,
+    sanitize_user,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path, PurePosixPath
 
 PCH_DIRNAME = "precompiled_headers"
 
@@ -120,6 +129,8 @@ class InductorFamily(Family):
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache dir (env var or default) and the PCH under the temp dir."""
+        from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
         found: list[Located] = []
         configured = environ.get(TORCHINDUCTOR_CACHE_DIR)
         cache = Path(configured) if configured else default_dir(environ)
@@ -135,6 +146,6 @@ class InductorFamily(Family):
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip locks, and the PCH dir when it sits inside a default cache dir."""
-        if component == "cache" and is_dir and rel == PurePosixPath(PCH_DIRNAME):
+        if component == "cache" and is_dir and rel == pure_path(PCH_DIRNAME):
             return True
         return super().excluded(component, rel, is_dir)

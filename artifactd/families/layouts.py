@@ -5,15 +5,20 @@ Inductor, vLLM and SGLang dirs; a DeepGEMM dir is its own family's and also
 ``deep_gemm/`` under vLLM's and SGLang's roots; a FlashInfer workspace is its
 own family's and ``.cache/flashinfer`` under SGLang's root. Each rule lives
 here once, with its tree's path, so the families share it without importing
-each other. Paths are relative to the tree's own root.
+each other. Paths are relative to the tree's own root, and held as text: a
+restore imports every family module and walks no tree
+(:func:`~artifactd.families.base.pure_path` makes a path where one is compared).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path, PurePosixPath
 
-from artifactd.families.base import is_group_file
+from artifactd.families.base import is_group_file, pure_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path, PurePosixPath
 
 #: ninja's build file, and the files of a module dir that name its build root
 #: (moved with the tree): here, so the families hosting ninja trees name them
@@ -23,11 +28,11 @@ NINJA_LOGS = (".ninja_log", ".ninja_deps")
 NINJA_RECORDS = frozenset({NINJA_FILE, *NINJA_LOGS})
 
 #: Where vLLM and SGLang put a DeepGEMM dir under their roots.
-DEEP_GEMM_DIR = PurePosixPath("deep_gemm")
+DEEP_GEMM_DIR = "deep_gemm"
 #: A FlashInfer cache relative to its workspace base (HOME by default).
-FLASHINFER_SUBDIR = PurePosixPath(".cache/flashinfer")
+FLASHINFER_SUBDIR = ".cache/flashinfer"
 #: Where SGLang points Triton under its root.
-TRITON_DIR = PurePosixPath("triton")
+TRITON_DIR = "triton"
 
 #: Files every DeepGEMM 2.x entry needs; with either missing DeepGEMM aborts the process.
 DEEPGEMM_ENTRY_FILES = ("kernel.cu", "kernel.cubin")
@@ -56,6 +61,8 @@ def triton_partial_entries(root: Path) -> dict[PurePosixPath, str]:
     entry. Dirs holding only a compiled launcher (``cuda_utils*.so``) have
     no group file by design.
     """
+    from pathlib import PurePosixPath  # noqa: PLC0415  # lazy: a harvest's and a lint's walk
+
     bad: dict[PurePosixPath, str] = {}
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -75,7 +82,7 @@ def triton_partial_entries(root: Path) -> dict[PurePosixPath, str]:
 
 def deepgemm_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
     """DeepGEMM's own exclusion: the top-level ``tmp/`` staging dir (nvcc's working dir)."""
-    return is_dir and rel == PurePosixPath("tmp")
+    return is_dir and rel == pure_path("tmp")
 
 
 def deepgemm_meta(rel: PurePosixPath) -> bool:
@@ -108,6 +115,8 @@ def deepgemm_entry_problem(present: set[str]) -> str | None:
 
 def deepgemm_partial_entries(root: Path) -> dict[PurePosixPath, str]:
     """Entry dirs under ``cache/`` that neither DeepGEMM JIT would load, and why."""
+    from pathlib import PurePosixPath  # noqa: PLC0415  # lazy: as in triton_partial_entries
+
     bad: dict[PurePosixPath, str] = {}
     try:
         entries = sorted(os.scandir(root / "cache"), key=lambda e: e.name)

@@ -77,14 +77,11 @@ rebuilt under another root.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from collections.abc import Iterable, Mapping
-from pathlib import Path, PurePosixPath
 
+from artifactd import jsontext
 from artifactd.constants import SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR
-from artifactd.families.base import Component, Family, Located, expanduser
+from artifactd.families.base import Component, Family, Located, expanduser, pure_path
 from artifactd.families.layouts import (
     DEEP_GEMM_DIR,
     DEEPGEMM_COMMIT_FILE,
@@ -99,15 +96,20 @@ from artifactd.families.layouts import (
     triton_partial_entries,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from pathlib import Path, PurePosixPath
+
 DEFAULT_CACHE = "~/.cache/sglang"
 DEFAULT_JIT = "~/.cache/sglang/jit"
 JIT_DEPS_FILE = "sgl_deps.json"
-_NESTED_JIT = PurePosixPath("jit")
+_NESTED_JIT = "jit"
 #: Top-level dirs of the cache dir that hold no kernels (model data, downloads).
-_NOT_CACHES = frozenset({PurePosixPath("model_streamer"), PurePosixPath("ple")})
-_CARGO_TARGETS = PurePosixPath("rust_extensions/targets")
-#: The build node's GPU peer-to-peer topology, per CUDA_VISIBLE_DEVICES.
-_P2P_FILE = re.compile(r"^gpu_p2p_access_cache_for_.*\.json$")
+_NOT_CACHES = frozenset({"model_streamer", "ple"})
+_CARGO_TARGETS = "rust_extensions/targets"
+#: The build node's GPU peer-to-peer topology, per CUDA_VISIBLE_DEVICES (``re.match``).
+_P2P_FILE = r"^gpu_p2p_access_cache_for_.*\.json$"
 
 
 def cache_dirs(environ: Mapping[str, str]) -> tuple[Path, Path]:
@@ -117,15 +119,22 @@ def cache_dirs(environ: Mapping[str, str]) -> tuple[Path, Path]:
     return expanduser(cache, environ), expanduser(jit, environ)
 
 
-def _prefixed(
-    prefix: PurePosixPath, found: Mapping[PurePosixPath, str]
-) -> dict[PurePosixPath, str]:
-    return {prefix / rel: why for rel, why in found.items()}
+def _prefixed(prefix: str, found: Mapping[PurePosixPath, str]) -> dict[PurePosixPath, str]:
+    top = pure_path(prefix)
+    return {top / rel: why for rel, why in found.items()}
 
 
-def _under(rel: PurePosixPath, top: PurePosixPath) -> PurePosixPath | None:
+def _under(rel: PurePosixPath, top: str) -> PurePosixPath | None:
     """``rel`` relative to ``top`` when it lies strictly below it, else None."""
-    return rel.relative_to(top) if rel != top and rel.is_relative_to(top) else None
+    path = pure_path(top)
+    return rel.relative_to(path) if rel != path and rel.is_relative_to(path) else None
+
+
+def _p2p_file(name: str) -> bool:
+    """Whether ``name`` is a P2P topology file (:data:`_P2P_FILE`)."""
+    import re  # noqa: PLC0415  # lazy: a harvest's walk, never a restore
+
+    return re.match(_P2P_FILE, name) is not None
 
 
 def _tenant_excluded(rel: PurePosixPath, is_dir: bool) -> bool:
@@ -144,6 +153,8 @@ def _hosted_deepgemm_meta(rel: PurePosixPath) -> bool:
 
 def _jit_leaves(root: Path) -> Iterable[tuple[PurePosixPath, Path, str]]:
     """Yield (rel path, dir, module name) for each ``<target>/<module>/build-*/deps-*`` leaf."""
+    from pathlib import PurePosixPath  # noqa: PLC0415  # lazy: a harvest's and a lint's
+
     for target in _subdirs(root):
         for module in _subdirs(target):
             for build in _subdirs(module):
@@ -156,6 +167,8 @@ def _jit_leaves(root: Path) -> Iterable[tuple[PurePosixPath, Path, str]]:
 
 
 def _subdirs(d: Path) -> list[Path]:
+    from pathlib import Path  # noqa: PLC0415  # lazy: a harvest's and a lint's
+
     try:
         return sorted(
             Path(e.path)
@@ -230,10 +243,11 @@ class SGLangFamily(Family):
         if component == "jit":
             own = is_dir and rel.name.startswith(".staging-")
         else:
+            text = rel.as_posix()  # equal paths, equal texts
             own = (
-                rel == _NESTED_JIT
-                or (is_dir and (rel in _NOT_CACHES or rel == _CARGO_TARGETS))
-                or (len(rel.parts) == 1 and not is_dir and bool(_P2P_FILE.match(rel.name)))
+                text == _NESTED_JIT
+                or (is_dir and (text in _NOT_CACHES or text == _CARGO_TARGETS))
+                or (len(rel.parts) == 1 and not is_dir and _p2p_file(rel.name))
                 or _tenant_excluded(rel, is_dir)
             )
         return own or super().excluded(component, rel, is_dir)
@@ -264,9 +278,9 @@ class SGLangFamily(Family):
         return {
             **_prefixed(TRITON_DIR, triton_partial_entries(root / TRITON_DIR)),
             **_prefixed(DEEP_GEMM_DIR, deepgemm_partial_entries(root / DEEP_GEMM_DIR)),
-            **ninja_invalid_entries(root / FLASHINFER_SUBDIR, FLASHINFER_SUBDIR),
+            **ninja_invalid_entries(root / FLASHINFER_SUBDIR, pure_path(FLASHINFER_SUBDIR)),
             **ninja_relocation_problems(
-                root / FLASHINFER_SUBDIR, root_spellings(root), FLASHINFER_SUBDIR
+                root / FLASHINFER_SUBDIR, root_spellings(root), pure_path(FLASHINFER_SUBDIR)
             ),
         }
 
@@ -279,7 +293,7 @@ class SGLangFamily(Family):
         pinned: set[str] = set()
         for _rel, leaf, _module in _jit_leaves(root):
             try:
-                entries = json.loads((leaf / JIT_DEPS_FILE).read_bytes())
+                entries = jsontext.loads((leaf / JIT_DEPS_FILE).read_bytes())
             except (OSError, ValueError):
                 continue
             for entry in entries if isinstance(entries, list) else []:

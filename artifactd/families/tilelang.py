@@ -48,16 +48,18 @@ recompile).
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
-from typing import Any
 
+from artifactd import jsontext
 from artifactd.constants import TILELANG_CACHE_DIR
-from artifactd.families.base import Component, Family, Located, home
+from artifactd.families.base import Component, Family, Located, home, pure_path
 from artifactd.hashing import copy_hashed
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path, PurePosixPath
+    from typing import Any
 
 MANIFEST = "manifest.json"
 PARAMS = "params.json"
@@ -75,7 +77,7 @@ def _load_json(path: str) -> Any:
     """Return the parsed JSON, or None when the file is missing or unreadable."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return jsontext.loads(f.read())  # json.load(f)
     except (OSError, ValueError):
         return None
 
@@ -166,7 +168,7 @@ class TileLangFamily(Family):
     exclude_patterns = (
         *Family.exclude_patterns,
         # TileLang's atomic-write temp siblings: .<name>.<pid>_<hex>.tmp[<suffix>]
-        re.compile(r"^\..+\.\d+_[0-9a-f]+\.tmp(\.[^.]+)?$"),
+        r"^\..+\.\d+_[0-9a-f]+\.tmp(\.[^.]+)?$",
     )
     library = "TileLang"
     path_cost = (
@@ -176,18 +178,22 @@ class TileLangFamily(Family):
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way TileLang does: TILELANG_CACHE_DIR, else ~/.tilelang/cache."""
+        from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
         configured = environ.get(TILELANG_CACHE_DIR)
         path = Path(configured) if configured else home(environ) / ".tilelang" / "cache"
         return [Located(self.components[0], path)] if path.is_dir() else []
 
     def excluded(self, component: str, rel: PurePosixPath, is_dir: bool) -> bool:
         """Skip staging dirs, temp files, and the top-level ``tmp/`` of releases up to 0.1.13."""
-        if is_dir and rel == PurePosixPath("tmp"):
+        if is_dir and rel == pure_path("tmp"):
             return True
         return super().excluded(component, rel, is_dir)
 
     def invalid_entries(self, component: str, root: Path) -> dict[PurePosixPath, str]:
         """Kernel and binary entries that fail their own manifest (see the module doc)."""
+        from pathlib import Path, PurePosixPath  # noqa: PLC0415  # lazy: a harvest's and a lint's
+
         bad: dict[PurePosixPath, str] = {}
         for version in _subdirs(root):
             if version.name in self.exclude_dirs or version.name == "tmp":

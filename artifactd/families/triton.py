@@ -11,12 +11,14 @@ Triton's own content hash, the bundled ptxas version and the target capability
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
-
 from artifactd.constants import TRITON_CACHE_DIR, TRITON_HOME
 from artifactd.families.base import Component, Family, Located, home
 from artifactd.families.layouts import triton_partial_entries
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path, PurePosixPath
 
 
 class TritonFamily(Family):
@@ -65,6 +67,8 @@ class TritonFamily(Family):
 
     def locate(self, environ: Mapping[str, str]) -> list[Located]:
         """Find the cache the way Triton does: TRITON_CACHE_DIR, else TRITON_HOME/.triton/cache."""
+        from pathlib import Path  # noqa: PLC0415  # lazy: only a harvest locates caches
+
         configured = environ.get(TRITON_CACHE_DIR)
         if configured:
             path = Path(configured)

@@ -86,12 +86,9 @@ and ``cache`` never ships ``deep_gemm/`` or ``flashinfer_autotune_cache/``.
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, NamedTuple
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
 
+from artifactd import jsontext
 from artifactd.constants import (
     DG_JIT_CACHE_DIR,
     VLLM_CACHE_ROOT,
@@ -107,7 +104,7 @@ from artifactd.families.base import (
     home,
 )
 from artifactd.families.layouts import (
-    DEEP_GEMM_DIR as _DEEP_GEMM_PATH,
+    DEEP_GEMM_DIR as _DEEP_GEMM_DIR,
 )
 from artifactd.families.layouts import (
     DEEPGEMM_COMMIT_FILE,
@@ -117,15 +114,20 @@ from artifactd.families.layouts import (
     deepgemm_partial_entries,
 )
 from artifactd.fsutil import read_regular
+from artifactd.records import Record
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ipaddress
+    from collections.abc import Callable, Iterator
+    from pathlib import Path, PurePosixPath
+    from typing import Any
 
     _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 COMPILE_DIR = "torch_compile_cache"
 AOT_DIR = "torch_aot_compile"
-DEEP_GEMM_DIR = _DEEP_GEMM_PATH.as_posix()
+DEEP_GEMM_DIR = _DEEP_GEMM_DIR
 FACTORS_FILE = "cache_key_factors.json"
 HANDLES_FILE = "vllm_compile_cache.py"
 STARTUP_PLAN_DIR = "startup_plan"
@@ -255,7 +257,7 @@ def read_factors(root: Path) -> dict[str, dict[str, Any]]:
     for hash_dir in hash_dirs:
         for meta in sorted(hash_dir.rglob(FACTORS_FILE)):
             try:
-                doc = json.loads(read_regular(meta, MAX_FACTORS_BYTES).decode("utf-8"))
+                doc = jsontext.loads(read_regular(meta, MAX_FACTORS_BYTES).decode("utf-8"))
             except (OSError, ValueError, RecursionError):
                 continue
             if isinstance(doc, dict):
@@ -273,7 +275,7 @@ WHY_MODEL = "a local model path: pods may mount the model elsewhere"
 WHY_TMP = "an absolute path under /tmp: often a per-run temp dir"
 
 
-class FactorCategory(NamedTuple):
+class FactorCategory(Record):
     """A kind of volatile hash factor: how sure the rule is, and what it costs on a pod.
 
     ``certain`` is False for values that are often, not always, per pod (a
@@ -322,8 +324,8 @@ FACTORS_PATH_COST = (
     " and recompiles"
 )
 
-# Patterns as text: ``re`` compiles each on its first use and keeps it (compiling
-# them all as the module loads cost about 1 ms of every restore that installs).
+# Patterns as text: the functions that match import ``re``, which compiles each on its first
+# use and keeps it (compiling them all as the module loads cost about 1 ms of every restore).
 _PORT_KEY = r"(?:^|[^A-Z])PORTS?(?:$|[^A-Z])"
 _RAY_KEY = r"BUNDLE|PLACEMENT_?GROUP"
 _ADDRESS_KEY = r"(^|_)(HOST_?IP|NODE_?IP|MASTER_?(ADDR|IP)|HOST_?ADDR(ESS)?)$"
@@ -367,6 +369,7 @@ def _is_port(value: Any) -> bool:
 def _address_why(text: str) -> str | None:
     """Why ``text`` names a pod's address (loopback and unspecified are the same everywhere)."""
     import ipaddress  # noqa: PLC0415  # lazy: only classifying hash factors needs it
+    import re  # noqa: PLC0415  # lazy: as ipaddress
 
     for m in re.finditer(_IPV4, text):
         try:
@@ -388,6 +391,7 @@ def _address_why(text: str) -> str | None:
 def _ip_literal(text: str) -> _Address | None:
     """Parse ``10.1.2.3``, ``10.1.2.3:8000``, ``[fd00::1]:80``, ``tcp://host:port/x``."""
     import ipaddress  # noqa: PLC0415  # lazy: only classifying hash factors needs it
+    import re  # noqa: PLC0415  # lazy: as ipaddress
 
     s = re.sub(_SCHEME, "", text.strip()).split("/", 1)[0]
     if s.startswith("["):
@@ -404,12 +408,22 @@ def _ip_why(_upper: str, _name: str, value: Any) -> str | None:
     return next((w for t in _strings(value) if (w := _address_why(t)) is not None), None)
 
 
+def _ray_why(upper: str, _name: str, _value: Any) -> str | None:
+    import re  # noqa: PLC0415  # lazy: only classifying hash factors needs it
+
+    return WHY_RAY if re.search(_RAY_KEY, upper) else None
+
+
 def _port_why(upper: str, _name: str, value: Any) -> str | None:
+    import re  # noqa: PLC0415  # lazy: as in _ray_why
+
     hit = re.search(_PORT_KEY, upper) and any(_is_port(v) for v in _scalars(value))
     return WHY_PORT if hit else None
 
 
 def _address_key_why(upper: str, _name: str, value: Any) -> str | None:
+    import re  # noqa: PLC0415  # lazy: as in _ray_why
+
     hit = re.search(_ADDRESS_KEY, upper) and isinstance(value, str) and _ip_literal(value) is None
     return WHY_ADDRESS if hit else None
 
@@ -420,12 +434,14 @@ def _model_why(_upper: str, name: str, value: Any) -> str | None:
 
 
 def _tmp_why(_upper: str, _name: str, value: Any) -> str | None:
+    import re  # noqa: PLC0415  # lazy: as in _ray_why
+
     return WHY_TMP if any(re.search(_TMP_PATH, t) for t in _strings(value)) else None
 
 
 #: ``(category, why(NAME_IN_UPPER_CASE, name, value))``, first match wins.
 _RULES: tuple[tuple[str, Callable[[str, str, Any], str | None]], ...] = (
-    ("ray", lambda upper, _name, _value: WHY_RAY if re.search(_RAY_KEY, upper) else None),
+    ("ray", _ray_why),
     ("ip", _ip_why),
     ("port", _port_why),
     ("address", _address_key_why),
@@ -465,7 +481,7 @@ def classify_factor(key: str, value: Any) -> str | None:
     return found[0] if found else None
 
 
-class VolatileFactor(NamedTuple):
+class VolatileFactor(Record):
     """A hash factor whose value changes from pod to pod.
 
     ``key`` is its dotted path (``env.VLLM_PORT``, ``code[1].path``),
@@ -521,13 +537,16 @@ def autotune_table_problems(root: Path) -> dict[PurePosixPath, str]:
     (vLLM refuses anything else from a peer; FlashInfer reads it as one). Files
     elsewhere are not tables and are left alone.
     """
+    import re  # noqa: PLC0415  # lazy: a harvest's and a lint's
+    from pathlib import PurePosixPath  # noqa: PLC0415  # lazy: as re
+
     bad: dict[PurePosixPath, str] = {}
     for path in sorted(root.glob("*/*/*/autotune_configs*.json")):
         rel = PurePosixPath(path.relative_to(root).as_posix())
         if len(rel.parts) != _AUTOTUNE_TABLE_DEPTH or not re.match(_AUTOTUNE_TABLE, rel.name):
             continue
         try:
-            doc = json.loads(path.read_bytes())
+            doc = jsontext.loads(path.read_bytes())
         except (OSError, ValueError):
             doc = None
         if not isinstance(doc, dict):

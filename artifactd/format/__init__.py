@@ -19,6 +19,8 @@ Modules:
   both readers satisfy, and the tree document made from them.
 * :mod:`~artifactd.format.archive`: write a family's tree into a reproducible tar+zstd layer.
 * :mod:`~artifactd.format.unpack`: check and unpack a layer safely; stage a tree.
+* :mod:`~artifactd.format.zstd`: zstandard's compressor and decompressor, its C backend
+  loaded without the package's ``__init__`` (which costs a restore more than a bare start).
 
 Nothing is imported here.
 """

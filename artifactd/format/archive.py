@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import zstandard
-
 from artifactd.errors import BuildError, IntegrityError
 from artifactd.families.base import Family, Located
 from artifactd.families.tree import root_spellings, walk_component
 from artifactd.format import config
 from artifactd.format.config import FamilyTree, FileEntry, LayerRecord, SkippedEntry
 from artifactd.format.oci import TREE_DOC
+from artifactd.format.zstd import ZstdCompressor
 from artifactd.fsutil import link_inside
 from artifactd.hashing import HashingReader, HashingWriter, sha256_hex
 
@@ -122,7 +121,7 @@ def pack_family(
     pinned = sorted(
         {p for loc in located for p in family.pinned_paths(loc.component.name, loc.path)}
     )
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    cctx = ZstdCompressor(level=ZSTD_LEVEL)
     with out.open("wb") as raw:
         compressed = HashingWriter(raw)
         with cctx.stream_writer(compressed, closefd=False) as zw:  # type: ignore[arg-type]

@@ -11,7 +11,11 @@ version) or a JSON value. A type ``{"t": "pydantic"}`` sends the whole
 document to pydantic.
 """
 
-from typing import Any
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 ROOTS: tuple[str, ...] = ("ArtifactConfig", "Fingerprint", "ImageManifest")
 

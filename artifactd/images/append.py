@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, BinaryIO, Literal
 
-import zstandard
-
 from artifactd.constants import DEFAULT_PREBUILT, ENV_IMAGE_DIGEST, ENV_PREBUILT
 from artifactd.errors import (
     ArtifactdError,
@@ -62,6 +60,7 @@ from artifactd.format.oci import (
     full_tag,
     is_digest,
 )
+from artifactd.format.zstd import ZstdCompressor
 from artifactd.hashing import CHUNK, Hasher, HashingWriter, digest_of
 from artifactd.jsontext import json_type
 from artifactd.stores import open_store, parse_artifact_ref
@@ -311,7 +310,7 @@ class _Compressor:
             # mtime 0 and no file name: the same tar gives the same bytes.
             self._writer = gzip.GzipFile(fileobj=sink, mode="wb", mtime=0, compresslevel=6)
         else:
-            self._writer = zstandard.ZstdCompressor(level=6).stream_writer(sink, closefd=False)
+            self._writer = ZstdCompressor(level=6).stream_writer(sink, closefd=False)
 
     def __enter__(self) -> Any:
         return self._writer

@@ -12,6 +12,7 @@ Modules:
 * :mod:`~artifactd.restore.journal`: the journal that makes an interrupted restore recoverable.
 * :mod:`~artifactd.restore.marker`: the marker a restore leaves (what is installed).
 * :mod:`~artifactd.restore.markertypes`: the marker as typed dictionaries (for mypy, schemas).
+* :mod:`~artifactd.restore.journaltypes`: the install journal as typed dictionaries (the same).
 * :mod:`~artifactd.restore.installed`: the record of restored files libraries rewrite at load.
 * :mod:`~artifactd.restore.mounted`: restore from a mounted tree (``--from-dir``, baked stores).
 * :mod:`~artifactd.restore.nodefill`: fill the node store with what a restore would pick.

@@ -41,6 +41,8 @@ from artifactd.fsutil import (
     fsync_dir,
     make_durable,
     read_regular,
+    rmtree,
+    unlink_if_there,
     write_temp,
 )
 from artifactd.hashing import sha256_hex
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import IO
 
+    from artifactd.fsutil import StrPath
     from artifactd.restore.journal import JournalEntry, RestoreJournal
     from artifactd.restore.markertypes import RestoreMarker
 
@@ -106,11 +109,11 @@ def os_error(exc: OSError, doing: str) -> ArtifactdError:
 
 
 class Swap(Record):
-    """One component directory to install: the staged tree and its live place."""
+    """One component directory to install: the staged tree and its live place (absolute paths)."""
 
     family: str
-    staged: Path
-    dest: Path
+    staged: str
+    dest: str
 
 
 class CacheVolume:
@@ -174,10 +177,11 @@ class CacheVolume:
         A reader trusts it only while it names the artifact the marker records,
         so a crash between this write and the marker leaves nothing trusted.
         """
+        path = os.path.join(self.state_dir, CANARY_NAME)
         if doc is None:
-            self.canary_path.unlink(missing_ok=True)
+            unlink_if_there(path)
         else:
-            atomic_write(self.canary_path, doc, durable=True)
+            atomic_write(path, doc, durable=True)
 
     def read_marker(self) -> RestoreMarker | None:
         """Return the marker, or None when it is missing or malformed."""
@@ -264,8 +268,9 @@ class CacheVolume:
         """
         outcome = None
         journal = None
+        journal_path = os.path.join(self.state_dir, JOURNAL_NAME)
         try:
-            data: bytes | None = read_regular(self.journal_path, MAX_STATE_FILE)
+            data: bytes | None = read_regular(journal_path, MAX_STATE_FILE)
         except FileNotFoundError:
             data = None
         except OSError:
@@ -332,30 +337,36 @@ class CacheVolume:
         return True
 
     def _clean_leftovers(self) -> None:
-        if not self.state.is_dir():
+        if not _is_dir(self.state_dir):
             return
-        for child in self.state.iterdir():
-            if child.name.startswith(("staging-", "trash-")):
-                remove_tree(child)
-            elif child.name.startswith(".tmp-"):
-                child.unlink(missing_ok=True)
-        for tmp in self.env_file.parent.glob(ENV_TMP_PREFIX + "*"):
-            tmp.unlink(missing_ok=True)
+        for name in os.listdir(self.state_dir):
+            if name.startswith(("staging-", "trash-")):
+                remove_tree(os.path.join(self.state_dir, name))
+            elif name.startswith(".tmp-"):
+                unlink_if_there(os.path.join(self.state_dir, name))
+        env_dir = os.path.dirname(self.env_path)
+        try:
+            names = os.listdir(env_dir)
+        except OSError:
+            return  # no such directory: no leftover in it
+        for name in names:
+            if name.startswith(ENV_TMP_PREFIX):
+                unlink_if_there(os.path.join(env_dir, name))
 
     # -- checks before anything is downloaded --------------------------------
     def check_writable(self) -> None:
         """Prove the target and the env file's directory take a new file, or raise."""
-        for directory in dict.fromkeys([self.state, self.env_file.parent]):
+        for directory in dict.fromkeys([self.state_dir, os.path.dirname(self.env_path)]):
             try:
-                directory.mkdir(parents=True, exist_ok=True)
-                write_temp(directory, b"").unlink()
+                os.makedirs(directory, exist_ok=True)
+                os.unlink(write_temp(directory, b""))
             except OSError as exc:
                 raise os_error(exc, f"writing in {directory}") from None
         # The env file is renamed into place after the commit point, where a
         # failure can no longer be undone: refuse what a rename cannot replace.
-        if self.env_file.is_dir() and not self.env_file.is_symlink():
+        if os.path.isdir(self.env_path) and not os.path.islink(self.env_path):
             raise TargetError(
-                f"the env file {self.env_file} is a directory",
+                f"the env file {self.env_path} is a directory",
                 hint="point --env-file at a file path (its directory must be writable)",
             )
 
@@ -378,58 +389,57 @@ class CacheVolume:
                 hint="raise --max-bytes or restore fewer families (--family)",
             )
         try:
-            vfs = os.statvfs(self.state)
+            vfs = os.statvfs(self.state_dir)
         except OSError as exc:
-            raise os_error(exc, f"statfs {self.state}") from None
+            raise os_error(exc, f"statfs {self.state_dir}") from None
         free = vfs.f_bavail * vfs.f_frsize
         if need > free:
             raise NoSpaceError(
-                f"the restore needs {_mib(need)} on {self.root} and {_mib(free)} are free "
+                f"the restore needs {_mib(need)} on {self.root_dir} and {_mib(free)} are free "
                 f"({detail})",
                 hint="give the cache volume more space, or restore fewer families (--family)",
             )
         if vfs.f_files and files > vfs.f_favail:
             raise NoSpaceError(
-                f"the restore creates {files} files on {self.root} and only {vfs.f_favail} "
+                f"the restore creates {files} files on {self.root_dir} and only {vfs.f_favail} "
                 "inodes are free",
                 hint="give the cache volume more inodes, or restore fewer families",
             )
         return need
 
-    def new_staging(self) -> Path:
+    def new_staging(self) -> str:
         """Create and return a fresh staging directory inside the state dir."""
-        path = self.state / f"staging-{os.urandom(6).hex()}"
+        path = os.path.join(self.state_dir, f"staging-{os.urandom(6).hex()}")
         try:
-            path.mkdir(parents=True)
+            os.makedirs(path)
         except OSError as exc:
             raise os_error(exc, f"creating {path}") from None
         return path
 
     # -- the transaction -----------------------------------------------------
-    def install(self, staging: Path, swaps: list[Swap], marker: RestoreMarker) -> None:
+    def install(self, staging: StrPath, swaps: list[Swap], marker: RestoreMarker) -> None:
         """Swap every staged tree into place, then commit ``marker`` and the env file.
 
         All or nothing: on any error before the marker is on disk, every swap
         is undone, and marker and env file are untouched. ``staging`` (which
         ends up holding the old trees) is removed in every case.
         """
-        # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
-        from artifactd.restore.journal import RestoreJournal  # noqa: PLC0415
-
+        staging = os.fspath(staging)
+        journal_path = os.path.join(self.state_dir, JOURNAL_NAME)
         try:
             marker_bytes = dump(marker)
             env_text = render_env_file(marker["env"])
             entries = _plan_swaps(swaps)
-            journal = RestoreJournal(
-                schema_version=1,
-                run_id=staging.name,
-                staging=str(staging),
-                entries=entries,
-                marker_sha256=sha256_hex(marker_bytes),
-                env_file=str(self.env_file),
-                env_text=env_text,
-                started_at=round(time.time(), 3),
-            )
+            journal: RestoreJournal = {
+                "schema_version": 1,
+                "run_id": os.path.basename(staging),
+                "staging": staging,
+                "entries": entries,
+                "marker_sha256": sha256_hex(marker_bytes),
+                "env_file": self.env_path,
+                "env_text": env_text,
+                "started_at": round(time.time(), 3),
+            }
             # The staged files' bytes reach the disk before anything points at
             # them: after a power cut, a committed marker must not describe
             # files the page cache never wrote back. Not by waiting on the
@@ -442,7 +452,7 @@ class CacheVolume:
             try:
                 # Inside the rollback scope: a failure once the journal may be on
                 # disk (its own fsync, the hook) removes it, as for any later step.
-                atomic_write(self.journal_path, dump(journal), durable=True)
+                atomic_write(journal_path, dump(journal), durable=True)
                 self._hook("journal")
                 for entry in entries:
                     _swap_in(entry)
@@ -451,24 +461,29 @@ class CacheVolume:
                 # The env file's bytes go to disk before the commit; moving them
                 # into place afterwards is a rename, which a full disk cannot fail.
                 env_tmp = write_temp(
-                    self.env_file.parent, env_text.encode(), durable=True, prefix=ENV_TMP_PREFIX
+                    os.path.dirname(self.env_path),
+                    env_text.encode(),
+                    durable=True,
+                    prefix=ENV_TMP_PREFIX,
                 )
                 try:
                     self._hook("env-staged")
-                    atomic_write(self.marker_path, marker_bytes, durable=True)
+                    atomic_write(
+                        os.path.join(self.state_dir, MARKER_NAME), marker_bytes, durable=True
+                    )
                 except BaseException:
-                    env_tmp.unlink(missing_ok=True)
+                    unlink_if_there(env_tmp)
                     raise
             except BaseException:
                 for entry in reversed(done):
                     _undo(entry)
-                self.journal_path.unlink(missing_ok=True)
+                unlink_if_there(journal_path)
                 raise
             self._hook("marker")
-            os.replace(env_tmp, self.env_file)
+            os.replace(env_tmp, self.env_path)
             self._hook("env")
-            self.journal_path.unlink(missing_ok=True)
-            fsync_dir(self.state)
+            unlink_if_there(journal_path)
+            fsync_dir(self.state_dir)
             self._hook("journal-removed")
         except OSError as exc:
             raise os_error(exc, "installing the restored caches") from None
@@ -476,7 +491,7 @@ class CacheVolume:
             # With the journal gone, staging holds only trees nobody needs. With
             # it still there (an undo failed), staging holds the old trees that
             # the next restore's repair puts back: keep them.
-            if not self.journal_path.exists():
+            if not os.path.exists(journal_path):
                 remove_tree(staging)
 
 
@@ -543,29 +558,37 @@ def _plan_swaps(swaps: list[Swap]) -> list[JournalEntry]:
     old" one, and where its parent directories are made, is read from the
     staged outer tree, before anything moves.
     """
-    # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
-    from artifactd.restore.journal import JournalEntry  # noqa: PLC0415
-
-    ordered = sorted(swaps, key=lambda s: len(s.dest.parts))
-    entries = []
+    ordered = sorted(swaps, key=lambda s: len(_parts(s.dest)))
+    entries: list[JournalEntry] = []
     for i, swap in enumerate(ordered):
         st = os.lstat(swap.staged)
         if not stat.S_ISDIR(st.st_mode):  # pragma: no cover - the extractor guarantees it
             raise TargetError(f"staged {swap.staged} is not a directory")
-        outer = next((o for o in reversed(ordered[:i]) if swap.dest.is_relative_to(o.dest)), None)
+        dest = _parts(swap.dest)
+        outer = next(
+            (o for o in reversed(ordered[:i]) if dest[: len(_parts(o.dest))] == _parts(o.dest)),
+            None,
+        )
         # Where ``dest`` will be resolved at swap time: inside the staged outer tree.
-        future = outer.staged / swap.dest.relative_to(outer.dest) if outer else swap.dest
-        future.parent.mkdir(parents=True, exist_ok=True)
+        future = (
+            os.path.join(outer.staged, *dest[len(_parts(outer.dest)) :]) if outer else swap.dest
+        )
+        os.makedirs(os.path.dirname(future), exist_ok=True)
         entries.append(
-            JournalEntry(
-                family=swap.family,
-                dest=str(swap.dest),
-                staged=str(swap.staged),
-                new_inode=[st.st_dev, st.st_ino],
-                had_old=os.path.lexists(future),
-            )
+            {
+                "family": swap.family,
+                "dest": swap.dest,
+                "staged": swap.staged,
+                "new_inode": [st.st_dev, st.st_ino],
+                "had_old": os.path.lexists(future),
+            }
         )
     return entries
+
+
+def _parts(path: str) -> list[str]:
+    """Split an absolute path into its parts below the root, as ``pathlib`` reads them."""
+    return [part for part in path.split("/") if part not in ("", ".")]
 
 
 def _is_dir(path: str) -> bool:
@@ -579,14 +602,15 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def remove_tree(path: Path) -> None:
+def remove_tree(path: StrPath) -> None:
     """Remove a directory tree or a file, whatever is there (errors ignored)."""
-    if path.is_dir() and not path.is_symlink():
-        import shutil  # noqa: PLC0415  # with bz2 and lzma: a no-op restore removes nothing
-
-        shutil.rmtree(path, ignore_errors=True)
+    if os.path.isdir(path) and not os.path.islink(path):
+        rmtree(path)
     else:
-        path.unlink(missing_ok=True)
+        try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _aside(entry: JournalEntry) -> str:

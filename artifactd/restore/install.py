@@ -15,17 +15,15 @@ the init container) is :mod:`artifactd.restore.policy`.
 
 from __future__ import annotations
 
-import threading
+import os
 import time
-from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
 
-from artifactd.events import EventSink, discard
+from artifactd.events import discard
 from artifactd.families import get_family
 from artifactd.format.unpack import check_layer
 from artifactd.fsutil import FOREIGN_DIRTY_MAX, dirty_bytes, sync_filesystem
+from artifactd.records import Record
 from artifactd.restore import installed
 from artifactd.restore.destination import (
     CacheVolume,
@@ -34,9 +32,15 @@ from artifactd.restore.destination import (
     remove_tree,
 )
 from artifactd.restore.resolve import FamilyPlan, RestorePlan, noop_plan
-from artifactd.workers import Pool
+from artifactd.workers import Flag, Pool, Thread
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from artifactd.events import EventSink
+    from artifactd.fsutil import StrPath
+
     # Types only: building their classes (TypedDict) costs about 1 ms of every
     # restore that installs; the marker is made as dict literals they check.
     from artifactd.restore.markertypes import FamilyMarker, RestoreMarker
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 _NO_PHASES: Mapping[str, float] = MappingProxyType({})
 
 
-class RestoreResult(NamedTuple):
+class RestoreResult(Record):
     """What :func:`restore` did."""
 
     plan: RestorePlan
@@ -90,7 +94,7 @@ def restore(
     """
     start = time.monotonic()
     if volume is None:
-        volume = CacheVolume(Path(plan.target), env_file=Path(plan.env_file))
+        volume = CacheVolume(plan.target, env_file=plan.env_file)
 
     phases: dict[str, float] = {}
 
@@ -135,7 +139,7 @@ def restore(
                 phases=phases,
             )
     except OSError as exc:
-        raise os_error(exc, f"restoring into {volume.root}") from None
+        raise os_error(exc, f"restoring into {volume.root_dir}") from None
     return result([fp.family for fp in plan.hits], files, nbytes, noop=False)
 
 
@@ -154,7 +158,7 @@ def _restore_locked(
     bounds: dict[str, int] = {}
     for fp in hits:
         assert fp.layer is not None  # noqa: S101 - a hit always carries its layer record
-        known = frozenset(get_family(fp.family).restore_dirs(volume.root))
+        known = frozenset(c.name for c in get_family(fp.family).components)
         bounds[fp.family] = check_layer(fp.layer, known, prefix=fp.member_prefix)
     volume.check_writable()
     volume.check_space({fp.family: (fp.unpacked, fp.files) for fp in hits}, max_bytes=max_bytes)
@@ -169,14 +173,14 @@ def _restore_locked(
     t2 = time.monotonic()
     phases["fetch"] = round(t2 - t1, 4)
     swaps = [
-        Swap(fp.family, staging / fp.family / comp, Path(fp.dirs[comp]))
+        Swap(fp.family, os.path.join(staging, fp.family, comp), fp.dirs[comp])
         for fp in hits
         for comp in (fp.layer.components if fp.layer else [])
     ]
     marker = _marker(plan)
     marker["restore_seconds"] = round(time.monotonic() - t0, 3)
     volume.write_canaries(_canary_doc(plan))
-    installed.write(volume.state, installed.record(hits))
+    installed.write(volume.state_dir, installed.record(hits))
     volume.install(staging, swaps, marker)
     phases["install"] = round(time.monotonic() - t2, 4)
     for fp in hits:
@@ -231,7 +235,7 @@ def _marker(plan: RestorePlan) -> RestoreMarker:
 def _stage_all(
     hits: list[FamilyPlan],
     source: RestoreSource,
-    staging: Path,
+    staging: str,
     bounds: dict[str, int],
     *,
     on_event: EventSink,
@@ -249,7 +253,7 @@ def _stage_all(
 
         res = source.stage_layer(
             fp,
-            staging / fp.family,
+            os.path.join(staging, fp.family),
             relocate=relocate,
             keep_mtimes=fam.keep_mtimes,
             max_tar_bytes=bounds[fp.family],
@@ -292,10 +296,10 @@ class _Flusher:
     its own files one by one (:func:`~artifactd.fsutil.make_durable`).
     """
 
-    def __init__(self, staging: Path) -> None:
+    def __init__(self, staging: StrPath) -> None:
         self._staging = staging
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
+        self._stop = Flag()
+        self._thread = Thread(self._run, "flush")
 
     def _run(self) -> None:
         dirty = dirty_bytes()

@@ -22,16 +22,20 @@ every rewrite of it counts, as without a record. The file is read up to
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import os
+from _collections_abc import Mapping  # collections.abc's own: importing it loads collections
 
 from artifactd.bounds import MAX_INSTALLED_BYTES, MAX_INSTALLED_RECORD
 from artifactd.families import get_family
 from artifactd.fsutil import atomic_write, read_regular
+from artifactd.jsontext import dumps, loads
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from artifactd.fsutil import StrPath
     from artifactd.restore.markertypes import RestoreMarker
     from artifactd.restore.resolve import FamilyPlan
 
@@ -60,26 +64,29 @@ def record(hits: Iterable[FamilyPlan]) -> bytes | None:
             families[fp.family] = {"layer": fp.layer.digest, "files": files}
     if not families:
         return None
-    return json.dumps({"schema_version": SCHEMA_VERSION, "families": families}).encode()
+    return dumps({"schema_version": SCHEMA_VERSION, "families": families}).encode()
 
 
-def write(state: Path, doc: bytes | None) -> None:
+def write(state: StrPath, doc: bytes | None) -> None:
     """Replace the record under the state dir ``state`` (None: remove it); before the marker."""
-    path = state / RECORD_NAME
+    path = os.path.join(state, RECORD_NAME)
     if doc is None:
-        path.unlink(missing_ok=True)
+        try:  # noqa: SIM105 - contextlib is off a restore's modules (cli/fast.py INSTALL_FLOOR)
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     else:
         atomic_write(path, doc, durable=True)
 
 
-def read(state: Path, marker: RestoreMarker) -> Installed:
+def read(state: StrPath, marker: RestoreMarker) -> Installed:
     """Return the record's files of each family whose layer is the one ``marker`` records.
 
     Anything unreadable, malformed or naming another layer is left out (an
     empty result: every rewrite counts).
     """
     try:
-        doc = json.loads(read_regular(state / RECORD_NAME, MAX_INSTALLED_BYTES))
+        doc = loads(read_regular(os.path.join(state, RECORD_NAME), MAX_INSTALLED_BYTES))
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:

@@ -6,60 +6,35 @@ Written before the first directory is swapped and removed after the marker
 next one, and a no-op check never trusts a marker while a journal exists. Read
 and written with :func:`artifactd.restore.marker.load` (against :data:`RESTORE_JOURNAL`,
 the shape of :class:`RestoreJournal` as data) / :func:`~artifactd.restore.marker.dump`.
-Only an install or a repair imports this module: a no-op restore checks only
-that no journal file exists.
+Only a repair imports this module (an install writes the journal as a plain
+dict, its type checked by mypy): a no-op restore checks only that no journal
+file exists. The typed dictionaries, for type checkers and the
+JSON Schema, are :mod:`artifactd.restore.journaltypes`' (served here by name).
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
-
-from artifactd.restore.marker import STRICT
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from artifactd.restore.journaltypes import JournalEntry, RestoreJournal
     from artifactd.restore.marker import Shape
+else:
+
+    def __getattr__(name: str) -> object:
+        """``JournalEntry`` and ``RestoreJournal``, from :mod:`~artifactd.restore.journaltypes`.
+
+        The typed dictionaries need ``typing``, which a restore never loads: only
+        what reads them at run time (the JSON Schema, tests) imports that module.
+        """
+        if name in ("JournalEntry", "RestoreJournal"):
+            # lazy: typing, off a restore's path (see the docstring)
+            from artifactd.restore import journaltypes  # noqa: PLC0415
+
+            return getattr(journaltypes, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class JournalEntry(TypedDict):
-    """One directory swap a restore is about to make.
-
-    ``dest`` is the live directory; ``staged`` the new tree, which after the
-    swap holds the old one (or nothing, when ``dest`` did not exist before).
-    ``new_inode`` identifies the new tree, so recovery can tell, after a crash,
-    whether ``dest`` already holds it.
-    """
-
-    family: str
-    dest: str
-    staged: str
-    new_inode: list[int]
-    had_old: bool
-
-
-class _RestoreJournalOptional(TypedDict, total=False):
-    #: Always written; absent from a journal written by hand (a test's forgery) or
-    #: an older release, where it reads as 1 and 0.0.
-    schema_version: Literal[1]
-    started_at: float
-
-
-class RestoreJournal(_RestoreJournalOptional):
-    """``<target>/.artifactd/journal.json``: the intent of an install in progress."""
-
-    run_id: str
-    staging: str
-    entries: list[JournalEntry]
-    #: sha256 of the exact bytes of the marker this install commits with.
-    marker_sha256: str
-    env_file: str
-    env_text: str
-
-
-# Typed dictionaries, as the marker's (no dataclasses on a restore's path); pydantic
-# reads this when it generates the JSON Schema: unknown keys are refused.
-JournalEntry.__pydantic_config__ = STRICT  # type: ignore[attr-defined]
-RestoreJournal.__pydantic_config__ = STRICT  # type: ignore[attr-defined]
+__all__ = ["JOURNAL_ENTRY", "RESTORE_JOURNAL", "JournalEntry", "RestoreJournal"]
 
 #: :class:`JournalEntry`'s shape, as :func:`artifactd.restore.marker.load` reads it.
 JOURNAL_ENTRY: Shape = (

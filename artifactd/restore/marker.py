@@ -22,7 +22,7 @@ or a tuple: ``("literal", values)``, ``("list", type)``, ``("dict", type)``
 
 from __future__ import annotations
 
-from artifactd.jsontext import loads
+from artifactd.jsontext import dumps, loads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -90,10 +90,11 @@ def load(shape: Shape, data: bytes) -> Any:
 
 
 def dump(obj: Mapping[str, Any]) -> bytes:
-    """Serialise a state document (stable key order, so equal documents are equal bytes)."""
-    import json  # noqa: PLC0415  # lazy: indented, as always written; a no-op restore only reads
+    """Serialise a state document (stable key order, so equal documents are equal bytes).
 
-    return json.dumps(obj, indent=2, sort_keys=True).encode()
+    Indented, as always written (``json.dumps(obj, indent=2, sort_keys=True)``).
+    """
+    return dumps(obj, indent=2, sort_keys=True).encode()
 
 
 def _build(shape: Shape, doc: Any, where: str) -> dict[str, Any]:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from artifactd.events import EventSink
     from artifactd.format.unpack import UnpackResult
+    from artifactd.fsutil import StrPath
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.restore.source import Want
     from artifactd.stores.artifacts import Artifact
@@ -126,7 +127,7 @@ class MountedTree:
     def stage_layer(
         self,
         plan: FamilyPlan,
-        staging: Path,
+        staging: StrPath,
         *,
         relocate: Callable[[str, bytes], bytes],
         keep_mtimes: bool,

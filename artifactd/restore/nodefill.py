@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     from artifactd.events import EventSink
     from artifactd.format.unpack import UnpackResult
+    from artifactd.fsutil import StrPath
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores import Store
     from artifactd.stores.layout import LayoutStore
@@ -388,7 +389,7 @@ class NodeSource(StoreSource):
     def stage_layer(
         self,
         plan: FamilyPlan,
-        staging: Path,
+        staging: StrPath,
         *,
         relocate: Callable[[str, bytes], bytes],
         keep_mtimes: bool,
@@ -418,6 +419,7 @@ class NodeSource(StoreSource):
             tree_path,
         )
 
+        staging = as_path(staging)  # the node store's trees are walked as paths
         shares = get_family(plan.family).shares_inode
         tree = tree_path(self.node.root, layer.digest)
         blob = blob_file(self.node.root, layer.digest)

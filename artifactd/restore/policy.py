@@ -544,13 +544,13 @@ def _plan(
     options: dict[str, Any] = {
         "families": fams,
         "consumer_user": request.consumer_user,
-        "env_file": volume.env_file,
+        "env_file": volume.env_path,
     }
     # lazy: fast path: LATER in artifactd/cli/fast.py, never loaded by a no-op restore
     from artifactd.trust.policy import verification  # noqa: PLC0415
 
     trust = verification(request.verify_keys)  # UNSAFE_NO_VERIFICATION when no key is given
-    return plan_restore(store, local, volume.root, trust=trust, **options)
+    return plan_restore(store, local, volume.root_dir, trust=trust, **options)
 
 
 def _open_source(request: RestoreRequest, fp_hash: str) -> RestoreSource:
@@ -595,12 +595,12 @@ def _unresolved(
     return plan_restore(
         None,
         local_fingerprint(raw),
-        volume.root,
+        volume.root_dir,
         # No source, nothing resolved, nothing to verify: every family is a miss.
         trust=UNSAFE_NO_VERIFICATION,
         families=list(request.families) if request.families else None,
         consumer_user=request.consumer_user,
-        env_file=volume.env_file,
+        env_file=volume.env_path,
         store_ref=request.store or f"dir:{request.from_dir}",
         store_error=failure_of(exc).message,
     )

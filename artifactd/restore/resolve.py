@@ -27,12 +27,14 @@ artifact's own content says; under a signature policy that content is signed.
 
 from __future__ import annotations
 
+import os
 from types import MappingProxyType
 
 from artifactd.errors import StoreError
 from artifactd.families import get_family, select_families, select_names
 from artifactd.fingerprint.key import scope_key
 from artifactd.format.oci import FULL_TAG_PREFIX, family_tag, full_tag
+from artifactd.fsutil import path_text
 from artifactd.records import Record
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.source import Want
@@ -40,7 +42,6 @@ from artifactd.restore.source import Want
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from pathlib import Path
     from typing import Any, Literal
 
     # Only planning a miss or executing needs these; a no-op restore never imports them.
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from artifactd.fingerprint.model import Fingerprint
     from artifactd.format.canary import Canary
     from artifactd.format.views import FingerprintView, LayerView
+    from artifactd.fsutil import StrPath
     from artifactd.restore.markertypes import RestoreMarker
     from artifactd.restore.source import Found, RestoreSource
     from artifactd.stores.artifacts import Artifact
@@ -188,8 +190,10 @@ class RestorePlan(Record):
         return sum(f.bytes for f in self.hits)
 
 
-def _family_dirs(fam: Family, target: Path, user: str | None) -> dict[str, str]:
-    return {k: str(v) for k, v in fam.restore_dirs(target, user=user).items()}
+def _family_dirs(fam: Family, target: str, user: str | None) -> dict[str, str]:
+    # As str(Path(target) / sub): slashes collapsed, "." parts dropped.
+    subdirs = fam.restore_subdirs(user=user)
+    return {k: path_text(os.path.join(target, sub)) for k, sub in subdirs.items()}
 
 
 def unbound(tag: str, kind: str, claimed: str | None, wanted: str) -> str | None:
@@ -262,12 +266,12 @@ def picks(
 def plan_restore(
     store: RestoreSource | None,
     local: FingerprintView,
-    target: Path,
+    target: StrPath,
     *,
     trust: Basis,
     families: Sequence[str] | None = None,
     consumer_user: str | None = None,
-    env_file: Path | None = None,
+    env_file: StrPath | None = None,
     store_ref: str | None = None,
     store_error: str | None = None,
 ) -> RestorePlan:
@@ -292,7 +296,7 @@ def plan_restore(
     from artifactd.trust.policy import TrustPolicy, checked_basis  # noqa: PLC0415
 
     trust = checked_basis(trust, "plan_restore")
-    target = target.absolute()
+    target = os.path.abspath(target)
     selected = select_families(families)
     ref = store.ref if store is not None else (store_ref or "?")
     plans: list[FamilyPlan] = []
@@ -332,12 +336,12 @@ def plan_restore(
             env.update(get_family(fp.family).restore_env(target, user=consumer_user))
     return RestorePlan(
         store=ref,
-        target=str(target),
+        target=target,
         fingerprint_hash=local.hash,
         match=match,
         families=plans,
         env=env,
-        env_file=str((env_file or CacheVolume(target).env_file).absolute()),
+        env_file=CacheVolume(target).env_path if env_file is None else os.path.abspath(env_file),
         flat=local.flatten(),
         nearest=nearest,
         error=error,
@@ -455,7 +459,7 @@ def _resolve(
     source: RestoreSource,
     local: FingerprintView,
     selected: list[Family],
-    target: Path,
+    target: str,
     user: str | None,
     *,
     trust: Basis,

@@ -26,6 +26,8 @@ restore nothing.
 
 from __future__ import annotations
 
+import os
+
 from artifactd.errors import ArtifactdError, IntegrityError
 from artifactd.format.oci import FULL_TAG_PREFIX
 from artifactd.hashing import verifier_of
@@ -36,13 +38,13 @@ TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-    from pathlib import Path
     from typing import Protocol
 
     from artifactd.events import EventSink
     from artifactd.format.canary import Canary
     from artifactd.format.unpack import UnpackResult
     from artifactd.format.views import LayerView
+    from artifactd.fsutil import StrPath
     from artifactd.hashing import Readable
     from artifactd.restore.resolve import FamilyPlan
     from artifactd.stores.artifacts import Artifact
@@ -115,7 +117,7 @@ if TYPE_CHECKING:
         def stage_layer(
             self,
             plan: FamilyPlan,
-            staging: Path,
+            staging: StrPath,
             *,
             relocate: Callable[[str, bytes], bytes],
             keep_mtimes: bool,
@@ -201,7 +203,7 @@ class StoreSource:
     def stage_layer(
         self,
         plan: FamilyPlan,
-        staging: Path,
+        staging: StrPath,
         *,
         relocate: Callable[[str, bytes], bytes],
         keep_mtimes: bool,
@@ -223,7 +225,7 @@ class StoreSource:
             # Rerun from the next source when a mirror fails: start from an empty staging dir.
             nonlocal tries
             tries += 1
-            if tries > 1 and staging.exists():
+            if tries > 1 and os.path.exists(staging):
                 # lazy: only a rerun (a mirror failed mid-layer) empties staging
                 from artifactd.restore.destination import remove_tree  # noqa: PLC0415
 

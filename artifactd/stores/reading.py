@@ -15,14 +15,16 @@ leaves to pydantic; the result then holds light documents, typed by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
-
 from artifactd.errors import IntegrityError, NotFoundError
 from artifactd.format import light
 from artifactd.format.oci import ARTIFACT_TYPE
+from artifactd.records import Record
 from artifactd.stores.base import Store
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from artifactd.format.config import ArtifactConfig
     from artifactd.format.imagemanifest import ImageManifest
     from artifactd.format.views import ConfigView, ManifestView
@@ -36,8 +38,12 @@ if TYPE_CHECKING:
 MAX_CONFIG_BYTES = 56 << 20
 
 
-class Documents(NamedTuple):
-    """An artifact's documents, read and verified: the manifest digest, both documents, signer."""
+class Documents(Record):
+    """An artifact's documents, read and verified: the manifest digest, both documents, signer.
+
+    A :class:`~artifactd.records.Record` (a restore imports this module): not a
+    tuple, so its fields are read by name.
+    """
 
     digest: str
     manifest: ManifestView
@@ -96,13 +102,13 @@ def read_documents(
 
 def _manifest(data: bytes, source: str, light_read: bool) -> ManifestView:
     if light_read and (doc := light.read("ImageManifest", data)) is not None:
-        return cast("ManifestView", doc)
+        return doc  # type: ignore[return-value]  # a light Doc has the view's fields
     return _model_manifest(data, source)
 
 
 def _config(data: bytes, source: str, light_read: bool) -> ConfigView:
     if light_read and (doc := light.read("ArtifactConfig", data)) is not None:
-        return cast("ConfigView", doc)
+        return doc  # type: ignore[return-value]  # a light Doc has the view's fields
     return _model_config(data, source)
 
 

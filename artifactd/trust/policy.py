@@ -15,12 +15,12 @@ stage's (:func:`artifactd.stores.artifacts.inspect_ref`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
-
 from artifactd.errors import TrustError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
     from artifactd.stores import Store
     from artifactd.trust.keys import PublicKey
 
