@@ -29,6 +29,16 @@ if TYPE_CHECKING:
             """Return up to ``n`` bytes; b"" at the end."""
             ...
 
+    class HashObject(Protocol):
+        """A sha256 in progress: CPython's own or OpenSSL's."""
+
+        def update(self, data: bytes | memoryview, /) -> None:
+            """Add ``data``."""
+
+        def hexdigest(self) -> str:
+            """Return the lowercase hex digest so far."""
+            ...
+
     class Writable(Protocol):
         """Anything with ``write(data)``: a file, a buffer."""
 
@@ -58,6 +68,10 @@ DIGEST_PREFIX = "sha256:"
 CHUNK = 1 << 20
 #: Up to this many bytes, :func:`sha256_hex` hashes without loading OpenSSL.
 SMALL = 64 << 10
+#: Up to this many bytes in all, a restore's layer is hashed with CPython's own SHA-256
+#: (:func:`sha256_for`): OpenSSL's is about 1.7 GB/s here, CPython's 0.3 GB/s (Python
+#: 3.11), and loading OpenSSL costs about 3 ms, which hashing 1 MiB faster saves back.
+BULK = 1 << 20
 
 
 def canonical_json(value: Any) -> bytes:
@@ -91,13 +105,34 @@ def canonical_hash(value: Any) -> str:
     return sha256_hex(canonical_json(value))
 
 
+def is_bulk(total: int) -> bool:
+    """Whether ``total`` bytes are hashed by OpenSSL's sha256 (:data:`BULK`, :func:`sha256_for`)."""
+    return total > BULK or _small_sha256 is None
+
+
+def sha256_for(total: int) -> Callable[..., HashObject]:
+    """Return the sha256 constructor to hash ``total`` bytes with, in however many pieces.
+
+    CPython's own up to :data:`BULK` (a small layer, a document: OpenSSL is not
+    loaded for it), OpenSSL's (``hashlib``) past it. Both give the same digests.
+    """
+    if not is_bulk(total):
+        small: Callable[..., HashObject] = _small_sha256
+        return small
+    import hashlib  # noqa: PLC0415  # lazy: bulk data only (see BULK)
+
+    return hashlib.sha256
+
+
 class Hasher:
-    """A running sha256 and byte count of data seen chunk by chunk."""
+    """A running sha256 and byte count of data seen chunk by chunk.
 
-    def __init__(self) -> None:
-        import hashlib  # noqa: PLC0415  # streams are bulk data: OpenSSL's sha256
+    ``size``: the bytes it will see, when known (:func:`sha256_for` picks the
+    sha256); a stream of unknown size is bulk data, hashed by OpenSSL.
+    """
 
-        self._sha = hashlib.sha256()
+    def __init__(self, size: int | None = None) -> None:
+        self._sha = sha256_for(BULK + 1 if size is None else size)()
         self.size = 0
 
     def update(self, data: bytes | memoryview) -> None:
@@ -131,9 +166,10 @@ def copy_hashed(
 
     With ``limit``, copying stops as soon as more than ``limit`` bytes were
     read, so a source longer than it claims costs at most one chunk more; the
-    caller sees ``size > limit``. ``progress(done)`` is called after each chunk.
+    caller sees ``size > limit``, and the limit picks the sha256 (:func:`sha256_for`).
+    ``progress(done)`` is called after each chunk.
     """
-    hasher = Hasher()
+    hasher = Hasher(limit)
     while chunk := src.read(CHUNK):
         hasher.update(chunk)
         if dst is not None:
@@ -218,7 +254,7 @@ class DigestReader:
         self.digest = digest
         self.size = size
         self._what = what
-        self._hasher = Hasher()
+        self._hasher = Hasher(size)
         #: Whether the whole stream was read and matched ``digest`` and ``size``.
         self.verified = False
 

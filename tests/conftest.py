@@ -26,6 +26,7 @@ from forkserver import ENV_FORK, ForkServer, needs_new_interpreter
 from hypothesis import HealthCheck, settings
 from registry_server import RegistryServer, start_registry
 
+from artifactd import hashing
 from artifactd.constants import CACHE_ENV_VARS, ENV_CACHE_DIR
 from artifactd.fingerprint.model import Fingerprint
 from artifactd.fingerprint.probe import probe_fingerprint
@@ -313,7 +314,10 @@ def run_artifactd_json(
 # --------------------------------------------------------------------------
 
 #: The C batch writer (where it was built) and the Python loop, its reference.
-BATCH_WRITERS = ("c", "python")
+#: ``c``: the C batch writer, checking every sha256 (OpenSSL's), as for a layer of bulk data;
+#: ``c-small``: as for a small layer (CPython's own sha256 checks, the C writer writes);
+#: ``python``: the Python loop alone.
+BATCH_WRITERS = ("c", "c-small", "python")
 
 
 @contextlib.contextmanager
@@ -340,7 +344,7 @@ def built_natively() -> bool:
 
 @pytest.fixture(params=BATCH_WRITERS)
 def batch_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test's in-process extractions with one writer (``any``: leave it as it is).
+    """Run the test's in-process extractions with one writer (:data:`BATCH_WRITERS`).
 
     ``c`` skips where the extension was not built; tests/test_batchwrite.py
     fails where it should have been.
@@ -348,8 +352,12 @@ def batch_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     writer: str = request.param
     if writer == "python":
         monkeypatch.setattr(unpack, "_write_natively", None)
-    elif writer == "c" and unpack._write_natively is None:
+    elif unpack._write_natively is None:
         pytest.skip("the C batch writer is not built here")
+    elif writer == "c":
+        monkeypatch.setattr(hashing, "BULK", -1)  # every layer is bulk data
+    else:
+        monkeypatch.setattr(hashing, "BULK", 1 << 62)  # no layer is
     return writer
 
 

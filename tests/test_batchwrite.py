@@ -18,6 +18,8 @@ import hashlib
 import importlib
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 from conftest import REPO, built_natively, tmpfs
 
+from artifactd import hashing
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.format import unpack
 from artifactd.format.config import FileEntry
@@ -88,12 +91,18 @@ def _write(
     keep_mtimes: bool = False,
     mtime: int = MTIME,
 ) -> Outcome:
-    """Write ``specs`` under ``root`` as one batch with ``writer``; the error and the tree."""
+    """Write ``specs`` under ``root`` as one batch with ``writer``; the error and the tree.
+
+    ``c``: the C writer checks the sha256s (a layer of bulk data); ``c-small``: the
+    Python side checks them with CPython's own sha256 and the C writer only writes.
+    """
     native = _native()
-    monkeypatch.setattr(unpack, "_write_natively", native if writer == "c" else None)
+    monkeypatch.setattr(unpack, "_write_natively", None if writer == "python" else native)
     extractor = unpack._Extractor(
         root, [], None, keep_mtimes, components=frozenset({"c"}), tree=None
     )
+    extractor.bulk = writer == "c"
+    extractor.sha256 = hashing.sha256_for(hashing.BULK + 1 if extractor.bulk else 0)
     extractor.umask = umask
     old = os.umask(umask)
     error = None
@@ -189,19 +198,21 @@ def two_roots(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     yield roots
 
 
+@pytest.mark.parametrize("native", ["c", "c-small"])
 @pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask022", "umask077"])
 @pytest.mark.parametrize("keep_mtimes", [False, True], ids=["now", "mtimes"])
 @pytest.mark.parametrize("scene", SCENES.values(), ids=SCENES.keys())
-def test_both_writers_end_every_batch_the_same(
+def test_both_writers_end_every_batch_the_same(  # noqa: PLR0917 - parametrized by pytest
     scene: Scene,
     keep_mtimes: bool,
     umask: int,
+    native: str,
     two_roots: tuple[Path, Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     outcomes = [
         _write(monkeypatch, writer, root, scene(root), umask=umask, keep_mtimes=keep_mtimes)
-        for writer, root in zip(("c", "python"), two_roots, strict=True)
+        for writer, root in zip((native, "python"), two_roots, strict=True)
     ]
     (c_error, c_tree), (py_error, py_tree) = outcomes
     assert c_error == py_error
@@ -340,3 +351,29 @@ def test_the_c_writer_is_built_from_this_source() -> None:
         "the batch writer was built from another version of its source: "
         "rebuild it (pip install -e . or python setup.py build_ext --inplace)"
     )
+
+
+def test_the_c_writer_loads_libcrypto_only_to_check_a_sha256(tmp_path: Path) -> None:
+    """A small layer's batches come with no sha256 to check: no OpenSSL is loaded for them."""
+    _native()
+    code = (
+        "import sys\n"
+        "from artifactd.format._batchwrite import write_batch\n"
+        "def crypto():\n"
+        "    with open('/proc/self/maps') as f:\n"
+        "        return 'libcrypto' in f.read()\n"
+        f"root = {str(tmp_path)!r}\n"
+        "print(write_batch([(root + '/a', b'a', 0o644, None, None)], 0o022), crypto())\n"
+        "sha = 'ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb'\n"
+        "print(write_batch([(root + '/b', b'a', 0o644, sha, None)], 0o022), crypto())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "False", "1", "True"]
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes() == b"a"

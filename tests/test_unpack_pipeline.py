@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from layers import pack, record
 
 import artifactd.format.unpack as unpack_mod
-from artifactd import fsutil
+from artifactd import fsutil, hashing
 from artifactd.errors import IntegrityError, UnsafeArtifactError
 from artifactd.families import get_family
 from artifactd.families.base import Located
@@ -243,7 +243,7 @@ def test_decompression_and_file_hashes_run_off_the_reading_thread(
             return Reader(self._inner.stream_reader(source, **kwargs))
 
     monkeypatch.setattr(unpack_mod, "ZstdDecompressor", Decompressor)
-    monkeypatch.setattr(unpack_mod, "hashlib", SimpleNamespace(sha256=sha256))
+    monkeypatch.setattr(unpack_mod, "sha256_for", lambda total: sha256)
     native = unpack_mod._write_natively
     if native is not None:
 
@@ -262,6 +262,21 @@ def test_decompression_and_file_hashes_run_off_the_reading_thread(
     me = threading.current_thread().name
     assert hashed and me not in hashed, hashed
     assert decompressed and me not in decompressed, decompressed
+
+
+@pytest.mark.parametrize("size", [100, 1 << 20, (1 << 20) + 1])
+def test_a_layer_past_bulk_is_hashed_by_openssl_and_a_smaller_one_by_cpython(
+    tmp_path: Path, size: int
+) -> None:
+    """Loading OpenSSL costs a restore about 3 ms: only a layer whose hashing it speeds up pays."""
+    entries = [FileEntry(path="cache/a", size=size, sha256="0" * 64, mode=0o644)]
+    extractor = unpack_mod._Extractor(
+        tmp_path, entries, None, False, components=frozenset({"cache"})
+    )
+    bulk = size > hashing.BULK
+    assert extractor.bulk is bulk
+    assert extractor.sha256 is (hashlib.sha256 if bulk else hashing.sha256_for(0))
+    assert extractor.sha256(b"x").hexdigest() == hashlib.sha256(b"x").hexdigest()
 
 
 def _big_layer(files: list[tuple[str, bytes]], cut: int = 0) -> tuple[bytes, list[FileEntry]]:

@@ -32,9 +32,11 @@
  * source_sha256: the sha256 of this file as setup.py built it (a stale build is caught by
  * tests/test_batchwrite.py: rebuild with `pip install -e .` after editing this file).
  *
- * SHA-256 comes from libcrypto, found at import (dlopen; the one hashlib loaded when there is
- * one): no OpenSSL headers are needed to build this, and ImportError (the pure Python path)
- * where there is none.
+ * SHA-256 comes from libcrypto, found by the first call that has a sha256 to check (dlopen;
+ * the one hashlib loaded when there is one): no OpenSSL headers are needed to build this, and
+ * a call that only writes (its caller checked the bytes: a small layer, hashed by CPython's
+ * own SHA-256) loads no OpenSSL. Where there is none, an item with a sha256 is one this code
+ * does not take: it stops before it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -149,6 +151,8 @@ static int write_one(const item_t *it, int umask_bits, int *unlink_errno) {
     return -1;
 }
 
+static int load_sha256(void);
+
 static PyObject *write_batch(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *items;
     int umask_bits;
@@ -168,6 +172,11 @@ static PyObject *write_batch(PyObject *Py_UNUSED(self), PyObject *args) {
             break;
         }
     }
+    if (sha256_oneshot == NULL) {
+        Py_ssize_t first = 0; /* the first item with a sha256 to check */
+        while (first < usable && its[first].sha256 == NULL) first++;
+        if (first < usable && load_sha256() < 0) usable = first; /* no libcrypto: stop there */
+    }
     int unlink_errno = 0;
     Py_BEGIN_ALLOW_THREADS
     while (done < usable && write_one(&its[done], umask_bits, &unlink_errno) == 0) done++;
@@ -186,6 +195,7 @@ static PyObject *write_batch(PyObject *Py_UNUSED(self), PyObject *args) {
     return result;
 }
 
+/* Find SHA256 (once; with the GIL held). 0 when found. */
 static int load_sha256(void) {
     /* The libcrypto already loaded (by hashlib) first, then any on the library path. */
     static const char *names[] = {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.so"};
@@ -199,7 +209,6 @@ static int load_sha256(void) {
         }
         if (!(flags & RTLD_NOLOAD)) break;
     }
-    PyErr_SetString(PyExc_ImportError, "no libcrypto with SHA256 found");
     return -1;
 }
 
@@ -223,7 +232,6 @@ static struct PyModuleDef module = {
 #endif
 
 PyMODINIT_FUNC PyInit__batchwrite(void) {
-    if (load_sha256() < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddStringConstant(m, "source_sha256", SOURCE_SHA256) < 0) {
         Py_DECREF(m);

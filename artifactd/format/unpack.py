@@ -43,7 +43,6 @@ module could then write into staging without the rules.
 from __future__ import annotations
 
 import _thread
-import hashlib
 import itertools
 import operator
 import os
@@ -61,7 +60,7 @@ from artifactd.fsutil import (
     open_regular,
     start_writeback,
 )
-from artifactd.hashing import DigestReader, Hasher, verifier_of
+from artifactd.hashing import DigestReader, Hasher, is_bulk, sha256_for, verifier_of
 from artifactd.records import Record
 from artifactd.workers import Condition, Job, Pool, Semaphore, Thread
 
@@ -285,6 +284,7 @@ def _checked_entries(entries: Sequence[FileEntry], components: frozenset[str]) -
 
 
 _FIRST_PART = operator.methodcaller("partition", "/")
+_SIZE = operator.attrgetter("size")
 _PARENT = operator.methodcaller("rpartition", "/")
 
 
@@ -486,8 +486,10 @@ def _load_batch_writer() -> Callable[[list[_NativeItem], int], int] | None:
     per file, and stops before the first file that does not go well;
     :meth:`_Extractor._write_batch` then does that file and the rest itself,
     so every error is the Python loop's. It finds SHA-256 in the libcrypto
-    that ``hashlib`` (imported above) loaded; where it cannot, importing it
-    fails, and so does a build for another Python or libc.
+    that ``hashlib`` loaded, when a batch first asks it to check one (a
+    layer's worth of bulk data: see :data:`~artifactd.hashing.BULK`); where it
+    cannot, it stops before such a file. A build for another Python or libc
+    fails to import.
     """
     try:
         # Optional: a pure wheel has no such module.
@@ -931,6 +933,11 @@ class _Extractor:
                     if d in self.record_dirs:
                         break
                     self.record_dirs.add(d)
+        #: A layer of more than BULK bytes (hashing.py): OpenSSL's sha256 checks its files,
+        #: in the C batch writer where it was built; a smaller one, CPython's own.
+        total = sum(map(_SIZE, self.expected.values()))
+        self.bulk = is_bulk(total)
+        self.sha256 = sha256_for(total)
         self.seen: set[str] = set()
         self.dirs: set[str] = set()
         self._dirs_lock = _thread.allocate_lock()
@@ -1021,16 +1028,24 @@ class _Extractor:
         """
         done = 0
         native = _write_natively
+        sha256 = self.sha256
         if native is not None:
             keep = self.keep_mtimes
-            items = [
-                (dest, data, e.mode, e.sha256 if check else None, e.mtime if keep else None)
-                for dest, data, e, check in batch
-            ]
+            if self.bulk:  # the C writer checks each sha256 too (OpenSSL's, as hashlib's)
+                items = [
+                    (dest, data, e.mode, e.sha256 if check else None, e.mtime if keep else None)
+                    for dest, data, e, check in batch
+                ]
+            else:  # a small layer: CPython's own sha256 checks here, the C writer only writes
+                items = []
+                for dest, data, e, check in batch:
+                    if check and sha256(data).hexdigest() != e.sha256:
+                        break  # the loop below meets it, and raises
+                    items.append((dest, data, e.mode, None, e.mtime if keep else None))
             done = native(items, self.umask)
         for dest, data, entry, unchecked in itertools.islice(batch, done, None):
             # OpenSSL's sha256 releases the GIL: the reading thread parses on meanwhile.
-            if unchecked and hashlib.sha256(data).hexdigest() != entry.sha256:
+            if unchecked and sha256(data).hexdigest() != entry.sha256:
                 raise IntegrityError(f"{entry.path}: content does not match its sha256")
             _write_small(dest, data, entry, self.keep_mtimes, self.umask)
 
@@ -1177,7 +1192,7 @@ class _Extractor:
             raise IntegrityError(f"{entry.path}: content does not match its sha256")
         relocate = self.relocate if entry.rewrite else None
         if relocate is not None:
-            if hashlib.sha256(data).hexdigest() != entry.sha256:
+            if self.sha256(data).hexdigest() != entry.sha256:
                 raise IntegrityError(f"{entry.path}: content does not match its sha256")
             try:
                 data = relocate(entry.path, bytes(data))

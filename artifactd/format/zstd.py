@@ -30,6 +30,7 @@ from artifactd.constants import PYTHON_ZSTANDARD_IMPORT_POLICY, current_environ
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
     from types import ModuleType
 
 __all__ = ["ZstdCompressor", "ZstdDecompressor", "ZstdError", "backend_module"]
@@ -39,6 +40,23 @@ _PACKAGE = "zstandard"
 _BACKEND = "zstandard.backend_c"
 
 
+def _backend_spec() -> ModuleSpec | None:
+    """Where ``zstandard.backend_c`` is, found as ``import zstandard.backend_c`` would find it."""
+    try:
+        # The import system's own finder, which importlib.machinery re-exports: loaded at
+        # every start (importlib itself, with warnings, is not).
+        from _frozen_importlib_external import (  # noqa: PLC0415
+            ExtensionFileLoader,
+            PathFinder,
+        )
+    except ImportError:  # pragma: no cover - not CPython: its package decides
+        return None
+    package = PathFinder.find_spec(_PACKAGE)
+    where = package.submodule_search_locations if package is not None else None
+    spec = PathFinder.find_spec(_BACKEND, list(where)) if where else None
+    return spec if spec is not None and isinstance(spec.loader, ExtensionFileLoader) else None
+
+
 def _load_backend() -> ModuleType | None:
     """Load ``zstandard.backend_c`` by its file, or return None where the package must decide."""
     loaded = sys.modules.get(_BACKEND)
@@ -46,13 +64,8 @@ def _load_backend() -> ModuleType | None:
         return loaded
     if _PACKAGE in sys.modules or current_environ().get(PYTHON_ZSTANDARD_IMPORT_POLICY):
         return None
-    # The import system's own finder, as `import zstandard.backend_c` would search.
-    from importlib.machinery import ExtensionFileLoader, PathFinder  # noqa: PLC0415
-
-    package = PathFinder.find_spec(_PACKAGE)
-    where = package.submodule_search_locations if package is not None else None
-    spec = PathFinder.find_spec(_BACKEND, list(where)) if where else None
-    if spec is None or not isinstance(spec.loader, ExtensionFileLoader):
+    spec = _backend_spec()
+    if spec is None or spec.loader is None:
         return None
     try:
         module = spec.loader.create_module(spec)
