@@ -9,17 +9,21 @@ counts, under valgrind's callgrind in the plain environment of
   no-op floor      the modules a no-op restore's code may import at its top
                    (``artifactd.cli.fast.FLOOR``, and ``sysconfig``, which the
                    probe reads the ABI from)
-  extract floor    that, plus what extracting a layer needs: ``ctypes``
-                   (``syncfs``, ``sync_file_range``), ``threading`` (the
-                   read-ahead and writer threads), OpenSSL's ``_hashlib``
-                   (bulk sha256), and ``zstandard``'s C extension loaded on its
+  extract floor    that, plus what extracting a small layer needs:
+                   ``itertools``, ``operator`` and ``zlib`` (the tar headers'
+                   checksums), and ``zstandard``'s C extension loaded on its
                    own, without its package's ``__init__`` (which imports
-                   ``platform``, ``typing`` and ``re``)
+                   ``platform``, ``typing`` and ``re``), as
+                   ``artifactd/format/zstd.py`` loads it; threads are
+                   ``_thread``'s, already loaded
+  bulk floor       that, plus OpenSSL's ``_hashlib``, which a layer of more
+                   than ``hashing.BULK`` bytes is hashed with
 
 and the no-op restore itself. The floor of a restore that installs is the
 extract floor plus the no-op's own work (the no-op less its floor): printed
 as a ratio to the bare start, before any code that reads a config, plans,
-extracts or commits. Needs ``valgrind`` on PATH.
+extracts or commits (and again with OpenSSL, for bulk data). Needs
+``valgrind`` on PATH.
 
 Usage: python bench/floor.py
 """
@@ -42,8 +46,10 @@ from plainenv import command, plain_python  # noqa: E402
 from artifactd.cli.fast import FLOOR  # noqa: E402
 from artifactd.constants import ENV_CACHE_DIR  # noqa: E402
 
-#: What extracting a layer needs beyond the no-op's floor (zstandard's extension apart).
-EXTRACT = ("ctypes", "threading", "_hashlib")
+#: What extracting a small layer needs beyond the no-op's floor (zstandard's extension apart).
+EXTRACT = ("itertools", "operator", "zlib")
+#: What a layer of bulk data adds: OpenSSL's sha256.
+BULK = ("_hashlib",)
 
 
 def zstd_alone() -> str:
@@ -54,7 +60,8 @@ def zstd_alone() -> str:
     [ext] = [p for p in folder.iterdir() if p.name.startswith("backend_c.")]
     return (
         "import _imp\n"
-        "from importlib.machinery import ExtensionFileLoader, ModuleSpec\n"
+        "from _frozen_importlib import ModuleSpec\n"
+        "from _frozen_importlib_external import ExtensionFileLoader\n"
         f"_loader = ExtensionFileLoader('zstandard.backend_c', {str(ext)!r})\n"
         f"_imp.create_dynamic(ModuleSpec('zstandard.backend_c', _loader, origin={str(ext)!r}))\n"
     )
@@ -77,7 +84,12 @@ def main() -> None:
         env = bytecode_env(base, work / "pycache")
         noop_floor = importing([*FLOOR, "sysconfig"])
         extract_floor = importing([*FLOOR, "sysconfig", *EXTRACT], zstd_alone())
-        scripts = {"no-op floor": noop_floor, "extract floor": extract_floor}
+        bulk_floor = importing([*FLOOR, "sysconfig", *EXTRACT, *BULK], zstd_alone())
+        scripts = {
+            "no-op floor": noop_floor,
+            "extract floor": extract_floor,
+            "bulk floor": bulk_floor,
+        }
         paths = {}
         for name, text in scripts.items():
             paths[name] = work / f"{name.replace(' ', '-')}.py"
@@ -96,6 +108,7 @@ def main() -> None:
     bare = counts["python -c pass"]
     own = counts["no-op restore"] - counts["no-op floor"]
     counts["installing floor (extract floor + no-op's own)"] = counts["extract floor"] + own
+    counts["the same, bulk data (bulk floor + no-op's own)"] = counts["bulk floor"] + own
     print(f"{'':48} {'M instr':>8} {'x bare':>7}")
     for name, n in counts.items():
         print(f"{name:48} {n / 1e6:8.1f} {n / bare:7.2f}")

@@ -181,9 +181,18 @@ def _kernels(src: Path, count: int) -> None:
 def test_members_the_record_vouches_for_are_read_without_tarfile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Their plain ustar headers are read by the extractor: a layer artifactd packed, to its end."""
+    """Their plain ustar headers are read by the extractor: a layer artifactd packed, to its end.
+
+    Names too long for the ustar field (PAX headers, as Inductor's cache has
+    them) and a file over 1 MiB (streamed) included.
+    """
     _kernels(tmp_path / "src", 300)
+    deep = tmp_path / "src" / ("a" * 60) / ("b" * 52)
+    deep.mkdir(parents=True)
+    (deep / ("c" * 52)).write_bytes(b"long name")  # cache/ + 167 characters: a PAX path
+    (tmp_path / "src" / "large.bin").write_bytes(os.urandom(3 << 20))
     layer = _pack(tmp_path / "src", tmp_path / "layer.tar.zst")
+    assert max(len(e.path) for e in layer.files) > 100
     parsed: list[str] = []
     real = tarfile.TarInfo.fromtarfile.__func__  # type: ignore[attr-defined]
 
@@ -198,10 +207,79 @@ def test_members_the_record_vouches_for_are_read_without_tarfile(
         files = _unpack(layer, blob, tmp_path / "stage", layer.files, None)
     finally:
         blob.close()
-    assert files == 300
+    assert files == 302
     # Not one: the family directory, the tree document and the end are read by the extractor.
     assert parsed == []
     assert (tmp_path / "stage" / "cache" / "k29" / "kernel299.cubin").read_bytes() == b"299" * 100
+    long_name = tmp_path / "stage" / "cache" / ("a" * 60) / ("b" * 52) / ("c" * 52)
+    assert long_name.read_bytes() == b"long name"
+    large = (tmp_path / "stage" / "cache" / "large.bin").read_bytes()
+    assert large == (tmp_path / "src" / "large.bin").read_bytes()
+
+
+def _pax_member(records: bytes, member: tarfile.TarInfo) -> bytes:
+    """A PAX extended header holding ``records``, then ``member``'s ustar header (name cut)."""
+    pax = tarfile.TarInfo("././@PaxHeader")
+    pax.type = tarfile.XHDTYPE
+    pax.size = len(records)
+    member.name = "cut"  # tarfile takes the name from the record
+    padding = b"\0" * (-len(records) % 512)
+    head = pax.tobuf(tarfile.USTAR_FORMAT) + records + padding
+    return head + member.tobuf(tarfile.USTAR_FORMAT) + b"\0" * (member.size + 1024)
+
+
+_PAX_CHANGES = {
+    "as tarfile writes it": lambda r: r,
+    "another record too": lambda r: r + b"16 mtime=1.5\n",
+    "a record before it": lambda r: b"16 mtime=1.5\n" + r,
+    "a length one short": lambda r: str(int(r.split(b" ")[0]) - 1).encode() + r[r.index(b" ") :],
+    "no final newline": lambda r: r[:-1] + b"x",
+    "not UTF-8": lambda r: r[:-2] + b"\xff\n",
+    "a newline in the name": lambda r: r[:-2] + b"\nz\n",
+    "a trailing slash": lambda r: r[:-1] + b"/\n",
+    "another keyword": lambda r: r.replace(b" path=", b" linkpath="),
+}
+
+
+@settings(deadline=None, database=None, max_examples=200)
+@given(
+    name=st.text(
+        st.characters(codec="utf-8", exclude_characters="/\0\n"), min_size=101, max_size=250
+    ),
+    change=st.sampled_from(sorted(_PAX_CHANGES)),
+    kind=st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE]),
+)
+def test_a_long_name_is_read_as_tarfile_reads_it_or_left_to_tarfile(
+    name: str, change: str, kind: bytes
+) -> None:
+    """The scan's PAX reading agrees with tarfile wherever it answers; it answers tarfile's own."""
+    body = b" path=" + f"cache/{name}".encode() + b"\n"
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:  # the length counts its own digits
+        length += 1
+    records = _PAX_CHANGES[change](str(length).encode() + body)
+    member = tarfile.TarInfo("x")
+    member.type, member.mode = kind, 0o755 if kind == tarfile.DIRTYPE else 0o644
+    member.size = 0 if kind == tarfile.DIRTYPE else 7
+    raw = _pax_member(records, member)
+    ours = unpack_mod._long_named(
+        unpack_mod._Bounded(io.BytesIO(raw), len(raw), "sha256:x"), raw[:512]
+    )
+    try:
+        theirs = tarfile.TarFile(fileobj=io.BytesIO(raw)).next()
+    except tarfile.TarError:
+        theirs = None
+    if change == "as tarfile writes it":
+        assert ours is not None  # the scan reads what tarfile itself writes
+    if ours is not None:
+        assert theirs is not None
+        assert (ours[0], ours[1], ours[2], ours[3]) == (
+            theirs.name,
+            theirs.type,
+            theirs.mode,
+            theirs.size,
+        )
+        assert ours[4] == 512 + -(-len(records) // 512) * 512 + 512
 
 
 def test_decompression_and_file_hashes_run_off_the_reading_thread(

@@ -641,18 +641,18 @@ class _Bounded:
         self._pos = min(start + n, len(self._buf))
         return memoryview(self._buf)[start : self._pos]
 
-    def member(self, size: int, padded: int) -> bytes | memoryview:
-        """Consume a header block, ``size`` bytes of data and its padding (to ``padded``).
+    def member(self, size: int, padded: int, head: int = _BLOCK) -> bytes | memoryview:
+        """Consume a member's ``head`` bytes of headers, ``size`` bytes of data and its padding.
 
         Returns the data: a view of the buffer (no copy) when the member lies in
         it whole, as it mostly does, else bytes. Raises tarfile's error when
-        the stream ends inside the data or its padding.
+        the stream ends inside the data or its padding (to ``padded``).
         """
-        start = self._pos + _BLOCK
+        start = self._pos + head
         if start + padded <= len(self._buf):
             self._pos = start + padded
             return self._view[start : start + size]
-        self.skip(_BLOCK)
+        self.skip(head)
         data = self.read(size)
         if len(data) != size:
             raise _TruncatedError("unexpected end of data")
@@ -798,6 +798,10 @@ _DIRTYPE = b"5"
 _REGTYPES = (b"0", b"\0")
 #: What ends a tar archive for tarfile (and for :meth:`_Extractor.scan`): a block of zeros.
 _END_BLOCK = bytes(_BLOCK)
+#: A PAX extended header's type (its records apply to the member after it), and the most
+#: bytes of records :func:`_long_named` reads (a name is at most MAX_PATH_BYTES and a prefix).
+_PAX_TYPES = frozenset(b"x")
+_PAX_MAX = 4096
 #: A device number field that is absent: eight NULs (tarfile reads it as 0).
 _NO_DEVICE = bytes(8)
 
@@ -813,7 +817,7 @@ def _block_sum(block: bytes) -> int:
     return (zlib.adler32(view[:256]) & 0xFFFF) + (zlib.adler32(view[256:]) & 0xFFFF) - 2
 
 
-def _plain_fields(block: bytes) -> bool:
+def _plain_fields(block: bytes, types: frozenset[int] = _PLAIN_TYPES) -> bool:
     """Whether a 512-byte header block's fields are in the plain form tarfile itself writes.
 
     Mode, uid, gid, size, mtime and checksum: octal digits, each field ended by
@@ -827,7 +831,7 @@ def _plain_fields(block: bytes) -> bool:
         block[100:155].translate(None, _OCTAL) != _FIELD_NULS
         or block[107] | block[115] | block[123] | block[135] | block[147] | block[154]
         or block[155] != 32
-        or block[156] not in _PLAIN_TYPES
+        or block[156] not in types
         or block[345]
     ):
         return False
@@ -861,6 +865,48 @@ def _plain_header(block: bytes) -> tuple[str, bytes, int, int] | None:
     if name.endswith("/"):  # tarfile reads a NUL-type member named so as a directory
         return None
     return name, kind, mode, size
+
+
+def _long_named(plain: _Bounded, block: bytes) -> tuple[str, bytes, int, int, int] | None:
+    """(name, type, mode, size, header bytes) of a member whose name took a PAX header.
+
+    tarfile writes a name longer than the ustar field (100 bytes) as a PAX
+    extended header (type ``x``) holding one record, ``<length> path=<name>``
+    and a newline, before the member's own header (whose name field it cuts).
+    That form, with a plain header after it (:func:`_plain_header`), is read
+    here as tarfile reads it: the record's name, the rest from the header.
+    Anything else (another record, a global header, a name ending in ``/``
+    for a file, which tarfile would change) is None: tarfile reads it.
+    """
+    if not _plain_fields(block, _PAX_TYPES):
+        return None
+    size = int(block[124:135], 8)
+    padded = -(-size // _BLOCK) * _BLOCK
+    both = plain.peek(_BLOCK + padded + _BLOCK) if size <= _PAX_MAX else b""
+    header = _plain_header(both[_BLOCK + padded :]) if len(both) == 2 * _BLOCK + padded else None
+    name = _pax_path(both[_BLOCK : _BLOCK + size]) if header is not None else None
+    if header is None or name is None:
+        return None
+    kind, mode, member_size = header[1:]
+    if kind == _DIRTYPE:
+        name = name.rstrip("/")
+    elif name.endswith("/"):
+        return None
+    return name, kind, mode, member_size, 2 * _BLOCK + padded
+
+
+def _pax_path(record: bytes) -> str | None:
+    """Return the name in a PAX header's records if they are one ``path`` record (UTF-8)."""
+    space = record.find(b" ")
+    digits, value = record[:space], record[space + 1 : -1]
+    if not (digits.isdigit() and int(digits) == len(record) and record.endswith(b"\n")):
+        return None
+    if not value.startswith(b"path=") or b"\n" in value:
+        return None
+    try:
+        return value[5:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 #: One small file ready to write: its path under staging, its bytes, its entry, and whether
@@ -1083,38 +1129,46 @@ class _Extractor:
         while True:
             block = plain.peek(_BLOCK)
             header = _plain_header(block) if len(block) == _BLOCK else None
-            if header is None:
-                if block == _END_BLOCK:
-                    plain.skip(_BLOCK)
-                    self.ended = True
+            if header is not None:
+                name, kind, mode, size = header
+                head = _BLOCK
+            elif block == _END_BLOCK:
+                plain.skip(_BLOCK)
+                self.ended = True
                 return took
-            name, kind, mode, size = header
+            else:
+                long = _long_named(plain, block)  # a name too long for the ustar field
+                if long is None:
+                    return took
+                name, kind, mode, size, head = long
             if not name.startswith(lead):
                 if not lead or name != lead[:-1] or kind != _DIRTYPE or mode != 0o755:
                     return took
-                plain.skip(_BLOCK)  # a format-2 layer's family directory
+                plain.skip(head)  # a format-2 layer's family directory
                 took = True
                 continue
             name = name[cut:]
             if kind == _DIRTYPE:
                 if mode != 0o755 or name not in dirs:
                     return took
-                plain.skip(_BLOCK)  # tarfile reads no data after a directory, whatever its size
+                plain.skip(head)  # tarfile reads no data after a directory, whatever its size
                 took = True
                 continue
             padded = -(-size // _BLOCK) * _BLOCK  # _round, inline: this loop runs per file
             entry = files.get(name)
             if entry is None or size != entry.size or mode != entry.mode or name in seen:
-                if not self._scan_other(plain, name, mode, size, padded):
+                if not self._scan_other(plain, name, mode, size, padded, head):
                     return took
                 took = True
                 continue
             seen.add(name)
-            data = plain.member(size, padded)
+            data = plain.member(size, padded, head)
             took = True
             self._accept(name, entry, data)
 
-    def _scan_other(self, plain: _Bounded, name: str, mode: int, size: int, padded: int) -> bool:
+    def _scan_other(  # noqa: PLR0917 - the member _scan read, passed on as it read it
+        self, plain: _Bounded, name: str, mode: int, size: int, padded: int, head: int
+    ) -> bool:
         """Take a regular file :meth:`_scan` did not: a large listed one, or the tree document.
 
         False (nothing consumed) for anything else.
@@ -1122,9 +1176,9 @@ class _Extractor:
         if name == TREE_DOC and self.tree is not None:
             if self.tree_seen or mode != 0o644 or size != len(self.tree_doc):
                 return False
-            if plain.peek(_BLOCK + size)[_BLOCK:] != self.tree_doc:
+            if plain.peek(head + size)[head:] != self.tree_doc:
                 return False  # tarfile's path parses it, and explains how it differs
-            plain.member(size, padded)
+            plain.member(size, padded, head)
             self.tree_seen = True
             return True
         entry = self.expected.get(name)
@@ -1139,7 +1193,7 @@ class _Extractor:
         ):
             return False
         self.seen.add(name)
-        plain.skip(_BLOCK)
+        plain.skip(head)
         self.file(name, entry, _Span(plain, size))  # its data lies next in the stream
         plain.pad(padded - size)
         return True
@@ -1739,9 +1793,9 @@ def current_umask() -> int:
     threads. With an unknown umask every mode is set explicitly.
     """
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open("/proc/self/status", "rb") as f:  # bytes: a text file loads its codec
             for line in f:
-                if line.startswith("Umask:"):
+                if line.startswith(b"Umask:"):
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
