@@ -263,7 +263,7 @@ def test_an_engine_cannot_change_what_the_node_store_serves_the_next_pod(
     _, events = _restore(origin, node, tmp_path / "b")
     # The next pod gets the verified bytes, and the node store's tree is whole again.
     assert (tmp_path / "b" / rel).read_bytes() == good
-    assert _sha(tree_path(node, _layer(node, "generic")) / "cache" / "sub" / "k5.cubin") == (
+    assert _sha(Path(tree_path(node, _layer(node, "generic"))) / "cache" / "sub" / "k5.cubin") == (
         hashlib.sha256(good).hexdigest()
     )
     if how == "rename":
@@ -416,7 +416,7 @@ def test_a_damaged_tree_is_made_again_before_it_serves(
 ) -> None:
     node = tmp_path / "node"
     _restore(origin, node, tmp_path / "a")
-    tree = tree_path(node, _layer(node, "generic"))
+    tree = Path(tree_path(node, _layer(node, "generic")))
     if damage == "delete":
         (tree / "cache" / "sub" / "k7.cubin").unlink()
     elif damage == "stamp":
@@ -440,7 +440,7 @@ def test_a_stamp_is_held_to_the_format_rules(
     node = tmp_path / "node"
     _restore(origin, node, tmp_path / "a")
     record = _record(node, "generic")
-    tree = tree_path(node, record.digest)
+    tree = Path(tree_path(node, record.digest))
     good = json.loads((tree / STAMP_NAME).read_text())
     assert read_stamp(tree, record).layer == record.digest
     for bad in (
@@ -556,7 +556,7 @@ def test_a_stamp_names_its_record_and_an_older_stamp_is_stale(
     node = tmp_path / "node"
     _restore(origin, node, tmp_path / "a")
     record = _record(node, "generic")
-    tree = tree_path(node, record.digest)
+    tree = Path(tree_path(node, record.digest))
     assert read_stamp(tree, record).layer == record.digest
     for update in (
         {"scope_key": "f" * 64},

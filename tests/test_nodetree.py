@@ -70,7 +70,7 @@ def warm(tmp_path: Path, local_fp: Fingerprint) -> tuple[Path, Any]:
 
 def _serve(node: Path, record: Any, staging: Path) -> nodetree.Served:
     """Serve ``record``'s warm tree from the node store ``node`` into ``staging`` (generic)."""
-    tree = nodetree.tree_path(node, record.digest)
+    tree = Path(nodetree.tree_path(node, record.digest))
     return nodetree.serve(
         tree,
         nodetree.read_stamp(tree, record),
@@ -104,7 +104,7 @@ def test_a_warm_serve_asks_one_lstat_and_one_link_per_file_and_nothing_more(
     warm: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node, record = warm
-    tree = nodetree.tree_path(node, record.digest)
+    tree = Path(nodetree.tree_path(node, record.digest))
     stamp = nodetree.read_stamp(tree, record)
     staging = tmp_path / "staging"
     family = get_family("generic")
@@ -213,7 +213,7 @@ def test_a_tree_file_changed_in_any_way_the_serve_checks_makes_the_tree_stale(
 ) -> None:
     """The serve's one ``st_mode`` comparison holds every part of the check it replaced."""
     node, record = warm
-    victim = nodetree.tree_path(node, record.digest) / "cache" / f"{3:052x}" / "k13.cubin"
+    victim = Path(nodetree.tree_path(node, record.digest)) / "cache" / f"{3:052x}" / "k13.cubin"
     assert victim.stat().st_mode & 0o7777 == 0o444  # sealed: what the check expects
     _tamper(victim, how)
     with pytest.raises(nodetree.Stale, match=r"k13\.cubin"):
@@ -254,7 +254,7 @@ def test_a_stale_file_in_either_half_stops_the_serve_once_both_threads_end(
     warm: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node, record = warm
-    tree = nodetree.tree_path(node, record.digest)
+    tree = Path(nodetree.tree_path(node, record.digest))
     mtime_ns = nodetree.read_stamp(tree, record).mtime_ns
     monkeypatch.setattr(nodetree, "PARALLEL_FROM", 4)
     before = threading.active_count()

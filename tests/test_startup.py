@@ -294,6 +294,16 @@ def test_a_restore_that_installs_loads_none_of_the_costly_modules(tmp_path: Path
     # The group file was rewritten for this target (jsontext, not json, did it).
     groups = list((tmp_path / "t").rglob("__grp__*.json"))
     assert groups and all(str(tmp_path / "t") in g.read_text() for g in groups)
+    # Through a warm node store (every pod but the node's first, which copies the artifact
+    # in and makes the trees): served from the node's trees, by link.
+    node = ["--node-store", f"oci:{tmp_path / 'node'}"]
+    first = ["--store", store, "--target", str(tmp_path / "node-first"), *node]
+    assert _pod_start(first, clean_env())[0] == "restored"
+    args = ["--store", store, "--target", str(tmp_path / "node-later"), *node]
+    status, loaded = _pod_start(args, clean_env())
+    assert status == "restored"
+    assert "artifactd.stores.nodetree" in loaded
+    assert loaded & (COSTLY | NEVER_INSTALLING) == set()
 
 
 def test_a_restore_from_a_registry_loads_neither_pydantic_nor_oras(

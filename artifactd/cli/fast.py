@@ -119,7 +119,8 @@ every family's directories), ``artifactd.format.light``,
 ``artifactd.format.shapes``, ``artifactd.format.unpack``,
 ``artifactd.format.views``, ``artifactd.format.zstd``,
 ``artifactd.restore.install``, ``artifactd.restore.installed``,
-``artifactd.restore.journal``, ``artifactd.stores.reading``,
+``artifactd.restore.journal``, ``artifactd.stores.nodetree`` (a restore
+through the node store), ``artifactd.stores.reading``,
 ``artifactd.trust.policy``, ``artifactd.workers``.
 
 These function-local imports are the only ones the fast path keeps, and this
@@ -321,6 +322,7 @@ INSTALLING = frozenset(
         "artifactd.restore.install",
         "artifactd.restore.installed",
         "artifactd.restore.journal",
+        "artifactd.stores.nodetree",
         "artifactd.stores.reading",
         "artifactd.trust.policy",
         "artifactd.workers",

@@ -55,7 +55,6 @@ from artifactd.stores.nodestore import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-    from pathlib import Path
     from typing import Any
 
     from artifactd.events import EventSink
@@ -419,10 +418,9 @@ class NodeSource(StoreSource):
             tree_path,
         )
 
-        staging = as_path(staging)  # the node store's trees are walked as paths
         shares = get_family(plan.family).shares_inode
-        tree = tree_path(self.node.root, layer.digest)
-        blob = blob_file(self.node.root, layer.digest)
+        tree = tree_path(self.node.root_dir, layer.digest)
+        blob = blob_file(self.node.root_dir, layer.digest)
         for attempt in (1, 2):
             try:
                 stamp = read_stamp(tree, layer)
@@ -452,7 +450,7 @@ class NodeSource(StoreSource):
                         }
                     )
                     break
-                if attempt == 1 and tree.exists():
+                if attempt == 1 and os.path.exists(tree):
                     on_event(
                         {
                             "stage": "node-store",
@@ -507,11 +505,11 @@ class NodeSource(StoreSource):
 
         layer = plan.layer
         assert layer is not None  # noqa: S101 - stage_layer checked
-        root = self.node.root
-        made = root / TREES_DIR / f"{TMP_PREFIX}{os.urandom(6).hex()}"
+        root = self.node.root_dir
+        made = os.path.join(root, TREES_DIR, f"{TMP_PREFIX}{os.urandom(6).hex()}")
         try:
             identity = blob_identity(blob_file(root, layer.digest))
-            made.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(made), exist_ok=True)
             super().stage_layer(
                 plan,
                 made,
@@ -545,7 +543,7 @@ def _as_stored(member: str, data: bytes) -> bytes:
     return data
 
 
-def _clear(path: Path) -> None:
+def _clear(path: StrPath) -> None:
     """Remove what a serve or a make left at ``path`` (read-only files and all)."""
     # lazy: only a failed serve or make removes anything
     from artifactd.restore.destination import remove_tree  # noqa: PLC0415

@@ -52,26 +52,27 @@ copy linking (``--node-link copy``) or a filesystem with reflinks rules out.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import operator
 import os
 import stat
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
+from artifactd import jsontext
 from artifactd.errors import ArtifactdError
 from artifactd.format.unpack import check_name, current_umask
-from artifactd.fsutil import atomic_write, make_durable, read_regular
+from artifactd.fsutil import atomic_write, make_durable, read_regular, rmtree
 from artifactd.hashing import sha256_hex
+from artifactd.records import Record
 from artifactd.stores.nodestore import LINKINGS, TREES_DIR
 from artifactd.workers import Pool
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from artifactd.format.views import FileView, LayerView
+    from artifactd.fsutil import StrPath
 
 #: The stamp of a complete tree, inside it: its blob, its mtime, its directories.
 STAMP_NAME = ".artifactd-node-tree.json"
@@ -109,7 +110,7 @@ class OtherRecord(Stale):
     """
 
 
-class Stamp(NamedTuple):
+class Stamp(Record):
     """What a complete tree records of itself (:data:`STAMP_NAME`)."""
 
     layer: str
@@ -121,7 +122,7 @@ class Stamp(NamedTuple):
     dirs: list[str]
 
 
-class Served(NamedTuple):
+class Served(Record):
     """What :func:`serve` put into staging, and how."""
 
     files: int
@@ -131,18 +132,18 @@ class Served(NamedTuple):
     copied: int
 
 
-def tree_path(root: Path, digest: str) -> Path:
+def tree_path(root: StrPath, digest: str) -> str:
     """Return where the node store at ``root`` keeps the layer ``digest`` unpacked."""
-    return root / TREES_DIR / digest.partition(":")[2]
+    return os.path.join(root, TREES_DIR, digest.partition(":")[2])
 
 
-def blob_file(root: Path, digest: str) -> Path:
+def blob_file(root: StrPath, digest: str) -> str:
     """Return the file of the blob ``digest`` in the node store's layout at ``root``."""
     algorithm, _, hexdigest = digest.partition(":")
-    return root / "blobs" / algorithm / hexdigest
+    return os.path.join(root, "blobs", algorithm, hexdigest)
 
 
-def blob_identity(path: Path) -> tuple[int, int, int]:
+def blob_identity(path: StrPath) -> tuple[int, int, int]:
     """Return what a tree remembers of its blob: size, mtime (ns), inode."""
     st = os.stat(path)
     return (st.st_size, st.st_mtime_ns, st.st_ino)
@@ -153,7 +154,7 @@ def sealed_mode(mode: int) -> int:
     return 0o555 if mode & 0o100 else 0o444
 
 
-def read_stamp(tree: Path, record: LayerView) -> Stamp:
+def read_stamp(tree: StrPath, record: LayerView) -> Stamp:
     """Return the stamp of a complete tree of ``record``'s layer, or raise :class:`Stale`.
 
     Read as a regular file of at most :data:`MAX_STAMP_BYTES`; every directory
@@ -161,7 +162,7 @@ def read_stamp(tree: Path, record: LayerView) -> Stamp:
     components (the format's own name check), or the tree is not used.
     """
     try:
-        doc = json.loads(read_regular(tree / STAMP_NAME, MAX_STAMP_BYTES))
+        doc = jsontext.loads(read_regular(os.path.join(tree, STAMP_NAME), MAX_STAMP_BYTES))
     except (OSError, ValueError) as exc:
         raise Stale(f"no readable stamp ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema_version") != 1:
@@ -216,10 +217,10 @@ def record_identity(record: LayerView) -> str:
     links = list(map(operator.attrgetter("link"), files))
     text = "\x00".join(
         [
-            json.dumps(head, sort_keys=True, separators=(",", ":")),
+            jsontext.dumps(head, sort_keys=True, compact=True),
             "".join(map(operator.attrgetter("sha256"), files)),
             repr(list(map(operator.attrgetter("mtime"), files))),
-            "" if links.count(None) == len(links) else json.dumps(links),
+            "" if links.count(None) == len(links) else jsontext.dumps(links),
             bytes(map(operator.attrgetter("rewrite"), files)).hex(),
             # NUL never appears in a checked member path: a separator nothing can forge.
             *map(operator.attrgetter("path"), files),
@@ -228,7 +229,9 @@ def record_identity(record: LayerView) -> str:
     return sha256_hex(text.encode("utf-8", "surrogatepass"))
 
 
-def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtimes: bool) -> None:
+def seal(
+    tree: StrPath, record: LayerView, blob: tuple[int, int, int], *, keep_mtimes: bool
+) -> None:
     """Make a freshly unpacked tree servable: files read-only, mtimes known, the stamp last.
 
     Its bytes reach the disk before the stamp is written: after a power cut a
@@ -254,10 +257,10 @@ def seal(tree: Path, record: LayerView, blob: tuple[int, int, int], *, keep_mtim
     doc = {"schema_version": 1, "layer": record.digest, "blob": list(blob), "mtime_ns": made}
     doc["dirs"] = dirs
     doc["record"] = record_identity(record)
-    atomic_write(tree / STAMP_NAME, json.dumps(doc).encode(), durable=True)
+    atomic_write(os.path.join(tree, STAMP_NAME), jsontext.dumps(doc).encode(), durable=True)
 
 
-def put_in_place(made: Path, tree: Path) -> None:
+def put_in_place(made: StrPath, tree: StrPath) -> None:
     """Rename the sealed tree ``made`` to ``tree``; another pod's complete tree there wins.
 
     A stale tree at ``tree`` is renamed aside first (so a reader sees the old
@@ -269,9 +272,11 @@ def put_in_place(made: Path, tree: Path) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-    aside = tree.parent / f"{TMP_PREFIX}stale-{os.urandom(6).hex()}"
-    with contextlib.suppress(FileNotFoundError):
+    aside = _aside(tree)
+    try:  # noqa: SIM105 - contextlib is off a pod start's modules (cli/fast.py FLOOR)
         os.rename(tree, aside)
+    except FileNotFoundError:
+        pass
     try:
         os.rename(made, tree)
     except OSError as exc:
@@ -281,17 +286,21 @@ def put_in_place(made: Path, tree: Path) -> None:
     discard(aside)
 
 
-def discard(path: Path) -> None:
+def discard(path: StrPath) -> None:
     """Remove a tree (or what is left of one); its read-only files go with their directories."""
-    # lazy: only a tree that failed its check or a gc removes one
-    import shutil  # noqa: PLC0415
-
-    shutil.rmtree(path, ignore_errors=True)
+    rmtree(path)
 
 
-def retire(tree: Path) -> None:
+def _aside(tree: StrPath) -> str:
+    """Return a new name beside ``tree`` for a stale tree on its way out."""
+    return os.path.join(
+        os.path.dirname(os.fspath(tree)), f"{TMP_PREFIX}stale-{os.urandom(6).hex()}"
+    )
+
+
+def retire(tree: StrPath) -> None:
     """Take a stale tree out of service at once (renamed aside), then remove it."""
-    aside = tree.parent / f"{TMP_PREFIX}stale-{os.urandom(6).hex()}"
+    aside = _aside(tree)
     try:
         os.rename(tree, aside)
     except OSError:
@@ -304,10 +313,10 @@ PARALLEL_FROM = 2048
 
 
 def serve(
-    tree: Path,
+    tree: StrPath,
     stamp: Stamp,
     record: LayerView,
-    staging: Path,
+    staging: StrPath,
     *,
     shares: Callable[[str, str, bool], bool],
     relocate: Callable[[str, bytes], bytes],
@@ -375,9 +384,9 @@ class _Putter:
 
     def __init__(  # noqa: PLR0917 - the serve's settings, once
         self,
-        tree: Path,
+        tree: StrPath,
         stamp: Stamp,
-        staging: Path,
+        staging: StrPath,
         shares: Callable[[str, str, bool], bool],
         relocate: Callable[[str, bytes], bytes],
         keep_mtimes: bool,
