@@ -9,8 +9,10 @@ an init container installs, and the tests prove that nothing of the pure core,
 the formats or the pod-start path needs more.
 
 The fast suite (:data:`FAST_SUITE`): the pure core (canonical hashing, digests,
-bounds), fingerprints and their probe cache and diff, the artifact format and
-its pack/unpack property tests, the C batch writer (built for each Python by
+bounds, JSON text as ``json`` writes it, the restore's thread primitives on
+``_thread``, zstandard's C backend loaded alone), fingerprints and their probe
+cache and diff, the artifact format and its pack/unpack tests (the extractor's
+own reading of tar headers against ``tarfile``'s), the C batch writer (built for each Python by
 the editable install) against the Python loop, the pod-start fast path (its import rule, its
 parser, a no-op restore and ``fingerprint --hash`` run for real), restores from
 a local layout store and ``status`` on what they restored, the stage-order and
@@ -35,6 +37,9 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 #: The test files of the fast suite (module docstring).
 FAST_SUITE = [
     "tests/test_hashing.py",
+    "tests/test_jsontext.py",
+    "tests/test_workers.py",
+    "tests/test_zstd.py",
     "tests/test_bounds.py",
     "tests/test_fingerprint.py",
     "tests/test_probecache.py",
@@ -42,6 +47,7 @@ FAST_SUITE = [
     "tests/test_format_v2.py",
     "tests/test_archive.py",
     "tests/test_unpack_properties.py",
+    "tests/test_unpack_pipeline.py",
     "tests/test_batchwrite.py",
     "tests/test_fastpath.py",
     "tests/test_cli_fast.py",
