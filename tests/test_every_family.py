@@ -231,3 +231,16 @@ def test_restored_components_are_where_the_library_looks(
             "autotune_configs_dp0_rank0.json",
             "autotune_configs_dp0_rank1.json",
         ]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_text_paths_a_restore_plans_are_the_path_ones(name: str) -> None:
+    """restore_paths (the plan's and the env file's, without pathlib) is restore_dirs as text."""
+    fam = FAMILIES[name]
+    for target in ("/cache", "/cache/", "//cache/./pod", "/a/../b", "rel/pod"):
+        for user in (None, "alice", "", ".", "a/b:c"):
+            texts = fam.restore_paths(target, user=user)
+            paths = fam.restore_dirs(Path(target), user=user)
+            assert texts == {k: str(v) for k, v in paths.items()}, (target, user)
+            env = fam.restore_env(Path(target), user=user)
+            assert env == fam.restore_env(target, user=user), (target, user)

@@ -308,19 +308,27 @@ class Family(ABC):
         """Return where each component is installed under ``target``."""
         return {name: target / sub for name, sub in self.restore_subdirs(user=user).items()}
 
-    def restore_env(self, target: StrPath, *, user: str | None = None) -> dict[str, str]:
-        """Return the env vars that point the library at the restored directories.
+    def restore_paths(self, target: StrPath, *, user: str | None = None) -> dict[str, str]:
+        """Return :meth:`restore_dirs` as text, as ``str(Path(...))`` writes it (:func:`path_text`).
 
-        The paths are written as ``str(Path(...))`` writes them (:func:`path_text`),
-        whether ``target`` is a ``Path`` or text.
+        What a restore's plan names and its env file points at, whether
+        ``target`` is a ``Path`` or text, without :mod:`pathlib`.
         """
         root = path_text(os.fspath(target))
         subs = self.restore_subdirs(user=user)
+        return {name: path_text(os.path.join(root, sub)) for name, sub in subs.items()}
+
+    def restore_env(self, target: StrPath, *, user: str | None = None) -> dict[str, str]:
+        """Return the env vars that point the library at the restored directories.
+
+        The paths are :meth:`restore_paths`'s, whether ``target`` is a ``Path`` or text.
+        """
+        root = path_text(os.fspath(target))
+        dirs = self.restore_paths(root, user=user)
         env: dict[str, str] = {}
         for comp in self.components:
-            where = path_text(os.path.join(root, subs[comp.name]))
             for key, template in comp.env.items():
-                env[key] = template.format(dir=where, target=root)
+                env[key] = template.format(dir=dirs[comp.name], target=root)
         return env
 
 

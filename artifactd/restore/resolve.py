@@ -34,7 +34,6 @@ from artifactd.errors import StoreError
 from artifactd.families import get_family, select_families, select_names
 from artifactd.fingerprint.key import scope_key
 from artifactd.format.oci import FULL_TAG_PREFIX, family_tag, full_tag
-from artifactd.fsutil import path_text
 from artifactd.records import Record
 from artifactd.restore.destination import CacheVolume
 from artifactd.restore.source import Want
@@ -191,9 +190,7 @@ class RestorePlan(Record):
 
 
 def _family_dirs(fam: Family, target: str, user: str | None) -> dict[str, str]:
-    # As str(Path(target) / sub): slashes collapsed, "." parts dropped.
-    subdirs = fam.restore_subdirs(user=user)
-    return {k: path_text(os.path.join(target, sub)) for k, sub in subdirs.items()}
+    return fam.restore_paths(target, user=user)
 
 
 def unbound(tag: str, kind: str, claimed: str | None, wanted: str) -> str | None:
