@@ -350,7 +350,8 @@ def _plain_names(paths: list[str]) -> bool:
 
     A plain part is 1 to 255 characters of printable ASCII but ``/`` and
     ``\\``, and neither ``.`` nor ``..``. Checked on the whole list at once, in
-    the interpreter's own string loops (18,000 paths in about a millisecond).
+    the interpreter's own string loops: 18,000 paths in about 4 ms, as long as
+    the regular expression it replaced took.
     """
     flat = "".join(paths)
     if not (flat.isascii() and flat.isprintable()) or "\\" in flat:
